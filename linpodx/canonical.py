@@ -1,0 +1,163 @@
+"""Canonical JSON (RFC 8785 for the value types we allow) and a strict JSON parser.
+
+Canonical form is what gets hashed: object keys sorted by UTF-16 code units, no whitespace,
+strings with the minimal JSON escapes, integers as decimal digits. We refuse floats in hashed
+data (their canonical form is a subtle spec of its own and we have no use for them), integers
+outside the I-JSON safe range, and strings with lone surrogates (not encodable as UTF-8).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+SAFE_INT = 2**53 - 1
+MAX_DEPTH = 64
+
+
+class CanonicalError(ValueError):
+    """A value that has no canonical form, or JSON text we refuse to parse."""
+
+
+def _key(k: str) -> bytes:
+    return k.encode("utf-16-be", "surrogatepass")
+
+
+def _check_str(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalError("string contains a lone surrogate") from exc
+
+
+def _encode(value: Any, out: list[str], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise CanonicalError(f"nesting deeper than {MAX_DEPTH}")
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        if not -SAFE_INT <= value <= SAFE_INT:
+            raise CanonicalError("integer outside the range -(2^53-1)..2^53-1")
+        out.append(str(value))
+    elif isinstance(value, float):
+        raise CanonicalError("floating-point numbers are not allowed here")
+    elif isinstance(value, str):
+        _check_str(value)
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, Mapping):
+        keys = list(value.keys())
+        for k in keys:
+            if not isinstance(k, str):
+                raise CanonicalError("object keys must be strings")
+            _check_str(k)
+        out.append("{")
+        for i, k in enumerate(sorted(keys, key=_key)):
+            if i:
+                out.append(",")
+            out.append(json.dumps(k, ensure_ascii=False))
+            out.append(":")
+            _encode(value[k], out, depth + 1)
+        out.append("}")
+    elif isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(item, out, depth + 1)
+        out.append("]")
+    else:
+        raise CanonicalError(f"cannot encode {type(value).__name__}")
+
+
+def canonical_str(value: Any) -> str:
+    """The canonical JSON text of `value`."""
+    out: list[str] = []
+    _encode(value, out, 0)
+    return "".join(out)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The canonical JSON of `value` as UTF-8 bytes."""
+    return canonical_str(value).encode("utf-8")
+
+
+def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in obj:
+            raise CanonicalError(f"duplicate key {k!r}")
+        obj[k] = v
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise CanonicalError(f"{name} is not valid JSON")
+
+
+def _check_tree(value: Any, depth: int, allow_floats: bool) -> None:
+    if depth > MAX_DEPTH:
+        raise CanonicalError(f"nesting deeper than {MAX_DEPTH}")
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int):
+        if not -SAFE_INT <= value <= SAFE_INT:
+            raise CanonicalError("integer outside the range -(2^53-1)..2^53-1")
+    elif isinstance(value, float):
+        if not allow_floats:
+            raise CanonicalError("floating-point numbers are not allowed here")
+        if not math.isfinite(value):
+            raise CanonicalError("non-finite number")
+    elif isinstance(value, str):
+        _check_str(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_str(k)
+            _check_tree(v, depth + 1, allow_floats)
+    elif isinstance(value, list):
+        for v in value:
+            _check_tree(v, depth + 1, allow_floats)
+
+
+def strict_loads(text: str | bytes, *, allow_floats: bool = False) -> Any:
+    """Parse JSON, refusing duplicate keys, NaN/Infinity, invalid UTF-8, lone surrogates,
+    integers beyond 2^53, nesting deeper than MAX_DEPTH, and (unless allowed) floats."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CanonicalError("invalid UTF-8") from exc
+    # Bound nesting before json's recursive parser sees it (a deep document would otherwise
+    # hit RecursionError deep inside the stdlib).
+    depth = 0
+    in_str = False
+    esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise CanonicalError(f"nesting deeper than {MAX_DEPTH}")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        value = json.loads(text, object_pairs_hook=_no_dupes, parse_constant=_no_constant)
+    except CanonicalError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise CanonicalError(f"invalid JSON: {exc}") from exc
+    _check_tree(value, 0, allow_floats)
+    return value

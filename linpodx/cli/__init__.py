@@ -1,0 +1,1 @@
+"""Command-line interface: one typer sub-app (or command set) per module."""

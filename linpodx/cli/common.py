@@ -1,0 +1,53 @@
+"""What every command shares: the `--json` option and the run-render-or-fail wrapper."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
+
+import typer
+
+from linpodx.errors import LinpodxError
+from linpodx.output import envelope, print_error, print_json, print_kv
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print exactly one JSON document on stdout (errors too).")
+]
+
+
+def new_app(help_text: str) -> typer.Typer:
+    """A typer app with our conventions: no pretty tracebacks (they print locals), no markup."""
+    return typer.Typer(
+        help=help_text,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        add_completion=False,
+    )
+
+
+def run_command(
+    name: str,
+    json_mode: bool,
+    fn: Callable[[], Any],
+    render: Callable[[Any], None] | None = None,
+) -> Any:
+    """Call `fn`, then render its result (key/value lines, a custom renderer, or JSON).
+
+    A `LinpodxError` becomes `error:`/`hint:` on stderr (plus the JSON envelope on stdout with
+    `--json`) and the error's exit code.
+    """
+    try:
+        result = fn()
+    except LinpodxError as err:
+        if json_mode:
+            print_json(envelope(name, error=err))
+        print_error(err)
+        raise typer.Exit(err.exit_code) from None
+    if json_mode:
+        print_json(envelope(name, result))
+    elif render is not None:
+        render(result)
+    elif isinstance(result, Mapping):
+        print_kv(result)
+    return result

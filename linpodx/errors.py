@@ -1,0 +1,153 @@
+"""The one error family of linpodx.
+
+Every expected failure is a `LinpodxError`: a message saying what happened, a hint saying what
+to do, and the exit code the CLI returns. The CLI catches exactly this base class; anything else
+is a bug and is reported as one (still without leaking locals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Exit codes (documented in the README). 2 is also what typer/click use for usage errors.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INVALID = 3  # input (profile, label, payload) refused
+EXIT_NOT_FOUND = 4
+EXIT_ENGINE = 5  # podman / nft / a helper failed
+EXIT_AUDIT = 6  # the audit log could not be written or read
+EXIT_TAMPERED = 7  # verification found damage
+EXIT_DENIED = 8  # a policy or a person said no
+EXIT_BUG = 70  # EX_SOFTWARE: an unexpected exception
+
+
+class LinpodxError(Exception):
+    """Base class: `message` for what happened, `hint` for what to do about it."""
+
+    exit_code: int = EXIT_FAILURE
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        exit_code: int | None = None,
+        details: dict[str, object] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        # Structured facts about the failure (for `--json`), e.g. the first bad seq of a chain.
+        self.details = details or {}
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def diagnostics(self) -> str:
+        """The text a person sees on stderr: `error: …` and, when known, `hint: …`."""
+        lines = [f"error: {self.message}"]
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        """The error as it appears in a `--json` envelope."""
+        return {
+            "type": type(self).__name__,
+            "message": self.message,
+            "hint": self.hint,
+            "exit_code": self.exit_code,
+            "details": self.details,
+        }
+
+
+class UsageError(LinpodxError):
+    """The command line itself is wrong."""
+
+    exit_code = EXIT_USAGE
+
+
+class InvalidInput(LinpodxError):
+    """A profile, label, payload or other input was refused."""
+
+    exit_code = EXIT_INVALID
+
+
+class ProfileError(InvalidInput):
+    """A profile failed to load; `problems` holds every `FILE:LINE:COL: message` found."""
+
+    def __init__(self, message: str, hint: str | None = None, problems: Sequence[str] = ()):
+        super().__init__(message, hint)
+        self.problems = tuple(problems)
+
+    def diagnostics(self) -> str:
+        lines = [f"error: {p}" for p in self.problems] or [f"error: {self.message}"]
+        if self.problems:
+            lines.append(f"error: {self.message}")
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        d = super().to_dict()
+        d["problems"] = list(self.problems)
+        return d
+
+
+class NotFound(LinpodxError):
+    """A named thing (profile, container, session, snapshot, job) does not exist."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class EngineError(LinpodxError):
+    """An external program (podman, nft, a helper) failed. Carries its argv and its own words."""
+
+    exit_code = EXIT_ENGINE
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        argv: Sequence[str] = (),
+        returncode: int | None = None,
+        stderr: str = "",
+    ):
+        super().__init__(message, hint)
+        self.argv = tuple(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+
+    def diagnostics(self) -> str:
+        lines = [f"error: {self.message}"]
+        said = self.stderr.strip()
+        if said:
+            # The engine's own words, indented, so the person sees what podman said.
+            lines.extend(f"  {line}" for line in said.splitlines()[-20:])
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        d = super().to_dict()
+        d.update(argv=list(self.argv), returncode=self.returncode, stderr=self.stderr)
+        return d
+
+
+class AuditError(LinpodxError):
+    """The audit log could not be written or read; the action it would record must not happen."""
+
+    exit_code = EXIT_AUDIT
+
+
+class ChainBroken(LinpodxError):
+    """Verification found a damaged or tampered chain."""
+
+    exit_code = EXIT_TAMPERED
+
+
+class Denied(LinpodxError):
+    """A policy or a person refused the action."""
+
+    exit_code = EXIT_DENIED

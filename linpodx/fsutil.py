@@ -1,0 +1,62 @@
+"""Small file helpers: atomic replace and private files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+from linpodx.paths import FILE_MODE, ensure_dir
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename or create in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE) -> None:
+    """Replace `path` with `data` all at once: temp file in the same dir, fsync, rename."""
+    ensure_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def create_exclusive(path: Path, data: bytes, *, mode: int = FILE_MODE) -> bool:
+    """Create `path` with `data` only if it does not exist yet. Returns False if it existed.
+
+    Used where "the first writer wins" (approval answers): the file appears complete or not at
+    all, because we write a temp file and hard-link it into place (link fails if taken).
+    """
+    ensure_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        fsync_dir(path.parent)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

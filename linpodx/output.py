@@ -1,0 +1,82 @@
+"""Rendering results: `key: value` lines for people, one JSON envelope with `--json`.
+
+Core code returns plain data (a mapping); only this module decides how it looks. Anything that
+came from a container or an agent goes through `safe_text` first so it can never drive the
+terminal (escape sequences, control characters) or rich markup.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from linpodx.errors import LinpodxError
+
+ENVELOPE_SCHEMA = "linpodx/v1"
+KEY_WIDTH = 8  # `status:  ok`, `mcp:     3 rules`: values line up after 9 columns
+
+
+def safe_text(value: str, limit: int | None = None) -> str:
+    """Escape control characters (C0, DEL, C1, line/paragraph separators) and cap the length."""
+    out = []
+    for ch in value:
+        o = ord(ch)
+        if o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or o in (0x2028, 0x2029):
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + f"…(+{len(text) - limit} chars)"
+    return text
+
+
+def kv_line(key: str, value: Any) -> str:
+    """One `key: value` line, value aligned like the walk-through's output."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    elif value is None:
+        value = "-"
+    return f"{key + ':':<{KEY_WIDTH}} {value}"
+
+
+def print_kv(items: Mapping[str, Any], stream: TextIO | None = None) -> None:
+    """Print a flat mapping as `key: value` lines (nested values as compact JSON)."""
+    stream = stream or sys.stdout
+    for k, v in items.items():
+        if isinstance(v, (dict, list)):
+            v = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+        stream.write(kv_line(k, v) + "\n")
+    stream.flush()
+
+
+def envelope(command: str, result: Any = None, error: LinpodxError | None = None) -> dict[str, Any]:
+    """The one JSON document `--json` prints, on success and on failure alike."""
+    doc: dict[str, Any] = {"schema": ENVELOPE_SCHEMA, "command": command, "ok": error is None}
+    if error is None:
+        doc["result"] = result
+    else:
+        doc["error"] = error.to_dict()
+    return doc
+
+
+def print_json(doc: Any, stream: TextIO | None = None) -> None:
+    """Print one JSON document (pretty, UTF-8)."""
+    stream = stream or sys.stdout
+    stream.write(json.dumps(doc, ensure_ascii=False, indent=2, sort_keys=False) + "\n")
+    stream.flush()
+
+
+def print_error(err: LinpodxError, stream: TextIO | None = None) -> None:
+    """`error: …` / `hint: …` on stderr."""
+    stream = stream or sys.stderr
+    stream.write(err.diagnostics() + "\n")
+    stream.flush()
+
+
+def note(message: str) -> None:
+    """A diagnostic line for people, on stderr (never stdout)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()

@@ -1,0 +1,100 @@
+"""The one place linpodx runs other programs.
+
+argv lists only (never a shell string), a timeout on every call, and failures raised as
+`EngineError` carrying argv, exit code and the program's own stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from linpodx.errors import EngineError
+
+DEFAULT_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished program left behind."""
+
+    argv: tuple[str, ...]
+    """The argv that ran."""
+    returncode: int
+    """Its exit status."""
+    stdout: str
+    """Everything it printed on stdout (decoded as UTF-8, invalid bytes replaced)."""
+    stderr: str
+    """Everything it printed on stderr."""
+
+
+def which(program: str) -> str | None:
+    """Full path of `program`, also looking in the sbin dirs a normal user's PATH lacks."""
+    found = shutil.which(program)
+    if found:
+        return found
+    for d in ("/usr/local/sbin", "/usr/sbin", "/sbin"):
+        cand = os.path.join(d, program)
+        if os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    input: str | bytes | None = None,  # noqa: A002 - mirrors subprocess.run
+    env: Mapping[str, str] | None = None,
+    what: str | None = None,
+    hint: str | None = None,
+) -> Result:
+    """Run `argv` to completion and capture its output.
+
+    With `check`, a non-zero exit raises `EngineError("<what> failed", hint)` whose stderr is the
+    program's own. A missing program or a timeout always raises.
+    """
+    argv = tuple(argv)
+    label = what or os.path.basename(argv[0])
+    data = input.encode() if isinstance(input, str) else input
+    try:
+        cp = subprocess.run(
+            argv,
+            input=data,
+            capture_output=True,
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise EngineError(
+            f"{argv[0]} not found",
+            hint or f"install {os.path.basename(argv[0])} (see `linpodx doctor`)",
+            argv=argv,
+        ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise EngineError(
+            f"{label} did not finish within {timeout:g}s",
+            hint or "check the engine with `linpodx doctor`",
+            argv=argv,
+            stderr=(exc.stderr or b"").decode("utf-8", "replace"),
+        ) from exc
+    res = Result(
+        argv=argv,
+        returncode=cp.returncode,
+        stdout=cp.stdout.decode("utf-8", "replace"),
+        stderr=cp.stderr.decode("utf-8", "replace"),
+    )
+    if check and cp.returncode != 0:
+        raise EngineError(
+            f"{label} failed (exit {cp.returncode})",
+            hint,
+            argv=argv,
+            returncode=cp.returncode,
+            stderr=res.stderr,
+        )
+    return res

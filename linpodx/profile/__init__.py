@@ -1,0 +1,1 @@
+"""Sandbox profiles: JSON Schema, YAML loader, frozen model, and the store of applied revisions."""

@@ -1,0 +1,136 @@
+"""The profile as the rest of linpodx sees it: frozen dataclasses, already validated.
+
+Nothing past the loader handles a raw dict. `to_dict()` gives the normalized form that the
+store hashes and keeps (canonical JSON has no floats, so every number here is an int and CPU
+quotas are kept as a decimal string).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Decision(str, Enum):
+    """What the MCP gate does with a matching request."""
+
+    AUTO_ALLOW = "auto_allow"
+    PROMPT = "prompt"
+    DENY = "deny"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path bind-mounted into the container."""
+
+    source: str
+    """Absolute, normalized host path (after `${VAR}` expansion); symlinks already resolved."""
+    target: str
+    """Absolute path inside the container."""
+    read_only: bool = True
+    """Read-only unless the profile says `read_only: false`."""
+
+
+@dataclass(frozen=True)
+class Network:
+    """Egress policy."""
+
+    egress_dns_allowlist: tuple[str, ...] = ()
+    """Lower-case names: exact (`crates.io`) or wildcard (`*.example.com`, subdomains only).
+    Empty means no network at all."""
+    upstream_dns: tuple[str, ...] = ()
+    """`IP` or `IP:PORT` resolvers the policy resolver asks; empty means the host's."""
+    allow_private_answers: bool = False
+    """Allow allowed names to resolve to loopback, link-local, private or host addresses."""
+
+
+@dataclass(frozen=True)
+class McpRule:
+    """One gate rule; rules are tried in order and the first match wins."""
+
+    method: str
+    """JSON-RPC method, exact (`tools/call`) or `*` for any."""
+    decision: Decision
+    tool_name: str | None = None
+    """For `tools/call`: the tool's exact name; None (or `*`) matches any tool."""
+
+
+@dataclass(frozen=True)
+class McpSettings:
+    """How the MCP bridge behaves beyond the rules."""
+
+    approval_timeout_seconds: int = 30
+    """How long a `prompt` waits for a person before it is denied."""
+    max_line_bytes: int = 4 * 1024 * 1024
+    """Longest JSON-RPC line accepted in either direction; longer lines are dropped."""
+    allow_server_requests: tuple[str, ...] = ()
+    """Server→client request methods let through (e.g. `sampling/createMessage`); others denied."""
+    record_arguments: bool = False
+    """Record tool-call arguments in full in the audit log (by digest otherwise)."""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Audit settings."""
+
+    hash_chain: bool = True
+    """Keep the session's hash chain. linpodx refuses profiles that turn it off (fail closed)."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Limits; defaults fit under this kind of host's hard limits."""
+
+    memory: str = "2g"
+    """podman `--memory` value (`512m`, `2g`)."""
+    cpus: str = "2"
+    """podman `--cpus` value, a decimal string."""
+    pids_limit: int = 512
+    nofile: int = 1024
+    """RLIMIT_NOFILE soft=hard inside the container."""
+    nproc: int = 4096
+    """RLIMIT_NPROC soft=hard inside the container."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated sandbox profile."""
+
+    name: str
+    description: str = ""
+    mounts: tuple[Mount, ...] = ()
+    network: Network = field(default_factory=Network)
+    mcp_policy: tuple[McpRule, ...] = ()
+    mcp: McpSettings = field(default_factory=McpSettings)
+    audit: Audit = field(default_factory=Audit)
+    resources: Resources = field(default_factory=Resources)
+    cap_add: tuple[str, ...] = ()
+    """Capabilities added back after dropping all (upper-case, without `CAP_`)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """The only environment variables set in the container (host env never leaks in)."""
+    workdir: str | None = None
+    """Working directory inside the container."""
+    version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """Normalized, JSON-ready form (what the store hashes and keeps)."""
+        d = asdict(self)
+        d["mcp_policy"] = [
+            {"method": r.method, "tool_name": r.tool_name, "decision": r.decision.value}
+            for r in self.mcp_policy
+        ]
+        d["env"] = {k: v for k, v in self.env}
+        return d
+
+
+def default_profile() -> Profile:
+    """The built-in profile used by `linpodx run` without `--profile`: no mounts, no network,
+    every MCP request beyond the handshake denied."""
+    return Profile(
+        name="default",
+        description="built-in: no mounts, no network, MCP default deny",
+        mcp_policy=(McpRule(method="*", decision=Decision.DENY),),
+    )
