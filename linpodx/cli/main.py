@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import typer
 
 from linpodx import __version__
-from linpodx.cli import approvals, audit, containers, mcp, sandbox, snapshot
+from linpodx.cli import approvals, audit, containers, egress, mcp, sandbox, snapshot
 from linpodx.cli.common import new_app
 from linpodx.errors import EXIT_BUG, EXIT_USAGE, LinpodxError
 from linpodx.output import print_error
@@ -21,6 +21,7 @@ app.add_typer(mcp.app, name="mcp")
 app.add_typer(snapshot.app, name="snapshot")
 containers.register(app)
 approvals.register(app)
+egress.register(app)
 
 
 @app.command("version")
