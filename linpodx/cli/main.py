@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         return 130
-    except Exception as exc:  # noqa: BLE001 - last line of defence: no traceback, no locals
+    except Exception as exc:
         kind = _kind(exc)
         if "NoArgsIsHelpError" in kind:
             # A group called without a subcommand: its help is what the person wants to see.
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_error(LinpodxError(exc.format_message()))  # type: ignore[attr-defined]
             return int(getattr(exc, "exit_code", 1))
         sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n")
-        sys.stderr.write("hint: this is a bug in linpodx; rerun with LINPODX_DEBUG=1 to see where\n")
+        sys.stderr.write("hint: this is a bug in linpodx; LINPODX_DEBUG=1 shows where\n")
         if os.environ.get("LINPODX_DEBUG"):
             raise
         return EXIT_BUG

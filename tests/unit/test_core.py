@@ -1,0 +1,172 @@
+"""Unit tests for the small core modules: canonical JSON, ids, output, errors, CLI entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from linpodx import canonical, ids, output
+from linpodx.canonical import CanonicalError, canonical_str, strict_loads
+from linpodx.errors import EngineError, LinpodxError, NotFound, ProfileError
+from linpodx.fsutil import atomic_write, create_exclusive
+
+
+class TestCanonical:
+    def test_sorted_compact(self) -> None:
+        assert canonical_str({"b": 1, "a": [True, None, "x"]}) == '{"a":[true,null,"x"],"b":1}'
+
+    def test_rfc8785_key_order_is_utf16(self) -> None:
+        # U+1F600 (pair D83D DE00) sorts before U+FB01 in UTF-16, after it by code point.
+        value = {"\ufb01": 1, "\U0001f600": 2}
+        assert canonical_str(value) == '{"\U0001f600":2,"\ufb01":1}'
+
+    def test_string_escapes_minimal(self) -> None:
+        assert canonical_str('a\n\u001f"\\é') == '"a\\n\\u001f\\"\\\\é"'
+
+    @pytest.mark.parametrize("bad", [1.5, 2**53, -(2**53), "\ud800", {"\udc00": 1}, b"x"])
+    def test_refuses(self, bad: object) -> None:
+        with pytest.raises(CanonicalError):
+            canonical_str(bad)
+
+    def test_depth_bound(self) -> None:
+        deep: object = 1
+        for _ in range(canonical.MAX_DEPTH + 2):
+            deep = [deep]
+        with pytest.raises(CanonicalError):
+            canonical_str(deep)
+
+
+class TestStrictLoads:
+    @pytest.mark.parametrize(
+        "text",
+        [
+            '{"a":1,"a":2}',
+            '{"a":NaN}',
+            '{"a":Infinity}',
+            "[-Infinity]",
+            '{"a":9007199254740992}',
+            '"\\ud800"',
+            "[" * 100 + "]" * 100,
+            "{",
+        ],
+    )
+    def test_refuses(self, text: str) -> None:
+        with pytest.raises(CanonicalError):
+            strict_loads(text)
+
+    def test_invalid_utf8(self) -> None:
+        with pytest.raises(CanonicalError, match="UTF-8"):
+            strict_loads(b'{"a":"\xff"}')
+
+    def test_floats_opt_in(self) -> None:
+        with pytest.raises(CanonicalError):
+            strict_loads("1.5")
+        assert strict_loads("1.5", allow_floats=True) == 1.5
+
+    def test_escaped_names_decode(self) -> None:
+        assert strict_loads('{"m":"tools\\u002fcall"}') == {"m": "tools/call"}
+
+    def test_brackets_inside_strings_do_not_count_as_depth(self) -> None:
+        assert strict_loads(json.dumps({"s": "[" * 200})) == {"s": "[" * 200}
+
+
+class TestIds:
+    def test_ulid_shape_and_order(self) -> None:
+        a = ids.new_ulid(now_ms=1_000)
+        b = ids.new_ulid(now_ms=2_000)
+        assert ids.ULID_RE.match(a) and ids.ULID_RE.match(b)
+        assert a < b
+
+    def test_prefixed(self) -> None:
+        value = ids.new_id("prof")
+        assert ids.is_id(value, "prof")
+        assert not ids.is_id(value, "sess")
+        assert not ids.is_id("prof_short", "prof")
+
+
+class TestOutput:
+    def test_kv_alignment(self) -> None:
+        assert output.kv_line("status", "ok") == "status:  ok"
+        assert output.kv_line("mcp", "3 rules") == "mcp:     3 rules"
+        assert output.kv_line("profile", "p") == "profile: p"
+        assert output.kv_line("rolled_back", True) == "rolled_back: true"
+
+    def test_safe_text_escapes_terminal_control(self) -> None:
+        hostile = "ok\x1b[2J\x07\u2028\x9b[1m"
+        shown = output.safe_text(hostile)
+        assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown
+        assert "\u2028" not in shown
+        assert shown.startswith("ok\\x1b[2J")
+
+    def test_safe_text_caps(self) -> None:
+        assert output.safe_text("x" * 50, limit=10).startswith("x" * 10 + "…(+40")
+
+    def test_envelope_shapes(self) -> None:
+        ok = output.envelope("sandbox validate", {"a": 1})
+        assert ok == {
+            "schema": "linpodx/v1",
+            "command": "sandbox validate",
+            "ok": True,
+            "result": {"a": 1},
+        }
+        err = output.envelope("x", error=NotFound("profile not found: p", "apply it"))
+        assert err["ok"] is False and err["error"]["exit_code"] == 4
+
+
+class TestErrors:
+    def test_diagnostics(self) -> None:
+        assert LinpodxError("boom", "do this").diagnostics() == "error: boom\nhint: do this"
+
+    def test_engine_error_shows_engine_words(self) -> None:
+        err = EngineError(
+            "podman create failed",
+            "check the image",
+            argv=["podman"],
+            stderr="Error: no such image\n",
+        )
+        assert (
+            err.diagnostics()
+            == "error: podman create failed\n  Error: no such image\nhint: check the image"
+        )
+
+    def test_profile_error_lists_problems(self) -> None:
+        err = ProfileError("profile is invalid", "fix it", problems=["f.yml:1:1: bad"])
+        assert err.diagnostics().splitlines() == [
+            "error: f.yml:1:1: bad",
+            "error: profile is invalid",
+            "hint: fix it",
+        ]
+
+
+class TestFiles:
+    def test_atomic_write_private(self, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        target = tmp_path / "d" / "f.json"
+        atomic_write(target, b"one")
+        atomic_write(target, b"two")
+        assert target.read_bytes() == b"two"
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+        assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
+        assert [p.name for p in target.parent.iterdir()] == ["f.json"]
+
+    def test_create_exclusive_first_wins(self, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        target = tmp_path / "answers" / "answer"
+        assert create_exclusive(target, b"first") is True
+        assert create_exclusive(target, b"second") is False
+        assert target.read_bytes() == b"first"
+        assert sorted(os.listdir(target.parent)) == ["answer"]
+
+
+class TestCliEntry:
+    def test_unknown_command_is_usage_error(self, cli) -> None:  # type: ignore[no-untyped-def]
+        res = cli("no-such-command")
+        assert res.exit_code == 2
+        assert res.stderr.startswith("error: No such command")
+        assert "hint: run `linpodx --help`" in res.stderr
+        assert "Traceback" not in res.stderr
+
+    def test_version(self, cli) -> None:  # type: ignore[no-untyped-def]
+        res = cli("version")
+        assert res.exit_code == 0 and res.stdout.startswith("linpodx ")
