@@ -1,0 +1,614 @@
+"""Append-only, hash-chained audit logs (JSONL).
+
+Each line of a chain file is the canonical JSON (RFC 8785 subset, see `linpodx.canonical`) of
+one record::
+
+    {"data": {...}, "hash": H, ["log": LOG_ID,] "prev": P, "seq": N, "ts": T, "type": TYPE}
+
+`hash` is sha256(DOMAIN + canonical_bytes(record without "hash")), `prev` is the hash of the
+record before it (for seq 0: the chain's genesis, 64 zeros for the admin chain, the profile
+revision's audit_hash for a session chain), and `log` is a random id carried by the first record
+only, so records spliced in from another log are told apart.
+
+Appends take an exclusive flock, read only the tail of the file, write the whole line in one
+write and fsync before returning: when `append` returns, the record is on disk; when it raises
+`AuditError`, the file is as it was and the caller must not perform the action.
+
+A crash (kill -9, power loss) can leave a last line without its newline. That is reported as a
+crash, not tampering, and the next append cuts it off and first records an `audit.repair` record
+saying what it removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
+from linpodx.errors import AuditError
+from linpodx.fsutil import fsync_dir
+from linpodx.ids import new_id
+from linpodx.paths import FILE_MODE, audit_dir, ensure_dir, sessions_audit_dir
+
+DOMAIN = b"linpodx-audit-v1\n"
+ZERO_HASH = "0" * 64
+MAX_LINE = 1024 * 1024
+"""Longest record line we write or read (bytes, without the newline)."""
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
+_TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+_LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}$")
+_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
+_KEYS_FIRST = _KEYS | {"log"}
+_TAIL_CHUNK = 64 * 1024
+
+HINT_WRITE = (
+    "check that the state dir is writable and the disk is not full (df -h); "
+    "nothing was done because it could not be recorded"
+)
+HINT_VERIFY = "run `linpodx audit verify` to see what is wrong with the log"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One audit record as stored."""
+
+    seq: int
+    """Position in the chain, from 0, without gaps."""
+    ts: str
+    """UTC time of the append, `YYYY-MM-DDTHH:MM:SS.ffffffZ`; never decreases along a chain."""
+    type: str
+    """Dotted event type, e.g. `profile.apply`, `session.close`, `audit.repair`."""
+    prev: str
+    """Hash of the previous record (the genesis for seq 0)."""
+    hash: str
+    """sha256 hex over the domain prefix and the canonical record without `hash`."""
+    data: Mapping[str, Any]
+    """What happened (canonical-JSON values only: no floats)."""
+    log_id: str | None = None
+    """The log's random id; set on the first record only."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as it is stored (with `hash`; `log` only on the first record)."""
+        d: dict[str, Any] = {
+            "seq": self.seq,
+            "ts": self.ts,
+            "type": self.type,
+            "prev": self.prev,
+            "hash": self.hash,
+            "data": dict(self.data),
+        }
+        if self.log_id is not None:
+            d["log"] = self.log_id
+        return d
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `verify_file` found."""
+
+    ok: bool
+    """True if every complete record checks out (a torn last line alone does not clear this)."""
+    events: int
+    """Number of valid records before the first bad one (all of them when ok)."""
+    head: str
+    """The hash the chain starts from (prev of seq 0; the genesis when the file is empty)."""
+    tail: str
+    """Hash of the last valid record (the head when there is none)."""
+    first_bad_seq: int | None
+    """Seq (position) of the first record that fails, None when ok."""
+    reason: str | None
+    """Why it failed (or, when ok, the torn-tail warning), None when clean."""
+    torn_tail: bool
+    """A last line without newline was found: a crash during an append, not tampering."""
+    log_id: str | None
+    """The log id from the first record."""
+    torn_offset: int | None = None
+    """Byte offset where the torn last line starts."""
+    torn_bytes: int = 0
+    """Length of the torn last line."""
+    path: str = ""
+    """The file verified."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for `--json`."""
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "events": self.events,
+            "head": self.head,
+            "tail": self.tail,
+            "first_bad_seq": self.first_bad_seq,
+            "reason": self.reason,
+            "torn_tail": self.torn_tail,
+            "torn_offset": self.torn_offset,
+            "torn_bytes": self.torn_bytes,
+            "log_id": self.log_id,
+        }
+
+
+class BadRecord(ValueError):
+    """A line that is not a well-formed record (internal: verification turns it into a reason)."""
+
+
+def record_hash(body: Mapping[str, Any]) -> str:
+    """sha256 hex of DOMAIN + canonical bytes of a record without its `hash`."""
+    return hashlib.sha256(DOMAIN + canonical_bytes(body)).hexdigest()
+
+
+def now_ts() -> str:
+    """The current UTC time in the record format (microseconds, `Z`)."""
+    ns = time.time_ns()
+    secs, micros = divmod(ns // 1000, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{micros:06d}Z"
+
+
+def torn_reason(offset: int, length: int) -> str:
+    """The words used everywhere for a torn last line."""
+    return (
+        f"torn last line at byte {offset} ({length} bytes without newline): "
+        "crash during append, not tampering; the next append repairs it"
+    )
+
+
+def parse_line(line: bytes) -> Record:
+    """Parse and check one stored line (without its newline) on its own.
+
+    Checks: strict JSON (no duplicate keys, floats, NaN, lone surrogates, invalid UTF-8), the
+    exact set of keys and their types, the canonical encoding, and the hash. Linkage to other
+    records is the caller's business. Raises BadRecord with the reason.
+    """
+    if len(line) > MAX_LINE:
+        raise BadRecord(f"line longer than {MAX_LINE} bytes")
+    try:
+        obj = strict_loads(line)
+    except CanonicalError as exc:
+        raise BadRecord(f"not a valid record: {exc}") from None
+    rec = _record_from_obj(obj)
+    body = {k: v for k, v in obj.items() if k != "hash"}
+    try:
+        encoded = canonical_bytes(obj)
+    except CanonicalError as exc:  # pragma: no cover - strict_loads already refused these
+        raise BadRecord(f"not a valid record: {exc}") from None
+    if encoded != line:
+        raise BadRecord("record is not in canonical form (re-encoded or edited by hand)")
+    if record_hash(body) != rec.hash:
+        raise BadRecord("hash mismatch: the record's content was changed after it was written")
+    return rec
+
+
+def _record_from_obj(obj: Any) -> Record:
+    if not isinstance(obj, dict):
+        raise BadRecord("not a valid record: not a JSON object")
+    keys = obj.keys()
+    if keys != _KEYS and keys != _KEYS_FIRST:
+        missing = sorted(_KEYS - keys)
+        extra = sorted(keys - _KEYS_FIRST)
+        raise BadRecord(f"not a valid record: missing keys {missing}, unknown keys {extra}")
+    seq, ts, typ, prev, h, data = (
+        obj["seq"], obj["ts"], obj["type"], obj["prev"], obj["hash"], obj["data"]
+    )
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise BadRecord("not a valid record: seq is not a non-negative integer")
+    if not isinstance(ts, str) or not _TS_RE.match(ts):
+        raise BadRecord("not a valid record: ts is not a UTC timestamp")
+    if not isinstance(typ, str) or not _TYPE_RE.match(typ):
+        raise BadRecord("not a valid record: type is not a dotted event name")
+    if not isinstance(prev, str) or not _HEX64.match(prev):
+        raise BadRecord("not a valid record: prev is not a sha256 hex digest")
+    if not isinstance(h, str) or not _HEX64.match(h):
+        raise BadRecord("not a valid record: hash is not a sha256 hex digest")
+    if not isinstance(data, dict):
+        raise BadRecord("not a valid record: data is not an object")
+    log = obj.get("log")
+    if log is not None and (not isinstance(log, str) or not _LOG_RE.match(log)):
+        raise BadRecord("not a valid record: log is not a log id")
+    if "log" in obj and log is None:
+        raise BadRecord("not a valid record: log is null")
+    return Record(seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=data, log_id=log)
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+    """Yield (offset, line without newline, complete) for each line of the file."""
+    with open(path, "rb") as f:
+        offset = 0
+        for raw in f:
+            complete = raw.endswith(b"\n")
+            line = raw[:-1] if complete else raw
+            yield offset, line, complete
+            offset += len(raw)
+
+
+def verify_file(
+    path: Path, genesis: str | None = None, *, check_genesis: bool = True
+) -> VerifyReport:
+    """Check a whole chain file: every hash, seq continuity from 0, prev linkage, the genesis,
+    a log id on the first record only, non-decreasing timestamps.
+
+    A missing file raises AuditError (the caller decides whether "no log yet" is fine). With
+    `check_genesis=False` the first record's prev is taken as the head whatever it is (used when
+    the genesis is established afterwards, e.g. from a session's profile anchor).
+    """
+    expected_genesis = genesis if genesis is not None else ZERO_HASH
+    try:
+        return _verify(path, expected_genesis, check_genesis)
+    except FileNotFoundError:
+        raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
+    except OSError as exc:
+        raise AuditError(
+            f"could not read the audit log {path}: {exc.strerror or exc}",
+            "check the file's permissions",
+        ) from None
+
+
+def _verify(path: Path, genesis: str, check_genesis: bool) -> VerifyReport:
+    head = genesis
+    tail = genesis
+    log_id: str | None = None
+    last_ts = ""
+    n = 0
+
+    def bad(reason: str) -> VerifyReport:
+        return VerifyReport(
+            ok=False, events=n, head=head, tail=tail, first_bad_seq=n, reason=reason,
+            torn_tail=False, log_id=log_id, path=str(path),
+        )
+
+    for offset, line, complete in iter_lines(path):
+        if not complete:
+            return VerifyReport(
+                ok=True, events=n, head=head, tail=tail, first_bad_seq=None,
+                reason=torn_reason(offset, len(line)), torn_tail=True, log_id=log_id,
+                torn_offset=offset, torn_bytes=len(line), path=str(path),
+            )
+        try:
+            rec = parse_line(line)
+        except BadRecord as exc:
+            return bad(f"{exc} (line at byte {offset})")
+        if rec.seq != n:
+            return bad(
+                f"seq {rec.seq} where {n} was expected: a record was removed, inserted or moved"
+            )
+        if n == 0:
+            if rec.log_id is None:
+                return bad("the first record carries no log id")
+            log_id = rec.log_id
+            if check_genesis and rec.prev != genesis:
+                return bad(
+                    f"the first record starts from {rec.prev[:12]}…, expected genesis "
+                    f"{genesis[:12]}…: the log was replaced or belongs elsewhere"
+                )
+            head = rec.prev
+            tail = rec.prev
+        else:
+            if rec.log_id is not None:
+                return bad(
+                    f"log id {rec.log_id} on a record other than the first: "
+                    "records spliced in from another log"
+                )
+            if rec.prev != tail:
+                return bad(
+                    f"prev {rec.prev[:12]}… does not match the hash of seq {n - 1} "
+                    f"({tail[:12]}…): a record was removed, inserted, reordered or spliced in"
+                )
+        if rec.ts < last_ts:
+            return bad(f"timestamp {rec.ts} is earlier than the record before it ({last_ts})")
+        last_ts = rec.ts
+        tail = rec.hash
+        n += 1
+    return VerifyReport(
+        ok=True, events=n, head=head, tail=tail, first_bad_seq=None, reason=None,
+        torn_tail=False, log_id=log_id, path=str(path),
+    )
+
+
+def read_records(path: Path) -> list[Record]:
+    """All complete, individually valid records of a file (linkage not checked; see verify)."""
+    out: list[Record] = []
+    try:
+        for offset, line, complete in iter_lines(path):
+            if not complete:
+                break
+            try:
+                out.append(parse_line(line))
+            except BadRecord as exc:
+                raise AuditError(
+                    f"audit log {path} has a damaged record at byte {offset}: {exc}", HINT_VERIFY
+                ) from None
+    except FileNotFoundError:
+        raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
+    except OSError as exc:
+        raise AuditError(f"could not read the audit log {path}: {exc.strerror or exc}") from None
+    return out
+
+
+class Chain:
+    """One chain file. Cheap to create; every append opens, locks, writes and closes."""
+
+    def __init__(self, path: Path, genesis: str | None = None):
+        if genesis is not None and not _HEX64.match(genesis):
+            raise AuditError(
+                "the chain's genesis is not a sha256 hex digest",
+                "pass the audit_hash of an applied profile revision",
+            )
+        self.path = Path(path)
+        self.genesis = genesis if genesis is not None else ZERO_HASH
+
+    def __repr__(self) -> str:
+        return f"Chain({str(self.path)!r})"
+
+    def append(self, type: str, data: Mapping[str, Any]) -> Record:
+        """Record one event durably, or raise AuditError (then the action must not happen)."""
+        if not _TYPE_RE.match(type):
+            raise AuditError(
+                f"could not record to the audit log: invalid event type {type!r}",
+                "event types are dotted lower-case names such as profile.apply",
+            )
+        try:
+            ensure_dir(self.path.parent)
+            fd = os.open(
+                self.path,
+                os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
+                FILE_MODE,
+            )
+        except OSError as exc:
+            raise AuditError(
+                f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
+            ) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:
+                raise AuditError(
+                    f"could not record to the audit log {self.path}: lock failed: "
+                    f"{exc.strerror or exc}",
+                    HINT_WRITE,
+                ) from None
+            return self._append_locked(fd, type, data)
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def _append_locked(self, fd: int, typ: str, data: Mapping[str, Any]) -> Record:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise AuditError(
+                    f"could not record to the audit log {self.path}: not a regular file",
+                    "move it away; linpodx creates the log itself",
+                )
+            if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
+                os.fchmod(fd, FILE_MODE)
+            size = st.st_size
+            last, torn_at = _read_tail(fd, size)
+        except AuditError:
+            raise
+        except OSError as exc:
+            raise AuditError(
+                f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
+            ) from None
+
+        out: list[bytes] = []
+        records: list[Record] = []
+        if last is None:
+            seq, prev, last_ts = 0, self.genesis, ""
+        else:
+            seq, prev, last_ts = last.seq + 1, last.hash, last.ts
+        if torn_at is not None:
+            removed = _pread_all(fd, torn_at, size - torn_at)
+            repair = {
+                "reason": "torn last line removed (crash during an earlier append)",
+                "offset": torn_at,
+                "removed_bytes": len(removed),
+                "removed_sha256": hashlib.sha256(removed).hexdigest(),
+            }
+            rec, line = self._build(seq, prev, last_ts, "audit.repair", repair)
+            out.append(line)
+            records.append(rec)
+            seq, prev, last_ts = rec.seq + 1, rec.hash, rec.ts
+        rec, line = self._build(seq, prev, last_ts, typ, data)
+        out.append(line)
+        records.append(rec)
+        payload = b"".join(out)
+
+        base = torn_at if torn_at is not None else size
+        try:
+            if torn_at is not None:
+                os.ftruncate(fd, torn_at)
+            _write_all(fd, payload)
+            os.fsync(fd)
+        except OSError as exc:
+            # Leave no partial line behind: the action is not going to happen, so no record of
+            # it may remain either. (A torn tail we cut off stays cut: it was never a record.)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, base)
+                os.fsync(fd)
+            raise AuditError(
+                f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
+            ) from None
+        if base == 0:
+            with contextlib.suppress(OSError):
+                fsync_dir(self.path.parent)
+        return records[-1]
+
+    def _build(
+        self, seq: int, prev: str, last_ts: str, typ: str, data: Mapping[str, Any]
+    ) -> tuple[Record, bytes]:
+        # A clock stepping back must not make the chain look reordered: never go below the tail.
+        ts = max(now_ts(), last_ts)
+        body: dict[str, Any] = {"seq": seq, "ts": ts, "type": typ, "prev": prev, "data": data}
+        log_id = None
+        if seq == 0:
+            log_id = new_id("log")
+            body["log"] = log_id
+        try:
+            h = record_hash(body)
+            line = canonical_bytes({**body, "hash": h}) + b"\n"
+        except (CanonicalError, RecursionError) as exc:
+            raise AuditError(
+                f"could not record to the audit log: the event data cannot be recorded: {exc}",
+                "this is a bug in linpodx: event data must be canonical JSON (no floats)",
+            ) from None
+        if len(line) > MAX_LINE:
+            raise AuditError(
+                f"could not record to the audit log: record larger than {MAX_LINE} bytes",
+                "this is a bug in linpodx: record a digest of large data instead",
+            )
+        rec = Record(
+            seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=json.loads(line)["data"],
+            log_id=log_id,
+        )
+        return rec, line
+
+    def verify(self) -> VerifyReport:
+        """Verify this chain against its genesis."""
+        return verify_file(self.path, self.genesis)
+
+    def last(self) -> Record | None:
+        """The last complete record (no lock: a snapshot), None for an empty or missing log."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise AuditError(f"could not read the audit log {self.path}: {exc.strerror}") from None
+        try:
+            last, _ = _read_tail(fd, os.fstat(fd).st_size)
+            return last
+        finally:
+            os.close(fd)
+
+
+def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    parts = []
+    while length > 0:
+        chunk = os.pread(fd, min(length, 1 << 20), offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+        length -= len(chunk)
+    return b"".join(parts)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:  # pragma: no cover - write(2) reports errors by raising
+            raise OSError(28, "short write")
+        view = view[n:]
+
+
+def _read_tail(fd: int, size: int) -> tuple[Record | None, int | None]:
+    """The last complete record and, if the file ends in a torn line, where that line starts.
+
+    Reads backwards from the end in chunks; never more than the last line plus one chunk.
+    """
+    if size == 0:
+        return None, None
+    buf = b""
+    pos = size
+    # Find the end of the last complete line (the last newline) and the line before it.
+    end_nl: int | None = None  # offset of the newline ending the last complete line
+    while pos > 0:
+        step = min(_TAIL_CHUNK, pos)
+        pos -= step
+        buf = os.pread(fd, step, pos) + buf
+        if end_nl is None:
+            i = buf.rfind(b"\n")
+            if i >= 0:
+                end_nl = pos + i
+        if end_nl is not None:
+            j = buf.rfind(b"\n", 0, end_nl - pos)
+            if j >= 0 or pos == 0:
+                start = pos + j + 1 if j >= 0 else 0
+                line = buf[start - pos : end_nl - pos]
+                break
+        if size - pos > 2 * MAX_LINE + 2 * _TAIL_CHUNK:
+            raise AuditError(
+                "the audit log's last line is longer than any record we write", HINT_VERIFY
+            )
+    torn_at: int | None
+    if end_nl is None:
+        # No newline at all: the whole file is one torn line (the very first append crashed).
+        return None, 0
+    torn_at = end_nl + 1 if end_nl + 1 < size else None
+    try:
+        rec = parse_line(line)
+    except BadRecord as exc:
+        raise AuditError(
+            f"the audit log's last record is damaged ({exc}); refusing to chain onto it",
+            HINT_VERIFY,
+        ) from None
+    return rec, torn_at
+
+
+def admin_chain() -> Chain:
+    """The chain of administrative actions (profile.apply, container.run, …)."""
+    return Chain(audit_dir() / "admin.jsonl")
+
+
+def session_path(session_id: str) -> Path:
+    """Where a session's chain lives. Refuses ids that could name another path."""
+    if not _SESSION_RE.match(session_id) or session_id in {".", ".."}:
+        raise AuditError(
+            f"invalid session id {session_id!r}",
+            "session ids look like sess_01J…; see `linpodx audit show`",
+        )
+    return sessions_audit_dir() / f"{session_id}.jsonl"
+
+
+def session_chain(session_id: str, genesis: str) -> Chain:
+    """The chain of one MCP session; its first prev is the profile revision's audit_hash."""
+    return Chain(session_path(session_id), genesis)
+
+
+def open_session(
+    session_id: str, profile_id: str, audit_hash: str, data: Mapping[str, Any] | None = None
+) -> tuple[Chain, Record]:
+    """Start a session chain and anchor it in the admin chain.
+
+    The session's first record (`session.start`) starts from the profile revision's audit_hash
+    and names `profile_id`/`audit_hash` in its data, so verification can find the anchor; the
+    admin chain then gets `session.open` with the session's head and first hash. Rewriting
+    either log alone then no longer matches the other.
+    """
+    chain = session_chain(session_id, audit_hash)
+    first = chain.append(
+        "session.start",
+        {**(data or {}), "session_id": session_id, "profile_id": profile_id,
+         "audit_hash": audit_hash},
+    )
+    admin_chain().append(
+        "session.open",
+        {"session_id": session_id, "profile_id": profile_id, "head": audit_hash,
+         "first": first.hash},
+    )
+    return chain, first
+
+
+def anchor_session(session_id: str, tail_hash: str, events: int) -> Record:
+    """Record a session's end in the admin chain with its tail hash and record count.
+
+    After this, truncating or rewriting the session log is detected by `verify --session`.
+    """
+    if not _HEX64.match(tail_hash):
+        raise AuditError(
+            "could not record to the audit log: the session tail is not a sha256 hex digest"
+        )
+    session_path(session_id)  # validates the id
+    return admin_chain().append(
+        "session.close", {"session_id": session_id, "tail": tail_hash, "events": events}
+    )
