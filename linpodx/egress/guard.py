@@ -1,46 +1,305 @@
-"""The egress guard API the container lifecycle codes against (first commit: fail-closed stub)."""
+"""The egress guard API the container lifecycle calls.
+
+    prepare(name, stored)      before `podman create`: writes resolv.conf + policy file
+    attach(name, pid, stored)  after `podman init`: starts the guard, waits until it is ready
+    status(name)               "none" | "healthy" | "down" (for `linpodx ps`)
+    update_profile(stored)     after a re-apply: pushes the new allowlist to running guards
+    detach(name)               on removal: stops the guard, forgets the files
+
+Everything fails closed: `attach` raises EngineError unless the filter, the resolver and the
+network helper are all up, and the caller then removes the container.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from linpodx.errors import EngineError
+from linpodx import proc
+from linpodx.egress.netns import RESOLVER_ADDR
+from linpodx.egress.state import EgressState
+from linpodx.errors import AuditError, EngineError
+from linpodx.fsutil import atomic_write
 
 if TYPE_CHECKING:
     from linpodx.profile.store import StoredProfile
 
+READY_TIMEOUT = 30.0
+UPDATE_TIMEOUT = 5.0
+GUARD_COMMAND = "_egress-guard"
+
+RESOLV_CONF = (
+    "# written by linpodx: the policy resolver is this container's only DNS server\n"
+    f"nameserver {RESOLVER_ADDR}\n"
+    "options timeout:2 attempts:2\n"
+)
+
+
+def _policy_doc(stored: StoredProfile) -> dict[str, Any]:
+    net = stored.profile.network
+    return {
+        "profile": stored.name,
+        "profile_id": stored.profile_id,
+        "revision": int(stored.revision),
+        "allowlist": list(net.egress_dns_allowlist),
+        "upstream_dns": list(net.upstream_dns),
+        "allow_private_answers": bool(net.allow_private_answers),
+    }
+
+
+def _write_policy(st: EgressState, stored: StoredProfile) -> None:
+    st.ensure()
+    atomic_write(st.policy_file, json.dumps(_policy_doc(stored), sort_keys=True).encode())
+
 
 def prepare(name: str, stored: StoredProfile) -> Path:
-    """Write the container's resolv.conf (bind-mounted over /etc/resolv.conf at create time)."""
-    raise EngineError(
-        "egress filtering not implemented yet",
-        "use a profile with an empty network.egress_dns_allowlist for now",
-    )
+    """Write `name`'s resolv.conf and policy file; returns the resolv.conf to bind-mount.
+
+    The file must exist before `podman create` (a bind mount needs its source). It is 0644 so
+    whatever user the container runs as can read it.
+    """
+    st = EgressState(name)
+    _write_policy(st, stored)
+    atomic_write(st.resolv_conf, RESOLV_CONF.encode(), mode=0o644)
+    return st.resolv_conf
 
 
 def resolv_conf_path(name: str) -> Path | None:
     """The resolv.conf `prepare` wrote for `name`, or None if there is none."""
-    return None
+    p = EgressState(name).resolv_conf
+    return p if p.is_file() else None
+
+
+def guard_argv(name: str, pid: int) -> list[str]:
+    """How the guard is started. Rootless it runs under `podman unshare`, i.e. as uid 0 of
+    the rootless user namespace, so it may join the container's netns and run nft there."""
+    argv = [sys.executable, "-m", "linpodx", GUARD_COMMAND, "--container", name, "--pid", str(pid)]
+    if os.geteuid() != 0:
+        argv = [proc.which("podman") or "podman", "unshare", *argv]
+    return argv
+
+
+def _spawn_detached(argv: list[str], log: Path) -> None:
+    """Start `argv` in its own session, detached (double fork: no zombie, no parent to wait).
+
+    Popen is not enough: the long-lived parent (a test run, a shell) would keep a zombie that
+    looks alive to `status`. This module owns the guard's lifetime, hence the raw fork.
+    """
+    logfd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child side
+            try:
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(logfd, 1)
+                os.dup2(logfd, 2)
+                os.closerange(3, 65536)
+                os.execv(argv[0], argv)  # noqa: S606 - argv list, no shell wanted
+            finally:
+                os._exit(127)
+        os.waitpid(pid, 0)
+    finally:
+        os.close(logfd)
+
+
+def _read_guard(st: EgressState) -> dict[str, Any] | None:
+    try:
+        data = json.loads(st.guard_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _guard_alive(info: dict[str, Any], name: str) -> bool:
+    """The recorded guard pid is alive and really is this container's guard."""
+    pid = info.get("guard_pid")
+    if not isinstance(pid, int):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return GUARD_COMMAND.encode() in cmdline and name.encode() in cmdline
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def attach(name: str, pid: int, stored: StoredProfile) -> None:
-    """Start the egress guard for `name` (init PID `pid`); raises EngineError on failure."""
+    """Start the egress guard for `name` (init PID `pid`); raises EngineError on failure.
+
+    Returns only when nft rules, the policy resolver and the network helper are all up. On
+    any failure the guard is stopped and EngineError raised; the caller removes the container.
+    """
+    if not stored.profile.network.egress_dns_allowlist:
+        raise EngineError(
+            "egress guard asked for a profile without an allowlist",
+            "a container without an allowlist has no network; do not attach a guard",
+        )
+    st = EgressState(name)
+    prepare(name, stored)
+    old = _read_guard(st)
+    if old is not None and _guard_alive(old, name):
+        _stop_guard(old)
+    with contextlib.suppress(FileNotFoundError):
+        st.guard_file.unlink()
+    argv = guard_argv(name, pid)
+    _spawn_detached(argv, st.guard_log)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        info = _read_guard(st)
+        if info is not None:
+            state = info.get("state")
+            if state == "ready" and info.get("container_pid") == pid:
+                return
+            if state in ("failed", "stopped"):
+                raise EngineError(
+                    f"egress filter for {name} could not be set up: {info.get('error', state)}",
+                    "the container was not started; see `linpodx doctor` "
+                    f"and the guard log {st.guard_log.name} in the container's state dir",
+                    stderr=_log_tail(st.guard_log),
+                )
+        time.sleep(0.05)
+    info = _read_guard(st)
+    if info is not None:
+        _stop_guard(info)
     raise EngineError(
-        "egress filtering not implemented yet",
-        "use a profile with an empty network.egress_dns_allowlist for now",
+        f"egress filter for {name} did not become ready within {READY_TIMEOUT:g}s",
+        "the container was not started; see `linpodx doctor`",
+        argv=argv,
+        stderr=_log_tail(st.guard_log),
     )
 
 
+def _stop_guard(info: dict[str, Any], timeout: float = 5.0) -> None:
+    pid = info.get("guard_pid")
+    if not isinstance(pid, int):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
 def status(name: str) -> str:
-    """`none`, `healthy` or `down`."""
-    return "none"
+    """`none` (no egress for this container), `healthy` (guard up, container running) or
+    `down` (egress configured but no working guard: the container has no network)."""
+    st = EgressState(name)
+    if not st.policy_file.exists():
+        return "none"
+    info = _read_guard(st)
+    if info is None or info.get("state") != "ready" or not _guard_alive(info, name):
+        return "down"
+    cpid = info.get("container_pid")
+    if not isinstance(cpid, int) or not Path(f"/proc/{cpid}").exists():
+        return "down"
+    return "healthy"
 
 
 def detach(name: str) -> None:
-    """Stop the guard of `name` if one runs and forget its runtime files."""
+    """Stop the guard of `name` if one runs and forget its files."""
+    st = EgressState(name)
+    info = _read_guard(st)
+    if info is not None and _guard_alive(info, name):
+        _stop_guard(info)
+    shutil.rmtree(st.dir, ignore_errors=True)
+
+
+def _containers_of(profile: str) -> list[str]:
+    from linpodx.paths import containers_dir
+
+    out: list[str] = []
+    base = containers_dir()
+    if not base.is_dir():
+        return out
+    for d in sorted(base.iterdir()):
+        st = EgressState(d.name)
+        try:
+            doc = json.loads(st.policy_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("profile") == profile:
+            out.append(d.name)
+    return out
 
 
 def update_profile(stored: StoredProfile) -> list[str]:
-    """Push a re-applied profile's allowlist to its running containers; returns names updated."""
-    return []
+    """Push a re-applied profile's allowlist to its running containers; returns names updated.
+
+    Each update is recorded in the admin audit chain (`egress.update`) BEFORE the guard sees
+    it; if the record cannot be written nothing changes (AuditError). The guard acknowledges
+    by reporting the new revision; a guard that does not within UPDATE_TIMEOUT is an error.
+    """
+    updated: list[str] = []
+    failed: list[str] = []
+    doc = _policy_doc(stored)
+    for name in _containers_of(stored.name):
+        st = EgressState(name)
+        info = _read_guard(st)
+        running = info is not None and info.get("state") == "ready" and _guard_alive(info, name)
+        # An empty allowlist is enforced too: every name denied, every set entry flushed;
+        # the next `linpodx start` creates the container without any network.
+        try:
+            from linpodx.audit.chain import admin_chain
+
+            admin_chain().append(
+                "egress.update",
+                {
+                    "container": name,
+                    "profile": stored.name,
+                    "profile_id": stored.profile_id,
+                    "revision": int(stored.revision),
+                    "allowlist": doc["allowlist"],
+                    "running": running,
+                },
+            )
+        except AuditError:
+            raise
+        except Exception as exc:
+            raise AuditError(
+                f"could not record the egress update for {name}: {exc}",
+                "nothing was changed; check the audit log with `linpodx audit verify`",
+            ) from exc
+        _write_policy(st, stored)
+        if not running or info is None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(info["guard_pid"]), signal.SIGHUP)
+        deadline = time.monotonic() + UPDATE_TIMEOUT
+        while time.monotonic() < deadline:
+            now = _read_guard(st)
+            if now is not None and now.get("policy_revision") == int(stored.revision):
+                updated.append(name)
+                break
+            time.sleep(0.05)
+        else:
+            failed.append(name)
+    if failed:
+        raise EngineError(
+            f"egress guard did not take the new allowlist: {', '.join(failed)}",
+            "restart those containers with `linpodx stop` and `linpodx start`",
+        )
+    return updated

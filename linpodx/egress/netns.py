@@ -1,0 +1,282 @@
+"""Kernel plumbing for the egress guard: joining a container's network namespace, loading nft
+rules into it, and starting the user-mode network helper (slirp4netns or pasta).
+
+Rootless, the guard process itself runs under `podman unshare` (uid 0 of the rootless user
+namespace, which owns or is the parent of the container's namespaces), so the same code works
+for root and rootless: setns(2) and nft both need CAP_SYS_ADMIN/CAP_NET_ADMIN over the
+namespace's owning user namespace, which the guard then has and the container never does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from linpodx import proc
+from linpodx.errors import EngineError
+
+CLONE_NEWNET = 0x40000000
+RESOLVER_ADDR = "127.0.0.1"
+RESOLVER_PORT = 53
+TAP = "tap0"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int, nstype: int) -> None:
+    if _libc.setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def netns_path(pid: int) -> str:
+    """The network namespace file of process `pid`."""
+    return f"/proc/{pid}/ns/net"
+
+
+def bind_resolver_sockets(pid: int) -> tuple[socket.socket, socket.socket]:
+    """UDP and TCP sockets on 127.0.0.1:53 INSIDE the netns of `pid`.
+
+    A socket belongs to the netns it was created in, forever; so the calling thread switches
+    into the container's netns, creates and binds them, and switches back. Only this thread
+    moves (setns of a netns is per thread), and it always comes back, or the process dies.
+    """
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(netns_path(pid), os.O_RDONLY)
+    udp = tcp = None
+    try:
+        _setns(target, CLONE_NEWNET)
+        try:
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            udp.bind((RESOLVER_ADDR, RESOLVER_PORT))
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.bind((RESOLVER_ADDR, RESOLVER_PORT))
+            tcp.listen(16)
+        finally:
+            try:
+                _setns(own, CLONE_NEWNET)
+            except OSError:
+                # Staying in the container's netns would send upstream queries from there.
+                os._exit(70)
+    except BaseException:
+        for s in (udp, tcp):
+            if s is not None:
+                s.close()
+        raise
+    finally:
+        os.close(own)
+        os.close(target)
+    return udp, tcp
+
+
+def nft_argv(pid: int) -> list[str]:
+    """`nsenter --net=/proc/PID/ns/net nft -f -` with full paths (a user's PATH lacks sbin)."""
+    nsenter = proc.which("nsenter") or "nsenter"
+    nft = proc.which("nft") or "nft"
+    return [nsenter, f"--net={netns_path(pid)}", nft, "-f", "-"]
+
+
+def nft_apply(pid: int, text: str) -> None:
+    """Load `text` into the netns of `pid` as one nft transaction; raises EngineError."""
+    if not text:
+        return
+    proc.run(
+        nft_argv(pid),
+        input=text,
+        timeout=15,
+        what="nft (egress filter)",
+        hint="check that nftables is installed and usable (`linpodx doctor`)",
+    )
+
+
+@dataclass
+class Helper:
+    """A running network helper and the pipe end that keeps it alive."""
+
+    kind: str
+    process: subprocess.Popen[bytes]
+    exit_w: int | None
+    """Write end of slirp4netns' --exit-fd pipe: closing it (or our death) stops slirp4netns."""
+
+    def stop(self) -> None:
+        """Stop the helper and reap it."""
+        if self.exit_w is not None:
+            os.close(self.exit_w)
+            self.exit_w = None
+        try:
+            self.process.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=3)
+
+
+def choose_helper(preferred: str | None = None) -> str:
+    """`slirp4netns` when installed (podman 4.x's helper), else `pasta`; EngineError if neither."""
+    order = [preferred] if preferred else ["slirp4netns", "pasta"]
+    for kind in order:
+        if kind and proc.which(kind):
+            return kind
+    raise EngineError(
+        "no user-mode network helper found (slirp4netns or pasta)",
+        "install slirp4netns (or passt for pasta); see `linpodx doctor`",
+    )
+
+
+def slirp_argv(binary: str, pid: int, exit_fd: int, ready_fd: int) -> list[str]:
+    """slirp4netns attached to the netns of `pid` by path (works for root and rootless)."""
+    return [
+        binary,
+        "--configure",
+        "--mtu=65520",
+        # 10.0.2.2 would otherwise reach the host's 127.0.0.1.
+        "--disable-host-loopback",
+        # 10.0.2.3 would answer any name: our resolver is the only one (nft blocks it too).
+        "--disable-dns",
+        "--enable-sandbox",
+        "--enable-seccomp",
+        f"--exit-fd={exit_fd}",
+        f"--ready-fd={ready_fd}",
+        "--netns-type=path",
+        netns_path(pid),
+        TAP,
+    ]
+
+
+def pasta_argv(binary: str, pid: int) -> list[str]:
+    """pasta attached to the netns of `pid`: no port forwarding, gateway not mapped to host."""
+    return [
+        binary,
+        "--config-net",
+        "--netns",
+        netns_path(pid),
+        # The gateway address must not be a way to the host's loopback.
+        "--no-map-gw",
+        "-t",
+        "none",
+        "-u",
+        "none",
+        "-T",
+        "none",
+        "-U",
+        "none",
+        "--no-dhcp",
+        "--no-dhcpv6",
+        "--no-ndp",
+        "--no-ra",
+        "-4",
+        "--quiet",
+    ]
+
+
+def start_helper(kind: str, pid: int, log: Path, timeout: float = 15.0) -> Helper:
+    """Start the network helper for the netns of `pid`; returns once the interface is up."""
+    binary = proc.which(kind)
+    if binary is None:
+        raise EngineError(f"{kind} not found", "install it or see `linpodx doctor`")
+    if kind == "slirp4netns":
+        exit_r, exit_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        argv = slirp_argv(binary, pid, exit_r, ready_w)
+        logf = open(log, "ab")  # handed to the child, closed right after
+        try:
+            # Popen, not proc.run: slirp4netns lives as long as the container (this module
+            # owns it and stops it through its exit fd).
+            p = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                pass_fds=(exit_r, ready_w),
+                start_new_session=False,
+            )
+        finally:
+            logf.close()
+            os.close(exit_r)
+            os.close(ready_w)
+        helper = Helper(kind, p, exit_w)
+        try:
+            _wait_ready(ready_r, p, timeout, argv)
+        except BaseException:
+            helper.stop()
+            raise
+        finally:
+            os.close(ready_r)
+        return helper
+    argv = pasta_argv(binary, pid)
+    # pasta daemonizes by default and exits on its own when the netns goes away; -f keeps it
+    # our child so the guard can stop it when the container's init process ends.
+    argv.insert(1, "-f")
+    logf = open(log, "ab")  # handed to the child, closed right after
+    try:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+    finally:
+        logf.close()
+    helper = Helper(kind, p, None)
+    try:
+        _wait_iface(pid, p, timeout, argv)
+    except BaseException:
+        p.terminate()
+        helper.stop()
+        raise
+    return helper
+
+
+def _wait_ready(fd: int, p: subprocess.Popen[bytes], timeout: float, argv: list[str]) -> None:
+    import select
+
+    r, _, _ = select.select([fd], [], [], timeout)
+    data = os.read(fd, 1) if r else b""
+    if data != b"1":
+        rc = p.poll()
+        raise EngineError(
+            "slirp4netns did not bring up the container's network",
+            "see the guard log; check /dev/net/tun permissions (`linpodx doctor`)",
+            argv=argv,
+            returncode=rc,
+        )
+
+
+def _wait_iface(pid: int, p: subprocess.Popen[bytes], timeout: float, argv: list[str]) -> None:
+    """Wait until a non-loopback interface in the netns has an IPv4 address (pasta)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise EngineError("pasta exited early", argv=argv, returncode=p.returncode)
+        res = proc.run(
+            [
+                proc.which("nsenter") or "nsenter",
+                f"--net={netns_path(pid)}",
+                proc.which("ip") or "ip",
+                "-4",
+                "-o",
+                "addr",
+                "show",
+                "scope",
+                "global",
+            ],
+            check=False,
+            timeout=5,
+        )
+        if res.returncode == 0 and "inet " in res.stdout:
+            return
+        time.sleep(0.1)
+    raise EngineError("pasta did not configure the container's network in time", argv=argv)
+
+
+def host_addresses() -> list[str]:
+    """Every address on this host's interfaces (for refusing answers that point back here)."""
+    res = proc.run([proc.which("ip") or "ip", "-o", "addr", "show"], check=False, timeout=10)
+    out: list[str] = []
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        for i, tok in enumerate(parts):
+            if tok in ("inet", "inet6") and i + 1 < len(parts):
+                out.append(parts[i + 1].split("/", 1)[0])
+    return out

@@ -1,0 +1,169 @@
+"""The egress guard process: `linpodx _egress-guard --container NAME --pid PID`.
+
+Lives exactly as long as the container's init process: it watches it through a pidfd and,
+when it ends, stops the network helper and exits. No daemon, nothing shared between
+containers. Its state file (`guard.json`) says `starting`, `ready`, `failed` or `stopped`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from linpodx.egress import netns, ruleset
+from linpodx.egress.denials import DenialRecorder, default_sink
+from linpodx.egress.policy import Allowlist, upstreams
+from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, serve_tcp, serve_udp
+from linpodx.egress.state import EgressState
+from linpodx.fsutil import atomic_write
+
+log = logging.getLogger("linpodx.egress.guard")
+
+
+def _write_state(st: EgressState, **data: Any) -> None:
+    data.setdefault("guard_pid", os.getpid())
+    data.setdefault("ts", time.time())
+    atomic_write(st.guard_file, json.dumps(data, sort_keys=True).encode())
+
+
+def load_policy(st: EgressState) -> tuple[ResolverPolicy, dict[str, Any]]:
+    """Read the policy file the CLI wrote (fail closed on anything odd)."""
+    raw = json.loads(st.policy_file.read_text(encoding="utf-8"))
+    allow = Allowlist.from_entries(raw["allowlist"])
+    try:
+        host_conf = Path("/etc/resolv.conf").read_text(encoding="utf-8")
+    except OSError:
+        host_conf = ""
+    ups = tuple(upstreams(raw.get("upstream_dns", []), host_conf))
+    host = frozenset(ipaddress.ip_address(a) for a in netns.host_addresses())
+    return (
+        ResolverPolicy(allow, ups, bool(raw.get("allow_private_answers", False)), host),
+        raw,
+    )
+
+
+def run_guard(name: str, pid: int) -> int:
+    """Set up the filter, resolver and helper for container `name`; serve until it ends."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    st = EgressState(name)
+    helper: netns.Helper | None = None
+    stop = threading.Event()
+    recorder = DenialRecorder(name, default_sink)
+    try:
+        pidfd = os.pidfd_open(pid)
+        policy, raw = load_policy(st)
+        if not policy.upstreams:
+            raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
+
+        def add(entries: list[tuple[Any, int]]) -> None:
+            netns.nft_apply(pid, ruleset.build_add_elements(entries))
+
+        def delete(addrs: list[Any]) -> None:
+            netns.nft_apply(pid, ruleset.build_delete_elements(addrs))
+
+        resolver = PolicyResolver(
+            policy, add_to_sets=add, delete_from_sets=delete, on_denied=recorder.deny
+        )
+        # Filter first: from here on nothing leaves the netns except to set members.
+        netns.nft_apply(pid, ruleset.build_ruleset())
+        udp, tcp = netns.bind_resolver_sockets(pid)
+        for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
+            threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
+        kind = netns.choose_helper(os.environ.get("LINPODX_EGRESS_HELPER") or None)
+        helper = netns.start_helper(kind, pid, st.helper_log)
+        applied = int(raw.get("revision", 0))
+        _write_state(
+            st,
+            state="ready",
+            container=name,
+            container_pid=pid,
+            helper=kind,
+            helper_pid=helper.process.pid,
+            policy_revision=applied,
+            policy_mtime=st.policy_file.stat().st_mtime_ns,
+        )
+        log.info("egress guard ready: container=%s pid=%s helper=%s", name, pid, kind)
+    except Exception as exc:
+        log.exception("egress guard failed to start")
+        stop.set()
+        if helper is not None:
+            helper.stop()
+        _write_state(st, state="failed", container=name, container_pid=pid, error=str(exc))
+        return 1
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    reload_flag = threading.Event()
+    term_flag = threading.Event()
+
+    def on_hup(_s: int, _f: object) -> None:
+        reload_flag.set()
+        os.write(wake_w, b"h")
+
+    def on_term(_s: int, _f: object) -> None:
+        term_flag.set()
+        os.write(wake_w, b"t")
+
+    signal.signal(signal.SIGHUP, on_hup)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    mtime = st.policy_file.stat().st_mtime_ns
+    while True:
+        r, _, _ = select.select([pidfd, wake_r], [], [], 1.0)
+        if pidfd in r:
+            log.info("container init process %s ended; stopping", pid)
+            break
+        if wake_r in r:
+            os.read(wake_r, 64)
+        if term_flag.is_set():
+            log.info("asked to stop")
+            break
+        if helper.process.poll() is not None:
+            # Without the helper the container has no network at all: fail closed, and
+            # `linpodx ps` shows the guard as down.
+            log.error("%s exited (%s); stopping the guard", helper.kind, helper.process.returncode)
+            break
+        try:
+            now_mtime = st.policy_file.stat().st_mtime_ns
+        except OSError:
+            now_mtime = mtime
+        if reload_flag.is_set() or now_mtime != mtime:
+            reload_flag.clear()
+            mtime = now_mtime
+            try:
+                new_policy, raw = load_policy(st)
+                gone = resolver.set_policy(new_policy)
+                log.info(
+                    "policy revision %s loaded; %d addresses removed",
+                    raw.get("revision"),
+                    len(gone),
+                )
+                _write_state(
+                    st,
+                    state="ready",
+                    container=name,
+                    container_pid=pid,
+                    helper=helper.kind,
+                    helper_pid=helper.process.pid,
+                    policy_revision=int(raw.get("revision", 0)),
+                    policy_mtime=mtime,
+                )
+            except Exception:
+                # Keep the previous (already enforced) policy rather than none: the CLI
+                # that asked for the update sees the revision did not change and says so.
+                log.exception("could not load the new policy")
+    stop.set()
+    helper.stop()
+    recorder.flush()
+    _write_state(st, state="stopped", container=name, container_pid=pid)
+    return 0

@@ -1,0 +1,46 @@
+"""Where one container's egress files live (under the container's state dir)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from linpodx.paths import containers_dir, ensure_dir
+
+
+@dataclass(frozen=True)
+class EgressState:
+    """Paths of one container's egress guard files."""
+
+    name: str
+
+    @property
+    def dir(self) -> Path:
+        return containers_dir() / self.name / "egress"
+
+    def ensure(self) -> Path:
+        ensure_dir(self.dir.parent)
+        return ensure_dir(self.dir)
+
+    @property
+    def resolv_conf(self) -> Path:
+        """Bind-mounted over the container's /etc/resolv.conf; names only our resolver."""
+        return self.dir / "resolv.conf"
+
+    @property
+    def policy_file(self) -> Path:
+        """What the guard enforces; rewritten atomically by a re-apply."""
+        return self.dir / "policy.json"
+
+    @property
+    def guard_file(self) -> Path:
+        """The guard's own state: pid, container pid, helper, applied revision."""
+        return self.dir / "guard.json"
+
+    @property
+    def guard_log(self) -> Path:
+        return self.dir / "guard.log"
+
+    @property
+    def helper_log(self) -> Path:
+        return self.dir / "helper.log"
