@@ -1,7 +1,114 @@
-"""`linpodx snapshot …` commands."""
+"""`linpodx snapshot …`: create (a detached job), job-status, list, rm, rollback."""
 
 from __future__ import annotations
 
-from linpodx.cli.common import new_app
+from typing import Annotated, Any
 
-app = new_app("snapshot commands (not built yet).")
+import typer
+
+from linpodx.cli.common import JsonOpt, new_app, run_command
+from linpodx.errors import LinpodxError
+from linpodx.output import print_kv, safe_text
+
+app = new_app("Snapshots of a container (image + writable workspace) and safe rollback.")
+
+NameArg = Annotated[str, typer.Argument(help="Container name.", show_default=False)]
+
+
+@app.command("create")
+def create_cmd(
+    name: NameArg,
+    label: Annotated[str, typer.Option("--label", help="Snapshot label (an image tag).")],
+    wait: Annotated[bool, typer.Option("--wait", help="Block until the job has finished.")] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Overwrite an existing snapshot with this label.")
+    ] = False,
+    json_mode: JsonOpt = False,
+) -> None:
+    """Snapshot NAME: commit its image and archive its writable mounts (runs as a job)."""
+    from linpodx.snapshot import service
+
+    def fn() -> dict[str, Any]:
+        job = service.start_create(name, label, replace_existing=replace)
+        if not wait:
+            return {"job_id": job.job_id, "status": job.status, "image": job.image}
+        done = service.wait(job.job_id)
+        view = service.job_view(done)
+        if done.status != "succeeded":
+            raise LinpodxError(
+                f"snapshot job {done.job_id} failed: {done.error}",
+                done.hint,
+                details={"job": view},
+            )
+        return view
+
+    run_command("snapshot create", json_mode, fn)
+
+
+@app.command("job-status")
+def job_status_cmd(
+    job_id: Annotated[str, typer.Argument(help="Job id (snap-…).", show_default=False)],
+    json_mode: JsonOpt = False,
+) -> None:
+    """Status of a snapshot job: queued, running, succeeded or failed."""
+    from linpodx.snapshot import service
+
+    def render(view: dict[str, Any]) -> None:
+        print_kv({k: v for k, v in view.items() if v is not None})
+
+    run_command("snapshot job-status", json_mode, lambda: service.job_status(job_id), render)
+
+
+@app.command("list")
+def list_cmd(
+    name: Annotated[str | None, typer.Argument(help="Only this container's snapshots.")] = None,
+    json_mode: JsonOpt = False,
+) -> None:
+    """List snapshots (all containers, or NAME's)."""
+    from linpodx.snapshot import service
+
+    def render(rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            typer.echo("no snapshots")
+            return
+        header = ("CONTAINER", "LABEL", "CREATED", "STATE", "IMAGE")
+        table = [header] + [
+            (
+                safe_text(str(r.get("container"))),
+                safe_text(str(r.get("label"))),
+                str(r.get("created") or "-"),
+                str(r.get("state")),
+                safe_text(str(r.get("image") or "-")),
+            )
+            for r in rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+        for row in table:
+            cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)]
+            typer.echo("  ".join([*cells, row[-1]]))
+
+    run_command("snapshot list", json_mode, lambda: service.list_snapshots(name), render)
+
+
+@app.command("rm")
+def rm_cmd(
+    name: NameArg,
+    label: Annotated[str, typer.Option("--label", help="Snapshot label to remove.")],
+    json_mode: JsonOpt = False,
+) -> None:
+    """Remove a snapshot: its image and its workspace archives."""
+    from linpodx.snapshot import service
+
+    run_command("snapshot rm", json_mode, lambda: service.remove(name, label))
+
+
+@app.command("rollback")
+def rollback_cmd(
+    name: NameArg,
+    to: Annotated[str, typer.Option("--to", help="Label of the snapshot to go back to.")],
+    json_mode: JsonOpt = False,
+) -> None:
+    """Recreate NAME from a snapshot and restore its writable mounts (all or nothing)."""
+    from linpodx.snapshot import service
+
+    run_command("snapshot rollback", json_mode, lambda: service.rollback(name, to))

@@ -1,0 +1,39 @@
+"""Test-only hooks, checked in exactly one place each.
+
+`LINPODX_TEST_FAIL_AT=<step>` makes the named rollback step fail (after the steps before it
+have changed things), so tests can prove the original container and workspace come back intact.
+`LINPODX_SNAPSHOT_TEST_DELAY=<seconds>` makes the create worker sleep before each step so tests
+can observe (and kill) it mid-job. Neither is meant for anything but the test suite; both do
+nothing when unset.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from linpodx.errors import EngineError
+
+FAIL_ENV = "LINPODX_TEST_FAIL_AT"
+DELAY_ENV = "LINPODX_SNAPSHOT_TEST_DELAY"
+
+
+def fail_point(step: str) -> None:
+    """Raise an injected failure if the test asked for one at `step`."""
+    if os.environ.get(FAIL_ENV) == step:
+        raise EngineError(f"injected failure at step {step} ({FAIL_ENV} is set; test only)")
+
+
+def step_delay() -> None:
+    """Sleep between worker steps if the test asked for it."""
+    value = os.environ.get(DELAY_ENV, "")
+    if not value:
+        return
+    try:
+        seconds = min(max(float(value), 0.0), 600.0)
+    except ValueError:
+        return
+    time.sleep(seconds)
+
+# The rollback steps a failure can be injected after, in the order they run.
+ROLLBACK_STEPS = ("extract", "stop", "rename", "swap", "create", "verify")

@@ -1,0 +1,181 @@
+"""Holding a container still while it is committed and its workspace archived.
+
+Two ways, decided per host:
+- `pause`: `podman pause` (the cgroup freezer). Works as root, and rootless on cgroup v2.
+- `sigstop`: rootless podman on cgroup v1 has no cgroup it may freeze (`podman pause` refuses).
+  We then stop every process of the container with SIGSTOP from the host and continue them with
+  SIGCONT afterwards. SIGSTOP cannot be caught, blocked or ignored, so the result is as still as
+  the freezer; the difference is that a parent may notice (SIGCHLD/CLD_STOPPED, `wait` with
+  WUNTRACED). Processes that were already stopped before we came are left stopped.
+
+A process belongs to the container if it is in the container's pid namespace (this catches
+`podman exec` processes, which are not descendants of the init) or descends from such a process
+(this catches processes in nested pid namespaces). Stopping repeats until a scan finds no process
+we have not stopped, so a process forked during the scan is caught too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from linpodx import proc
+from linpodx.errors import EngineError
+
+PAUSE = "pause"
+SIGSTOP_METHOD = "sigstop"
+NONE = "none"
+_MAX_ROUNDS = 200
+
+
+def default_method() -> str:
+    """`pause` unless rootless on cgroup v1 (where podman cannot freeze)."""
+    if os.geteuid() == 0:
+        return PAUSE
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return PAUSE  # cgroup v2: rootless pause works when the freezer is delegated
+    return SIGSTOP_METHOD
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 2 :].split()
+    if len(rest) < 2:
+        return None
+    return rest[0], int(rest[1])
+
+
+def _pidns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def container_pids(init_pid: int) -> set[int]:
+    """Host pids of every process of the container whose init is `init_pid`."""
+    ns = _pidns(init_pid)
+    if ns is None:
+        raise EngineError(
+            f"cannot read the pid namespace of the container's init (pid {init_pid})",
+            "is the container still running? (`podman ps -a`)",
+        )
+    parents: dict[int, int] = {}
+    members: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        st = _stat(pid)
+        if st is None:
+            continue
+        parents[pid] = st[1]
+        if pid == init_pid or _pidns(pid) == ns:
+            members.add(pid)
+    # Descendants of members (nested pid namespaces).
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                changed = True
+    return members
+
+
+@dataclass
+class SignalFreeze:
+    """The processes we stopped, so we continue exactly those."""
+
+    init_pid: int
+    stopped: set[int] = field(default_factory=set)
+
+    def stop_all(self) -> None:
+        """SIGSTOP every process of the container until none is left running."""
+        for _ in range(_MAX_ROUNDS):
+            pending = []
+            for pid in container_pids(self.init_pid):
+                st = _stat(pid)
+                if st is None or st[0] in ("Z", "X"):
+                    continue
+                if st[0] in ("T", "t") and pid in self.stopped:
+                    continue
+                if pid not in self.stopped and st[0] in ("T", "t"):
+                    continue  # stopped before we came: leave it as it was
+                pending.append(pid)
+            if not pending:
+                return
+            for pid in pending:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    self.stopped.add(pid)
+            # Let the signals land before checking states again.
+            time.sleep(0.005)
+        raise EngineError(
+            "could not stop every process of the container (processes kept appearing)",
+            "try again when the container is less busy, or stop it first",
+        )
+
+    def continue_all(self) -> None:
+        """SIGCONT every process we stopped."""
+        for pid in sorted(self.stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.stopped.clear()
+
+
+def _state(name: str) -> tuple[str, int]:
+    res = proc.run(
+        ["podman", "inspect", "--type", "container", "--format", "{{.State.Status}} {{.State.Pid}}",
+         name],
+        what="podman inspect",
+    )
+    status, _, pid = res.stdout.strip().partition(" ")
+    return status, int(pid or "0")
+
+
+@contextlib.contextmanager
+def frozen(name: str, method: str | None = None) -> Iterator[str]:
+    """Hold container `name` still for the duration; yields the method used.
+
+    A container that is not running (created, exited, already paused) needs nothing: yields
+    `none`. The container is always let go again, whatever happens inside the block.
+    """
+    status, init_pid = _state(name)
+    if status != "running" or init_pid <= 0:
+        yield NONE
+        return
+    method = method or default_method()
+    if method == PAUSE:
+        try:
+            proc.run(["podman", "pause", name], what="podman pause")
+        except EngineError as exc:
+            if "not supported" not in exc.stderr and "cgroup" not in exc.stderr:
+                raise
+            method = SIGSTOP_METHOD  # this host cannot freeze; stop the processes instead
+        else:
+            try:
+                yield PAUSE
+            finally:
+                proc.run(
+                    ["podman", "unpause", name],
+                    what="podman unpause",
+                    hint=f"the container is still paused: run `podman unpause {name}`",
+                )
+            return
+    sf = SignalFreeze(init_pid)
+    try:
+        sf.stop_all()
+        yield SIGSTOP_METHOD
+    finally:
+        sf.continue_all()

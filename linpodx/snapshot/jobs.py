@@ -1,0 +1,218 @@
+"""Snapshot job files: one JSON file per job, replaced atomically, and worker liveness.
+
+A job moves queued → running → succeeded | failed. Only one process writes a job file at a time:
+the CLI writes it (queued, then the worker's pid) before it lets the worker go, and from then on
+only the worker writes it. A reader that finds a job not finished whose worker is gone (pid
+missing, a zombie, or a recycled pid with another start time) reports it failed: a job is never
+"running" forever.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from linpodx.canonical import CanonicalError, strict_loads
+from linpodx.errors import LinpodxError, NotFound
+from linpodx.fsutil import atomic_write
+from linpodx.snapshot.names import check_job_id, job_file
+
+QUEUED = "queued"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+FINISHED = (SUCCEEDED, FAILED)
+# A queued job whose CLI died before it recorded the worker's pid is failed after this long.
+UNSTARTED_GRACE_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one snapshot job file holds."""
+
+    job_id: str
+    """`snap-<ULID>`."""
+    kind: str
+    """`create` (the only kind so far)."""
+    container: str
+    """Container name."""
+    label: str
+    """Snapshot label (image tag)."""
+    image: str
+    """Image reference the snapshot is tagged with."""
+    status: str = QUEUED
+    """queued, running, succeeded or failed."""
+    replace: bool = False
+    """Whether an existing snapshot with this label may be replaced."""
+    created: str = ""
+    """When the CLI created the job (UTC, ISO 8601)."""
+    started: str | None = None
+    """When the worker began."""
+    finished: str | None = None
+    """When the job ended (either way)."""
+    step: str | None = None
+    """The step the worker is on (or was on when it failed)."""
+    error: str | None = None
+    """Why the job failed."""
+    hint: str | None = None
+    """What to do about the failure."""
+    worker_pid: int | None = None
+    """The worker's pid."""
+    worker_start: int | None = None
+    """The worker's start time (field 22 of /proc/PID/stat) so a recycled pid is not mistaken."""
+    image_id: str | None = None
+    """Image id of the committed snapshot (when succeeded)."""
+    freeze: str | None = None
+    """How the container was held still: `pause` (cgroup freezer) or `sigstop`."""
+    archives: list[dict[str, Any]] = field(default_factory=list)
+    """Workspace archives written: target, source, file, sha256, size."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def now_iso() -> str:
+    """UTC time as `2026-11-30T04:32:19.123Z`."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def parse_iso(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def write(job: Job) -> None:
+    """Replace the job file with `job` (atomic: readers see the old or the new, never half)."""
+    atomic_write(job_file(job.job_id), (json.dumps(job.to_dict(), indent=1) + "\n").encode())
+
+
+def _from_mapping(data: Mapping[str, Any]) -> Job:
+    known = {f for f in Job.__dataclass_fields__}
+    return Job(**{k: v for k, v in data.items() if k in known})
+
+
+def read(job_id: str) -> Job:
+    """The job as last written (no liveness check). NotFound if there is no such job."""
+    check_job_id(job_id)
+    path = job_file(job_id)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotFound(
+            f"snapshot job not found: {job_id}",
+            "list jobs' results with `linpodx snapshot list`; job ids are printed by "
+            "`linpodx snapshot create`",
+        ) from None
+    try:
+        data = strict_loads(text)
+        if not isinstance(data, dict):
+            raise CanonicalError("not an object")
+        return _from_mapping(data)
+    except (CanonicalError, TypeError, ValueError) as exc:
+        raise LinpodxError(
+            f"snapshot job file is damaged: {path.name}: {exc}",
+            "remove the job file; the snapshot itself (if any) is listed by "
+            "`linpodx snapshot list`",
+        ) from None
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of a live, non-zombie process, else None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm may hold spaces and parentheses: the fields after it start after the LAST ')'.
+    rest = stat[stat.rfind(")") + 2 :].split()
+    if len(rest) < 20:
+        return None
+    state = rest[0]
+    if state in ("Z", "X", "x"):  # a zombie or dead task is not a worker doing work
+        return None
+    try:
+        return int(rest[19])  # field 22 overall: fields 1-2 are pid and comm, 3 is state
+    except ValueError:
+        return None
+
+
+def worker_alive(job: Job) -> bool:
+    """True if the job's recorded worker process is still the same live process."""
+    if job.worker_pid is None or job.worker_start is None:
+        return False
+    return proc_start_time(job.worker_pid) == job.worker_start
+
+
+def current(job_id: str) -> Job:
+    """The job with its true status: an unfinished job whose worker is gone is marked failed."""
+    job = read(job_id)
+    if job.status in FINISHED:
+        return job
+    if worker_alive(job):
+        return job
+    if job.worker_pid is None:
+        try:
+            age = (datetime.now(UTC) - parse_iso(job.created)).total_seconds()
+        except ValueError:
+            age = UNSTARTED_GRACE_SECONDS + 1
+        if age <= UNSTARTED_GRACE_SECONDS:
+            return job  # the CLI is between writing the job and recording its worker
+        reason = "worker never started"
+    else:
+        reason = f"worker died (pid {job.worker_pid})"
+    # The worker may have finished between our read and the liveness check: read again.
+    job = read(job_id)
+    if job.status in FINISHED:
+        return job
+    failed = replace(
+        job,
+        status=FAILED,
+        finished=now_iso(),
+        error=f"{reason} during step {job.step or 'start'}; the job did not finish",
+        hint=(
+            f"create the snapshot again; if the container stays paused or stopped, run "
+            f"`podman unpause {job.container}` or `podman kill --signal CONT {job.container}`"
+        ),
+    )
+    write(failed)
+    return failed
+
+
+def list_jobs() -> list[str]:
+    """Ids of all job files, oldest first (ULIDs sort by time)."""
+    from linpodx.snapshot.names import JOB_RE, jobs_dir
+
+    d = jobs_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("snap-*.json") if JOB_RE.match(p.stem))
+
+
+def pid_info(pid: int) -> tuple[int, int | None]:
+    """`(pid, start time)` of a process, for recording a worker."""
+    return pid, proc_start_time(pid)
+
+
+def is_terminal(job: Job) -> bool:
+    return job.status in FINISHED
+
+
+__all__ = [
+    "FAILED",
+    "FINISHED",
+    "QUEUED",
+    "RUNNING",
+    "SUCCEEDED",
+    "Job",
+    "current",
+    "is_terminal",
+    "list_jobs",
+    "now_iso",
+    "pid_info",
+    "proc_start_time",
+    "read",
+    "worker_alive",
+    "write",
+]

@@ -1,0 +1,56 @@
+"""The manifest of one snapshot: what was committed and which workspace archives belong to it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from linpodx.canonical import CanonicalError, strict_loads
+from linpodx.errors import LinpodxError, NotFound
+from linpodx.fsutil import atomic_write
+from linpodx.snapshot.names import snapshot_dir
+
+MANIFEST = "manifest.json"
+SCHEMA = 1
+
+
+def write(directory: Path, data: dict[str, Any]) -> None:
+    """Write a manifest atomically into `directory`."""
+    atomic_write(directory / MANIFEST, (json.dumps(data, indent=1) + "\n").encode())
+
+
+def read_dir(directory: Path) -> dict[str, Any]:
+    """Read and sanity-check the manifest in `directory`."""
+    path = directory / MANIFEST
+    try:
+        data = strict_loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NotFound(f"snapshot manifest missing: {path}") from None
+    except (CanonicalError, ValueError, OSError) as exc:
+        raise LinpodxError(
+            f"snapshot manifest is damaged: {path}: {exc}",
+            "remove the snapshot with `linpodx snapshot rm` and create it again",
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != SCHEMA
+        or not isinstance(data.get("mounts"), list)
+        or not isinstance(data.get("image_id"), str)
+    ):
+        raise LinpodxError(
+            f"snapshot manifest is damaged or of an unknown version: {path}",
+            "remove the snapshot with `linpodx snapshot rm` and create it again",
+        )
+    return data
+
+
+def read(name: str, label: str) -> dict[str, Any]:
+    """The manifest of snapshot NAME:LABEL; NotFound with a hint if there is none."""
+    d = snapshot_dir(name, label)
+    if not (d / MANIFEST).is_file():
+        raise NotFound(
+            f"snapshot not found: {name} --label {label}",
+            f"list the snapshots of {name} with `linpodx snapshot list {name}`",
+        )
+    return read_dir(d)

@@ -1,0 +1,178 @@
+"""The detached worker of one `snapshot create` job: `python -m linpodx.snapshot.worker JOB`.
+
+The CLI starts it in its own session with stdio on the job's log file, records its pid, then
+writes one byte on its stdin to let it go (EOF instead means the CLI died first: do nothing).
+It runs the job to the end and exits; nothing stays resident.
+
+Steps (each recorded in the job file before it starts): inspect → freeze → commit → archive →
+thaw → publish. The image is committed untagged and the archives go to a temporary directory;
+only `publish` makes the snapshot visible (directory rename, then the tag), so a failed or
+killed job never leaves a half snapshot under the label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from linpodx import proc
+from linpodx.errors import EngineError, InvalidInput, LinpodxError
+from linpodx.paths import ensure_dir
+from linpodx.snapshot import faults, freeze, jobs, manifest, workspace
+from linpodx.snapshot.common import (
+    PROFILE_LABELS,
+    container_lock,
+    emit,
+    image_id,
+    labels_of,
+    require_managed,
+)
+from linpodx.snapshot.names import container_root, snapshot_dir
+
+
+class _Run:
+    """The job being worked on; `step()` records progress in the job file."""
+
+    def __init__(self, job: jobs.Job):
+        self.job = job
+
+    def update(self, **changes: Any) -> None:
+        self.job = replace(self.job, **changes)
+        jobs.write(self.job)
+
+    def step(self, name: str) -> None:
+        self.update(step=name)
+        faults.step_delay()
+
+
+def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
+    """Move the archives into place and tag the image; returns the replaced image id, if any."""
+    final = snapshot_dir(job.container, job.label)
+    old_image: str | None = None
+    if final.exists():
+        if not job.replace:
+            raise InvalidInput(
+                f"snapshot {job.container} --label {job.label} already exists",
+                "pick another label or pass --replace",
+            )
+        with contextlib.suppress(LinpodxError):
+            old_image = manifest.read_dir(final).get("image_id")
+        old = final.parent / f".old-{job.job_id}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        workspace.remove_tree(old)
+    else:
+        os.rename(tmp, final)
+    proc.run(["podman", "tag", new_image, job.image], what="podman tag")
+    return old_image if old_image != new_image else None
+
+
+def run_create(job_id: str) -> int:
+    """Do the work of a create job; returns the process exit status."""
+    run = _Run(jobs.read(job_id))
+    run.update(status=jobs.RUNNING, started=jobs.now_iso(), step="start")
+    job = run.job
+    tmp = container_root(job.container) / f".tmp-{job.job_id}"
+    new_image: str | None = None
+    tagged = False
+    try:
+        with container_lock(job.container, timeout=600):
+            run.step("inspect")
+            info = require_managed(job.container)
+            mounts = workspace.writable_mounts(info)
+            labels = labels_of(info)
+            if not job.replace and snapshot_dir(job.container, job.label).exists():
+                raise InvalidInput(
+                    f"snapshot {job.container} --label {job.label} already exists",
+                    "pick another label or pass --replace",
+                )
+            workspace.remove_tree(tmp)
+            ensure_dir(tmp.parent)
+            tmp.mkdir(mode=0o700)
+            entries: list[dict[str, Any]] = []
+            run.step("freeze")
+            with freeze.frozen(job.container) as method:
+                run.update(freeze=method)
+                run.step("commit")
+                res = proc.run(
+                    ["podman", "commit", "--pause=false", "--quiet", job.container],
+                    what="podman commit",
+                    timeout=3600,
+                    hint="check free space in podman's storage (`podman system df`)",
+                )
+                new_image = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None
+                if not new_image:
+                    raise EngineError("podman commit printed no image id", argv=res.argv)
+                run.step("archive")
+                for i, m in enumerate(mounts):
+                    entries.append(workspace.archive(m, tmp / f"mount-{i}.tar"))
+                run.step("thaw")
+            full_id = image_id(new_image) or new_image
+            manifest.write(
+                tmp,
+                {
+                    "schema": manifest.SCHEMA,
+                    "container": job.container,
+                    "container_id": info.get("Id"),
+                    "label": job.label,
+                    "image": job.image,
+                    "image_id": full_id,
+                    "base_image": (info.get("ImageName") or info.get("Image")),
+                    "created": jobs.now_iso(),
+                    "job_id": job.job_id,
+                    "freeze": run.job.freeze,
+                    "profile_labels": {k: labels[k] for k in PROFILE_LABELS if k in labels},
+                    "mounts": entries,
+                },
+            )
+            run.step("publish")
+            old_image = _publish(run.job, tmp, full_id)
+            tagged = True
+            if old_image:
+                # The replaced image is no longer a snapshot; a container may still use it, in
+                # which case podman refuses and the image stays (that is what we want).
+                proc.run(["podman", "rmi", old_image], check=False, what="podman rmi")
+        run.update(
+            status=jobs.SUCCEEDED,
+            finished=jobs.now_iso(),
+            step="done",
+            image_id=full_id,
+            archives=entries,
+        )
+        emit("snapshot.create", job_id=job.job_id, container=job.container, label=job.label,
+             status=jobs.SUCCEEDED, image=job.image)
+        return 0
+    except Exception as exc:  # every failure must end up in the job file
+        if isinstance(exc, LinpodxError):
+            msg, hint = exc.message, exc.hint
+            if isinstance(exc, EngineError) and exc.stderr.strip():
+                msg = f"{msg}: {exc.stderr.strip().splitlines()[-1]}"
+        else:
+            msg, hint = f"{type(exc).__name__}: {exc}", "this is a bug in linpodx"
+        with contextlib.suppress(Exception):
+            workspace.remove_tree(tmp)
+        if new_image and not tagged:
+            proc.run(["podman", "rmi", new_image], check=False, what="podman rmi")
+        run.update(status=jobs.FAILED, finished=jobs.now_iso(), error=msg, hint=hint)
+        emit("snapshot.create", job_id=job.job_id, container=job.container, label=job.label,
+             status=jobs.FAILED, error=msg)
+        return 1
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: wait for the CLI's go byte, then run the job."""
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m linpodx.snapshot.worker JOB_ID\n")
+        return 2
+    go = sys.stdin.buffer.read(1)
+    if go != b"1":
+        return 1  # the CLI died before it recorded us: leave the job alone
+    return run_create(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,242 @@
+"""Workspace archives: the content of a container's writable bind mounts.
+
+`podman commit` keeps the container's own filesystem but not what is bind-mounted into it, so
+a snapshot also archives each writable bind mount with GNU tar (numeric owners, modes, times,
+extended attributes). Rootless, tar runs under `podman unshare` so files owned by the
+container's sub-uids keep their owners both ways.
+
+Restoring never writes into the live directory: the archive is extracted into a staging
+directory next to the mount source, and `swap` renames the live directory aside and the staging
+one into place (two renames in the same directory). `unswap` puts the original back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from linpodx import paths, proc
+from linpodx.errors import EngineError, InvalidInput
+
+DIR = "dir"
+FILE = "file"
+
+
+@dataclass(frozen=True)
+class WritableMount:
+    """A writable bind mount of the container."""
+
+    source: str
+    """Host path."""
+    target: str
+    """Path inside the container."""
+
+
+def _unshare_prefix() -> list[str]:
+    # Rootless: inside the user namespace host-uid files are root's and sub-uid files keep
+    # their own owners, so tar can read everything and restore owners exactly.
+    return [] if os.geteuid() == 0 else ["podman", "unshare"]
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def writable_mounts(inspect: Mapping[str, Any]) -> list[WritableMount]:
+    """The writable bind mounts of a container (from `podman inspect`), sorted by target.
+
+    Bind mounts of linpodx's own files (a resolv.conf the egress guard writes, …) are not
+    workspace and are left out.
+    """
+    own = (paths.state_dir(), paths.runtime_dir(), paths.config_dir())
+    out = []
+    for m in inspect.get("Mounts") or []:
+        if m.get("Type") != "bind" or not m.get("RW"):
+            continue
+        src = Path(str(m.get("Source", "")))
+        if any(_inside(src, r) for r in own):
+            continue
+        out.append(WritableMount(source=str(src), target=str(m.get("Destination", ""))))
+    return sorted(out, key=lambda w: w.target)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's content."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def archive(mount: WritableMount, out: Path) -> dict[str, Any]:
+    """Archive one mount's content into `out`; returns its manifest entry."""
+    src = Path(mount.source)
+    if src.is_dir() and not src.is_symlink():
+        kind, cwd, member = DIR, src, "."
+    elif src.is_file() and not src.is_symlink():
+        kind, cwd, member = FILE, src.parent, src.name
+    else:
+        raise EngineError(
+            f"cannot archive writable mount {mount.target}: {mount.source} is not a directory "
+            "or regular file",
+            "check the profile's mounts",
+        )
+    tar = proc.which("tar") or "tar"
+    proc.run(
+        [*_unshare_prefix(), tar, "--create", "--file", str(out), "--numeric-owner",
+         "--xattrs", "--sparse", "--directory", str(cwd), "--", member],
+        what=f"archiving {mount.target}",
+        timeout=3600,
+        hint="check free disk space under the linpodx state dir",
+    )
+    out.chmod(paths.FILE_MODE)
+    return {
+        "source": mount.source,
+        "target": mount.target,
+        "kind": kind,
+        "file": out.name,
+        "sha256": sha256_file(out),
+        "size": out.stat().st_size,
+    }
+
+
+def _names(source: Path, rb_id: str) -> tuple[Path, Path]:
+    """(staging dir, aside path) for a restore of `source` in the same parent directory."""
+    parent, base = source.parent, source.name
+    return (parent / f".{base}.linpodx-restore-{rb_id}", parent / f".{base}.linpodx-before-{rb_id}")
+
+
+def check_restorable(entry: Mapping[str, Any]) -> None:
+    """Refuse (before anything changes) a restore that could not be swapped into place."""
+    source = Path(str(entry["source"]))
+    parent = source.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidInput(
+            f"cannot restore {entry['target']}: {parent} is not a writable directory",
+            "the workspace is restored next to the mount source and swapped in by rename",
+        )
+    if source.exists() and os.path.ismount(source):
+        raise InvalidInput(
+            f"cannot restore {entry['target']}: {source} is a mount point",
+            "mount sources that are mount points cannot be swapped by rename",
+        )
+    if source.exists():
+        want_dir = entry["kind"] == DIR
+        if source.is_symlink() or source.is_dir() != want_dir:
+            raise InvalidInput(
+                f"cannot restore {entry['target']}: {source} is no longer a "
+                f"{'directory' if want_dir else 'regular file'}",
+                "put the mount source back as it was, then roll back again",
+            )
+
+
+@dataclass
+class Restore:
+    """One mount's restore in progress: staging extracted, maybe swapped."""
+
+    entry: Mapping[str, Any]
+    rb_id: str
+    swapped: bool = False
+    had_original: bool = False
+
+    @property
+    def source(self) -> Path:
+        return Path(str(self.entry["source"]))
+
+    @property
+    def staging(self) -> Path:
+        return _names(self.source, self.rb_id)[0]
+
+    @property
+    def aside(self) -> Path:
+        return _names(self.source, self.rb_id)[1]
+
+    def _new_item(self) -> Path:
+        return self.staging if self.entry["kind"] == DIR else self.staging / self.source.name
+
+    def extract(self, archive_path: Path) -> None:
+        """Extract the archive into the staging directory (the live source is untouched)."""
+        self.staging.mkdir(mode=0o700)
+        tar = proc.which("tar") or "tar"
+        proc.run(
+            [*_unshare_prefix(), tar, "--extract", "--file", str(archive_path),
+             "--numeric-owner", "--same-permissions", "--same-owner", "--xattrs",
+             "--directory", str(self.staging)],
+            what=f"restoring {self.entry['target']}",
+            timeout=3600,
+            hint="check free disk space next to the mount source",
+        )
+
+    def swap(self) -> None:
+        """Move the live source aside and the restored content into its place."""
+        self.had_original = self.source.exists() or self.source.is_symlink()
+        if self.had_original:
+            os.rename(self.source, self.aside)
+        try:
+            os.rename(self._new_item(), self.source)
+        except OSError:
+            if self.had_original:
+                os.rename(self.aside, self.source)
+            raise
+        self.swapped = True
+
+    def unswap(self) -> None:
+        """Put the original back where it was (the restored copy goes back to staging)."""
+        if not self.swapped:
+            return
+        if self.entry["kind"] == DIR:
+            os.rename(self.source, self.staging)
+        else:
+            os.rename(self.source, self.staging / self.source.name)
+        if self.had_original:
+            os.rename(self.aside, self.source)
+        self.swapped = False
+
+    def cleanup(self) -> None:
+        """Remove the staging dir and the moved-aside original (after success or undo)."""
+        for p in (self.staging, self.aside):
+            remove_tree(p)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a file or tree we created; rootless trees may hold sub-uid files."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        return
+    except PermissionError:
+        if os.geteuid() == 0:
+            raise
+    proc.run(["podman", "unshare", "rm", "-rf", "--", str(path)], what="removing " + str(path))
+
+
+def rollback_all(restores: Sequence[Restore]) -> list[str]:
+    """Undo every swap (last first); returns problems that could not be undone."""
+    problems = []
+    for r in reversed(restores):
+        try:
+            r.unswap()
+        except OSError as exc:
+            problems.append(
+                f"{r.entry['target']}: could not move {r.aside} back to {r.source}: {exc}"
+            )
+    for r in restores:
+        if not r.swapped:
+            with contextlib.suppress(OSError, EngineError):
+                remove_tree(r.staging)
+    return problems
