@@ -1,9 +1,193 @@
-"""Top-level containers commands."""
+"""Top-level container commands: run, ps, start, stop, rm, logs, exec, doctor.
+
+The service (`linpodx.containers`) and podman modules are imported inside each command so that
+`linpodx --help` and the other command groups do not pay for them.
+"""
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import typer
+
+from linpodx.cli.common import JsonOpt, run_command
+from linpodx.errors import LinpodxError, UsageError
+from linpodx.output import envelope, print_error, print_json, print_kv
+
+NameArg = Annotated[str, typer.Argument(help="Container name.", show_default=False)]
+
+
+def _fail(name: str, json_mode: bool, err: LinpodxError) -> typer.Exit:
+    if json_mode:
+        print_json(envelope(name, error=err))
+    print_error(err)
+    return typer.Exit(err.exit_code)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the top-level app."""
+
+    @app.command("run")
+    def run_cmd(
+        image: Annotated[str, typer.Option("--image", help="Image in this user's store.")],
+        command: Annotated[
+            list[str] | None,
+            typer.Argument(help="Command and arguments, after `--`.", show_default=False),
+        ] = None,
+        profile: Annotated[
+            str | None,
+            typer.Option("--profile", help="Applied profile (default: the built-in one)."),
+        ] = None,
+        name: Annotated[str | None, typer.Option("--name", help="Container name.")] = None,
+        interactive: Annotated[
+            bool, typer.Option("--interactive", "-i", help="Keep stdin open.")
+        ] = False,
+        tty: Annotated[bool, typer.Option("--tty", "-t", help="Allocate a terminal.")] = False,
+        detach: Annotated[
+            bool, typer.Option("--detach", "-d", help="Start in the background.")
+        ] = False,
+        rm: Annotated[bool, typer.Option("--rm", help="Remove it when its command exits.")] = False,
+        json_mode: JsonOpt = False,
+    ) -> None:
+        """Run IMAGE in a hardened container under a profile: `linpodx run --image I -- CMD…`."""
+        from linpodx import containers
+        from linpodx.output import note
+        from linpodx.podman.argv import limit_notes
+
+        req = containers.RunRequest(
+            image=image,
+            name=name,
+            profile=profile,
+            command=tuple(command or ()),
+            interactive=interactive,
+            tty=tty,
+            detach=detach,
+            rm=rm,
+        )
+        try:
+            if json_mode and not detach:
+                raise UsageError(
+                    "--json needs --detach", "the container's own output would follow on stdout"
+                )
+            info, spec = containers.run(req)
+        except LinpodxError as err:
+            raise _fail("run", json_mode, err) from None
+        for line in limit_notes(spec):
+            note(f"note: {line}")
+        result = {"container_id": info.container_id, "name": info.name, "state": info.state}
+        if json_mode:
+            print_json(envelope("run", {**result, **info.to_dict()}))
+            return
+        print_kv(result)  # flushed before the terminal is handed over
+        if detach:
+            return
+        try:
+            rc = containers.attached_start(info.name, interactive, remove_on_failure=not rm)
+        except LinpodxError as err:
+            raise _fail("run", json_mode, err) from None
+        if rm:
+            containers.forget(info.name)
+        raise typer.Exit(rc)
+
+    @app.command("ps")
+    def ps_cmd(
+        all_states: Annotated[
+            bool, typer.Option("--all", "-a", help="Also stopped containers.")
+        ] = False,
+        json_mode: JsonOpt = False,
+    ) -> None:
+        """List linpodx containers: name, profile, revision, state, egress."""
+        from linpodx import containers
+
+        def render(rows: list[dict[str, Any]]) -> None:
+            from linpodx.output import safe_text
+
+            cols = ("name", "profile", "revision", "state", "egress")
+            widths = {c: max([len(c)] + [len(safe_text(str(r[c]))) for r in rows]) for c in cols}
+            typer.echo("  ".join(c.upper().ljust(widths[c]) for c in cols).rstrip())
+            for r in rows:
+                typer.echo(
+                    "  ".join(safe_text(str(r[c])).ljust(widths[c]) for c in cols).rstrip()
+                )
+
+        run_command("ps", json_mode, lambda: containers.ps(all_states), render)
+
+    @app.command("start")
+    def start_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:
+        """Start a stopped linpodx container (egress guard re-attached first)."""
+        from linpodx import containers
+
+        def go() -> dict[str, Any]:
+            info = containers.start(name)
+            return {"container_id": info.container_id, "name": info.name, "state": info.state}
+
+        run_command("start", json_mode, go)
+
+    @app.command("stop")
+    def stop_cmd(
+        name: NameArg,
+        time: Annotated[int, typer.Option("--time", "-t", help="Seconds before SIGKILL.")] = 10,
+        json_mode: JsonOpt = False,
+    ) -> None:
+        """Stop a linpodx container."""
+        from linpodx import containers
+
+        run_command("stop", json_mode, lambda: containers.stop(name, time))
+
+    @app.command("rm")
+    def rm_cmd(
+        name: NameArg,
+        force: Annotated[bool, typer.Option("--force", "-f", help="Stop it first.")] = False,
+        json_mode: JsonOpt = False,
+    ) -> None:
+        """Remove a linpodx container, its egress guard and its run spec."""
+        from linpodx import containers
+
+        run_command("rm", json_mode, lambda: containers.remove(name, force))
+
+    @app.command("logs")
+    def logs_cmd(
+        name: NameArg,
+        follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following.")] = False,
+    ) -> None:
+        """Print a linpodx container's output (control characters escaped)."""
+        from linpodx import containers
+
+        try:
+            rc = containers.logs(name, follow)
+        except LinpodxError as err:
+            raise _fail("logs", False, err) from None
+        raise typer.Exit(rc)
+
+    @app.command("exec")
+    def exec_cmd(
+        name: NameArg,
+        command: Annotated[
+            list[str] | None, typer.Argument(help="Command after `--`.", show_default=False)
+        ] = None,
+        interactive: Annotated[
+            bool, typer.Option("--interactive", "-i", help="Keep stdin open.")
+        ] = False,
+        tty: Annotated[bool, typer.Option("--tty", "-t", help="Allocate a terminal.")] = False,
+    ) -> None:
+        """Run a command in a running linpodx container (audited with its argv)."""
+        from linpodx import containers
+
+        try:
+            rc = containers.exec_in(name, tuple(command or ()), interactive, tty)
+        except LinpodxError as err:
+            raise _fail("exec", False, err) from None
+        raise typer.Exit(rc)
+
+    @app.command("doctor")
+    def doctor_cmd(json_mode: JsonOpt = False) -> None:
+        """Check this machine: podman, runtime, limits, rootless setup, network helpers."""
+        from linpodx import doctor
+
+        report = doctor.run_checks()
+        if json_mode:
+            print_json(envelope("doctor", report.to_dict()))
+        else:
+            for line in report.lines():
+                typer.echo(line)
+        raise typer.Exit(report.exit_code())

@@ -1,0 +1,683 @@
+"""The container service: run, start, stop, rm, exec, recreate, with audit before every action.
+
+Sequence for a new container (`create_and_start`):
+  audit `container.run` -> [egress: guard.prepare writes resolv.conf] -> `podman create`
+  (`--network=none`, argv from the pure builder) -> create `$HOME` in the rootfs ->
+  [egress: `podman init` -> guard.attach(name, pid, profile)] -> `podman start`.
+Any failure after `podman create` removes what was created and says so. A container is never
+started unless its `container.run`/`container.start` record is in the administrative chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from linpodx import events
+from linpodx.canonical import canonical_bytes, strict_loads
+from linpodx.errors import (
+    AuditError,
+    Denied,
+    EngineError,
+    InvalidInput,
+    LinpodxError,
+    NotFound,
+)
+from linpodx.fsutil import atomic_write
+from linpodx.paths import containers_dir
+from linpodx.podman import engine, probe
+from linpodx.podman.argv import (
+    MANAGED_LABEL,
+    CreateSpec,
+    build_create_argv,
+    validate_image,
+    validate_name,
+)
+from linpodx.profile.model import Profile, default_profile
+
+SPEC_VERSION = 1
+BUILTIN_ID = "builtin"
+"""profile_id label of containers run under the built-in default profile (not in the store)."""
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    """The profile revision a container runs under (same fields as the store's StoredProfile)."""
+
+    profile: Profile
+    name: str
+    profile_id: str
+    revision: int
+    audit_hash: str
+    applied_at: str = ""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What `linpodx run` was asked for."""
+
+    image: str
+    name: str | None = None
+    profile: str | None = None
+    """Applied profile name; None means the built-in default profile."""
+    command: tuple[str, ...] = ()
+    interactive: bool = False
+    tty: bool = False
+    detach: bool = False
+    rm: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What the CLI prints about a container."""
+
+    name: str
+    container_id: str
+    state: str
+    profile: str
+    revision: int
+    image: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+# --- profiles -------------------------------------------------------------------------------
+
+
+def builtin_ref() -> ProfileRef:
+    """The built-in default profile as a revision: id `builtin`, revision 0, hash of its form."""
+    prof = default_profile()
+    digest = hashlib.sha256(canonical_bytes(prof.to_dict())).hexdigest()
+    return ProfileRef(
+        profile=prof, name=prof.name, profile_id=BUILTIN_ID, revision=0, audit_hash=digest
+    )
+
+
+def _store() -> Any:
+    try:
+        from linpodx.profile import store
+    except ImportError as exc:  # fail closed: no store, no named profile
+        raise LinpodxError(
+            "the profile store is not available in this build",
+            "run without --profile to use the built-in default profile",
+        ) from exc
+    return store
+
+
+def _ref_of(stored: Any) -> ProfileRef:
+    return ProfileRef(
+        profile=stored.profile,
+        name=str(stored.name),
+        profile_id=str(stored.profile_id),
+        revision=int(stored.revision),
+        audit_hash=str(stored.audit_hash),
+        applied_at=str(getattr(stored, "applied_at", "")),
+    )
+
+
+def resolve_profile(name: str | None) -> ProfileRef:
+    """An applied profile by name (NotFound otherwise), or the built-in default for None."""
+    if name is None:
+        return builtin_ref()
+    return _ref_of(_store().get(name))
+
+
+def profile_by_id(profile_id: str) -> ProfileRef:
+    """The exact revision a container was created with (from its spec / labels)."""
+    if profile_id == BUILTIN_ID:
+        return builtin_ref()
+    return _ref_of(_store().get_by_id(profile_id))
+
+
+# --- audit ----------------------------------------------------------------------------------
+
+
+def audit(event_type: str, data: dict[str, Any]) -> None:
+    """Append to the administrative chain BEFORE the action; AuditError means: do not act."""
+    try:
+        from linpodx.audit.chain import admin_chain
+    except ImportError as exc:
+        raise AuditError(
+            "the audit chain is not available, so the action was not taken",
+            "this build of linpodx lacks linpodx.audit.chain",
+        ) from exc
+    admin_chain().append(event_type, data)
+
+
+def _emit(event_type: str, **data: Any) -> None:
+    # Events are notifications, not truth (the chain is): a failed emit must not undo an action
+    # that is already audited and done.
+    with contextlib.suppress(OSError):
+        events.emit(event_type, **data)
+
+
+# --- egress guard (owned by the egress engineer; fail closed if missing) ---------------------
+
+
+def _guard() -> Any:
+    try:
+        from linpodx.egress import guard
+    except ImportError as exc:
+        raise EngineError(
+            "egress filtering is not available in this build",
+            "use a profile with an empty network.egress_dns_allowlist",
+        ) from exc
+    return guard
+
+
+def needs_guard(ref: ProfileRef) -> bool:
+    """A non-empty allowlist means filtered network attached after `podman init`."""
+    return bool(ref.profile.network.egress_dns_allowlist)
+
+
+def egress_status(name: str) -> str:
+    """The guard's view (`none`, `healthy`, `down`), or `unknown` if it cannot say."""
+    try:
+        from linpodx.egress import guard
+    except ImportError:
+        return "none"
+    try:
+        return str(guard.status(name))
+    except Exception:
+        return "unknown"
+
+
+# --- specs ----------------------------------------------------------------------------------
+
+
+def spec_dir(name: str) -> Path:
+    """containers_dir()/NAME."""
+    return containers_dir() / validate_name(name)
+
+
+def spec_path(name: str) -> Path:
+    """containers_dir()/NAME/spec.json."""
+    return spec_dir(name) / "spec.json"
+
+
+def _spec_doc(
+    spec: CreateSpec, ref: ProfileRef, container_id: str, created_at: str
+) -> dict[str, Any]:
+    return {
+        "version": SPEC_VERSION,
+        "name": spec.name,
+        "hostname": spec.hostname,
+        "container_id": container_id,
+        "image": spec.image,
+        "profile": ref.name,
+        "profile_id": ref.profile_id,
+        "revision": ref.revision,
+        "audit_hash": ref.audit_hash,
+        "command": list(spec.command),
+        "interactive": spec.interactive,
+        "tty": spec.tty,
+        "rm": spec.rm,
+        "rootless": spec.rootless,
+        "resolv_conf": spec.resolv_conf,
+        "created_at": created_at,
+    }
+
+
+def save_spec(name: str, doc: dict[str, Any]) -> None:
+    """Write the run spec atomically (0600 in a 0700 dir)."""
+    atomic_write(spec_path(name), json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n")
+
+
+def load_spec(name: str) -> dict[str, Any]:
+    """The run spec of NAME (NotFound if linpodx has none; InvalidInput if it is damaged)."""
+    path = spec_path(name)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotFound(
+            f"no linpodx run spec for container {name}",
+            "it was not created by `linpodx run` (see `linpodx ps --all`)",
+        ) from None
+    try:
+        doc = strict_loads(text)
+    except ValueError as exc:
+        raise InvalidInput(
+            f"run spec of {name} is damaged: {exc}", f"remove it with `linpodx rm {name}`"
+        ) from exc
+    if not isinstance(doc, dict) or doc.get("version") != SPEC_VERSION:
+        raise InvalidInput(
+            f"run spec of {name} has an unknown format", f"remove it with `linpodx rm {name}`"
+        )
+    return doc
+
+
+def _remove_spec(name: str) -> None:
+    shutil.rmtree(spec_dir(name), ignore_errors=True)
+
+
+# --- building ---------------------------------------------------------------------------------
+
+
+def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
+    """The CreateSpec for a run request under a profile revision on this host."""
+    name = req.name or f"linpodx-{uuid.uuid4().hex[:8]}"
+    validate_name(name)
+    validate_image(req.image)
+    if req.tty and not req.interactive and not req.detach:
+        # podman start --attach without -i would leave the terminal without input.
+        raise InvalidInput("--tty needs --interactive (or --detach)", "use -it for a terminal")
+    return CreateSpec(
+        profile=ref.profile,
+        profile_name=ref.name,
+        profile_id=ref.profile_id,
+        revision=ref.revision,
+        audit_hash=ref.audit_hash,
+        image=req.image,
+        name=name,
+        command=tuple(req.command),
+        interactive=req.interactive,
+        tty=req.tty,
+        rm=req.rm,
+        rootless=probe.rootless(),
+        resolv_conf=resolv_conf,
+        host=probe.host_limits(),
+    )
+
+
+def _cleanup(name: str, why: LinpodxError, *, remove_spec: bool, guard_too: bool) -> LinpodxError:
+    """Remove what was created for NAME and add what happened to the error's hint."""
+    leftover = engine.remove_quietly(name)
+    if guard_too:
+        with contextlib.suppress(Exception):
+            _guard().detach(name)
+    if remove_spec:
+        _remove_spec(name)
+    said = (
+        f"the container {name} was removed again (nothing was left half-created)"
+        if leftover is None
+        else f"removing {name} also failed ({leftover}); remove it with `podman rm -f {name}`"
+    )
+    why.hint = f"{why.hint}; {said}" if why.hint else said
+    return why
+
+
+def _bring_up(name: str, ref: ProfileRef, *, start: bool) -> None:
+    """init -> guard attach (when the profile has an allowlist) -> start (unless `start` is False,
+    when the caller starts it attached to a terminal)."""
+    if needs_guard(ref):
+        engine.init(name)
+        pid = engine.container_pid(name)
+        try:
+            _guard().attach(name, pid, ref)
+        except LinpodxError:
+            raise
+        except Exception as exc:
+            raise EngineError(
+                f"egress guard failed: {type(exc).__name__}: {exc}", "see `linpodx doctor`"
+            ) from exc
+    if start:
+        engine.start(name)
+
+
+def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -> ContainerInfo:
+    """Create a hardened container for `spec` and start it (or leave it ready for an attached
+    start when `start` is False). Audited first; nothing is left behind on failure."""
+    audit(
+        "container.run",
+        {
+            "name": spec.name,
+            "image": spec.image,
+            "profile": ref.name,
+            "profile_id": ref.profile_id,
+            "revision": ref.revision,
+            "audit_hash": ref.audit_hash,
+            "command": list(spec.command),
+            "interactive": spec.interactive,
+            "tty": spec.tty,
+            "rm": spec.rm,
+        },
+    )
+    guarded = needs_guard(ref)
+    if guarded:
+        try:
+            resolv = _guard().prepare(spec.name, ref)
+        except LinpodxError:
+            with contextlib.suppress(Exception):
+                _guard().detach(spec.name)
+            raise
+        spec = CreateSpec(**{**_fields(spec), "resolv_conf": str(resolv)})
+    argv = build_create_argv(spec)
+    try:
+        container_id = engine.create(argv)
+    except LinpodxError:
+        if guarded:
+            with contextlib.suppress(Exception):
+                _guard().detach(spec.name)
+        raise  # podman refused: nothing was created (a name clash leaves the other one alone)
+    try:
+        save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
+        if not spec.rm:
+            engine.create_home(spec.name)
+        _bring_up(spec.name, ref, start=start)
+    except LinpodxError as err:
+        raise _cleanup(spec.name, err, remove_spec=True, guard_too=guarded) from None
+    state = "running"
+    if start and not spec.rm:
+        with contextlib.suppress(LinpodxError):
+            state = engine.state(engine.inspect(spec.name))
+    _emit(
+        "container.start", name=spec.name, profile=ref.name, revision=ref.revision, image=spec.image
+    )
+    return ContainerInfo(spec.name, container_id, state, ref.name, ref.revision, spec.image)
+
+
+def _fields(spec: CreateSpec) -> dict[str, Any]:
+    return {f: getattr(spec, f) for f in spec.__dataclass_fields__}
+
+
+def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
+    """`linpodx run`: resolve the profile, build the spec, create and (unless it will be attached)
+    start. The caller runs `attached_start` for foreground runs."""
+    ref = resolve_profile(req.profile)
+    spec = make_spec(req, ref)
+    info = create_and_start(spec, ref, start=req.detach)
+    return info, spec
+
+
+def attached_start(name: str, interactive: bool, remove_on_failure: bool) -> int:
+    """Start NAME attached to this terminal and wait; returns the container's exit status.
+
+    If podman could not start it at all (it never ran), the container and its spec are removed
+    so nothing is left half-created.
+    """
+    rc = engine.run_inherited(engine.start_attach_argv(name, interactive))
+    if rc != 0 and remove_on_failure:
+        try:
+            info = engine.inspect(name)
+        except NotFound:
+            return rc  # --rm containers are gone once they exit
+        except LinpodxError:
+            return rc
+        started = str(info.get("State", {}).get("StartedAt", ""))
+        if started.startswith("0001-01-01") or not started:
+            engine.remove_quietly(name)
+            _remove_spec(name)
+            from linpodx.output import note
+
+            note(f"error: podman could not start {name}; it was removed again")
+    return rc
+
+
+# --- lifecycle --------------------------------------------------------------------------------
+
+
+def managed_info(name: str) -> dict[str, Any]:
+    """Inspect NAME and refuse containers linpodx did not create."""
+    validate_name(name)
+    info = engine.inspect(name)
+    if engine.labels_of(info).get(MANAGED_LABEL) != "1":
+        raise Denied(
+            f"container {name} is not managed by linpodx",
+            "linpodx acts only on containers it created (label linpodx.managed=1); "
+            "use podman directly",
+        )
+    return info
+
+
+def _ref_for(name: str, info: dict[str, Any]) -> ProfileRef:
+    labels = engine.labels_of(info)
+    pid = labels.get("linpodx.profile_id", "")
+    if not pid:
+        raise InvalidInput(
+            f"container {name} has no linpodx.profile_id label",
+            f"remove it with `linpodx rm {name}`",
+        )
+    return profile_by_id(pid)
+
+
+def start(name: str) -> ContainerInfo:
+    """`linpodx start NAME`: init -> guard attach -> start, like run (audited first)."""
+    info = managed_info(name)
+    ref = _ref_for(name, info)
+    labels = engine.labels_of(info)
+    if engine.state(info) == "running":
+        return ContainerInfo(
+            name,
+            str(info.get("Id", "")),
+            "running",
+            ref.name,
+            ref.revision,
+            str(info.get("ImageName", "")),
+        )
+    audit(
+        "container.start",
+        {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},
+    )
+    if needs_guard(ref):
+        spec = load_spec(name)
+        resolv = str(_guard().prepare(name, ref))
+        if spec.get("resolv_conf") and resolv != spec.get("resolv_conf"):
+            raise EngineError(
+                f"the egress guard's resolv.conf moved ({resolv}); the container cannot use it",
+                f"recreate the container (`linpodx rm {name}` then `linpodx run`)",
+            )
+    try:
+        _bring_up(name, ref, start=True)
+    except LinpodxError as err:
+        # Do not remove a stopped container's state; make sure it is not left running unguarded.
+        with contextlib.suppress(LinpodxError):
+            engine.stop(name, timeout=0)
+        with contextlib.suppress(Exception):
+            if needs_guard(ref):
+                _guard().detach(name)
+        err.hint = (err.hint + "; " if err.hint else "") + f"{name} was left stopped"
+        raise
+    _emit("container.start", name=name, profile=ref.name, revision=ref.revision)
+    info = engine.inspect(name)
+    return ContainerInfo(
+        name,
+        str(info.get("Id", "")),
+        engine.state(info),
+        ref.name,
+        ref.revision,
+        str(info.get("ImageName", "")),
+    )
+
+
+def stop(name: str, timeout: int = 10) -> dict[str, Any]:
+    """`linpodx stop NAME` (audited first)."""
+    info = managed_info(name)
+    audit("container.stop", {"name": name, "id": info.get("Id")})
+    engine.stop(name, timeout)
+    _emit("container.stop", name=name)
+    return {
+        "name": name,
+        "state": engine.state(engine.inspect(name)) if engine.exists(name) else "removed",
+    }
+
+
+def remove(name: str, force: bool = False) -> dict[str, Any]:
+    """`linpodx rm NAME`: the container, its guard and its spec dir (audited first)."""
+    validate_name(name)
+    present = engine.exists(name)
+    if present:
+        info = managed_info(name)
+        if engine.state(info) == "running" and not force:
+            raise InvalidInput(
+                f"container {name} is running",
+                f"stop it first (`linpodx stop {name}`) or use --force",
+            )
+    elif not spec_dir(name).exists():
+        raise NotFound(
+            f"container not found: {name}", "list linpodx containers with `linpodx ps --all`"
+        )
+    audit("container.rm", {"name": name, "force": force, "present": present})
+    if present:
+        engine.remove(name, force=force)
+    with contextlib.suppress(Exception):
+        _guard().detach(name)
+    _remove_spec(name)
+    _emit("container.rm", name=name)
+    return {"name": name, "removed": True}
+
+
+def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -> int:
+    """`linpodx exec NAME -- CMD…` (audited with its argv first); returns the command's status."""
+    if not command:
+        raise InvalidInput("exec needs a command", f"use `linpodx exec {name} -- CMD ARGS…`")
+    info = managed_info(name)
+    if engine.state(info) != "running":
+        raise InvalidInput(
+            f"container {name} is not running", f"start it with `linpodx start {name}`"
+        )
+    audit(
+        "container.exec",
+        {"name": name, "argv": list(command), "interactive": interactive, "tty": tty},
+    )
+    _emit("container.exec", name=name, argv=list(command))
+    return engine.run_inherited(engine.exec_argv(name, command, interactive, tty))
+
+
+def ps(all_states: bool) -> list[dict[str, Any]]:
+    """Rows for `linpodx ps`: linpodx containers only."""
+    rows = []
+    for r in engine.list_managed(all_states):
+        names = r.get("Names") or []
+        name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
+        labels = r.get("Labels") or {}
+        rows.append(
+            {
+                "name": name,
+                "profile": str(labels.get("linpodx.profile", "")),
+                "revision": str(labels.get("linpodx.revision", "")),
+                "state": str(r.get("State", "")),
+                "egress": egress_status(name),
+                "image": str(r.get("Image", "")),
+            }
+        )
+    rows.sort(key=lambda x: x["name"])
+    return rows
+
+
+def inspect(name: str) -> dict[str, Any]:
+    """`podman inspect` of a linpodx container (refuses others)."""
+    return managed_info(name)
+
+
+def recreate(name: str, image: str) -> ContainerInfo:
+    """Recreate NAME from IMAGE with the same name, profile revision, mounts, limits and egress
+    (snapshot rollback). Safe order: create the new container under a temporary name first; only
+    when that worked is the old one stopped and renamed aside, the new one renamed into place and
+    started; the old one is removed last. Any failure puts the old container back as it was.
+    """
+    validate_image(image)
+    info = managed_info(name)
+    doc = load_spec(name)
+    ref = _ref_for(name, info)
+    was_running = engine.state(info) == "running"
+    suffix = uuid.uuid4().hex[:6]
+    tmp_new, tmp_old = f"{name[:48]}-lpxnew-{suffix}", f"{name[:48]}-lpxold-{suffix}"
+    audit(
+        "container.recreate",
+        {"name": name, "image": image, "profile_id": ref.profile_id, "revision": ref.revision},
+    )
+    spec = CreateSpec(
+        profile=ref.profile,
+        profile_name=ref.name,
+        profile_id=ref.profile_id,
+        revision=ref.revision,
+        audit_hash=ref.audit_hash,
+        image=image,
+        name=tmp_new,
+        hostname=doc.get("hostname") or None,
+        command=tuple(str(c) for c in doc.get("command") or ()),
+        interactive=bool(doc.get("interactive")),
+        tty=bool(doc.get("tty")),
+        rm=False,
+        rootless=probe.rootless(),
+        resolv_conf=doc.get("resolv_conf"),
+        host=probe.host_limits(),
+    )
+    if spec.hostname is None:
+        spec = CreateSpec(**{**_fields(spec), "hostname": _hostname(name)})
+    new_id = engine.create(build_create_argv(spec))
+    try:
+        engine.create_home(tmp_new)
+    except LinpodxError as err:
+        raise _cleanup(tmp_new, err, remove_spec=False, guard_too=False) from None
+    # Swap. From here on, every failure restores the old container under its name.
+    try:
+        if was_running:
+            engine.stop(name)
+        engine.rename(name, tmp_old)
+    except LinpodxError as err:
+        engine.remove_quietly(tmp_new)
+        with contextlib.suppress(LinpodxError):
+            if was_running and engine.state(engine.inspect(name)) != "running":
+                _bring_up(name, ref, start=True)
+        err.hint = (err.hint + "; " if err.hint else "") + f"{name} was left as it was"
+        raise
+    renamed = False
+    try:
+        engine.rename(tmp_new, name)
+        renamed = True
+        if was_running:
+            with contextlib.suppress(Exception):
+                if needs_guard(ref):
+                    _guard().detach(name)
+            _bring_up(name, ref, start=True)
+    except LinpodxError as err:
+        engine.remove_quietly(name if renamed else tmp_new)
+        restored = True
+        try:
+            engine.rename(tmp_old, name)
+            if was_running:
+                _bring_up(name, ref, start=True)
+        except LinpodxError:
+            restored = False
+        err.hint = (err.hint + "; " if err.hint else "") + (
+            f"the original {name} was restored"
+            if restored
+            else f"the original container is kept as {tmp_old}"
+        )
+        raise
+    engine.remove_quietly(tmp_old)
+    doc.update(image=image, container_id=new_id)
+    save_spec(name, doc)
+    _emit("container.recreate", name=name, image=image)
+    now = engine.inspect(name)
+    return ContainerInfo(name, new_id, engine.state(now), ref.name, ref.revision, image)
+
+
+def _hostname(name: str) -> str:
+    from linpodx.podman.argv import hostname_for
+
+    return hostname_for(name)
+
+
+def forget(name: str) -> None:
+    """Drop the run spec of a `--rm` container that podman already removed."""
+    with contextlib.suppress(LinpodxError):
+        if engine.exists(name):
+            return
+        _remove_spec(name)
+
+
+def logs(name: str, follow: bool) -> int:
+    """Print NAME's output with control characters escaped (it is untrusted: an agent could
+    write terminal escape sequences into it)."""
+    import sys
+
+    from linpodx.output import safe_text
+
+    managed_info(name)
+
+    def sink(raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r")
+        sys.stdout.write(safe_text(text) + "\n")
+        sys.stdout.flush()
+
+    return engine.stream_lines(engine.logs_argv(name, follow), sink)

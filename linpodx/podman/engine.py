@@ -1,0 +1,296 @@
+"""podman calls, all through `linpodx.proc` (the one subprocess chokepoint).
+
+Each function runs one podman command and turns its failure into an `EngineError` that carries
+podman's own words plus a hint for the common causes (missing image, name taken, missing podman).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from linpodx import proc
+from linpodx.errors import EngineError, NotFound
+from linpodx.podman.argv import HOME_DIR, MANAGED_LABEL
+
+PODMAN_HINT = "install podman (4.3 or newer) and check it with `linpodx doctor`"
+
+
+def podman_bin() -> str:
+    """Full path of podman, or EngineError with an install hint."""
+    found = proc.which("podman")
+    if found is None:
+        raise EngineError("podman not found", PODMAN_HINT, argv=("podman",))
+    return found
+
+
+def classify_hint(stderr: str, default: str | None = None) -> str | None:
+    """A hint for the failures people hit most, recognised from podman's own message."""
+    low = stderr.lower()
+    if "image not known" in low or "no such image" in low or "unable to find" in low:
+        return (
+            "the image is not in this user's image store (`podman images`); import or pull it "
+            "first (rootless users have their own store)"
+        )
+    if "already in use" in low:
+        return "choose another --name, or remove the old container with `linpodx rm NAME`"
+    if "no such container" in low:
+        return "list linpodx containers with `linpodx ps --all`"
+    if "cgroups in hybrid mode" in low or ("crun" in low and "cgroup" in low):
+        return 'set runtime = "runc" under [engine] in containers.conf (see `linpodx doctor`)'
+    if "setrlimit" in low or "rlimit" in low:
+        return (
+            "a ulimit exceeds the host's hard limit; lower resources.nofile/nproc "
+            "(`linpodx doctor`)"
+        )
+    if "/dev/net/tun" in low:
+        return "rootless networking needs a usable /dev/net/tun (`linpodx doctor`)"
+    return default
+
+
+def podman(
+    *args: str,
+    what: str,
+    hint: str | None = None,
+    check: bool = True,
+    timeout: float | None = proc.DEFAULT_TIMEOUT,
+    input: bytes | None = None,
+) -> proc.Result:
+    """Run `podman ARGS…`; on failure raise EngineError with podman's words and a hint."""
+    argv = (podman_bin(), *args)
+    try:
+        return proc.run(argv, check=check, timeout=timeout, input=input, what=what, hint=hint)
+    except EngineError as err:
+        if err.hint is None:
+            err.hint = classify_hint(
+                err.stderr, "see podman's message above; `linpodx doctor` checks the host"
+            )
+        raise
+
+
+def create(create_argv: Sequence[str]) -> str:
+    """`podman create …` (argv from `argv.build_create_argv`); returns the container id."""
+    res = podman(*create_argv, what="podman create")
+    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+
+
+def home_tar() -> bytes:
+    """A tar holding just the `$HOME` directory entry (0700). `podman cp` (archive mode) chowns
+    what it copies to the container's main user, so the agent owns its home."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(HOME_DIR.lstrip("/"))
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o700
+        info.mtime = int(time.time())
+        tar.addfile(info)
+    return buf.getvalue()
+
+
+def create_home(name: str) -> None:
+    """Create `$HOME` in the container's own rootfs before its first start (kept by restarts
+    and by `podman commit`)."""
+    podman("cp", "-", f"{name}:/", input=home_tar(), what="podman cp (create $HOME)")
+
+
+def init(name: str) -> None:
+    """`podman init`: namespaces exist and the container has a PID, its command not yet run."""
+    podman("init", name, what="podman init")
+
+
+def start(name: str) -> None:
+    """`podman start NAME` (detached)."""
+    podman("start", name, what="podman start")
+
+
+def start_attach_argv(name: str, interactive: bool) -> tuple[str, ...]:
+    """argv that starts NAME attached to this terminal (the CLI runs it with inherited stdio)."""
+    argv = [podman_bin(), "start", "--attach"]
+    if interactive:
+        argv.append("--interactive")
+    argv.append(name)
+    return tuple(argv)
+
+
+def stop(name: str, timeout: int = 10) -> None:
+    """`podman stop -t TIMEOUT NAME`."""
+    podman("stop", f"--time={timeout}", name, what="podman stop", timeout=timeout + 60)
+
+
+def remove(name: str, force: bool = False) -> None:
+    """`podman rm [-f] NAME`."""
+    args = ["rm"]
+    if force:
+        args += ["--force", "--time=0"]
+    podman(*args, name, what="podman rm")
+
+
+def remove_quietly(name: str) -> str | None:
+    """Best-effort `podman rm -f` during cleanup; returns podman's words if it failed."""
+    try:
+        podman("rm", "--force", "--time=0", "--ignore", name, what="podman rm (cleanup)")
+    except EngineError as err:
+        return err.stderr.strip() or err.message
+    return None
+
+
+def inspect(name: str) -> dict[str, Any]:
+    """`podman container inspect NAME` as a dict; NotFound if there is no such container."""
+    res = podman("container", "inspect", name, what="podman inspect", check=False)
+    if res.returncode != 0:
+        if "no such container" in res.stderr.lower():
+            raise NotFound(
+                f"container not found: {name}", "list linpodx containers with `linpodx ps --all`"
+            )
+        raise EngineError(
+            "podman inspect failed",
+            classify_hint(res.stderr),
+            argv=res.argv,
+            returncode=res.returncode,
+            stderr=res.stderr,
+        )
+    try:
+        data = json.loads(res.stdout)
+    except json.JSONDecodeError as exc:
+        raise EngineError(
+            "podman inspect printed something that is not JSON", argv=res.argv
+        ) from exc
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        raise EngineError("podman inspect printed an unexpected document", argv=res.argv)
+    return data[0]
+
+
+def exists(name: str) -> bool:
+    """True if a container called NAME exists (any state)."""
+    res = podman("container", "exists", name, what="podman container exists", check=False)
+    if res.returncode in (0, 1):
+        return res.returncode == 0
+    raise EngineError(
+        "podman container exists failed",
+        argv=res.argv,
+        returncode=res.returncode,
+        stderr=res.stderr,
+    )
+
+
+def container_pid(name: str) -> int:
+    """PID of the container's init process (after `podman init` or while running)."""
+    pid = inspect(name).get("State", {}).get("Pid", 0)
+    if not isinstance(pid, int) or pid <= 0:
+        raise EngineError(f"container {name} has no process", "it is not initialised or running")
+    return pid
+
+
+def state(info: dict[str, Any]) -> str:
+    """`running`, `exited`, `created`, … from an inspect document."""
+    st = info.get("State", {})
+    return str(st.get("Status", "unknown")) if isinstance(st, dict) else "unknown"
+
+
+def labels_of(info: dict[str, Any]) -> dict[str, str]:
+    """The container's labels from an inspect document."""
+    labels = info.get("Config", {}).get("Labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def list_managed(all_states: bool) -> list[dict[str, Any]]:
+    """`podman ps` rows of linpodx containers only (label linpodx.managed=1)."""
+    args = ["ps", "--format=json", f"--filter=label={MANAGED_LABEL}=1"]
+    if all_states:
+        args.append("--all")
+    res = podman(*args, what="podman ps")
+    try:
+        rows = json.loads(res.stdout or "[]")
+    except json.JSONDecodeError as exc:
+        raise EngineError("podman ps printed something that is not JSON", argv=res.argv) from exc
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def image_exists(image: str) -> bool:
+    """True if IMAGE is in this user's store."""
+    res = podman("image", "exists", image, what="podman image exists", check=False)
+    return res.returncode == 0
+
+
+def logs_argv(name: str, follow: bool) -> tuple[str, ...]:
+    """argv of `podman logs [--follow] NAME`."""
+    argv = [podman_bin(), "logs"]
+    if follow:
+        argv.append("--follow")
+    argv.append(name)
+    return tuple(argv)
+
+
+def exec_argv(name: str, command: Sequence[str], interactive: bool, tty: bool) -> tuple[str, ...]:
+    """argv of `podman exec [-i] [-t] NAME CMD…`."""
+    argv = [podman_bin(), "exec"]
+    if interactive:
+        argv.append("--interactive")
+    if tty:
+        argv.append("--tty")
+    argv.append(name)
+    argv.extend(command)
+    return tuple(argv)
+
+
+def rename(old: str, new: str) -> None:
+    """`podman rename OLD NEW`."""
+    podman("rename", old, new, what="podman rename")
+
+
+def version() -> str:
+    """podman's version string (`4.3.1`)."""
+    res = podman("version", "--format={{.Client.Version}}", what="podman version", timeout=60)
+    return res.stdout.strip()
+
+
+def run_inherited(argv: Sequence[str]) -> int:
+    """Run podman with this process's stdin/stdout/stderr and wait; returns its exit status.
+
+    This is the one place that does not capture output: `podman start --attach`, `podman exec`
+    and `podman logs --follow` hand the person's terminal to the container (podman puts the TTY
+    in raw mode and proxies signals itself). It is a Popen with inherited stdio rather than
+    os.execvp so linpodx gets control back and can clean up a container that never started.
+    While waiting, SIGINT is ignored here: in a TTY session Ctrl-C is a byte for the container,
+    and otherwise podman (--sig-proxy) forwards it to the container; either way linpodx must
+    not die and leave things behind.
+    """
+    import signal
+    import subprocess
+
+    try:
+        child = subprocess.Popen(list(argv))
+    except FileNotFoundError as exc:
+        raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return child.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def stream_lines(argv: Sequence[str], sink: Any) -> int:
+    """Run a long-lived podman command (`logs --follow`) and feed each output line (bytes,
+    stdout and stderr merged) to `sink` as it arrives; returns podman's exit status.
+
+    A Popen (not `proc.run`) because the output has no end while following.
+    """
+    import subprocess
+
+    try:
+        child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except FileNotFoundError as exc:
+        raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
+    assert child.stdout is not None  # noqa: S101 - PIPE was requested just above
+    try:
+        for line in child.stdout:
+            sink(line)
+    except KeyboardInterrupt:
+        child.terminate()
+    finally:
+        child.stdout.close()
+    return child.wait()

@@ -1,0 +1,75 @@
+"""Host facts the argv builder and `linpodx doctor` need, read cheaply (no `podman info` on the
+run path: it costs a podman start-up)."""
+
+from __future__ import annotations
+
+import os
+import resource
+from functools import lru_cache
+
+from linpodx.podman.argv import HostLimits
+
+MIN_PODMAN = (4, 3)
+"""The oldest podman linpodx is tested with."""
+PASTA_PODMAN = (5, 0)
+"""podman from here on uses pasta for rootless networking by default (`--network pasta`)."""
+INIT_PATHS = (
+    "/usr/libexec/podman/catatonit",
+    "/usr/bin/catatonit",
+    "/usr/libexec/catatonit/catatonit",
+)
+
+
+def rootless() -> bool:
+    """True when linpodx runs as a normal user (rootless podman)."""
+    return os.geteuid() != 0
+
+
+def cgroup_version() -> int:
+    """2 if /sys/fs/cgroup is the unified (v2) hierarchy, else 1 (v1 or hybrid)."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[1] == "/sys/fs/cgroup":
+                    return 2 if parts[2] == "cgroup2" else 1
+    except OSError:
+        pass
+    return 1
+
+
+def _hard(which: int) -> int | None:
+    hard = resource.getrlimit(which)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def init_binary() -> str | None:
+    """podman's `--init` binary if installed (catatonit)."""
+    for p in INIT_PATHS:
+        if os.access(p, os.X_OK):
+            return p
+    return None
+
+
+@lru_cache(maxsize=1)
+def host_limits() -> HostLimits:
+    """Hard rlimits, whether cgroup limits apply, whether `--init` is available."""
+    cg_ok = not (rootless() and cgroup_version() == 1)
+    return HostLimits(
+        nofile_hard=_hard(resource.RLIMIT_NOFILE),
+        nproc_hard=_hard(resource.RLIMIT_NPROC),
+        cgroup_limits=cg_ok,
+        init=init_binary() is not None,
+    )
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """`podman version 4.3.1` or `4.3.1` -> (4, 3, 1); None if it does not parse."""
+    for word in text.split():
+        bits = word.split(".")
+        if len(bits) >= 2 and all(b.split("-")[0].isdigit() for b in bits[:3]):
+            nums = [int(b.split("-")[0]) for b in bits[:3]]
+            while len(nums) < 3:
+                nums.append(0)
+            return nums[0], nums[1], nums[2]
+    return None
