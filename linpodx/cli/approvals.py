@@ -1,9 +1,356 @@
-"""Top-level approvals commands."""
+"""Top-level commands `linpodx events`, `linpodx approve ID`, `linpodx deny ID`.
+
+`events` follows the event stream file by polling (like `podman events` with its file logger,
+no daemon). With approvals in the filter and a terminal on stdin, each pending approval is shown
+and answered right there: the answer is bound to the digest of the request file this listener
+displayed, and it comes only from this terminal (input typed ahead is discarded first), so a
+"y" inside a payload or server output can never answer anything.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import select
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, TextIO
+
 import typer
+
+from linpodx.approvals import store as approvals
+from linpodx.cli.common import JsonOpt, run_command
+from linpodx.errors import EXIT_FAILURE, LinpodxError, UsageError
+from linpodx.output import print_error, safe_text
+from linpodx.paths import events_file
+
+POLL_SECONDS = 0.1
+FIELD_CAP = 200
+PAYLOAD_CAP = 1000
+
+_REL = re.compile(r"^(\d+)([smhd])$")
+
+
+def parse_since(value: str, now: datetime | None = None) -> datetime:
+    """`--since`: an ISO 8601 time (`2026-11-30T04:00:00Z`) or a duration ago (`90s`, `5m`)."""
+    now = now or datetime.now(UTC)
+    m = _REL.match(value.strip())
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+        return now - timedelta(**{unit: int(m.group(1))})
+    try:
+        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"invalid --since value: {value!r}",
+            "use an ISO time like 2026-11-30T04:00:00Z or a duration like 10m",
+        ) from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def _event_time(event: dict[str, Any]) -> datetime | None:
+    ts = event.get("ts")
+    if not isinstance(ts, str):
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    return None
+
+
+def matches(event: dict[str, Any], filters: list[str]) -> bool:
+    """`--filter approval` matches `approval.pending`; `--filter approval.pending` only that."""
+    if not filters:
+        return True
+    etype = event.get("type")
+    if not isinstance(etype, str):
+        return False
+    return any(etype == f or etype.startswith(f + ".") for f in filters)
+
+
+def _clock(event: dict[str, Any]) -> str:
+    t = _event_time(event)
+    return t.astimezone().strftime("%H:%M:%S") if t else "??:??:??"
+
+
+def _s(value: Any, cap: int = FIELD_CAP) -> str:
+    return safe_text("-" if value is None else str(value), cap)
+
+
+def render(event: dict[str, Any]) -> list[str]:
+    """Human lines for one event; every value from outside is escaped and capped."""
+    etype = event.get("type")
+    head = f"[{_clock(event)}] {_s(event.get('session', ''))}".rstrip()
+    if etype == "approval.pending":
+        what = " ".join(
+            x
+            for x in (
+                _s(event.get("method")),
+                _s(event.get("tool"), FIELD_CAP) if event.get("tool") else "",
+            )
+            if x
+        )
+        return [
+            f"{head} {what} → PROMPT",
+            f"payload: {_s(event.get('payload'), PAYLOAD_CAP)}",
+            f"approval_id: {_s(event.get('approval_id'))}",
+        ]
+    if etype == "approval.decided":
+        by = event.get("by") if isinstance(event.get("by"), dict) else {}
+        who = "linpodx" if by.get("bridge") else f"{_s(by.get('user'))}@{_s(by.get('tty'))}"
+        return [
+            f"{head} {_s(event.get('approval_id'))} → {_s(event.get('decision')).upper()} "
+            f"({_s(event.get('reason'))}; by {who})"
+        ]
+    if etype == "mcp.decision":
+        what = " ".join(
+            x
+            for x in (_s(event.get("method")), _s(event.get("tool")) if event.get("tool") else "")
+            if x
+        )
+        return [f"{head} {what} → {_s(event.get('decision')).upper()}"]
+    rest = {k: v for k, v in event.items() if k not in ("ts", "type", "session")}
+    body = safe_text(json.dumps(rest, ensure_ascii=False, separators=(",", ":")), PAYLOAD_CAP)
+    return [f"[{_clock(event)}] {_s(etype)} {body}".rstrip()]
+
+
+class EventFile:
+    """Reads complete lines from events.jsonl from an offset; tolerant of a growing file."""
+
+    def __init__(self) -> None:
+        self.path = events_file()
+        self.offset = 0
+        self.rest = b""
+
+    def skip_to_end(self) -> None:
+        try:
+            self.offset = self.path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
+
+    def read_new(self) -> Iterator[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        data = self.rest + data
+        lines = data.split(b"\n")
+        self.rest = lines.pop()
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # not ours to interpret; the stream is for people, not a record
+            if isinstance(event, dict):
+                yield event
+
+
+class Prompter:
+    """Asks `approve? [y/N]:` on the listener's own terminal."""
+
+    def __init__(self, tty_in: TextIO, out: TextIO) -> None:
+        self.tty_in = tty_in
+        self.out = out
+        self.seen: set[str] = set()
+
+    def _flush_typeahead(self) -> None:
+        # Anything typed before the question was shown must not count as its answer.
+        with contextlib.suppress(Exception):
+            import termios
+
+            termios.tcflush(self.tty_in.fileno(), termios.TCIFLUSH)
+
+    def _readline(self, deadline: float) -> str | None:
+        fd = self.tty_in.fileno()
+        buf = b""
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if not ready:
+                continue
+            chunk = os.read(fd, 1024)
+            if not chunk:
+                return ""  # EOF on the terminal: no answer => deny
+            buf += chunk
+            if b"\n" in buf or b"\r" in buf:
+                return buf.decode("utf-8", "replace").splitlines()[0] if buf.strip() else ""
+
+    def ask(self, approval_id: str) -> None:
+        """Show one pending request from its file (the source of truth) and record the answer."""
+        if approval_id in self.seen:
+            return
+        self.seen.add(approval_id)
+        try:
+            pending = approvals.load(approval_id)
+        except LinpodxError as exc:
+            self.out.write(f"approval: {safe_text(approval_id, 80)}: {exc.message}\n")
+            return
+        st = approvals.status(approval_id)
+        if st != "pending":
+            self.out.write(f"approval: {approval_id} already {st}\n")
+            self.out.flush()
+            return
+        self._flush_typeahead()
+        self.out.write("approve? [y/N]: ")
+        self.out.flush()
+        line = self._readline(pending.expires)
+        if line is None:
+            self.out.write(f"\napproval: {approval_id} expired (denied after the window)\n")
+            self.out.flush()
+            return
+        decision = approvals.APPROVE if line.strip().lower() in ("y", "yes") else approvals.DENY
+        reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
+        if approvals.answer(approval_id, pending.digest, decision, reason):
+            word = "APPROVED" if decision == approvals.APPROVE else "DENIED"
+            self.out.write(f"approval: {approval_id} → {word}\n")
+        else:
+            self.out.write(
+                f"approval: {approval_id} already decided ({approvals.status(approval_id)})\n"
+            )
+        self.out.flush()
+
+
+def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow: bool) -> None:
+    """Print (and follow) the event stream."""
+    since_t = parse_since(since) if since else None
+    out = sys.stdout
+    wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
+    interactive = not json_mode and not no_follow and wants_approvals and sys.stdin.isatty()
+    prompter = Prompter(sys.stdin, out) if interactive else None
+    reader = EventFile()
+    if not no_follow and since_t is None:
+        reader.skip_to_end()
+        if wants_approvals:
+            # Requests made before this listener started still wait for someone.
+            for p in approvals.pending_requests():
+                ev = {
+                    "ts": p.to_dict()["created"],
+                    "type": "approval.pending",
+                    "session": p.session,
+                    "approval_id": p.approval_id,
+                    "method": p.method,
+                    "tool": p.tool,
+                    "payload": p.payload,
+                    "digest": p.digest,
+                }
+                _show(ev, out, json_mode, prompter)
+    try:
+        while True:
+            for event in reader.read_new():
+                if not matches(event, filters):
+                    continue
+                t = _event_time(event)
+                if since_t is not None and (t is None or t < since_t):
+                    continue
+                _show(event, out, json_mode, prompter)
+            if no_follow:
+                return
+            time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:
+        return
+
+
+def _show(event: dict[str, Any], out: TextIO, json_mode: bool, prompter: Prompter | None) -> None:
+    if json_mode:
+        out.write(json.dumps(event, ensure_ascii=True, separators=(",", ":")) + "\n")
+        out.flush()
+        return
+    if prompter is not None and event.get("type") == "approval.pending":
+        aid = event.get("approval_id")
+        if isinstance(aid, str) and aid in prompter.seen:
+            return
+    for line in render(event):
+        out.write(line + "\n")
+    out.flush()
+    if prompter is not None and event.get("type") == "approval.pending":
+        aid = event.get("approval_id")
+        if isinstance(aid, str):
+            prompter.ask(aid)
+
+
+def decide(approval_id: str, decision: str) -> dict[str, Any]:
+    """`linpodx approve|deny ID`: answer one pending approval (first answer wins)."""
+    pending = approvals.load(approval_id)
+    st = approvals.status(approval_id)
+    if st != "pending":
+        raise LinpodxError(
+            f"approval {approval_id} is already {st}",
+            "only pending approvals can be answered",
+            exit_code=EXIT_FAILURE,
+        )
+    reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
+    if not approvals.answer(approval_id, pending.digest, decision, reason):
+        raise LinpodxError(
+            f"approval {approval_id} is already {approvals.status(approval_id)}",
+            "another answer (or the timeout) came first",
+            exit_code=EXIT_FAILURE,
+        )
+    return {
+        "approval_id": approval_id,
+        "decision": "approved" if decision == approvals.APPROVE else "denied",
+        "session": pending.session,
+        "method": safe_text(pending.method, FIELD_CAP),
+        "tool": safe_text(pending.tool, FIELD_CAP) if pending.tool else None,
+        "digest": pending.digest,
+    }
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the top-level app."""
+
+    @app.command("events")
+    def events(
+        filter_: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--filter",
+                help="Event type or its first component (approval, mcp, container…); repeatable.",
+            ),
+        ] = None,
+        since: Annotated[
+            str | None,
+            typer.Option(
+                "--since", help="Show events from this time (ISO 8601) or this long ago (10m, 2h)."
+            ),
+        ] = None,
+        json_mode: Annotated[
+            bool, typer.Option("--json", help="One JSON object per line.")
+        ] = False,
+        no_follow: Annotated[
+            bool, typer.Option("--no-follow", help="Print what is there and exit.")
+        ] = False,
+    ) -> None:
+        """Follow the event stream; answer pending approvals from this terminal."""
+        try:
+            events_cmd(list(filter_ or []), since, json_mode, no_follow)
+        except LinpodxError as err:
+            print_error(err)
+            raise typer.Exit(err.exit_code) from None
+
+    @app.command("approve")
+    def approve(
+        approval_id: Annotated[str, typer.Argument(help="apr_… id (see `linpodx events`).")],
+        json_mode: JsonOpt = False,
+    ) -> None:
+        """Approve one pending MCP request."""
+        run_command("approve", json_mode, lambda: decide(approval_id, approvals.APPROVE))
+
+    @app.command("deny")
+    def deny(
+        approval_id: Annotated[str, typer.Argument(help="apr_… id (see `linpodx events`).")],
+        json_mode: JsonOpt = False,
+    ) -> None:
+        """Deny one pending MCP request."""
+        run_command("deny", json_mode, lambda: decide(approval_id, approvals.DENY))

@@ -1,0 +1,1 @@
+"""Approval requests and answers: files under the state dir, no daemon."""

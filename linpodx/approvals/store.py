@@ -1,0 +1,330 @@
+"""Pending approvals and their answers, as files under `paths.approvals_dir()`.
+
+Layout, one directory per approval `apr_<ULID>/`:
+- `request.json`: written atomically by the bridge (session, method, tool, payload, digest,
+  created, expires).
+- `answer.json`: created with `fsutil.create_exclusive`, so the first answer wins. It names the
+  approval id AND the digest it approves; the bridge accepts it only when both match the request,
+  so an answer cannot be moved to another call. A timeout or the end of the session is itself an
+  answer (`deny`) written the same way, which makes "already decided" a single question: does
+  `answer.json` exist?
+- `consumed`: created exclusively by the bridge when it acts on the answer (used once).
+
+Anyone running as the same user can write these files; that user can also drive the agent, so
+the files are not a security boundary against them. They guard against the *agent* (which cannot
+reach the host's state dir) and against mistakes: stale answers, replays, double use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from linpodx import canonical, fsutil, ids
+from linpodx.errors import InvalidInput, NotFound
+from linpodx.paths import approvals_dir, ensure_dir
+
+PAYLOAD_CAP = 4096
+"""Characters of the canonical payload kept for display."""
+
+POLL_SECONDS = 0.05
+
+APPROVE = "approve"
+DENY = "deny"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def request_digest(request: Any) -> str:
+    """sha256 (hex) of the canonical JSON of the exact request (id, method, params)."""
+    try:
+        data = canonical.canonical_bytes(request)
+    except canonical.CanonicalError:
+        # Floats have no canonical form here; sorted compact JSON is still deterministic.
+        data = json.dumps(
+            request, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+        ).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def display_payload(value: Any, cap: int = PAYLOAD_CAP) -> str:
+    """Compact JSON of `value`, capped at `cap` characters (escaping is the renderer's job)."""
+    try:
+        text = canonical.canonical_str(value)
+    except canonical.CanonicalError:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    if len(text) > cap:
+        text = text[:cap] + f"…(+{len(text) - cap} chars)"
+    return text
+
+
+def who() -> dict[str, Any]:
+    """Who is answering, from where: uid, user, pid, tty, hostname."""
+    tty = None
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            tty = os.ttyname(fd)
+            break
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = None
+    return {
+        "uid": os.getuid(),
+        "user": user,
+        "pid": os.getpid(),
+        "tty": tty,
+        "hostname": socket.gethostname(),
+    }
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    """What `request.json` holds."""
+
+    approval_id: str
+    session: str
+    method: str
+    tool: str | None
+    payload: str
+    """Canonical JSON of the request's params, capped for display."""
+    digest: str
+    created: float
+    expires: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "approval_id": self.approval_id,
+            "session": self.session,
+            "method": self.method,
+            "tool": self.tool,
+            "payload": self.payload,
+            "digest": self.digest,
+            "created": _iso(self.created),
+            "created_unix": self.created,
+            "expires": _iso(self.expires),
+            "expires_unix": self.expires,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PendingRequest:
+        try:
+            return cls(
+                approval_id=str(d["approval_id"]),
+                session=str(d["session"]),
+                method=str(d["method"]),
+                tool=None if d.get("tool") is None else str(d["tool"]),
+                payload=str(d["payload"]),
+                digest=str(d["digest"]),
+                created=float(d["created_unix"]),
+                expires=float(d["expires_unix"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(f"malformed approval request: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What `answer.json` holds."""
+
+    approval_id: str
+    digest: str
+    decision: str
+    reason: str
+    by: dict[str, Any]
+    at: str
+
+
+def _dir(approval_id: str) -> Path:
+    if not ids.is_id(approval_id, "apr"):
+        raise NotFound(f"approval not found: {approval_id}", "approval ids look like apr_<ULID>")
+    return approvals_dir() / approval_id
+
+
+def create(
+    session: str, method: str, tool: str | None, request: Any, params: Any, timeout_seconds: float
+) -> PendingRequest:
+    """Record a pending approval for `request` (atomic write) and return it."""
+    created = _now()
+    pending = PendingRequest(
+        approval_id=ids.new_id("apr"),
+        session=session,
+        method=method,
+        tool=tool,
+        payload=display_payload(params if params is not None else {}),
+        digest=request_digest(request),
+        created=created,
+        expires=created + timeout_seconds,
+    )
+    d = _dir(pending.approval_id)
+    ensure_dir(d)
+    fsutil.atomic_write(
+        d / "request.json", json.dumps(pending.to_dict(), ensure_ascii=False).encode()
+    )
+    return pending
+
+
+def load(approval_id: str) -> PendingRequest:
+    """Read a request; NotFound if there is none."""
+    path = _dir(approval_id) / "request.json"
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise NotFound(
+            f"approval not found: {approval_id}",
+            "list pending ones with `linpodx events --filter approval --no-follow`",
+        ) from None
+    except ValueError:
+        raise InvalidInput(f"approval request is unreadable: {approval_id}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"approval request is unreadable: {approval_id}")
+    return PendingRequest.from_dict(data)
+
+
+def read_answer(approval_id: str) -> Answer | None:
+    """The answer, or None if nobody answered yet. A malformed answer reads as a deny."""
+    path = _dir(approval_id) / "answer.json"
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        d = json.loads(raw)
+        return Answer(
+            approval_id=str(d["approval_id"]),
+            digest=str(d["digest"]),
+            decision=str(d["decision"]),
+            reason=str(d.get("reason", "")),
+            by=dict(d.get("by") or {}),
+            at=str(d.get("at", "")),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return Answer(approval_id, "", DENY, "malformed answer file", {}, "")
+
+
+def answer(
+    approval_id: str, digest: str, decision: str, reason: str = "", by: dict[str, Any] | None = None
+) -> bool:
+    """Write the answer for `approval_id`, bound to `digest`. True if ours was the first."""
+    if decision not in (APPROVE, DENY):
+        raise InvalidInput(f"unknown decision: {decision}")
+    doc = {
+        "approval_id": approval_id,
+        "digest": digest,
+        "decision": decision,
+        "reason": reason,
+        "by": by if by is not None else who(),
+        "at": _iso(_now()),
+    }
+    d = _dir(approval_id)
+    pending = load(approval_id)
+    if decision == APPROVE and _now() >= pending.expires:
+        # The window is over: an approval now would act on a request the bridge gave up on.
+        return False
+    return fsutil.create_exclusive(d / "answer.json", json.dumps(doc, ensure_ascii=False).encode())
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the bridge does with a prompted request in the end."""
+
+    approved: bool
+    reason: str
+    """`approved`, `denied by a person`, `timeout`, `session ended`, `digest mismatch`, …"""
+    answer: Answer | None
+
+
+def check_answer(pending: PendingRequest, ans: Answer) -> Outcome:
+    """Accept `ans` only if it names this approval and this request's digest (pure)."""
+    if ans.approval_id != pending.approval_id:
+        return Outcome(False, "answer names another approval", ans)
+    if ans.digest != pending.digest:
+        return Outcome(False, "answer is bound to another request (digest mismatch)", ans)
+    if ans.decision == APPROVE:
+        return Outcome(True, "approved", ans)
+    return Outcome(False, ans.reason or "denied", ans)
+
+
+def consume(approval_id: str) -> bool:
+    """Mark the answer used; False if it had been used already."""
+    return fsutil.create_exclusive(_dir(approval_id) / "consumed", b"")
+
+
+def wait(
+    pending: PendingRequest,
+    *,
+    cancelled: Callable[[], str | None] = lambda: None,
+    poll: float = POLL_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Outcome:
+    """Wait for an answer until `pending.expires`; no answer means deny (fail closed).
+
+    `cancelled()` returns a reason when the wait must end early (the session is closing); the
+    bridge then answers `deny` itself, which still loses to an answer that was already there.
+    """
+    while True:
+        ans = read_answer(pending.approval_id)
+        if ans is None:
+            stop = cancelled()
+            if stop is None and _now() >= pending.expires:
+                stop = "timeout"
+            if stop is not None:
+                answer(
+                    pending.approval_id,
+                    pending.digest,
+                    DENY,
+                    stop,
+                    by={"bridge": True, "pid": os.getpid()},
+                )
+                ans = read_answer(pending.approval_id)
+        if ans is not None:
+            outcome = check_answer(pending, ans)
+            if outcome.approved and not consume(pending.approval_id):
+                return Outcome(False, "answer already used", ans)
+            return outcome
+        sleep(poll)
+
+
+def iter_requests() -> Iterator[PendingRequest]:
+    """Every recorded request, oldest first (ULIDs sort by time)."""
+    base = approvals_dir()
+    if not base.is_dir():
+        return
+    for d in sorted(base.iterdir()):
+        if not ids.is_id(d.name, "apr"):
+            continue
+        with contextlib.suppress(NotFound, InvalidInput):
+            yield load(d.name)
+
+
+def pending_requests() -> list[PendingRequest]:
+    """Requests nobody answered yet and whose window is still open."""
+    now = _now()
+    return [p for p in iter_requests() if read_answer(p.approval_id) is None and p.expires > now]
+
+
+def status(approval_id: str) -> str:
+    """`pending`, `expired` (window over, no answer yet recorded), or the answer's decision."""
+    pending = load(approval_id)
+    ans = read_answer(approval_id)
+    if ans is None:
+        return "expired" if _now() >= pending.expires else "pending"
+    if ans.decision == APPROVE and ans.digest == pending.digest:
+        return "approved"
+    return "denied"

@@ -1,0 +1,240 @@
+"""`linpodx mcp attach`: one MCP session between the host's stdio and a server in a container.
+
+This module owns the session's one long-running child, `podman exec -i CONTAINER CMD…`: it has
+to live exactly as long as the session and stream both directions, which the run-to-completion
+`proc.run` chokepoint cannot do, so it is started here with `subprocess.Popen` (argv list, no
+shell) and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from linpodx import ids, proc
+from linpodx.errors import InvalidInput, LinpodxError, NotFound, UsageError
+from linpodx.mcp.bridge import Bridge
+from linpodx.mcp.framing import FrameReader
+
+SERVER_EXIT_GRACE = 5.0
+"""Seconds the server gets to exit after its stdin closes before it is terminated."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The container a session attaches to, and the profile revision it was started with."""
+
+    name: str
+    container_id: str
+    profile_id: str
+
+
+def find_container(name: str) -> Target:
+    """Look the container up; it must be a running linpodx container with a profile label."""
+    res = proc.run(["podman", "container", "inspect", name], check=False, what="podman inspect")
+    if res.returncode != 0:
+        raise NotFound(
+            f"container not found: {name}",
+            "start one with `linpodx run -d --name NAME …`; list them with `linpodx ps`",
+        )
+    try:
+        info = json.loads(res.stdout)[0]
+        labels = info.get("Config", {}).get("Labels") or {}
+        running = bool(info.get("State", {}).get("Running"))
+        cid = str(info.get("Id", ""))
+    except (ValueError, IndexError, KeyError, AttributeError, TypeError):
+        raise InvalidInput(f"could not read podman's description of container {name}") from None
+    if labels.get("linpodx.managed") != "1":
+        raise InvalidInput(
+            f"container {name} is not managed by linpodx",
+            "attach only to containers started with `linpodx run`",
+        )
+    profile_id = labels.get("linpodx.profile_id", "")
+    if not ids.is_id(profile_id, "prof"):
+        raise InvalidInput(
+            f"container {name} has no valid linpodx.profile_id label",
+            "recreate it with `linpodx run`",
+        )
+    if not running:
+        raise InvalidInput(
+            f"container {name} is not running", f"start it with `linpodx start {name}`"
+        )
+    return Target(name=name, container_id=cid, profile_id=profile_id)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def attach(
+    container: str,
+    command: Sequence[str],
+    *,
+    stdin_fd: int = 0,
+    stdout_fd: int = 1,
+    log: Callable[[str], None] | None = None,
+) -> int:
+    """Run one bridged session; returns linpodx's exit code (the server's when it ended it)."""
+    from linpodx.audit import chain as audit_chain
+    from linpodx.profile import store
+
+    if not command:
+        raise UsageError(
+            "no server command given", "usage: linpodx mcp attach --container NAME -- CMD…"
+        )
+
+    def say(message: str) -> None:
+        if log is not None:
+            log(message)
+        else:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+
+    target = find_container(container)
+    stored = store.get_by_id(target.profile_id)
+    profile = stored.profile
+    session_id = ids.new_id("sess")
+    # The session's first record is written before anything runs: no record, no session.
+    chain, _first = audit_chain.open_session(
+        session_id,
+        stored.profile_id,
+        stored.audit_hash,
+        data={
+            "container": target.name,
+            "container_id": target.container_id,
+            "command": list(command),
+            "revision": stored.revision,
+            "rules": len(profile.mcp_policy),
+        },
+    )
+    say(f"mcp_session_id: {session_id}")
+    say("bridge: host stdio <-> container stdio")
+    say(f"policy: {len(profile.mcp_policy)} rules loaded")
+
+    argv = ["podman", "exec", "-i", target.name, *command]
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    except OSError as exc:
+        _close(chain, audit_chain, session_id, "podman exec failed to start", None, {})
+        raise LinpodxError(f"could not run podman exec: {exc}", "is podman installed?") from None
+    assert child.stdin is not None and child.stdout is not None  # noqa: S101 - PIPE above
+    server_in = child.stdin.fileno()
+    server_out = child.stdout.fileno()
+    server_in_closed = threading.Event()
+    server_in_lock = threading.Lock()
+
+    def to_server(data: bytes) -> None:
+        with server_in_lock:
+            if server_in_closed.is_set():
+                raise OSError("server input already closed")
+            _write_all(server_in, data)
+
+    def close_server_input() -> None:
+        with server_in_lock:
+            if not server_in_closed.is_set():
+                server_in_closed.set()
+                with contextlib.suppress(OSError):
+                    child.stdin.close()  # type: ignore[union-attr]
+
+    bridge = Bridge(
+        profile=profile,
+        session_id=session_id,
+        chain=chain,
+        to_client=lambda data: _write_all(stdout_fd, data),
+        to_server=to_server,
+        log=say,
+    )
+    done = threading.Event()
+    why: dict[str, Any] = {}
+
+    def finish(reason: str) -> None:
+        why.setdefault("reason", reason)
+        done.set()
+
+    def client_loop() -> None:
+        reader = FrameReader(stdin_fd, profile.mcp.max_line_bytes)
+        while (frame := reader.read_frame()) is not None:
+            bridge.on_client_frame(frame)
+        finish("client closed its input")
+
+    def server_loop() -> None:
+        reader = FrameReader(server_out, profile.mcp.max_line_bytes)
+        while (frame := reader.read_frame()) is not None:
+            bridge.on_server_frame(frame)
+        finish("server exited")
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        finish(f"signal {signal.Signals(signum).name}")
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    threads = [
+        threading.Thread(target=client_loop, name="client", daemon=True),
+        threading.Thread(target=server_loop, name="server", daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        while not done.wait(0.2):
+            pass
+        reason = why["reason"]
+        # Pending approvals are denied first: nothing waits for a person past the session.
+        bridge.shutdown(reason)
+        close_server_input()
+        code = _wait_child(child, SERVER_EXIT_GRACE)
+        threads[1].join(2.0)  # let the last server messages through
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if reason.startswith("signal"):
+        exit_code = 130 if "SIGINT" in reason else 143
+    else:
+        exit_code = code if code >= 0 else 128 - code
+    _close(chain, audit_chain, session_id, reason, code, bridge.summary(), bridge)
+    say(f"bridge: session {session_id} ended ({reason}; server exit {code})")
+    return exit_code
+
+
+def _wait_child(child: subprocess.Popen[bytes], grace: float) -> int:
+    try:
+        return child.wait(grace)
+    except subprocess.TimeoutExpired:
+        child.terminate()
+    try:
+        return child.wait(grace)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+def _close(
+    chain: Any,
+    audit_chain: Any,
+    session_id: str,
+    reason: str,
+    code: int | None,
+    summary: dict[str, Any],
+    bridge: Bridge | None = None,
+) -> None:
+    """Closing record in the session chain, then its anchor in the admin chain."""
+    try:
+        rec = chain.append("session.close", {"reason": reason, "server_exit": code, **summary})
+        events = rec.seq + 1
+        anchor = getattr(audit_chain, "anchor_session", None)
+        if anchor is not None:
+            anchor(session_id, rec.hash, events)
+    except LinpodxError as exc:
+        sys.stderr.write(f"error: could not close the session's audit chain: {exc.message}\n")
+    time.sleep(0)

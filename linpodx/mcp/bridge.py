@@ -1,0 +1,670 @@
+"""The proxy loop's brain: every frame in either direction goes through `Bridge`.
+
+`Bridge` owns no file descriptors and spawns no process: it gets frames (from `framing`) and
+writes bytes through two callables, which keeps it testable in-process and lets `attach` own the
+`podman exec` child. Per frame it parses strictly, decides (policy engine or approval), records
+the decision in the session chain, and only then forwards the re-serialized message or answers.
+
+Threads: one reader per direction calls `on_client_frame` / `on_server_frame`; each `prompt`
+decision waits in its own thread so other traffic (and other approvals) keep flowing. Shared
+state is behind one lock; the two writers have their own locks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from linpodx import events
+from linpodx.approvals import store as approvals
+from linpodx.errors import AuditError, LinpodxError
+from linpodx.mcp import jsonrpc, policy
+from linpodx.mcp.framing import Frame, Oversize
+from linpodx.mcp.jsonrpc import Batch, IdKey, Message, ProtocolError
+from linpodx.profile.model import Decision as Action
+from linpodx.profile.model import Profile
+
+BATCH_REVISION = "2025-03-26"
+"""The only MCP revision whose transport allows JSON-RPC batches."""
+
+AUDIT_TEXT_CAP = 256
+"""Longer ids/method/tool names are recorded by digest (an audit line has a size bound)."""
+
+
+class Appender(Protocol):
+    """What the bridge needs from an audit chain."""
+
+    def append(self, type: str, data: Mapping[str, Any]) -> Any: ...
+
+
+Writer = Callable[[bytes], None]
+
+
+def _short(value: Any) -> Any:
+    """A value fit for an audit record: long strings become their sha256."""
+    if isinstance(value, str) and len(value) > AUDIT_TEXT_CAP:
+        return {
+            "sha256": hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest(),
+            "length": len(value),
+        }
+    return value
+
+
+@dataclass
+class InFlight:
+    """A client request the bridge has accepted and not yet seen answered."""
+
+    method: str
+    tool: str | None
+    started: float
+    forwarded: bool = False
+    approval_id: str | None = None
+    cancelled: str | None = None
+
+
+@dataclass
+class Stats:
+    """Counters for the closing record."""
+
+    forwarded: int = 0
+    denied: int = 0
+    prompted: int = 0
+    approved: int = 0
+    invalid: int = 0
+    dropped: int = 0
+    responses: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Bridge:
+    """Gate between an MCP client and a server for one session."""
+
+    def __init__(
+        self,
+        *,
+        profile: Profile,
+        session_id: str,
+        chain: Appender,
+        to_client: Writer,
+        to_server: Writer,
+        log: Callable[[str], None] = lambda _m: None,
+        emit: Callable[..., Any] = events.emit,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.profile = profile
+        self.rules = profile.mcp_policy
+        self.settings = profile.mcp
+        self.session_id = session_id
+        self.chain = chain
+        self._to_client = to_client
+        self._to_server = to_server
+        self._log = log
+        self._emit = emit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._audit_lock = threading.Lock()
+        self._client_lock = threading.Lock()
+        self._server_lock = threading.Lock()
+        self.inflight: dict[IdKey, InFlight] = {}
+        self.server_inflight: dict[IdKey, str] = {}
+        self.protocol_version: str | None = None
+        self.stats = Stats()
+        self.records = 0
+        self.last_record: Any = None
+        self.closing: str | None = None
+        self._waiters: list[threading.Thread] = []
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    def _audit(self, type_: str, data: Mapping[str, Any]) -> None:
+        """Append to the session chain (raises AuditError: the caller must not act)."""
+        with self._audit_lock:
+            rec = self.chain.append(type_, data)
+            self.records += 1
+            self.last_record = rec
+
+    def _event(self, event_type: str, **data: Any) -> None:
+        # Events are notifications for people; failing to emit one must not stop the bridge.
+        try:
+            self._emit(event_type, **data)
+        except OSError as exc:
+            self._log(f"bridge: could not emit {event_type}: {exc}")
+
+    def send_client(self, obj: Any) -> None:
+        """Write one message to the client (stdout carries protocol messages only)."""
+        data = jsonrpc.serialize(obj)
+        with self._client_lock:
+            try:
+                self._to_client(data)
+            except OSError as exc:
+                self._log(f"bridge: client output closed: {exc}")
+
+    def send_server(self, obj: Any) -> None:
+        """Write one evaluated message to the server (re-serialized, never the raw bytes)."""
+        data = jsonrpc.serialize(obj)
+        with self._server_lock:
+            try:
+                self._to_server(data)
+            except (OSError, ValueError) as exc:
+                self._log(f"bridge: server input closed: {exc}")
+
+    def _args_fields(self, msg: Message) -> dict[str, Any]:
+        if msg.method != "tools/call" or msg.params is None:
+            return {}
+        args = msg.params.get("arguments", {})
+        out: dict[str, Any] = {"args_sha256": approvals.request_digest(args)}
+        if self.settings.record_arguments:
+            out["arguments"] = args
+        return out
+
+    # ---- client → server ------------------------------------------------------------------
+
+    def on_client_frame(self, frame: Frame) -> None:
+        """Handle one frame the client sent."""
+        if isinstance(frame, Oversize):
+            self._invalid(
+                "client",
+                f"line of {frame.size} bytes exceeds mcp.max_line_bytes "
+                f"({self.settings.max_line_bytes})",
+                None,
+                frame.size,
+            )
+            self.send_client(
+                jsonrpc.error_response(
+                    None,
+                    jsonrpc.INVALID_REQUEST,
+                    f"message larger than {self.settings.max_line_bytes} bytes refused by linpodx",
+                )
+            )
+            return
+        try:
+            parsed = jsonrpc.parse(frame.data)
+        except ProtocolError as exc:
+            self._client_protocol_error(exc, len(frame.data))
+            return
+        if isinstance(parsed, Batch):
+            self._client_batch(parsed, len(frame.data))
+        else:
+            self._client_message(parsed)
+
+    def _client_protocol_error(self, exc: ProtocolError, size: int) -> None:
+        self._invalid("client", str(exc), exc.msg_id, size)
+        self.send_client(jsonrpc.error_response(exc.msg_id, exc.code, f"refused by linpodx: {exc}"))
+
+    def _client_batch(self, batch: Batch, size: int) -> None:
+        with self._lock:
+            revision = self.protocol_version
+        if revision != BATCH_REVISION:
+            # Outside 2025-03-26 a batch is not MCP; nothing in it goes anywhere.
+            self._invalid(
+                "client",
+                f"batch refused (protocol revision {revision or 'not negotiated'})",
+                None,
+                size,
+            )
+            self.send_client(
+                jsonrpc.error_response(
+                    None,
+                    jsonrpc.INVALID_REQUEST,
+                    f"refused by linpodx: batches are only allowed in MCP {BATCH_REVISION}",
+                )
+            )
+            return
+        # Each element crosses the gate on its own, exactly as if it had come alone.
+        for item in batch.items:
+            if isinstance(item, ProtocolError):
+                self._client_protocol_error(item, 0)
+            else:
+                self._client_message(item)
+
+    def _client_message(self, msg: Message) -> None:
+        if msg.kind in ("response", "error"):
+            self._client_response(msg)
+            return
+        if msg.method is None:  # parse() guarantees a method for requests/notifications
+            return
+        decision = policy.evaluate(self.rules, msg.method, msg.tool_name)
+        if msg.kind == "notification":
+            self._client_notification(msg, decision)
+            return
+        key = msg.id_key
+        if key is None:  # parse() guarantees a string or integer id for requests
+            return
+        with self._lock:
+            reused = key in self.inflight
+            if not reused:
+                self.inflight[key] = InFlight(msg.method, msg.tool_name, self._clock())
+        if reused:
+            self._invalid("client", "request id reused while in flight", msg.id, 0)
+            self.send_client(
+                jsonrpc.error_response(
+                    msg.id,
+                    jsonrpc.INVALID_REQUEST,
+                    "refused by linpodx: request id already in flight",
+                )
+            )
+            return
+        record = {
+            "dir": "client",
+            "kind": "request",
+            "id": _short(msg.id),
+            "method": _short(msg.method),
+            "tool": _short(msg.tool_name),
+            "decision": decision.action.value,
+            "rule": decision.rule_index,
+            "reason": decision.reason,
+            **self._args_fields(msg),
+        }
+        try:
+            self._audit("mcp.request", record)
+        except AuditError as exc:
+            self._deny(
+                msg, f"the audit log could not record this call ({exc.message})", audited=False
+            )
+            return
+        if decision.rule_index is not None or decision.action is not Action.AUTO_ALLOW:
+            self._event(
+                "mcp.decision",
+                session=self.session_id,
+                method=_short(msg.method),
+                tool=_short(msg.tool_name),
+                decision=decision.action.value,
+                rule=decision.rule_index,
+            )
+        if decision.action is Action.AUTO_ALLOW:
+            self._forward(msg)
+        elif decision.action is Action.PROMPT:
+            self._prompt(msg)
+        else:
+            self._deny(msg, decision.reason)
+
+    def _forward(self, msg: Message) -> None:
+        key = msg.id_key
+        with self._lock:
+            entry = self.inflight.get(key) if key is not None else None
+            if entry is not None:
+                entry.forwarded = True
+                entry.started = self._clock()
+            self.stats.forwarded += 1
+        self.send_server(msg.raw)
+
+    def _deny(self, msg: Message, reason: str, *, audited: bool = True) -> None:
+        with self._lock:
+            if msg.id_key is not None:
+                self.inflight.pop(msg.id_key, None)
+            self.stats.denied += 1
+        text = f"denied by linpodx policy: {reason}"
+        if msg.method == "tools/call":
+            self.send_client(jsonrpc.tool_error_result(msg.id, text))
+        else:
+            self.send_client(jsonrpc.error_response(msg.id, jsonrpc.DENIED_BY_POLICY, text))
+
+    def _client_notification(self, msg: Message, decision: policy.Decision) -> None:
+        if msg.method is None:  # parse() guarantees a method for requests/notifications
+            return
+        if msg.method == "notifications/cancelled" and self._cancel_pending(msg):
+            return
+        try:
+            self._audit(
+                "mcp.notification",
+                {
+                    "dir": "client",
+                    "method": _short(msg.method),
+                    "decision": decision.action.value,
+                    "rule": decision.rule_index,
+                    "reason": decision.reason,
+                },
+            )
+        except AuditError:
+            return  # not recorded => not forwarded
+        if decision.action is Action.AUTO_ALLOW:
+            with self._lock:
+                self.stats.forwarded += 1
+            self.send_server(msg.raw)
+        else:
+            # A notification has no answer; `prompt` for one is treated as deny (nobody waits).
+            with self._lock:
+                self.stats.dropped += 1
+
+    def _cancel_pending(self, msg: Message) -> bool:
+        """A cancellation for a request still waiting for a person ends that wait (no forward)."""
+        rid = jsonrpc.id_key((msg.params or {}).get("requestId"))
+        if rid is None:
+            return False
+        with self._lock:
+            entry = self.inflight.get(rid)
+            if entry is None or entry.forwarded or entry.approval_id is None:
+                return False
+            entry.cancelled = "cancelled by the client"
+        try:
+            self._audit(
+                "mcp.notification",
+                {
+                    "dir": "client",
+                    "method": "notifications/cancelled",
+                    "decision": "absorbed",
+                    "approval_id": entry.approval_id,
+                },
+            )
+        except AuditError:
+            pass
+        return True
+
+    def _client_response(self, msg: Message) -> None:
+        key = msg.id_key
+        with self._lock:
+            method = self.server_inflight.pop(key, None) if key is not None else None
+        if method is None:
+            self._dropped("client", "response to no request the server made", msg.id)
+            return
+        try:
+            self._audit(
+                "mcp.response",
+                {
+                    "dir": "client",
+                    "id": _short(msg.id),
+                    "method": method,
+                    "status": "ok" if msg.kind == "response" else "error",
+                },
+            )
+        except AuditError:
+            self.send_server(
+                jsonrpc.error_response(
+                    msg.id, jsonrpc.DENIED_BY_POLICY, "linpodx could not record the client's answer"
+                )
+            )
+            return
+        self.send_server(msg.raw)
+
+    # ---- approvals ------------------------------------------------------------------------
+
+    def _prompt(self, msg: Message) -> None:
+        if msg.method is None:  # parse() guarantees a method for requests/notifications
+            return
+        try:
+            pending = approvals.create(
+                self.session_id,
+                msg.method,
+                msg.tool_name,
+                request=msg.raw,
+                params=msg.params,
+                timeout_seconds=self.settings.approval_timeout_seconds,
+            )
+        except (OSError, LinpodxError) as exc:
+            self._deny(msg, f"the approval request could not be recorded ({exc})")
+            return
+        key = msg.id_key
+        with self._lock:
+            entry = self.inflight.get(key) if key is not None else None
+            if entry is not None:
+                entry.approval_id = pending.approval_id
+            self.stats.prompted += 1
+        self._event(
+            "approval.pending",
+            session=self.session_id,
+            approval_id=pending.approval_id,
+            method=_short(msg.method),
+            tool=_short(msg.tool_name),
+            digest=pending.digest,
+            payload=pending.payload,
+            expires=pending.to_dict()["expires"],
+        )
+        self._log(
+            f"approval: {pending.approval_id} waiting for a person "
+            f"(linpodx events --filter approval), {self.settings.approval_timeout_seconds}s"
+        )
+        t = threading.Thread(
+            target=self._await_approval,
+            args=(msg, pending),
+            name=f"approval-{pending.approval_id}",
+            daemon=True,
+        )
+        with self._lock:
+            self._waiters.append(t)
+        t.start()
+
+    def _stop_reason(self, key: IdKey | None) -> str | None:
+        with self._lock:
+            entry = self.inflight.get(key) if key is not None else None
+            if entry is not None and entry.cancelled:
+                return entry.cancelled
+            return f"session ended ({self.closing})" if self.closing else None
+
+    def _await_approval(self, msg: Message, pending: approvals.PendingRequest) -> None:
+        key = msg.id_key
+        try:
+            outcome = approvals.wait(pending, cancelled=lambda: self._stop_reason(key))
+        except (OSError, LinpodxError) as exc:
+            outcome = approvals.Outcome(False, f"approval could not be read ({exc})", None)
+        by = outcome.answer.by if outcome.answer is not None else {}
+        decision = "approve" if outcome.approved else "deny"
+        try:
+            self._audit(
+                "approval.decided",
+                {
+                    "approval_id": pending.approval_id,
+                    "id": _short(msg.id),
+                    "method": _short(msg.method),
+                    "tool": _short(msg.tool_name),
+                    "digest": pending.digest,
+                    "decision": decision,
+                    "reason": outcome.reason,
+                    "by": by,
+                },
+            )
+        except AuditError as exc:
+            outcome = approvals.Outcome(
+                False,
+                f"the audit log could not record the approval ({exc.message})",
+                outcome.answer,
+            )
+            decision = "deny"
+        self._event(
+            "approval.decided",
+            session=self.session_id,
+            approval_id=pending.approval_id,
+            decision=decision,
+            reason=outcome.reason,
+            by=by,
+        )
+        with self._lock:
+            entry = self.inflight.get(key) if key is not None else None
+            cancelled = entry is not None and entry.cancelled is not None
+        if cancelled:
+            with self._lock:
+                if key is not None:
+                    self.inflight.pop(key, None)
+            return  # the client withdrew the request: it expects no answer
+        if outcome.approved:
+            with self._lock:
+                self.stats.approved += 1
+            self._forward(msg)
+        else:
+            self._deny(msg, f"not approved: {outcome.reason}")
+
+    # ---- server → client ------------------------------------------------------------------
+
+    def on_server_frame(self, frame: Frame) -> None:
+        """Handle one frame the server sent."""
+        if isinstance(frame, Oversize):
+            self._invalid(
+                "server", f"line of {frame.size} bytes exceeds mcp.max_line_bytes", None, frame.size
+            )
+            self._log(f"bridge: dropped a {frame.size}-byte line from the server (over the bound)")
+            return
+        try:
+            parsed = jsonrpc.parse(frame.data)
+        except ProtocolError as exc:
+            self._invalid("server", str(exc), exc.msg_id, len(frame.data))
+            self._log(f"bridge: dropped an invalid message from the server: {exc}")
+            return
+        if isinstance(parsed, Batch):
+            with self._lock:
+                revision = self.protocol_version
+            if revision != BATCH_REVISION:
+                self._invalid("server", "batch refused", None, len(frame.data))
+                self._log("bridge: dropped a JSON-RPC batch from the server")
+                return
+            for item in parsed.items:
+                if isinstance(item, ProtocolError):
+                    self._invalid("server", str(item), item.msg_id, 0)
+                else:
+                    self._server_message(item)
+            return
+        self._server_message(parsed)
+
+    def _server_message(self, msg: Message) -> None:
+        if msg.kind in ("response", "error"):
+            self._server_response(msg)
+        elif msg.kind == "notification":
+            if msg.method is None:  # parse() guarantees a method for notifications
+                return
+            decision = policy.evaluate_server_notification(msg.method)
+            if decision.allowed:
+                # Progress/log/list-changed traffic is frequent and carries no decision: it is
+                # forwarded without a record each (the session's records stay about calls).
+                self.send_client(msg.raw)
+            else:
+                self._dropped("server", f"notification {msg.method!r} not forwarded", None)
+        else:
+            self._server_request(msg)
+
+    def _server_request(self, msg: Message) -> None:
+        if msg.method is None or msg.id_key is None:  # parse() guarantees both for requests
+            return
+        decision = policy.evaluate_server_request(self.settings.allow_server_requests, msg.method)
+        with self._lock:
+            reused = msg.id_key in self.server_inflight
+        record = {
+            "dir": "server",
+            "kind": "request",
+            "id": _short(msg.id),
+            "method": _short(msg.method),
+            "decision": "deny" if reused else decision.action.value,
+            "reason": "request id reused while in flight" if reused else decision.reason,
+        }
+        try:
+            self._audit("mcp.request", record)
+        except AuditError:
+            decision = policy.Decision(Action.DENY, None, "the audit log could not record it")
+        self._event(
+            "mcp.decision",
+            session=self.session_id,
+            direction="server",
+            method=_short(msg.method),
+            decision=record["decision"],
+        )
+        if decision.allowed and not reused:
+            with self._lock:
+                self.server_inflight[msg.id_key] = msg.method
+            self.send_client(msg.raw)
+        else:
+            with self._lock:
+                self.stats.denied += 1
+            self.send_server(
+                jsonrpc.error_response(
+                    msg.id,
+                    jsonrpc.DENIED_BY_POLICY,
+                    f"denied by linpodx policy: {record['reason']}",
+                )
+            )
+
+    def _server_response(self, msg: Message) -> None:
+        key = msg.id_key
+        with self._lock:
+            entry = self.inflight.get(key) if key is not None else None
+            if entry is None or not entry.forwarded:
+                entry = None
+            elif key is not None:
+                del self.inflight[key]
+        if entry is None:
+            self._dropped("server", "response to no request in flight", msg.id)
+            return
+        status = "ok" if msg.kind == "response" else "error"
+        record: dict[str, Any] = {
+            "dir": "server",
+            "kind": "response",
+            "id": _short(msg.id),
+            "method": _short(entry.method),
+            "tool": _short(entry.tool),
+            "status": status,
+            "duration_ms": int((self._clock() - entry.started) * 1000),
+        }
+        result = msg.raw.get("result")
+        if isinstance(result, dict) and result.get("isError") is True:
+            record["is_error"] = True
+        if entry.method == "initialize" and isinstance(result, dict):
+            pv = result.get("protocolVersion")
+            if isinstance(pv, str):
+                with self._lock:
+                    self.protocol_version = pv
+                record["protocol_version"] = _short(pv)
+        try:
+            self._audit("mcp.response", record)
+        except AuditError as exc:
+            # Not recorded => not delivered; the client learns why.
+            self.send_client(
+                jsonrpc.error_response(
+                    msg.id,
+                    jsonrpc.DENIED_BY_POLICY,
+                    f"linpodx could not record the result ({exc.message}); result withheld",
+                )
+            )
+            return
+        with self._lock:
+            self.stats.responses += 1
+        self.send_client(msg.raw)
+
+    # ---- drops and the end ----------------------------------------------------------------
+
+    def _invalid(self, direction: str, reason: str, msg_id: Any, size: int) -> None:
+        with self._lock:
+            self.stats.invalid += 1
+        try:
+            self._audit(
+                "mcp.invalid",
+                {"dir": direction, "reason": _short(reason), "id": _short(msg_id), "size": size},
+            )
+        except AuditError as exc:
+            self._log(f"bridge: could not record an invalid message: {exc.message}")
+
+    def _dropped(self, direction: str, reason: str, msg_id: Any) -> None:
+        with self._lock:
+            self.stats.dropped += 1
+        self._log(f"bridge: dropped a message from the {direction}: {reason}")
+        try:
+            self._audit(
+                "mcp.drop", {"dir": direction, "reason": _short(reason), "id": _short(msg_id)}
+            )
+        except AuditError as exc:
+            self._log(f"bridge: could not record a dropped message: {exc.message}")
+
+    def shutdown(self, reason: str, wait_seconds: float = 5.0) -> None:
+        """Deny every pending approval (their waits end with `session ended`), then return."""
+        with self._lock:
+            self.closing = reason
+            waiters = list(self._waiters)
+        deadline = time.monotonic() + wait_seconds
+        for t in waiters:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def summary(self) -> dict[str, Any]:
+        """Counters for the session's closing record."""
+        with self._lock:
+            s = self.stats
+            return {
+                "forwarded": s.forwarded,
+                "denied": s.denied,
+                "prompted": s.prompted,
+                "approved": s.approved,
+                "invalid": s.invalid,
+                "dropped": s.dropped,
+                "responses": s.responses,
+                "in_flight": len(self.inflight),
+                "pid": os.getpid(),
+            }

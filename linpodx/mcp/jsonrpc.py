@@ -1,0 +1,195 @@
+"""Strict JSON-RPC 2.0 parsing for MCP frames.
+
+Two layers: `canonical.strict_loads` refuses text that JSON parsers disagree on (duplicate keys,
+NaN/Infinity, invalid UTF-8, lone surrogates, integers beyond 2^53, deep nesting); then a shape
+check accepts exactly the keys JSON-RPC 2.0 defines. A key we do not know (`Method`,
+`method\\u0000`, `id `) is refused, never ignored: a peer and the bridge must never read
+different meanings out of one message. Method names are compared after JSON decoding, so
+`"tools\\u002fcall"` *is* `tools/call`.
+
+What is forwarded is `serialize(message.raw)`: the parsed value re-serialized, never the bytes
+that were read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from linpodx.canonical import CanonicalError, strict_loads
+
+# JSON-RPC 2.0 error codes we answer with.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+# Implementation-defined server-error range (-32000..-32099): the gate said no.
+DENIED_BY_POLICY = -32001
+
+REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+RESPONSE_KEYS = frozenset({"jsonrpc", "id", "result", "error"})
+ERROR_KEYS = frozenset({"code", "message", "data"})
+
+IdKey = tuple[str, Any]
+"""An id as a dict key: `("s", "1")` and `("i", 1)` are different ids, as JSON-RPC says."""
+
+
+class ProtocolError(ValueError):
+    """A frame that is not an acceptable JSON-RPC 2.0 message."""
+
+    def __init__(self, message: str, code: int = INVALID_REQUEST, msg_id: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.msg_id = msg_id
+        """The offending message's id when it could be read safely (else None)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One valid JSON-RPC message."""
+
+    kind: str
+    """`request`, `notification`, `response` or `error`."""
+    raw: dict[str, Any] = field(compare=False)
+    """The parsed object (what gets re-serialized and forwarded)."""
+    method: str | None = None
+    id: Any = None
+    params: dict[str, Any] | None = None
+
+    @property
+    def id_key(self) -> IdKey | None:
+        """The id as a dict key, or None for notifications / null ids."""
+        return id_key(self.id)
+
+    @property
+    def tool_name(self) -> str | None:
+        """`params.name` of a `tools/call` (a string), else None."""
+        if self.method == "tools/call" and self.params is not None:
+            name = self.params.get("name")
+            return name if isinstance(name, str) else None
+        return None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A JSON array of messages (JSON-RPC batch); each element parsed on its own."""
+
+    items: tuple[Message | ProtocolError, ...]
+
+
+def id_key(value: Any) -> IdKey | None:
+    """Map a JSON-RPC id to a hashable key that keeps `1` and `"1"` apart."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return ("i", value)
+    if isinstance(value, str):
+        return ("s", value)
+    return None
+
+
+def _valid_id(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, str))
+
+
+def _safe_id(obj: dict[str, Any]) -> Any:
+    value = obj.get("id")
+    return value if _valid_id(value) else None
+
+
+def check_shape(obj: Any) -> Message:
+    """Check one decoded value against JSON-RPC 2.0 as MCP uses it; raise ProtocolError."""
+    if not isinstance(obj, dict):
+        raise ProtocolError("a JSON-RPC message must be an object")
+    msg_id = _safe_id(obj)
+    if obj.get("jsonrpc") != "2.0":
+        raise ProtocolError('"jsonrpc" must be "2.0"', msg_id=msg_id)
+    if "method" in obj:
+        unknown = set(obj) - REQUEST_KEYS
+        if unknown:
+            raise ProtocolError(f"unknown key(s) in request: {_names(unknown)}", msg_id=msg_id)
+        method = obj["method"]
+        if not isinstance(method, str) or not method:
+            raise ProtocolError('"method" must be a non-empty string', msg_id=msg_id)
+        params = obj.get("params")
+        if "params" in obj and not isinstance(params, dict):
+            # JSON-RPC also allows arrays, MCP never uses them: refuse rather than guess.
+            raise ProtocolError('"params" must be an object', msg_id=msg_id)
+        if "id" in obj:
+            if not _valid_id(obj["id"]):
+                raise ProtocolError('a request "id" must be a string or an integer')
+            return Message("request", obj, method=method, id=obj["id"], params=params)
+        return Message("notification", obj, method=method, params=params)
+    unknown = set(obj) - RESPONSE_KEYS
+    if unknown:
+        raise ProtocolError(f"unknown key(s) in message: {_names(unknown)}", msg_id=msg_id)
+    if "id" not in obj:
+        raise ProtocolError("a message without a method must be a response with an id")
+    has_result, has_error = "result" in obj, "error" in obj
+    if has_result == has_error:
+        raise ProtocolError('a response needs exactly one of "result" and "error"', msg_id=msg_id)
+    if has_result:
+        if not _valid_id(obj["id"]):
+            raise ProtocolError('a result "id" must be a string or an integer')
+        if not isinstance(obj["result"], dict):
+            raise ProtocolError('"result" must be an object', msg_id=msg_id)
+        return Message("response", obj, id=obj["id"])
+    if obj["id"] is not None and not _valid_id(obj["id"]):
+        raise ProtocolError('an error "id" must be a string, an integer or null')
+    err = obj["error"]
+    if (
+        not isinstance(err, dict)
+        or set(err) - ERROR_KEYS
+        or isinstance(err.get("code"), bool)
+        or not isinstance(err.get("code"), int)
+        or not isinstance(err.get("message"), str)
+    ):
+        raise ProtocolError('"error" must be {code: int, message: str, data?}', msg_id=msg_id)
+    return Message("error", obj, id=obj["id"])
+
+
+def _names(keys: set[str]) -> str:
+    return ", ".join(sorted(json.dumps(k, ensure_ascii=True) for k in keys))
+
+
+def parse(data: bytes) -> Message | Batch:
+    """Parse one frame strictly. Raises ProtocolError (code -32700 for undecodable JSON)."""
+    try:
+        value = strict_loads(data, allow_floats=True)
+    except CanonicalError as exc:
+        raise ProtocolError(f"refused JSON: {exc}", code=PARSE_ERROR) from None
+    if isinstance(value, list):
+        if not value:
+            raise ProtocolError("empty batch")
+        items: list[Message | ProtocolError] = []
+        for element in value:
+            try:
+                items.append(check_shape(element))
+            except ProtocolError as exc:
+                items.append(exc)
+        return Batch(tuple(items))
+    return check_shape(value)
+
+
+def serialize(obj: Any) -> bytes:
+    """Compact JSON of an evaluated value plus the frame's `\\n`."""
+    return (
+        json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
+    ).encode()
+
+
+def error_response(msg_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error object answering `msg_id` (None when the id is unknown)."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": msg_id if _valid_id(msg_id) else None, "error": error}
+
+
+def tool_error_result(msg_id: Any, text: str) -> dict[str, Any]:
+    """A `tools/call` result the model sees: `isError: true` with the reason as text."""
+    return {
+        "jsonrpc": "2.0",
+        "id": msg_id,
+        "result": {"content": [{"type": "text", "text": text}], "isError": True},
+    }

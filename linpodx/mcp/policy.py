@@ -1,0 +1,104 @@
+"""The gate's policy engine: pure, no I/O. Rules in order, first match wins, default deny.
+
+Protocol housekeeping (handshake, discovery lists, ping, cancellation/progress) always passes:
+without it no client can even connect, and none of it runs a tool. The lists are explicit and
+compared exactly; anything else (including `tools/call ` with a trailing space or a full-width
+slash) must match a rule or it is denied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from linpodx.profile.model import Decision as Action
+from linpodx.profile.model import McpRule
+
+# Client → server methods that always pass (MCP 2024-11-05 … 2026-07-28).
+CLIENT_HOUSEKEEPING: frozenset[str] = frozenset(
+    {
+        "initialize",
+        "notifications/initialized",
+        "ping",
+        "server/discover",  # 2026-07-28: stateless discovery replacing the handshake
+        "tools/list",
+        "resources/list",
+        "resources/templates/list",
+        "prompts/list",
+        "notifications/cancelled",
+        "notifications/progress",
+        "notifications/roots/list_changed",
+    }
+)
+
+# Server → client notifications that pass: progress, logging and list-changed signals.
+SERVER_NOTIFICATIONS: frozenset[str] = frozenset(
+    {
+        "notifications/cancelled",
+        "notifications/progress",
+        "notifications/message",
+        "notifications/tools/list_changed",
+        "notifications/resources/list_changed",
+        "notifications/resources/updated",
+        "notifications/prompts/list_changed",
+        "notifications/elicitation/complete",
+        "notifications/tasks/status",
+        "notifications/subscriptions/acknowledged",
+    }
+)
+
+# Server → client requests that pass without profile permission (a liveness check only).
+SERVER_HOUSEKEEPING: frozenset[str] = frozenset({"ping"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the gate decided for one message."""
+
+    action: Action
+    rule_index: int | None
+    """Index of the matching rule in the profile's `mcp_policy`, None when no rule decided."""
+    reason: str
+
+    @property
+    def allowed(self) -> bool:
+        return self.action is Action.AUTO_ALLOW
+
+
+def _matches(rule: McpRule, method: str, tool_name: str | None) -> bool:
+    if rule.method != "*" and rule.method != method:
+        return False
+    if rule.tool_name is None or rule.tool_name == "*":
+        return True
+    # A rule naming a tool only matches a tools/call for exactly that tool.
+    return method == "tools/call" and tool_name == rule.tool_name
+
+
+def evaluate(rules: Sequence[McpRule], method: str, tool_name: str | None = None) -> Decision:
+    """Decide a client → server request or notification."""
+    if method in CLIENT_HOUSEKEEPING:
+        return Decision(Action.AUTO_ALLOW, None, "protocol housekeeping")
+    for index, rule in enumerate(rules):
+        if _matches(rule, method, tool_name):
+            what = f"rule {index} ({rule.method}"
+            what += f" {rule.tool_name})" if rule.tool_name else ")"
+            return Decision(rule.decision, index, f"{what}: {rule.decision.value}")
+    return Decision(Action.DENY, None, "no rule matches (default deny)")
+
+
+def evaluate_server_request(allowed: Iterable[str], method: str) -> Decision:
+    """Decide a server → client request (sampling, elicitation, roots, …)."""
+    if method in SERVER_HOUSEKEEPING:
+        return Decision(Action.AUTO_ALLOW, None, "protocol housekeeping")
+    if method in set(allowed):
+        return Decision(Action.AUTO_ALLOW, None, "allowed by mcp.allow_server_requests")
+    return Decision(
+        Action.DENY, None, "server requests are denied unless mcp.allow_server_requests lists them"
+    )
+
+
+def evaluate_server_notification(method: str) -> Decision:
+    """Decide a server → client notification."""
+    if method in SERVER_NOTIFICATIONS:
+        return Decision(Action.AUTO_ALLOW, None, "protocol notification")
+    return Decision(Action.DENY, None, "unknown server notification")

@@ -1,0 +1,128 @@
+"""Approvals: files, first answer wins, digest binding, used once, timeout."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from linpodx.approvals import store
+from linpodx.errors import NotFound
+
+REQ = {
+    "jsonrpc": "2.0",
+    "id": 3,
+    "method": "tools/call",
+    "params": {"name": "write_file", "arguments": {"path": "a", "content": "y"}},
+}
+
+
+def make(timeout: float = 5) -> store.PendingRequest:
+    return store.create("sess_X", "tools/call", "write_file", REQ, REQ["params"], timeout)
+
+
+def test_create_and_load_roundtrip() -> None:
+    p = make()
+    assert p.approval_id.startswith("apr_")
+    assert store.load(p.approval_id) == p
+    assert p.digest == store.request_digest(REQ)
+    assert store.status(p.approval_id) == "pending"
+    assert [x.approval_id for x in store.pending_requests()] == [p.approval_id]
+
+
+def test_timeout_without_listener_denies() -> None:
+    p = make(timeout=0.3)
+    t0 = time.monotonic()
+    out = store.wait(p, poll=0.02)
+    assert not out.approved and out.reason == "timeout"
+    assert time.monotonic() - t0 >= 0.25
+    assert store.status(p.approval_id) == "denied"
+    # A late approval cannot change it.
+    assert store.answer(p.approval_id, p.digest, store.APPROVE) is False
+
+
+def test_first_answer_wins() -> None:
+    p = make()
+    assert store.answer(p.approval_id, p.digest, store.DENY) is True
+    assert store.answer(p.approval_id, p.digest, store.APPROVE) is False
+    out = store.wait(p)
+    assert not out.approved and store.status(p.approval_id) == "denied"
+
+
+def test_concurrent_answers_exactly_one_wins() -> None:
+    p = make()
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def go(decision: str) -> None:
+        ok = store.answer(p.approval_id, p.digest, decision)
+        with lock:
+            results.append(ok)
+
+    threads = [
+        threading.Thread(target=go, args=(store.APPROVE if i % 2 else store.DENY,))
+        for i in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 1
+
+
+def test_answer_for_another_digest_is_refused() -> None:
+    p = make()
+    other = store.request_digest({**REQ, "id": 4})
+    assert other != p.digest
+    assert store.answer(p.approval_id, other, store.APPROVE) is True  # the file is taken…
+    out = store.wait(p)
+    assert not out.approved and "digest" in out.reason  # …but it approves nothing
+
+
+def test_answer_replayed_from_another_approval_is_refused() -> None:
+    p1, p2 = make(), make()
+    assert p1.digest == p2.digest  # identical requests
+    assert store.answer(p1.approval_id, p1.digest, store.APPROVE)
+    # Copy p1's answer file into p2's directory (a replay).
+    src = store.approvals_dir() / p1.approval_id / "answer.json"
+    (store.approvals_dir() / p2.approval_id / "answer.json").write_bytes(src.read_bytes())
+    out = store.wait(p2)
+    assert not out.approved and "another approval" in out.reason
+    assert store.wait(p1).approved
+
+
+def test_answer_used_once() -> None:
+    p = make()
+    assert store.answer(p.approval_id, p.digest, store.APPROVE)
+    assert store.wait(p).approved
+    again = store.wait(p)
+    assert not again.approved and again.reason == "answer already used"
+
+
+def test_cancelled_wait_denies_unless_already_answered() -> None:
+    p = make()
+    out = store.wait(p, cancelled=lambda: "session ended")
+    assert not out.approved and out.reason == "session ended"
+    p2 = make()
+    store.answer(p2.approval_id, p2.digest, store.APPROVE)
+    assert store.wait(p2, cancelled=lambda: "session ended").approved
+
+
+def test_malformed_answer_reads_as_deny() -> None:
+    p = make()
+    (store.approvals_dir() / p.approval_id / "answer.json").write_bytes(b"{not json")
+    assert not store.wait(p).approved
+
+
+def test_unknown_or_bad_ids() -> None:
+    with pytest.raises(NotFound):
+        store.load("apr_01KB0000000000000000000000")
+    with pytest.raises(NotFound):
+        store.load("../../etc")
+
+
+def test_payload_is_capped() -> None:
+    big = {"x": "a" * 10000}
+    p = store.create("sess_X", "tools/call", "w", {"id": 1, "params": big}, big, 5)
+    assert len(p.payload) < store.PAYLOAD_CAP + 50

@@ -1,0 +1,294 @@
+"""The bridge in-process, with a recording fake chain (the real chain is used in integration)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from linpodx.approvals import store as approvals
+from linpodx.errors import AuditError
+from linpodx.mcp.bridge import Bridge
+from linpodx.mcp.framing import Line, Oversize
+from linpodx.profile.model import Decision as A
+from linpodx.profile.model import McpRule, McpSettings, Profile
+
+
+class FakeChain:
+    """Records appends; `fail` makes the next appends raise AuditError."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, Any]]] = []
+        self.fail = False
+
+    def append(self, type: str, data: Mapping[str, Any]) -> None:
+        if self.fail:
+            raise AuditError("disk full")
+        self.records.append((type, dict(data)))
+
+
+class Harness:
+    def __init__(self, **settings: Any) -> None:
+        self.profile = Profile(
+            name="t",
+            mcp_policy=(
+                McpRule("tools/call", A.AUTO_ALLOW, "read_file"),
+                McpRule("tools/call", A.PROMPT, "write_file"),
+                McpRule("tools/call", A.DENY, "run_shell"),
+            ),
+            mcp=McpSettings(**{"approval_timeout_seconds": 5, **settings}),
+        )
+        self.chain = FakeChain()
+        self.client: list[dict[str, Any]] = []
+        self.server: list[dict[str, Any]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.bridge = Bridge(
+            profile=self.profile,
+            session_id="sess_T",
+            chain=self.chain,
+            to_client=lambda b: self.client.append(json.loads(b)),
+            to_server=lambda b: self.server.append(json.loads(b)),
+            emit=lambda t, **d: self.events.append((t, d)),
+        )
+
+    def c(self, line: bytes | str | dict[str, Any]) -> None:
+        if isinstance(line, dict):
+            line = json.dumps(line)
+        if isinstance(line, str):
+            line = line.encode()
+        self.bridge.on_client_frame(Line(line))
+
+    def s(self, obj: dict[str, Any] | bytes) -> None:
+        data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+        self.bridge.on_server_frame(Line(data))
+
+
+def call(i: int, tool: str, **args: Any) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": i,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": args},
+    }
+
+
+def test_auto_allow_forwards_and_records_before() -> None:
+    h = Harness()
+    h.c(call(1, "read_file", path="a"))
+    assert h.server == [call(1, "read_file", path="a")]
+    typ, rec = h.chain.records[0]
+    assert typ == "mcp.request" and rec["decision"] == "auto_allow" and rec["tool"] == "read_file"
+    assert "arguments" not in rec and len(rec["args_sha256"]) == 64
+    h.s({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+    assert h.client == [{"jsonrpc": "2.0", "id": 1, "result": {"content": []}}]
+    typ, rec = h.chain.records[1]
+    assert typ == "mcp.response" and rec["status"] == "ok" and rec["duration_ms"] >= 0
+
+
+def test_record_arguments_in_full_when_profile_says_so() -> None:
+    h = Harness(record_arguments=True)
+    h.c(call(1, "read_file", path="a"))
+    assert h.chain.records[0][1]["arguments"] == {"path": "a"}
+
+
+def test_denied_tool_call_is_a_tool_error_and_never_forwarded() -> None:
+    h = Harness()
+    h.c(call(2, "run_shell", cmd="id"))
+    h.c(call(3, "unknown_tool"))
+    assert h.server == []
+    for resp in h.client:
+        assert resp["result"]["isError"] is True
+        assert resp["result"]["content"][0]["text"].startswith("denied by linpodx policy")
+    assert [e[1]["decision"] for e in h.events] == ["deny", "deny"]
+
+
+def test_other_denied_request_is_jsonrpc_error() -> None:
+    h = Harness()
+    h.c({"jsonrpc": "2.0", "id": 5, "method": "resources/read", "params": {"uri": "x"}})
+    assert h.server == [] and h.client[0]["error"]["code"] == -32001
+
+
+def test_escaped_method_is_gated_as_tools_call() -> None:
+    h = Harness()
+    h.c('{"jsonrpc":"2.0","id":1,"method":"tools\\u002fcall","params":{"name":"run_shell"}}')
+    assert h.server == [] and h.client[0]["result"]["isError"] is True
+    h.c('{"jsonrpc":"2.0","id":2,"method":"tools\\u002fcall","params":{"name":"read_file"}}')
+    assert h.server == [
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "read_file"}}
+    ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","name":"run_shell"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call","params":{"name":"run_shell"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/list","Method":"tools/call"}',
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","a":NaN}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read\xff"}}',
+        b"[]",
+        b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_shell"}}]',
+        b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file"}}]',
+    ],
+)
+def test_refused_frames_never_reach_the_server(line: bytes) -> None:
+    h = Harness()
+    h.c(line)
+    assert h.server == []
+    assert len(h.client) == 1 and "error" in h.client[0]
+    assert h.chain.records[-1][0] == "mcp.invalid"
+
+
+def test_oversize_from_client_answered_with_null_id() -> None:
+    h = Harness()
+    h.bridge.on_client_frame(Oversize(10**8, b'{"id":1'))
+    assert h.server == [] and h.client[0]["id"] is None and "error" in h.client[0]
+
+
+def test_batch_allowed_only_in_2025_03_26_and_each_element_gated() -> None:
+    h = Harness()
+    h.c(
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-03-26"},
+        }
+    )
+    h.s({"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": "2025-03-26"}})
+    h.server.clear()
+    h.client.clear()
+    batch = [call(1, "read_file"), call(2, "run_shell"), {"jsonrpc": "2.0", "id": 3, "X": 1}]
+    h.c(json.dumps(batch))
+    assert h.server == [call(1, "read_file")]
+    assert h.client[0]["result"]["isError"] is True and "error" in h.client[1]
+
+
+def test_id_reuse_in_flight_refused() -> None:
+    h = Harness()
+    h.c(call(1, "read_file"))
+    h.c(call(1, "read_file", path="other"))
+    assert len(h.server) == 1
+    assert h.client[0]["error"]["code"] == -32600
+    h.s({"jsonrpc": "2.0", "id": 1, "result": {}})
+    h.c(call(1, "read_file", path="again"))  # free again once answered
+    assert len(h.server) == 2
+
+
+def test_unknown_response_ids_dropped_both_ways() -> None:
+    h = Harness()
+    h.s({"jsonrpc": "2.0", "id": 99, "result": {}})
+    h.c({"jsonrpc": "2.0", "id": 98, "result": {}})
+    assert h.client == [] and h.server == []
+    assert [r[0] for r in h.chain.records] == ["mcp.drop", "mcp.drop"]
+    h.s({"jsonrpc": "2.0", "id": "1", "result": {}})  # "1" is not 1
+    h.c(call(1, "read_file"))
+    h.s({"jsonrpc": "2.0", "id": "1", "result": {}})
+    assert h.client == []
+
+
+def test_server_requests_denied_unless_allowed() -> None:
+    h = Harness()
+    for i, m in enumerate(("sampling/createMessage", "elicitation/create", "roots/list")):
+        h.s({"jsonrpc": "2.0", "id": i, "method": m, "params": {}})
+    assert h.client == []
+    assert [r["id"] for r in h.server] == [0, 1, 2] and all("error" in r for r in h.server)
+    h2 = Harness(allow_server_requests=("roots/list",))
+    h2.s({"jsonrpc": "2.0", "id": 7, "method": "roots/list"})
+    assert h2.client[0]["method"] == "roots/list"
+    h2.c({"jsonrpc": "2.0", "id": 7, "result": {"roots": []}})
+    assert h2.server == [{"jsonrpc": "2.0", "id": 7, "result": {"roots": []}}]
+
+
+def test_invalid_server_output_dropped() -> None:
+    h = Harness()
+    h.s(b'{"jsonrpc":"2.0","id":1,"result":{},"result":{}}')
+    h.bridge.on_server_frame(Oversize(10**8, b""))
+    assert h.client == [] and [r[0] for r in h.chain.records] == ["mcp.invalid", "mcp.invalid"]
+
+
+def test_audit_failure_denies_the_call() -> None:
+    h = Harness()
+    h.chain.fail = True
+    h.c(call(1, "read_file"))
+    assert h.server == []
+    assert h.client[0]["result"]["isError"] is True
+    assert "audit" in h.client[0]["result"]["content"][0]["text"]
+
+
+def test_audit_failure_withholds_the_result() -> None:
+    h = Harness()
+    h.c(call(1, "read_file"))
+    h.chain.fail = True
+    h.s({"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": "secret"}]}})
+    assert "error" in h.client[0] and "secret" not in json.dumps(h.client)
+
+
+def _wait_for(cond: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def test_prompt_approved_forwards() -> None:
+    h = Harness()
+    h.c(call(4, "write_file", path="a", content="y"))
+    _wait_for(lambda: any(e[0] == "approval.pending" for e in h.events))
+    ev = next(e[1] for e in h.events if e[0] == "approval.pending")
+    assert h.server == []
+    p = approvals.load(ev["approval_id"])
+    assert approvals.answer(p.approval_id, p.digest, approvals.APPROVE)
+    _wait_for(lambda: h.server)
+    assert h.server == [call(4, "write_file", path="a", content="y")]
+    assert any(
+        r[0] == "approval.decided" and r[1]["decision"] == "approve" for r in h.chain.records
+    )
+
+
+def test_prompt_times_out_to_deny() -> None:
+    h = Harness(approval_timeout_seconds=1)
+    h.c(call(4, "write_file"))
+    _wait_for(lambda: h.client, timeout=5)
+    assert h.server == [] and h.client[0]["result"]["isError"] is True
+    assert "timeout" in h.client[0]["result"]["content"][0]["text"]
+
+
+def test_shutdown_denies_pending() -> None:
+    h = Harness()
+    h.c(call(4, "write_file"))
+    _wait_for(lambda: any(e[0] == "approval.pending" for e in h.events))
+    t = threading.Thread(target=h.bridge.shutdown, args=("client closed",))
+    t.start()
+    t.join(5)
+    assert h.server == [] and "session ended" in h.client[0]["result"]["content"][0]["text"]
+
+
+def test_prompt_does_not_block_other_calls() -> None:
+    h = Harness()
+    h.c(call(4, "write_file"))
+    h.c(call(5, "read_file"))
+    assert h.server == [call(5, "read_file")]
+    h.bridge.shutdown("end")
+
+
+def test_cancel_of_pending_prompt_withdraws_it() -> None:
+    h = Harness()
+    h.c(call(4, "write_file"))
+    _wait_for(lambda: any(e[0] == "approval.pending" for e in h.events))
+    h.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 4}})
+    _wait_for(lambda: any(e[0] == "approval.decided" for e in h.events))
+    time.sleep(0.1)
+    assert h.server == [] and h.client == []
+
+
+def test_denied_notification_dropped_and_recorded() -> None:
+    h = Harness()
+    h.c({"jsonrpc": "2.0", "method": "notifications/something"})
+    assert h.server == [] and h.client == []
+    assert h.chain.records[0][1]["decision"] == "deny"
