@@ -156,7 +156,9 @@ class PolicyResolver:
             return None
         except dns.exception.DNSException:
             return _header_only(wire, dns.rcode.FORMERR)
-        if query.opcode() != dns.opcode.QUERY or query.flags & dns.flags.QR:
+        if query.flags & dns.flags.QR:
+            return None  # a response is never answered (no reflection loops)
+        if query.opcode() != dns.opcode.QUERY:
             return _reply(query, dns.rcode.NOTIMP)
         if len(query.question) != 1:
             return _reply(query, dns.rcode.FORMERR)

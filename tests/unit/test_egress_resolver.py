@@ -1,0 +1,262 @@
+"""The policy resolver's decisions, with a hand-written fake upstream and fake nft sets.
+
+Addresses in the fake answers are data only: nothing here sends a packet anywhere.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from typing import Any
+
+import dns.flags
+import dns.message
+import dns.opcode
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+import pytest
+
+from linpodx.egress.denials import DenialRecorder
+from linpodx.egress.policy import Allowlist
+from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, UpstreamError
+
+
+class FakeUpstream:
+    """Answers from a table: name -> list of (type, ttl, rdata) or an rcode."""
+
+    def __init__(self, table: dict[str, Any]) -> None:
+        self.table = table
+        self.asked: list[tuple[str, str]] = []
+
+    def __call__(
+        self, query: dns.message.Message, ups: Sequence[tuple[str, int]]
+    ) -> dns.message.Message:
+        q = query.question[0]
+        name = q.name.to_text(omit_final_dot=True)
+        self.asked.append((name, dns.rdatatype.to_text(q.rdtype)))
+        entry = self.table.get(name)
+        if entry == "down":
+            raise UpstreamError("timeout")
+        resp = dns.message.make_response(query)
+        if entry is None:
+            resp.set_rcode(dns.rcode.NXDOMAIN)
+            return resp
+        for owner, rtype, ttl, rdata in entry:
+            resp.answer.append(dns.rrset.from_text(owner + ".", ttl, "IN", rtype, rdata))
+        return resp
+
+
+class FakeSets:
+    def __init__(self, fail: bool = False) -> None:
+        self.added: list[tuple[str, int]] = []
+        self.deleted: list[str] = []
+        self.fail = fail
+
+    def add(self, entries: list[tuple[Any, int]]) -> None:
+        if self.fail:
+            raise RuntimeError("nft failed")
+        self.added.extend((str(a), t) for a, t in entries)
+
+    def delete(self, addrs: list[Any]) -> None:
+        self.deleted.extend(str(a) for a in addrs)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+TABLE: dict[str, Any] = {
+    "crates.io": [("crates.io", "A", 300, "9.9.9.10")],
+    "www.example.com": [
+        ("www.example.com", "CNAME", 120, "cdn.provider.test."),
+        ("cdn.provider.test", "A", 60, "9.9.9.20"),
+        ("cdn.provider.test", "A", 60, "9.9.9.21"),
+        ("evil.test", "A", 60, "9.9.9.66"),  # stuffed record, not on the chain
+    ],
+    "v6.example.com": [("v6.example.com", "AAAA", 5, "2606:4700::5")],
+    "loop.example.com": [("loop.example.com", "A", 60, "127.0.0.1")],
+    "meta.example.com": [("meta.example.com", "A", 60, "169.254.169.254")],
+    "long.example.com": [("long.example.com", "A", 86400, "9.9.9.30")],
+    "down.example.com": "down",
+}
+
+
+def make(
+    allow: Sequence[str] = ("crates.io", "*.example.com"),
+    *,
+    allow_private: bool = False,
+    sets: FakeSets | None = None,
+) -> tuple[PolicyResolver, FakeUpstream, FakeSets, list[tuple[str, dict[str, Any]]], Clock]:
+    up = FakeUpstream(TABLE)
+    sets = sets or FakeSets()
+    records: list[tuple[str, dict[str, Any]]] = []
+    clock = Clock()
+    rec = DenialRecorder("c1", lambda k, d: records.append((k, d)), clock=clock)
+    pol = ResolverPolicy(Allowlist.from_entries(allow), (("127.0.0.1", 53),), allow_private)
+    r = PolicyResolver(
+        pol,
+        add_to_sets=sets.add,
+        delete_from_sets=sets.delete,
+        on_denied=rec.deny,
+        upstream=up,
+        clock=clock,
+    )
+    return r, up, sets, records, clock
+
+
+def ask(r: PolicyResolver, name: str, rtype: str = "A") -> dns.message.Message:
+    q = dns.message.make_query(name, rtype)
+    out = r.handle(q.to_wire())
+    assert out is not None
+    resp = dns.message.from_wire(out)
+    assert resp.id == q.id and resp.flags & dns.flags.QR
+    return resp
+
+
+def addrs(resp: dns.message.Message) -> list[str]:
+    return [rd.address for rr in resp.answer if rr.rdtype in (1, 28) for rd in rr]
+
+
+def test_allowed_name_answered_after_set_update() -> None:
+    r, _up, sets, records, _ = make()
+    resp = ask(r, "crates.io")
+    assert resp.rcode() == dns.rcode.NOERROR
+    assert addrs(resp) == ["9.9.9.10"]
+    assert sets.added == [("9.9.9.10", 300)]
+    assert records == []
+
+
+def test_denied_name_is_nxdomain_never_asked_upstream_and_recorded() -> None:
+    r, up, sets, records, _ = make()
+    resp = ask(r, "github.qkg1.top")
+    assert resp.rcode() == dns.rcode.NXDOMAIN
+    assert up.asked == [] and sets.added == []
+    assert records[0][0] == "dns.denied"
+    assert records[0][1]["message"] == "dns lookup denied for github.qkg1.top"
+    # Exfiltration through query names of a denied zone never leaves the guard either.
+    ask(r, "c2VjcmV0.exfil.test")
+    assert up.asked == []
+
+
+def test_wildcard_matches_subdomains_not_apex() -> None:
+    r, *_ = make()
+    assert ask(r, "example.com").rcode() == dns.rcode.NXDOMAIN
+    assert ask(r, "v6.example.com", "AAAA").rcode() == dns.rcode.NOERROR
+
+
+def test_cname_chain_followed_and_stuffed_records_dropped() -> None:
+    r, _up, sets, _, _ = make()
+    resp = ask(r, "www.example.com")
+    assert addrs(resp) == ["9.9.9.20", "9.9.9.21"]
+    names = [rr.name.to_text() for rr in resp.answer]
+    assert "evil.test." not in names
+    assert sorted(a for a, _ in sets.added) == ["9.9.9.20", "9.9.9.21"]
+    # TTL: the smallest on the chain, clamped up to 30 s for the set.
+    assert {t for _, t in sets.added} == {60}
+    # The CNAME target was allowed for that lookup only.
+    assert ask(r, "cdn.provider.test").rcode() == dns.rcode.NXDOMAIN
+
+
+@pytest.mark.parametrize("rtype", ["TXT", "MX", "ANY", "SRV", "NULL", "HTTPS", "PTR", "CNAME"])
+def test_other_record_types_refused_even_for_allowed_names(rtype: str) -> None:
+    r, up, _sets, records, _ = make()
+    assert ask(r, "crates.io", rtype).rcode() == dns.rcode.REFUSED
+    assert up.asked == []
+    assert records and records[0][1]["qtype"] == rtype
+
+
+@pytest.mark.parametrize("name", ["loop.example.com", "meta.example.com"])
+def test_private_answer_refused_unless_allowed(name: str) -> None:
+    r, _, sets, records, _ = make()
+    resp = ask(r, name)
+    assert resp.rcode() == dns.rcode.REFUSED and sets.added == []
+    assert "answer" in records[0][1]["reason"]
+    r2, _, sets2, _, _ = make(allow_private=True)
+    assert ask(r2, name).rcode() == dns.rcode.NOERROR and sets2.added
+
+
+def test_set_update_failure_means_no_answer() -> None:
+    r, *_ = make(sets=FakeSets(fail=True))
+    resp = ask(r, "crates.io")
+    assert resp.rcode() == dns.rcode.SERVFAIL and resp.answer == []
+
+
+def test_upstream_down_is_servfail() -> None:
+    r, *_ = make()
+    assert ask(r, "down.example.com").rcode() == dns.rcode.SERVFAIL
+
+
+def test_ttl_bounded_in_answer_and_set_and_cache_served() -> None:
+    r, up, sets, _, clock = make()
+    resp = ask(r, "long.example.com")
+    assert sets.added == [("9.9.9.30", 3600)]
+    assert resp.answer[0].ttl == 3600
+    clock.t += 100
+    again = ask(r, "long.example.com")
+    assert addrs(again) == ["9.9.9.30"] and again.answer[0].ttl == 3500
+    assert up.asked.count(("long.example.com", "A")) == 1
+    clock.t += 3600
+    ask(r, "long.example.com")
+    assert up.asked.count(("long.example.com", "A")) == 2
+
+
+def test_short_ttl_raised_to_minimum_for_the_set() -> None:
+    r, _, sets, _, _ = make()
+    resp = ask(r, "v6.example.com", "AAAA")
+    assert sets.added == [("2606:4700::5", 30)]
+    assert resp.answer[0].ttl == 5
+
+
+def test_live_policy_update_removes_only_disallowed_entries() -> None:
+    r, up, sets, _, _ = make()
+    ask(r, "crates.io")
+    ask(r, "www.example.com")
+    new = ResolverPolicy(Allowlist.from_entries(["crates.io"]), (("127.0.0.1", 53),), False)
+    gone = r.set_policy(new)
+    assert sorted(str(a) for a in gone) == ["9.9.9.20", "9.9.9.21"]
+    assert sorted(sets.deleted) == ["9.9.9.20", "9.9.9.21"]
+    assert ask(r, "www.example.com").rcode() == dns.rcode.NXDOMAIN
+    assert ask(r, "crates.io").rcode() == dns.rcode.NOERROR
+    widened = ResolverPolicy(
+        Allowlist.from_entries(["crates.io", "github.qkg1.top"]), (("127.0.0.1", 53),), False
+    )
+    r.set_policy(widened)
+    assert ask(r, "github.qkg1.top").rcode() == dns.rcode.NXDOMAIN  # upstream has no such name
+    assert ("github.qkg1.top", "A") in up.asked
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [b"", b"\x12", b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\xff\xff"],
+)
+def test_garbage_gets_no_answer_or_formerr(wire: bytes) -> None:
+    r, up, *_ = make()
+    out = r.handle(wire)
+    if out is not None:
+        assert dns.rcode.from_flags(int.from_bytes(out[2:4], "big"), 0) == dns.rcode.FORMERR
+        assert out[:2] == wire[:2]
+    assert up.asked == []
+
+
+def test_response_packets_and_other_opcodes_are_not_answered_as_queries() -> None:
+    r, up, *_ = make()
+    q = dns.message.make_query("crates.io", "A")
+    q.flags |= dns.flags.QR
+    assert r.handle(q.to_wire()) is None
+    q2 = dns.message.make_query("crates.io", "A")
+    q2.set_opcode(dns.opcode.UPDATE)
+    out = r.handle(q2.to_wire())
+    assert out is not None
+    assert dns.message.from_wire(out).rcode() in (dns.rcode.NOTIMP, dns.rcode.FORMERR)
+    assert up.asked == []
+
+
+def test_ipv4_and_ipv6_answers_go_to_their_sets() -> None:
+    r, _, sets, _, _ = make()
+    ask(r, "v6.example.com", "AAAA")
+    assert ipaddress.ip_address(sets.added[0][0]).version == 6
