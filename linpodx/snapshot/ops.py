@@ -35,7 +35,7 @@ def _containers() -> Any:
     return containers
 
 
-def check_recreatable(name: str) -> None:
+def check_recreatable(name: str, profile_id: str) -> None:
     """Refuse (before anything changes) when the container could not be recreated."""
     if not spec_path(name).is_file():
         raise LinpodxError(
@@ -43,9 +43,16 @@ def check_recreatable(name: str) -> None:
             "containers created by this linpodx version keep one; nothing was changed",
         )
     mod = _containers()
-    for fn in ("recreate", "start"):
+    for fn in ("create_and_start", "start", "stop", "remove", "load_spec", "profile_by_id"):
         if not callable(getattr(mod, fn, None)):
             raise LinpodxError(f"the containers service lacks {fn}(); nothing was changed")
+    mod.load_spec(name)  # a damaged spec is refused here, not halfway through
+    if not profile_id:
+        raise LinpodxError(
+            f"container {name} has no linpodx.profile_id label; it cannot be recreated",
+            "nothing was changed",
+        )
+    mod.profile_by_id(profile_id)  # the revision must still be known to the store
 
 
 def save_spec(name: str) -> bytes | None:
@@ -57,26 +64,62 @@ def save_spec(name: str) -> bytes | None:
 
 
 def restore_spec(name: str, data: bytes | None) -> None:
+    """Put the run spec back as it was before the rollback."""
     if data is not None:
         atomic_write(spec_path(name), data)
 
 
+def _guard_detach(name: str) -> None:
+    with contextlib.suppress(Exception):
+        from linpodx.egress import guard
+
+        guard.detach(name)
+
+
 def stop(name: str) -> None:
-    """Stop the container (its egress guard ends with it)."""
-    proc.run(
-        ["podman", "stop", "--time", str(STOP_TIMEOUT_SECONDS), name],
-        what="podman stop",
-        timeout=STOP_TIMEOUT_SECONDS + 60,
-    )
+    """Stop the container the linpodx way (audited) and let go of its egress guard."""
+    _containers().stop(name, timeout=STOP_TIMEOUT_SECONDS)
+    _guard_detach(name)
 
 
-def create_from(name: str, image: str) -> str:
-    """Create and start `name` from `image` with its recorded spec; returns the new id."""
-    result = _containers().recreate(name, image=image)
-    cid = getattr(result, "container_id", None) or (
-        result.get("container_id") if isinstance(result, dict) else None
+def create_from(name: str, image: str, profile_id: str, *, start: bool) -> str:
+    """Create `name` from `image` under profile revision `profile_id` with its recorded run spec
+    (command, hostname, tty) and start it; returns the new container id.
+
+    The containers service's `create_and_start` builds the argv, audits `container.run`,
+    prepares and attaches the egress guard and creates `$HOME`, exactly as for `linpodx run`.
+    (`containers.recreate` is not used: it removes the original container itself, and rollback
+    must keep the original until the restored workspace and the new container are both in
+    place.)
+    """
+    from linpodx.podman import probe
+    from linpodx.podman.argv import CreateSpec, hostname_for
+
+    mod = _containers()
+    doc = mod.load_spec(name)
+    ref = mod.profile_by_id(profile_id)
+    spec = CreateSpec(
+        profile=ref.profile,
+        profile_name=ref.name,
+        profile_id=ref.profile_id,
+        revision=ref.revision,
+        audit_hash=ref.audit_hash,
+        image=image,
+        name=name,
+        hostname=doc.get("hostname") or hostname_for(name),
+        command=tuple(str(c) for c in doc.get("command") or ()),
+        interactive=bool(doc.get("interactive")),
+        tty=bool(doc.get("tty")),
+        rm=False,
+        rootless=probe.rootless(),
+        resolv_conf=doc.get("resolv_conf"),
+        host=probe.host_limits(),
     )
-    return str(cid or "")
+    info = mod.create_and_start(spec, ref, start=True)
+    if not start:
+        mod.stop(name, timeout=STOP_TIMEOUT_SECONDS)
+        _guard_detach(name)
+    return str(getattr(info, "container_id", "") or "")
 
 
 def start(name: str) -> None:
@@ -85,9 +128,10 @@ def start(name: str) -> None:
 
 
 def remove_new(name: str, container_id: str) -> None:
-    """Remove a container the rollback created (and its egress guard)."""
-    proc.run(["podman", "rm", "--force", "--time", "0", container_id], what="podman rm")
-    with contextlib.suppress(Exception):
-        from linpodx.egress import guard
-
-        guard.detach(name)
+    """Remove a container the rollback created (its guard and spec dir go too; the caller puts
+    the original spec back)."""
+    try:
+        _containers().remove(name, force=True)
+    except LinpodxError:
+        proc.run(["podman", "rm", "--force", "--time", "0", container_id], what="podman rm")
+        _guard_detach(name)

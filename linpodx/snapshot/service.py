@@ -319,9 +319,9 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             )
         for entry in man["mounts"]:
             workspace.check_restorable(entry)
-        ops.check_recreatable(name)
         orig_id = str(info["Id"])
         orig_labels = labels_of(info)
+        ops.check_recreatable(name, orig_labels.get("linpodx.profile_id", ""))
         was_running = bool((info.get("State") or {}).get("Running"))
         rb_id = new_ulid()
         aside = f"{name}-rollback-{rb_id[-10:].lower()}"
@@ -364,7 +364,10 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 r.swap()
             faults.fail_point(step)
             step = "create"
-            state["created"] = ops.create_from(name, str(man["image"]))
+            state["created"] = ops.create_from(
+                name, str(man["image"]), orig_labels.get("linpodx.profile_id", ""),
+                start=was_running,
+            )
             faults.fail_point(step)
             step = "verify"
             new_info = inspect_container(name)
