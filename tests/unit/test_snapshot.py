@@ -1,0 +1,259 @@
+"""Unit tests for snapshot names, job files and worker liveness, fault points, manifests, CLI
+errors. No podman here: everything that needs the engine is in tests/integration."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from linpodx.errors import EngineError, InvalidInput, NotFound
+from linpodx.snapshot import faults, jobs, manifest, names, workspace
+
+
+@pytest.mark.parametrize(
+    "label", ["before-refactor", "v1.2", "_x", "A", "a" * 128, "X_y.z-1"]
+)
+def test_valid_labels(label: str) -> None:
+    assert names.check_label(label) == label
+
+
+@pytest.mark.parametrize(
+    "label",
+    ["", ".hidden", "-x", "a" * 129, "a/b", "a:b", "a b", "..", "é", "a\nb", "a\x00"],
+)
+def test_invalid_labels(label: str) -> None:
+    with pytest.raises(InvalidInput) as exc:
+        names.check_label(label)
+    assert exc.value.hint
+
+
+def test_container_name_must_fit_an_image_reference() -> None:
+    assert names.check_container_name("agent-1") == "agent-1"
+    assert names.check_container_name("a.b_c--d") == "a.b_c--d"
+    for bad in ("Agent", "a..b", "-a", "", "a/b", "a_-b"):
+        with pytest.raises(InvalidInput):
+            names.check_container_name(bad)
+
+
+def test_image_ref_and_paths_stay_under_state_dir(isolated_state: Path) -> None:
+    assert names.image_ref("agent-1", "before") == "localhost/linpodx/snapshot/agent-1:before"
+    d = names.snapshot_dir("agent-1", "before")
+    assert d.parts[-2:] == ("agent-1", "before")
+    # Job files never share a directory with a container's snapshots (names cannot start with .)
+    assert names.jobs_dir().name.startswith(".")
+    assert names.job_file("snap-01J0000000000000000000000Z").parent == names.jobs_dir()
+
+
+def test_job_id_checked() -> None:
+    names.check_job_id("snap-01J0000000000000000000000Z")
+    bad_ids = ("snap-", "snap-../../x", "job-01J0000000000000000000000Z",
+               "snap-01j0000000000000000000000z")
+    for bad in bad_ids:
+        with pytest.raises(InvalidInput):
+            names.check_job_id(bad)
+
+
+def _job(**kw: object) -> jobs.Job:
+    base = jobs.Job(
+        job_id="snap-01J0000000000000000000000Z",
+        kind="create",
+        container="c1",
+        label="l1",
+        image=names.image_ref("c1", "l1"),
+        created=jobs.now_iso(),
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_job_roundtrip_and_private_file() -> None:
+    job = _job(status=jobs.RUNNING, step="commit")
+    jobs.write(job)
+    assert jobs.read(job.job_id) == job
+    assert names.job_file(job.job_id).stat().st_mode & 0o777 == 0o600
+    assert jobs.list_jobs() == [job.job_id]
+
+
+def test_unknown_job_is_not_found() -> None:
+    with pytest.raises(NotFound):
+        jobs.read("snap-01J0000000000000000000000Z")
+
+
+def test_damaged_job_file_is_an_error_not_a_traceback() -> None:
+    p = names.job_file("snap-01J0000000000000000000000Z")
+    p.parent.mkdir(parents=True)
+    p.write_text('{"job_id": "x", "job_id": "y"}')
+    with pytest.raises(Exception) as exc:
+        jobs.read("snap-01J0000000000000000000000Z")
+    assert "damaged" in str(exc.value)
+
+
+def test_live_worker_is_running() -> None:
+    pid, start = jobs.pid_info(os.getpid())
+    job = _job(status=jobs.RUNNING, worker_pid=pid, worker_start=start)
+    jobs.write(job)
+    assert jobs.current(job.job_id).status == jobs.RUNNING
+
+
+def test_recycled_pid_is_not_mistaken_for_the_worker() -> None:
+    pid, start = jobs.pid_info(os.getpid())
+    assert start is not None
+    job = _job(status=jobs.RUNNING, step="commit", worker_pid=pid, worker_start=start + 1)
+    jobs.write(job)
+    now = jobs.current(job.job_id)
+    assert now.status == jobs.FAILED
+    assert "worker died" in (now.error or "") and "commit" in (now.error or "")
+    # The verdict is persisted: a second reader sees the same.
+    assert jobs.read(job.job_id).status == jobs.FAILED
+
+
+def test_exited_and_zombie_workers_are_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    pid, start = child.pid, jobs.proc_start_time(child.pid)
+    # Not reaped yet: a zombie (or gone). Either way not a live worker.
+    deadline = time.monotonic() + 10
+    while jobs.proc_start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert jobs.proc_start_time(pid) is None
+    job = _job(status=jobs.QUEUED, worker_pid=pid, worker_start=start or 1)
+    jobs.write(job)
+    assert jobs.current(job.job_id).status == jobs.FAILED
+    child.wait()
+
+
+def test_finished_job_is_left_alone() -> None:
+    job = _job(status=jobs.SUCCEEDED, worker_pid=1, worker_start=1)
+    jobs.write(job)
+    assert jobs.current(job.job_id).status == jobs.SUCCEEDED
+
+
+def test_queued_without_worker_waits_for_grace_then_fails() -> None:
+    fresh = _job(status=jobs.QUEUED)
+    jobs.write(fresh)
+    assert jobs.current(fresh.job_id).status == jobs.QUEUED
+    old = _job(status=jobs.QUEUED, created="2020-01-01T00:00:00.000Z")
+    jobs.write(old)
+    now = jobs.current(old.job_id)
+    assert now.status == jobs.FAILED and "never started" in (now.error or "")
+
+
+def test_proc_stat_parsing_survives_odd_process_names(tmp_path: Path) -> None:
+    # comm may contain ") " : the parser must split after the LAST ')'.
+    odd = tmp_path / "w) x (y"
+    odd.symlink_to(sys.executable)
+    child = subprocess.Popen([str(odd), "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with open(f"/proc/{child.pid}/stat") as f:
+                if "w) x (y" in f.read() or time.monotonic() > deadline:
+                    break
+            time.sleep(0.02)
+        start = jobs.proc_start_time(child.pid)
+        with open(f"/proc/{child.pid}/stat") as f:
+            expected = int(f.read().rsplit(")", 1)[1].split()[19])
+        assert start == expected
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_fail_point_only_fires_for_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    faults.fail_point("swap")  # unset: nothing
+    monkeypatch.setenv(faults.FAIL_ENV, "swap")
+    faults.fail_point("create")
+    with pytest.raises(EngineError, match="injected failure at step swap"):
+        faults.fail_point("swap")
+    assert "swap" in faults.ROLLBACK_STEPS
+
+
+def test_writable_mounts_keep_only_writable_binds_outside_our_state(isolated_state: Path) -> None:
+    from linpodx import paths
+
+    own = paths.runtime_dir() / "containers" / "x" / "resolv.conf"
+    info = {
+        "Mounts": [
+            {"Type": "bind", "Source": "/srv/ws", "Destination": "/work", "RW": True},
+            {"Type": "bind", "Source": "/srv/ro", "Destination": "/ro", "RW": False},
+            {"Type": "volume", "Source": "/var/v", "Destination": "/v", "RW": True},
+            {"Type": "bind", "Source": str(own), "Destination": "/etc/resolv.conf", "RW": True},
+            {"Type": "bind", "Source": "/srv/a", "Destination": "/a", "RW": True},
+        ]
+    }
+    got = workspace.writable_mounts(info)
+    assert [(m.source, m.target) for m in got] == [("/srv/a", "/a"), ("/srv/ws", "/work")]
+
+
+def test_manifest_missing_is_not_found_and_damaged_is_refused(isolated_state: Path) -> None:
+    with pytest.raises(NotFound) as exc:
+        manifest.read("c1", "l1")
+    assert "snapshot list c1" in (exc.value.hint or "")
+    d = names.snapshot_dir("c1", "l1")
+    d.mkdir(parents=True)
+    (d / manifest.MANIFEST).write_text(json.dumps({"schema": 99, "mounts": [], "image_id": "x"}))
+    with pytest.raises(Exception, match="unknown version"):
+        manifest.read("c1", "l1")
+
+
+# --- CLI: bad input is error + hint + exit code, never a traceback, never podman ------------
+
+
+def test_cli_invalid_label(cli) -> None:  # type: ignore[no-untyped-def]
+    r = cli("snapshot", "create", "agent-1", "--label", "../x")
+    assert r.exit_code == 3
+    assert "error: invalid snapshot label" in r.stderr and "hint:" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_unknown_job(cli) -> None:  # type: ignore[no-untyped-def]
+    r = cli("snapshot", "job-status", "snap-01J0000000000000000000000Z")
+    assert r.exit_code == 4 and "snapshot job not found" in r.stderr
+    r = cli("snapshot", "job-status", "nonsense", "--json")
+    assert r.exit_code == 3
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "InvalidInput"
+
+
+def test_cli_rollback_unknown_label_is_not_found(cli) -> None:  # type: ignore[no-untyped-def]
+    r = cli("snapshot", "rollback", "agent-1", "--to", "nope")
+    assert r.exit_code == 4
+    assert "snapshot not found: agent-1 --label nope" in r.stderr
+
+
+def test_cli_list_empty(cli) -> None:  # type: ignore[no-untyped-def]
+    r = cli("snapshot", "list")
+    assert r.exit_code == 0 and r.stdout.strip() == "no snapshots"
+    r = cli("snapshot", "list", "--json")
+    assert json.loads(r.stdout)["result"] == []
+
+
+def test_restore_swap_and_unswap_on_plain_dirs(tmp_path: Path) -> None:
+    # Pure filesystem part of the restore (no tar): swap puts the staged copy in place, unswap
+    # puts the original back, byte for byte.
+    src = tmp_path / "ws"
+    src.mkdir()
+    (src / "f").write_text("live")
+    r = workspace.Restore({"source": str(src), "target": "/w", "kind": workspace.DIR}, "RB1")
+    r.staging.mkdir()
+    (r.staging / "f").write_text("snap")
+    workspace.check_restorable(r.entry)
+    r.swap()
+    assert (src / "f").read_text() == "snap" and (r.aside / "f").read_text() == "live"
+    r.unswap()
+    assert (src / "f").read_text() == "live"
+    assert not r.aside.exists() and (r.staging / "f").read_text() == "snap"
+    r.cleanup()
+    assert not r.staging.exists()
+
+
+def test_check_restorable_refuses_kind_change(tmp_path: Path) -> None:
+    f = tmp_path / "was-a-dir"
+    f.write_text("x")
+    with pytest.raises(InvalidInput, match="no longer a directory"):
+        workspace.check_restorable({"source": str(f), "target": "/w", "kind": workspace.DIR})
