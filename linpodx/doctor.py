@@ -1,0 +1,380 @@
+"""`linpodx doctor`: tell a person exactly why linpodx would or would not work on this machine.
+
+Each check is ok / warn / fail with a one-line fix. Checks that would only repeat a failure
+above them (a container cannot run without podman) say so instead of failing twice.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import resource
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from linpodx import proc
+from linpodx.errors import EXIT_FAILURE, EXIT_OK, LinpodxError
+from linpodx.paths import ensure_dir, runtime_dir, state_dir
+from linpodx.podman import probe
+from linpodx.profile.model import Resources
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+SUBID_MIN = 65536
+"""Sub-ids a rootless user needs (a full 16-bit range, what `useradd` allocates)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report."""
+
+    name: str
+    status: str
+    """ok, warn or fail."""
+    detail: str
+    fix: str | None = None
+    """What to do about a warn/fail."""
+
+
+@dataclass
+class Report:
+    """All checks, in order."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, status: str, detail: str, fix: str | None = None) -> None:
+        """Append a check."""
+        self.checks.append(Check(name, status, detail, fix))
+
+    def exit_code(self) -> int:
+        """Non-zero if any check failed."""
+        return EXIT_FAILURE if any(c.status == FAIL for c in self.checks) else EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        counts = {s: sum(c.status == s for c in self.checks) for s in (OK, WARN, FAIL)}
+        return {"checks": [asdict(c) for c in self.checks], "summary": counts}
+
+    def lines(self) -> list[str]:
+        """Human form: `[ok]   name: detail` plus `fix:` lines."""
+        out = []
+        for c in self.checks:
+            out.append(f"{'[' + c.status + ']':<7}{c.name}: {c.detail}")
+            if c.fix and c.status != OK:
+                out.append(f"{'':<7}fix: {c.fix}")
+        counts = self.to_dict()["summary"]
+        out.append(f"summary: {counts[OK]} ok, {counts[WARN]} warn, {counts[FAIL]} fail")
+        return out
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def check_podman(r: Report) -> str | None:
+    """podman present and new enough; returns its path (None if unusable)."""
+    path = proc.which("podman")
+    if path is None:
+        r.add(
+            "podman",
+            FAIL,
+            "not found",
+            "install podman 4.3 or newer (Debian: apt-get install podman)",
+        )
+        return None
+    try:
+        res = proc.run([path, "--version"], timeout=60, what="podman --version")
+    except LinpodxError as err:
+        r.add("podman", FAIL, f"{path} does not run: {err.message}", "reinstall podman")
+        return None
+    ver = probe.parse_version(res.stdout)
+    if ver is None:
+        r.add("podman", WARN, f"cannot parse version from {res.stdout.strip()!r}", None)
+        return path
+    text = ".".join(map(str, ver))
+    if ver[:2] < probe.MIN_PODMAN:
+        r.add(
+            "podman",
+            FAIL,
+            f"{text} at {path}; linpodx is tested with 4.3 or newer",
+            "upgrade podman",
+        )
+        return path
+    extra = (
+        "pasta networking available (podman ≥ 5)"
+        if ver[:2] >= probe.PASTA_PODMAN
+        else "podman < 5: rootless networking through slirp4netns; pasta as the default needs ≥ 5"
+    )
+    r.add("podman", OK, f"{text} at {path} (tested floor 4.3); {extra}")
+    return path
+
+
+def check_mode(r: Report) -> None:
+    """Root or rootless."""
+    if probe.rootless():
+        r.add(
+            "mode", OK, f"rootless as {_user()} (uid {os.getuid()}); --userns=keep-id maps you in"
+        )
+    else:
+        r.add("mode", OK, "root (rootful podman); containers still drop every capability")
+
+
+def _info(podman: str) -> dict[str, Any] | None:
+    import json
+
+    res = proc.run([podman, "info", "--format=json"], check=False, timeout=90, what="podman info")
+    if res.returncode != 0:
+        return None
+    try:
+        doc = json.loads(res.stdout)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def check_runtime(r: Report, podman: str) -> None:
+    """OCI runtime and cgroup setup as podman sees them."""
+    info = _info(podman)
+    if info is None:
+        r.add("runtime", FAIL, "`podman info` failed", "run `podman info` to see why")
+        return
+    host = info.get("host", {})
+    rt = host.get("ociRuntime", {}).get("name", "?")
+    cgv = host.get("cgroupVersion", "?")
+    mgr = host.get("cgroupManager", "?")
+    detail = f"OCI runtime {rt}, cgroups {cgv} ({mgr})"
+    if rt == "crun" and probe.cgroup_version() == 1 and os.path.isdir("/sys/fs/cgroup/unified"):
+        r.add(
+            "runtime",
+            WARN,
+            detail + "; crun fails on hybrid cgroups (`cgroups in hybrid mode not supported`)",
+            'set runtime = "runc" under [engine] in containers.conf (install runc)',
+        )
+    else:
+        r.add("runtime", OK, detail)
+
+
+def _small_image(podman: str) -> str | None:
+    wanted = os.environ.get("LINPODX_DOCTOR_IMAGE")
+    if wanted:
+        return wanted
+    res = proc.run(
+        [podman, "images", "--format={{.Repository}}:{{.Tag}}"],
+        check=False,
+        timeout=60,
+        what="podman images",
+    )
+    names = [n for n in res.stdout.split() if "<none>" not in n]
+    for n in names:
+        if "busybox" in n:
+            return n
+    return None
+
+
+def check_container(r: Report, podman: str) -> None:
+    """A tiny container really runs with linpodx's hardening flags."""
+    image = _small_image(podman)
+    if image is None:
+        r.add(
+            "container",
+            WARN,
+            "no busybox image in this user's store, so no test container was run",
+            "import one: tar a busybox-static tree and "
+            "`podman import FILE localhost/busybox:latest`, or set LINPODX_DOCTOR_IMAGE=IMAGE",
+        )
+        return
+    lim = probe.host_limits()
+    res_ = Resources()
+    nofile = min(res_.nofile, lim.nofile_hard or res_.nofile)
+    nproc = min(res_.nproc, lim.nproc_hard or res_.nproc)
+    argv = [
+        podman, "run", "--rm", "--network=none", "--cap-drop=all",
+        "--security-opt=no-new-privileges", "--pull=never", "--http-proxy=false",
+        f"--ulimit=nofile={nofile}:{nofile}", f"--ulimit=nproc={nproc}:{nproc}",
+    ]  # fmt: skip
+    if probe.rootless():
+        argv.append("--userns=keep-id")
+    argv += [image, "true"]
+    res = proc.run(argv, check=False, timeout=120, what="podman run")
+    if res.returncode == 0:
+        r.add("container", OK, f"a hardened test container ran ({image})")
+        return
+    said = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
+    from linpodx.podman.engine import classify_hint
+
+    r.add(
+        "container",
+        FAIL,
+        f"a test container failed: {said}",
+        classify_hint(res.stderr, "run it by hand"),
+    )
+
+
+def check_ulimits(r: Report) -> None:
+    """linpodx's default limits fit under this process's hard limits."""
+    res_ = Resources()
+    nofile_h = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc_h = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+
+    def show(v: int) -> str:
+        return "unlimited" if v == resource.RLIM_INFINITY else str(v)
+
+    detail = (
+        f"hard nofile {show(nofile_h)}, nproc {show(nproc_h)}; "
+        f"linpodx sets nofile={res_.nofile} nproc={res_.nproc} by default "
+        "(podman's own defaults may exceed the hard limit, so linpodx always passes --ulimit)"
+    )
+    low = [
+        n
+        for n, want, hard in (("nofile", res_.nofile, nofile_h), ("nproc", res_.nproc, nproc_h))
+        if hard != resource.RLIM_INFINITY and want > hard
+    ]
+    if low:
+        r.add(
+            "ulimits", WARN, detail + f"; {', '.join(low)} will be clamped", "raise the hard limits"
+        )
+    else:
+        r.add("ulimits", OK, detail)
+
+
+def _subid(path: str, user: str, uid: int) -> int:
+    total = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                parts = line.strip().split(":")
+                if len(parts) == 3 and parts[0] in (user, str(uid)) and parts[2].isdigit():
+                    total += int(parts[2])
+    except OSError:
+        return -1
+    return total
+
+
+def check_subids(r: Report) -> None:
+    """Rootless needs /etc/subuid and /etc/subgid ranges."""
+    if not probe.rootless():
+        r.add("subuid", OK, "not needed as root")
+        return
+    user = _user()
+    for path in ("/etc/subuid", "/etc/subgid"):
+        n = _subid(path, user, os.getuid())
+        name = os.path.basename(path)
+        if n >= SUBID_MIN:
+            r.add(name, OK, f"{n} ids for {user}")
+        else:
+            r.add(
+                name,
+                FAIL,
+                f"{'unreadable' if n < 0 else f'{n} ids'} for {user} in {path}",
+                f"as root: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}",
+            )
+
+
+def check_tun(r: Report) -> None:
+    """/dev/net/tun usable (slirp4netns/pasta need it rootless)."""
+    try:
+        fd = os.open("/dev/net/tun", os.O_RDWR)
+        os.close(fd)
+        r.add("tun", OK, "/dev/net/tun opens read-write")
+    except OSError as exc:
+        status = FAIL if probe.rootless() else WARN
+        r.add(
+            "tun",
+            status,
+            f"/dev/net/tun: {exc.strerror}",
+            "as root: modprobe tun && chmod 666 /dev/net/tun (filtered egress needs it)",
+        )
+
+
+def check_tools(r: Report) -> None:
+    """nft, slirp4netns, pasta, catatonit."""
+    nft = proc.which("nft")
+    if nft:
+        r.add("nft", OK, nft)
+    else:
+        r.add("nft", FAIL, "not found", "install nftables (filtered egress needs nft)")
+    for tool, pkg in (("slirp4netns", "slirp4netns"), ("pasta", "passt")):
+        found = proc.which(tool)
+        if found:
+            r.add(tool, OK, found)
+        else:
+            r.add(tool, WARN, "not found", f"install {pkg} (a network helper for filtered egress)")
+    init = probe.init_binary()
+    if init:
+        r.add("init", OK, f"{init} (--init reaps zombies and forwards signals)")
+    else:
+        r.add(
+            "init", WARN, "catatonit not found; containers run without --init", "install catatonit"
+        )
+
+
+def check_cgroups(r: Report) -> None:
+    """Which limits apply."""
+    v = probe.cgroup_version()
+    if probe.rootless() and v == 1:
+        r.add(
+            "cgroups",
+            WARN,
+            "cgroup v1, rootless: pids/memory/cpus limits cannot be applied; "
+            "processes are bounded by RLIMIT_NPROC only",
+            "use a cgroup v2 host with controllers delegated to users for memory/cpu limits",
+        )
+        return
+    if probe.rootless():
+        uid = os.getuid()
+        ctl = f"/sys/fs/cgroup/user.slice/user-{uid}.slice/user@{uid}.service/cgroup.controllers"
+        try:
+            with open(ctl, encoding="utf-8") as f:
+                have = set(f.read().split())
+        except OSError:
+            have = set()
+        missing = {"memory", "pids", "cpu"} - have
+        if missing:
+            r.add(
+                "cgroups",
+                WARN,
+                f"cgroup v2, controllers not delegated to you: {', '.join(sorted(missing))}",
+                "enable systemd cgroup delegation (Delegate=yes for user@.service)",
+            )
+            return
+    r.add("cgroups", OK, f"cgroup v{v}: pids, memory and cpu limits apply")
+
+
+def check_state(r: Report) -> None:
+    """State and runtime dirs writable."""
+    for label, get in (("state dir", state_dir), ("runtime dir", runtime_dir)):
+        try:
+            d = ensure_dir(get())
+            with tempfile.NamedTemporaryFile(dir=d, prefix=".doctor-"):
+                pass
+            r.add(label, OK, f"{d} writable")
+        except OSError as exc:
+            r.add(
+                label,
+                FAIL,
+                f"{get()}: {exc.strerror}",
+                "fix its ownership/permissions or set LINPODX_STATE_DIR",
+            )
+
+
+def run_checks() -> Report:
+    """Run every check, in order."""
+    r = Report()
+    podman = check_podman(r)
+    check_mode(r)
+    if podman:
+        check_runtime(r, podman)
+        check_container(r, podman)
+    else:
+        for name in ("runtime", "container"):
+            r.add(name, FAIL, "skipped: podman is missing", "install podman first")
+    steps: list[Callable[[Report], None]] = [
+        check_ulimits, check_subids, check_tun, check_tools, check_cgroups, check_state,
+    ]  # fmt: skip
+    for step in steps:
+        step(r)
+    return r
