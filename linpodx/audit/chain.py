@@ -29,12 +29,12 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
+from linpodx.canonical import MAX_DEPTH, CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import AuditError
 from linpodx.fsutil import fsync_dir
 from linpodx.ids import new_id
@@ -189,6 +189,71 @@ def parse_line(line: bytes) -> Record:
     return rec
 
 
+def _refuse_number(text: str) -> Any:
+    raise ValueError(f"non-integer number {text}")
+
+
+# The C-accelerated json codec, configured so that its output for the values we allow is
+# byte-identical to canonical_bytes (same string escaping: canonical.py uses json.dumps for
+# strings; same integers; keys sorted by code point, which equals UTF-16 order as long as no
+# character lies outside the BMP; see _fast_record for the conditions).
+_FAST_DECODER = json.JSONDecoder(parse_float=_refuse_number, parse_constant=_refuse_number)
+_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+_ASTRAL = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8 sequences (> U+FFFF)
+_LONG_NUMBER = re.compile(rb"[:,\[]-?[0-9]{16}")  # a number token of 16+ digits
+
+
+def _fast_record(line: bytes) -> Record | None:
+    """The Record `parse_line` would return, computed at C speed, or None if unsure.
+
+    None never means "bad": the caller then runs the strict reference parser, which gives the
+    exact verdict and reason. A Record is only returned when it is provably what parse_line
+    returns:
+    - the line decodes as strict UTF-8 (no encoded surrogates) and json parses it with floats,
+      NaN and Infinity refused;
+    - re-encoding the parsed value with sorted keys and no whitespace gives back the line
+      exactly. That implies no duplicate keys (the parsed value would have lost one and could
+      not re-encode to the same text), no escaped lone surrogates (they re-encode raw, not as
+      `\\udXXX`), and the minimal escapes of canonical_bytes;
+    - no byte of the line starts a 4-byte UTF-8 sequence, so every key is in the BMP, where
+      code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
+    - no number token has 16 or more digits, so every integer is within +-(2^53-1);
+    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH.
+    Then the line IS canonical_bytes(record), and removing the top-level `,"hash":"H"` pair
+    (which follows "data" in sorted order; the fields after it are pattern-checked and cannot
+    hold a quote) gives canonical_bytes(record without hash): the bytes that were hashed.
+    """
+    if (
+        len(line) > MAX_LINE
+        or _ASTRAL.search(line)
+        or _LONG_NUMBER.search(line)
+        or line.count(b"{") + line.count(b"[") > MAX_DEPTH
+    ):
+        return None
+    try:
+        text = line.decode("utf-8")
+        obj = _FAST_DECODER.decode(text)
+        if _FAST_ENCODER.encode(obj) != text:
+            return None
+        rec = _record_from_obj(obj)
+    except (ValueError, BadRecord, RecursionError):
+        return None
+    needle = b',"hash":"' + rec.hash.encode("ascii") + b'"'
+    i = line.rfind(needle)
+    if i < 0:  # pragma: no cover - impossible for a canonical record
+        return None
+    body = line[:i] + line[i + len(needle) :]
+    if hashlib.sha256(DOMAIN + body).hexdigest() != rec.hash:
+        return None
+    return rec
+
+
+def check_line(line: bytes) -> Record:
+    """parse_line, with the fast path first (same result, see _fast_record)."""
+    rec = _fast_record(line)
+    return rec if rec is not None else parse_line(line)
+
+
 def _record_from_obj(obj: Any) -> Record:
     if not isinstance(obj, dict):
         raise BadRecord("not a valid record: not a JSON object")
@@ -198,7 +263,12 @@ def _record_from_obj(obj: Any) -> Record:
         extra = sorted(keys - _KEYS_FIRST)
         raise BadRecord(f"not a valid record: missing keys {missing}, unknown keys {extra}")
     seq, ts, typ, prev, h, data = (
-        obj["seq"], obj["ts"], obj["type"], obj["prev"], obj["hash"], obj["data"]
+        obj["seq"],
+        obj["ts"],
+        obj["type"],
+        obj["prev"],
+        obj["hash"],
+        obj["data"],
     )
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise BadRecord("not a valid record: seq is not a non-negative integer")
@@ -232,18 +302,25 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
 
 
 def verify_file(
-    path: Path, genesis: str | None = None, *, check_genesis: bool = True
+    path: Path,
+    genesis: str | None = None,
+    *,
+    check_genesis: bool = True,
+    anchors: Mapping[int, str] | None = None,
+    collect: Callable[[Record], None] | None = None,
 ) -> VerifyReport:
     """Check a whole chain file: every hash, seq continuity from 0, prev linkage, the genesis,
     a log id on the first record only, non-decreasing timestamps.
 
     A missing file raises AuditError (the caller decides whether "no log yet" is fine). With
     `check_genesis=False` the first record's prev is taken as the head whatever it is (used when
-    the genesis is established afterwards, e.g. from a session's profile anchor).
+    the genesis is established afterwards, e.g. from a session's profile anchor). `anchors`
+    maps seq -> the hash that record must have (sealed checkpoints, admin-chain cross-anchors);
+    `collect` is called with each valid record in order.
     """
     expected_genesis = genesis if genesis is not None else ZERO_HASH
     try:
-        return _verify(path, expected_genesis, check_genesis)
+        return _verify(path, expected_genesis, check_genesis, anchors, collect)
     except FileNotFoundError:
         raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
     except OSError as exc:
@@ -253,65 +330,122 @@ def verify_file(
         ) from None
 
 
-def _verify(path: Path, genesis: str, check_genesis: bool) -> VerifyReport:
-    head = genesis
-    tail = genesis
-    log_id: str | None = None
-    last_ts = ""
-    n = 0
+class _Walk:
+    """Sequential linkage checks over records, shared by the one-process and parallel verifiers."""
 
-    def bad(reason: str) -> VerifyReport:
-        return VerifyReport(
-            ok=False, events=n, head=head, tail=tail, first_bad_seq=n, reason=reason,
-            torn_tail=False, log_id=log_id, path=str(path),
+    def __init__(
+        self,
+        genesis: str,
+        check_genesis: bool,
+        anchors: Mapping[int, str] | None = None,
+        start_seq: int = 0,
+    ):
+        self.anchors = anchors or {}
+        self.genesis = genesis
+        self.check_genesis = check_genesis
+        self.head = genesis
+        self.tail = genesis
+        self.log_id: str | None = None
+        self.last_ts = ""
+        self.n = start_seq
+
+    def missing_anchor(self) -> str | None:
+        """After the last record: the reason if an anchor names a seq the log does not reach."""
+        beyond = [seq for seq in self.anchors if seq >= self.n]
+        if not beyond:
+            return None
+        last = f"seq {self.n - 1}" if self.n else "no record"
+        return (
+            f"the log ends at {last} but an anchor names seq {min(beyond)}: "
+            "records were removed from the end (truncated) or the log was replaced"
         )
 
-    for offset, line, complete in iter_lines(path):
-        if not complete:
-            return VerifyReport(
-                ok=True, events=n, head=head, tail=tail, first_bad_seq=None,
-                reason=torn_reason(offset, len(line)), torn_tail=True, log_id=log_id,
-                torn_offset=offset, torn_bytes=len(line), path=str(path),
-            )
-        try:
-            rec = parse_line(line)
-        except BadRecord as exc:
-            return bad(f"{exc} (line at byte {offset})")
+    def step(self, rec: Record) -> str | None:
+        """Check `rec` as the next record; return the reason it is bad, or None."""
+        n = self.n
         if rec.seq != n:
-            return bad(
-                f"seq {rec.seq} where {n} was expected: a record was removed, inserted or moved"
-            )
+            return f"seq {rec.seq} where {n} was expected: a record was removed, inserted or moved"
         if n == 0:
             if rec.log_id is None:
-                return bad("the first record carries no log id")
-            log_id = rec.log_id
-            if check_genesis and rec.prev != genesis:
-                return bad(
+                return "the first record carries no log id"
+            if self.check_genesis and rec.prev != self.genesis:
+                return (
                     f"the first record starts from {rec.prev[:12]}…, expected genesis "
-                    f"{genesis[:12]}…: the log was replaced or belongs elsewhere"
+                    f"{self.genesis[:12]}…: the log was replaced or belongs elsewhere"
                 )
-            head = rec.prev
-            tail = rec.prev
+            self.log_id = rec.log_id
+            self.head = rec.prev
+            self.tail = rec.prev
         else:
             if rec.log_id is not None:
-                return bad(
+                return (
                     f"log id {rec.log_id} on a record other than the first: "
                     "records spliced in from another log"
                 )
-            if rec.prev != tail:
-                return bad(
+            if rec.prev != self.tail:
+                return (
                     f"prev {rec.prev[:12]}… does not match the hash of seq {n - 1} "
-                    f"({tail[:12]}…): a record was removed, inserted, reordered or spliced in"
+                    f"({self.tail[:12]}…): a record was removed, inserted, reordered or spliced in"
                 )
-        if rec.ts < last_ts:
-            return bad(f"timestamp {rec.ts} is earlier than the record before it ({last_ts})")
-        last_ts = rec.ts
-        tail = rec.hash
-        n += 1
-    return VerifyReport(
-        ok=True, events=n, head=head, tail=tail, first_bad_seq=None, reason=None,
-        torn_tail=False, log_id=log_id, path=str(path),
-    )
+        if rec.ts < self.last_ts:
+            return f"timestamp {rec.ts} is earlier than the record before it ({self.last_ts})"
+        want = self.anchors.get(n)
+        if want is not None and rec.hash != want:
+            return (
+                f"record seq {n} has hash {rec.hash[:12]}…, the anchor says {want[:12]}…: "
+                "the log was rewritten up to here or replaced"
+            )
+        self.last_ts = rec.ts
+        self.tail = rec.hash
+        self.n = n + 1
+        return None
+
+
+def _verify(
+    path: Path,
+    genesis: str,
+    check_genesis: bool,
+    anchors: Mapping[int, str] | None = None,
+    collect: Callable[[Record], None] | None = None,
+) -> VerifyReport:
+    """The reference verifier: one pass, one process, exact first failure."""
+    w = _Walk(genesis, check_genesis, anchors)
+
+    def report(ok: bool, reason: str | None, torn: tuple[int, int] | None = None) -> VerifyReport:
+        return VerifyReport(
+            ok=ok,
+            events=w.n,
+            head=w.head,
+            tail=w.tail,
+            first_bad_seq=None if ok else w.n,
+            reason=reason,
+            torn_tail=torn is not None,
+            log_id=w.log_id,
+            torn_offset=torn[0] if torn else None,
+            torn_bytes=torn[1] if torn else 0,
+            path=str(path),
+        )
+
+    torn: tuple[int, int] | None = None
+    for offset, line, complete in iter_lines(path):
+        if not complete:
+            torn = (offset, len(line))
+            break
+        try:
+            rec = check_line(line)
+        except BadRecord as exc:
+            return report(False, f"{exc} (line at byte {offset})")
+        problem = w.step(rec)
+        if problem is not None:
+            return report(False, problem)
+        if collect is not None:
+            collect(rec)
+    problem = w.missing_anchor()
+    if problem is not None:
+        return report(False, problem, torn)
+    if torn is not None:
+        return report(True, torn_reason(*torn), torn)
+    return report(True, None)
 
 
 def read_records(path: Path) -> list[Record]:
@@ -466,7 +600,12 @@ class Chain:
                 "this is a bug in linpodx: record a digest of large data instead",
             )
         rec = Record(
-            seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=json.loads(line)["data"],
+            seq=seq,
+            ts=ts,
+            type=typ,
+            prev=prev,
+            hash=h,
+            data=json.loads(line)["data"],
             log_id=log_id,
         )
         return rec, line
@@ -588,13 +727,21 @@ def open_session(
     chain = session_chain(session_id, audit_hash)
     first = chain.append(
         "session.start",
-        {**(data or {}), "session_id": session_id, "profile_id": profile_id,
-         "audit_hash": audit_hash},
+        {
+            **(data or {}),
+            "session_id": session_id,
+            "profile_id": profile_id,
+            "audit_hash": audit_hash,
+        },
     )
     admin_chain().append(
         "session.open",
-        {"session_id": session_id, "profile_id": profile_id, "head": audit_hash,
-         "first": first.hash},
+        {
+            "session_id": session_id,
+            "profile_id": profile_id,
+            "head": audit_hash,
+            "first": first.hash,
+        },
     )
     return chain, first
 

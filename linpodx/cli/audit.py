@@ -1,7 +1,184 @@
-"""`linpodx audit …` commands."""
+"""`linpodx audit …` commands: verify, show, seal."""
 
 from __future__ import annotations
 
-from linpodx.cli.common import new_app
+import json
+import sys
+from typing import Annotated, Any
 
-app = new_app("audit commands (not built yet).")
+import typer
+
+from linpodx.audit.chain import Record, admin_chain, check_line, iter_lines, session_path
+from linpodx.audit.verify import (
+    ChainCheck,
+    anchors_map,
+    parse_anchor,
+    raise_broken,
+    seal,
+    verify_admin,
+    verify_session,
+)
+from linpodx.cli.common import JsonOpt, new_app, run_command
+from linpodx.errors import AuditError, ChainBroken, NotFound
+from linpodx.output import kv_line, safe_text
+
+app = new_app("Verify, show and seal the hash-chained audit logs.")
+
+SessionOpt = Annotated[
+    str | None,
+    typer.Option("--session", help="A session's chain (sess_…) instead of the admin chain."),
+]
+AnchorOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--anchor",
+        help="SEQ:HASH from `linpodx audit seal`: the chain must still hold that record "
+        "(repeatable).",
+    ),
+]
+
+
+def _short(h: str) -> str:
+    return h[:12] + "…"
+
+
+def _lines(check: ChainCheck) -> list[str]:
+    r = check.report
+    out = []
+    if check.session_id:
+        out.append(kv_line("session", check.session_id))
+    if check.profile_id:
+        out.append(kv_line("profile", safe_text(check.profile_id, 80)))
+    out.append(kv_line("events", r.events))
+    if not r.ok:
+        reason = safe_text(r.reason or "")
+        out.append(kv_line("chain", f"BROKEN at seq {r.first_bad_seq}: {reason}"))
+    elif check.problems:
+        out.append(kv_line("chain", f"BROKEN: {safe_text(check.problems[0])}"))
+    else:
+        out.append(kv_line("chain", f"OK (head {_short(r.head)}, tail {_short(r.tail)})"))
+    for p in check.problems[1 if r.ok else 0 :]:
+        out.append(kv_line("problem", safe_text(p)))
+    if r.torn_tail and r.reason and r.ok:
+        out.append(kv_line("warning", r.reason))
+    return out
+
+
+@app.command("verify")
+def verify_cmd(
+    session: SessionOpt = None, anchor: AnchorOpt = None, json_mode: JsonOpt = False
+) -> None:
+    """Check every hash and link of a chain, its seals, and its anchors in the other chain."""
+
+    def run() -> dict[str, Any]:
+        anchors = anchors_map(parse_anchor(a) for a in (anchor or []))
+        check = verify_session(session, anchors) if session else verify_admin(anchors)
+        if not json_mode:
+            sys.stdout.write("".join(line + "\n" for line in _lines(check)))
+            sys.stdout.flush()
+        if not check.ok:
+            raise_broken(check)
+        return check.to_dict()
+
+    run_command("audit verify", json_mode, run, render=lambda _result: None)
+
+
+def _records(session: str | None) -> tuple[str, list[Record], str | None]:
+    """Readable records of a chain, and why reading stopped early (if it did)."""
+    if session:
+        try:
+            path = session_path(session)
+        except AuditError:
+            path = None
+        if path is None or not path.exists():
+            raise NotFound(
+                f"no audit log for session {session}",
+                "session ids are listed by `linpodx audit show` (session.open records)",
+            )
+    else:
+        path = admin_chain().path
+        if not path.exists():
+            raise NotFound(
+                f"no admin audit log yet ({path})",
+                "it is created by the first recorded action, e.g. "
+                "`linpodx sandbox apply --profile FILE`",
+            )
+    records: list[Record] = []
+    stopped = None
+    try:
+        for offset, line, complete in iter_lines(path):
+            if not complete:
+                stopped = f"torn last line at byte {offset}: crash during append, not tampering"
+                break
+            try:
+                records.append(check_line(line))
+            except ValueError as exc:
+                stopped = f"damaged record at byte {offset}: {exc}"
+                break
+    except OSError as exc:
+        raise AuditError(f"could not read the audit log {path}: {exc.strerror or exc}") from None
+    return str(path), records, stopped
+
+
+@app.command("show")
+def show_cmd(
+    session: SessionOpt = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Only the last N records.")
+    ] = None,
+    json_mode: JsonOpt = False,
+) -> None:
+    """List a chain's records (seq, time, type, short hash, data). Does not verify links."""
+
+    def run() -> dict[str, Any]:
+        path, records, stopped = _records(session)
+        shown = records[-limit:] if limit else records
+        result = {
+            "log": path,
+            "events": len(records),
+            "records": [r.to_dict() for r in shown],
+            "stopped": stopped,
+        }
+        if not json_mode:
+            for r in shown:
+                data = json.dumps(r.data, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+                sys.stdout.write(
+                    f"{r.seq:>6}  {r.ts}  {safe_text(r.type, 40):<18} {r.hash[:12]}  "
+                    f"{safe_text(data, 300)}\n"
+                )
+            sys.stdout.flush()
+        if stopped is not None and not stopped.startswith("torn"):
+            raise ChainBroken(
+                f"stopped at a {stopped}",
+                "run `linpodx audit verify` to see what is wrong with the log",
+                details={"log": path, "events": len(records)},
+            )
+        if stopped is not None and not json_mode:
+            sys.stderr.write(f"warning: {stopped}\n")
+        return result
+
+    run_command("audit show", json_mode, run, render=lambda _result: None)
+
+
+@app.command("seal")
+def seal_cmd(session: SessionOpt = None, json_mode: JsonOpt = False) -> None:
+    """Print a checkpoint (SEQ:HASH) of the chain's last record to keep somewhere else.
+
+    Later, `linpodx audit verify --anchor SEQ:HASH` proves the log still holds that record and
+    everything before it: rewriting, replacing or truncating the log is then detected.
+    """
+
+    def run() -> dict[str, Any]:
+        return seal(session).to_dict()
+
+    def render(d: dict[str, Any]) -> None:
+        for key in ("log", "log_id", "seq", "hash", "anchor"):
+            sys.stdout.write(kv_line(key, d[key]) + "\n")
+        sys.stdout.write(
+            "note:    keep the anchor outside this account; check it later with "
+            f"`linpodx audit verify{' --session ' + session if session else ''} "
+            f"--anchor {d['anchor']}`\n"
+        )
+        sys.stdout.flush()
+
+    run_command("audit seal", json_mode, run, render=render)

@@ -1,0 +1,376 @@
+"""Verification beyond one file: sealed checkpoints and cross-anchors between chains.
+
+A hash chain alone proves only that a file is internally consistent. Someone with the user's
+rights can rewrite a whole log into a fresh, valid chain, or cut records off its end. What we
+detect, and how:
+
+- **Seals** (`linpodx audit seal`) print `SEQ:HASH` of the current last record. Kept somewhere
+  the user's account cannot rewrite (a ticket, another machine, paper), a seal lets
+  `linpodx audit verify --anchor SEQ:HASH` prove the log still holds that exact record, and
+  therefore (through `prev`) every record before it. Rewriting, replacing or truncating the
+  log at or before the sealed record is detected. Records after the last seal are protected
+  only by the cross-anchors below.
+- **Cross-anchors**: a session chain starts from the `audit_hash` of the profile revision it
+  runs under, which is the hash of a `profile.apply` record in the admin chain; the admin chain
+  records `session.open` (head and first hash) and `session.close` (tail hash and record count)
+  for each session. Rewriting or truncating a closed session's log no longer matches the admin
+  chain; replacing the admin chain loses the `profile.apply` records the sessions start from.
+  Rewriting BOTH logs consistently (and the profile store) is not detected without a seal.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from linpodx.audit.chain import (
+    ZERO_HASH,
+    Record,
+    VerifyReport,
+    admin_chain,
+    check_line,
+    session_path,
+    verify_file,
+)
+from linpodx.errors import AuditError, LinpodxError, NotFound, UsageError
+
+_ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})$")
+
+
+def parse_anchor(text: str) -> tuple[int, str]:
+    """`SEQ:HASH` (as printed by `linpodx audit seal`) -> (seq, hash)."""
+    m = _ANCHOR_RE.match(text.strip().lower())
+    if not m:
+        raise UsageError(
+            f"invalid anchor {text!r}: expected SEQ:HASH",
+            "use the `anchor:` value printed by `linpodx audit seal`, e.g. 41:3fa9…(64 hex)",
+        )
+    return int(m.group(1)), m.group(2)
+
+
+def anchors_map(anchors: Iterable[tuple[int, str]]) -> dict[int, str]:
+    """Merge anchors; two different hashes for one seq cannot both hold."""
+    out: dict[int, str] = {}
+    for seq, h in anchors:
+        if out.get(seq, h) != h:
+            raise UsageError(
+                f"two different anchors for seq {seq}", "give each sealed checkpoint once"
+            )
+        out[seq] = h
+    return out
+
+
+@dataclass(frozen=True)
+class ChainCheck:
+    """The outcome of verifying one chain with everything that anchors it."""
+
+    report: VerifyReport
+    """The file's own verification (with anchors applied)."""
+    problems: tuple[str, ...] = ()
+    """Cross-anchor failures, each a sentence; any of them means tampering."""
+    notes: tuple[str, ...] = ()
+    """What was checked against what, and what could not be (for people)."""
+    session_id: str | None = None
+    profile_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the file verifies and no cross-anchor failed."""
+        return self.report.ok and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for `--json`."""
+        d = self.report.to_dict()
+        d.update(
+            ok=self.ok,
+            session_id=self.session_id,
+            profile_id=self.profile_id,
+            problems=list(self.problems),
+            notes=list(self.notes),
+        )
+        return d
+
+
+@dataclass
+class _AdminIndex:
+    """What the admin chain says about profiles and sessions."""
+
+    applies: dict[str, Record] = field(default_factory=dict)
+    opens: dict[str, Record] = field(default_factory=dict)
+    closes: dict[str, Record] = field(default_factory=dict)
+
+    def collect(self, rec: Record) -> None:
+        if rec.type == "profile.apply":
+            self.applies[rec.hash] = rec
+        elif rec.type in ("session.open", "session.close"):
+            sid = rec.data.get("session_id")
+            if isinstance(sid, str):
+                (self.opens if rec.type == "session.open" else self.closes)[sid] = rec
+
+
+def _admin_scan() -> tuple[VerifyReport | None, _AdminIndex]:
+    index = _AdminIndex()
+    path = admin_chain().path
+    if not path.exists():
+        return None, index
+    return verify_file(path, collect=index.collect), index
+
+
+def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
+    """Verify the admin chain, its seals, and that the profile store's revisions are in it."""
+    path = admin_chain().path
+    if not path.exists() and not anchors:
+        raise NotFound(
+            f"no admin audit log yet ({path})",
+            "it is created by the first recorded action, "
+            "e.g. `linpodx sandbox apply --profile FILE`",
+        )
+    index = _AdminIndex()
+    if path.exists():
+        report = verify_file(path, anchors=anchors, collect=index.collect)
+    else:
+        # Sealed, yet gone: the log was deleted. Report it as the broken chain it is.
+        report = VerifyReport(
+            ok=False,
+            events=0,
+            head=ZERO_HASH,
+            tail=ZERO_HASH,
+            first_bad_seq=0,
+            reason="the admin log is missing but an anchor names a record in it: deleted",
+            torn_tail=False,
+            log_id=None,
+            path=str(path),
+        )
+    problems: list[str] = []
+    notes: list[str] = []
+    if report.ok:
+        problems, notes = _check_store(index)
+    return ChainCheck(report=report, problems=tuple(problems), notes=tuple(notes))
+
+
+def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
+    """Every applied profile's current audit_hash must be a profile.apply record of the chain."""
+    try:
+        # Imported late and by name: the store is optional here (verification still works
+        # without it), and the audit package must not depend on the profile package.
+        store = importlib.import_module("linpodx.profile.store")
+    except ImportError:
+        return [], ["profile store not available: profile revisions not cross-checked"]
+    problems: list[str] = []
+    try:
+        stored = list(store.list_profiles())
+    except LinpodxError as exc:
+        return [], [f"profile store not readable ({exc.message}): not cross-checked"]
+    for sp in stored:
+        ah = getattr(sp, "audit_hash", None)
+        name = getattr(sp, "name", "?")
+        if isinstance(ah, str) and ah not in index.applies:
+            problems.append(
+                f"profile {name!r} was applied with audit_hash {ah[:12]}…, which is not a "
+                "profile.apply record of the admin chain: the admin log was rewritten or replaced"
+            )
+    if stored:
+        return problems, [f"{len(stored)} applied profile(s) found in the admin chain"]
+    return problems, []
+
+
+def _first_record(path: Path) -> Record | None:
+    with open(path, "rb") as f:
+        line = f.readline()
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        return check_line(line[:-1])
+    except ValueError:
+        return None
+
+
+def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) -> ChainCheck:
+    """Verify one session chain against its profile anchor, the admin chain and seals."""
+    try:
+        path = session_path(session_id)
+    except AuditError:
+        path = None
+    if path is None or not path.exists():
+        raise NotFound(
+            f"no audit log for session {session_id}",
+            "session ids are listed by `linpodx audit show` (session.open records)",
+        )
+    problems: list[str] = []
+    notes: list[str] = []
+    try:
+        admin_report, index = _admin_scan()
+    except AuditError as exc:
+        admin_report, index = None, _AdminIndex()
+        problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
+    if admin_report is not None and not admin_report.ok:
+        problems.append(
+            f"the admin chain that anchors this session is broken at seq "
+            f"{admin_report.first_bad_seq}: {admin_report.reason}"
+        )
+
+    first = _first_record(path)
+    profile_id = audit_hash = None
+    if first is not None:
+        pid, ah = first.data.get("profile_id"), first.data.get("audit_hash")
+        profile_id = pid if isinstance(pid, str) else None
+        audit_hash = ah if isinstance(ah, str) else None
+    opened = index.opens.get(session_id)
+    closed = index.closes.get(session_id)
+    # The genesis: what the admin chain says the session started from, else what the session's
+    # first record claims (then checked against the admin chain's profile.apply records).
+    genesis = None
+    if opened is not None and isinstance(opened.data.get("head"), str):
+        genesis = str(opened.data["head"])
+    elif audit_hash is not None:
+        genesis = audit_hash
+    cross: dict[int, str] = {}
+    if opened is not None and isinstance(opened.data.get("first"), str):
+        cross[0] = str(opened.data["first"])
+    close_events: int | None = None
+    if closed is not None:
+        ev, tail = closed.data.get("events"), closed.data.get("tail")
+        if isinstance(ev, int) and isinstance(tail, str) and ev > 0:
+            close_events = ev
+            if cross.get(ev - 1, tail) != tail:
+                problems.append("the admin chain's session.open and session.close disagree")
+            cross[ev - 1] = tail
+    merged = dict(cross)
+    for seq, h in (anchors or {}).items():
+        if merged.get(seq, h) != h:
+            problems.append(f"the anchor for seq {seq} disagrees with the admin chain's")
+        merged.setdefault(seq, h)
+
+    report = verify_file(path, genesis, check_genesis=genesis is not None, anchors=merged)
+
+    if audit_hash is None:
+        problems.append("the session's first record names no profile audit_hash")
+    elif genesis is not None and audit_hash != genesis:
+        problems.append(
+            f"the session's first record names audit_hash {audit_hash[:12]}…, but the admin "
+            f"chain opened it from {genesis[:12]}…"
+        )
+    if audit_hash is not None and admin_report is not None:
+        apply = index.applies.get(audit_hash)
+        if apply is None:
+            problems.append(
+                f"no profile.apply record with hash {audit_hash[:12]}… in the admin chain: "
+                "the session log was forged or the admin log rewritten"
+            )
+        else:
+            apid = apply.data.get("profile_id")
+            if profile_id is not None and isinstance(apid, str) and apid != profile_id:
+                problems.append(
+                    f"the session names profile {profile_id}, but admin seq {apply.seq} "
+                    f"applied {apid}"
+                )
+            else:
+                notes.append(f"profile revision anchored at admin seq {apply.seq}")
+    if profile_id is not None and audit_hash is not None:
+        problems.extend(_check_store_revision(profile_id, audit_hash, notes))
+    if opened is None:
+        notes.append(
+            "no session.open in the admin chain: this session is anchored only by its profile"
+        )
+    else:
+        notes.append(f"opened at admin seq {opened.seq}")
+    if closed is None:
+        notes.append("no session.close yet: records after the last seal are not anchored")
+    else:
+        notes.append(f"closed at admin seq {closed.seq} with {close_events} record(s)")
+        if report.ok and close_events is not None and report.events > close_events:
+            problems.append(
+                f"{report.events - close_events} record(s) after the session was closed "
+                f"(admin seq {closed.seq} says {close_events})"
+            )
+    return ChainCheck(
+        report=report,
+        problems=tuple(problems),
+        notes=tuple(notes),
+        session_id=session_id,
+        profile_id=profile_id,
+    )
+
+
+def _check_store_revision(profile_id: str, audit_hash: str, notes: list[str]) -> list[str]:
+    try:
+        # Imported late and by name: the store is optional here (verification still works
+        # without it), and the audit package must not depend on the profile package.
+        store = importlib.import_module("linpodx.profile.store")
+    except ImportError:
+        notes.append("profile store not available: revision not cross-checked")
+        return []
+    try:
+        sp = store.get_by_id(profile_id)
+    except NotFound:
+        return [f"profile revision {profile_id} is not in the profile store"]
+    except LinpodxError as exc:
+        notes.append(f"profile store not readable ({exc.message})")
+        return []
+    stored = getattr(sp, "audit_hash", None)
+    if stored != audit_hash:
+        return [
+            f"the profile store says {profile_id} has audit_hash {str(stored)[:12]}…, "
+            f"the session starts from {audit_hash[:12]}…"
+        ]
+    notes.append(f"profile {profile_id} matches the profile store")
+    return []
+
+
+@dataclass(frozen=True)
+class Seal:
+    """A checkpoint to keep outside this account: the last record's seq and hash."""
+
+    path: str
+    seq: int
+    hash: str
+    log_id: str | None
+    events: int
+
+    @property
+    def anchor(self) -> str:
+        """`SEQ:HASH`, the form `linpodx audit verify --anchor` takes."""
+        return f"{self.seq}:{self.hash}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for `--json`."""
+        return {
+            "log": self.path,
+            "log_id": self.log_id,
+            "seq": self.seq,
+            "hash": self.hash,
+            "events": self.events,
+            "anchor": self.anchor,
+        }
+
+
+def seal(session_id: str | None = None) -> Seal:
+    """Verify a chain and return a checkpoint of its last record (refuses a broken chain)."""
+    check = verify_session(session_id) if session_id else verify_admin()
+    r = check.report
+    if not check.ok:
+        raise_broken(check)
+    if r.events == 0:
+        raise NotFound(f"the audit log {r.path} has no records to seal", None)
+    return Seal(path=r.path, seq=r.events - 1, hash=r.tail, log_id=r.log_id, events=r.events)
+
+
+def raise_broken(check: ChainCheck) -> None:
+    """Raise ChainBroken describing the first failure of `check`."""
+    from linpodx.errors import ChainBroken
+
+    r = check.report
+    if not r.ok:
+        msg = f"audit chain broken at seq {r.first_bad_seq}: {r.reason}"
+    else:
+        msg = f"audit chain does not match its anchors: {check.problems[0]}"
+    raise ChainBroken(
+        msg,
+        "the log was changed after it was written; keep the file as evidence and compare it "
+        "with your last seal (`linpodx audit seal`)",
+        details=check.to_dict(),
+    )
