@@ -1,0 +1,238 @@
+"""The pure podman argv builder, pinned against fixed expected argv tuples."""
+
+from __future__ import annotations
+
+import pytest
+
+from linpodx.errors import InvalidInput
+from linpodx.podman.argv import (
+    CreateSpec,
+    HostLimits,
+    build_create_argv,
+    clamp_limit,
+    hostname_for,
+    limit_notes,
+)
+from linpodx.profile.model import Mount, Profile, Resources, default_profile
+
+ROOTFUL = HostLimits(nofile_hard=20000, nproc_hard=96364, cgroup_limits=True, init=True)
+ROOTLESS_V1 = HostLimits(nofile_hard=20000, nproc_hard=96364, cgroup_limits=False, init=False)
+HASH = "ab" * 32
+
+
+def spec(profile: Profile | None = None, **kw: object) -> CreateSpec:
+    base: dict[str, object] = dict(
+        profile=profile or default_profile(),
+        profile_name="default",
+        profile_id="builtin",
+        revision=0,
+        audit_hash=HASH,
+        image="localhost/linpodx-test/busybox:latest",
+        name="agent-1",
+        host=ROOTFUL,
+    )
+    base.update(kw)
+    return CreateSpec(**base)  # type: ignore[arg-type]
+
+
+DEFAULT_ROOTFUL = (
+    "create",
+    "--name=agent-1",
+    "--hostname=agent-1",
+    "--label=linpodx.managed=1",
+    "--label=linpodx.profile=default",
+    "--label=linpodx.profile_id=builtin",
+    "--label=linpodx.revision=0",
+    f"--label=linpodx.audit_hash={HASH}",
+    "--cap-drop=all",
+    "--security-opt=no-new-privileges",
+    "--network=none",
+    "--http-proxy=false",
+    "--ipc=private",
+    "--systemd=false",
+    "--pull=never",
+    "--read-only=false",
+    "--init",
+    "--ulimit=nofile=1024:1024",
+    "--ulimit=nproc=4096:4096",
+    "--pids-limit=512",
+    "--memory=2g",
+    "--memory-swap=2g",
+    "--cpus=2",
+    "--env=HOME=/home/agent",
+    "--workdir=/home/agent",
+    "localhost/linpodx-test/busybox:latest",
+)
+
+
+def test_default_profile_rootful() -> None:
+    assert build_create_argv(spec()) == DEFAULT_ROOTFUL
+
+
+def test_rootless_cgroup_v1_interactive_rm_with_command() -> None:
+    got = build_create_argv(
+        spec(
+            host=ROOTLESS_V1,
+            rootless=True,
+            rm=True,
+            interactive=True,
+            tty=True,
+            command=("sh", "-c", "echo --network=host"),
+        )
+    )
+    assert got == (
+        "create",
+        "--name=agent-1",
+        "--hostname=agent-1",
+        "--label=linpodx.managed=1",
+        "--label=linpodx.profile=default",
+        "--label=linpodx.profile_id=builtin",
+        "--label=linpodx.revision=0",
+        f"--label=linpodx.audit_hash={HASH}",
+        "--cap-drop=all",
+        "--security-opt=no-new-privileges",
+        "--network=none",
+        "--http-proxy=false",
+        "--ipc=private",
+        "--systemd=false",
+        "--pull=never",
+        "--read-only=false",
+        "--userns=keep-id",
+        "--ulimit=nofile=1024:1024",
+        "--ulimit=nproc=4096:4096",
+        "--env=HOME=/home/agent",
+        "--workdir=/home/agent",
+        "--mount=type=tmpfs,destination=/home/agent,tmpfs-mode=0700,tmpfs-size=512m,chown=true",
+        "--rm",
+        "--interactive",
+        "--tty",
+        "localhost/linpodx-test/busybox:latest",
+        "sh",
+        "-c",
+        "echo --network=host",
+    )
+
+
+def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
+    prof = Profile(
+        name="agent-readonly",
+        mounts=(
+            Mount(source="/srv/src", target="/workspace", read_only=True),
+            Mount(source="/srv/out", target="/out", read_only=False),
+        ),
+        cap_add=("NET_BIND_SERVICE",),
+        env=(("LANG", "C.UTF-8"), ("EMPTY", "")),
+        workdir="/workspace",
+        resources=Resources(memory="512m", cpus="1.5", pids_limit=64, nofile=50000, nproc=128),
+    )
+    got = build_create_argv(
+        spec(
+            prof,
+            profile_name="agent-readonly",
+            profile_id="prof_01JABCDEF",
+            revision=3,
+            resolv_conf="/run/linpodx/agent-1/resolv.conf",
+        )
+    )
+    assert got == (
+        "create",
+        "--name=agent-1",
+        "--hostname=agent-1",
+        "--label=linpodx.managed=1",
+        "--label=linpodx.profile=agent-readonly",
+        "--label=linpodx.profile_id=prof_01JABCDEF",
+        "--label=linpodx.revision=3",
+        f"--label=linpodx.audit_hash={HASH}",
+        "--cap-drop=all",
+        "--cap-add=NET_BIND_SERVICE",
+        "--security-opt=no-new-privileges",
+        "--network=none",
+        "--http-proxy=false",
+        "--ipc=private",
+        "--systemd=false",
+        "--pull=never",
+        "--read-only=false",
+        "--init",
+        # nofile 50000 is above the host's hard 20000: clamped, never passed through.
+        "--ulimit=nofile=20000:20000",
+        "--ulimit=nproc=128:128",
+        "--pids-limit=64",
+        "--memory=512m",
+        "--memory-swap=512m",
+        "--cpus=1.5",
+        "--env=HOME=/home/agent",
+        "--env=LANG=C.UTF-8",
+        "--env=EMPTY=",
+        "--workdir=/workspace",
+        "--mount=type=bind,source=/srv/src,destination=/workspace,ro=true,bind-propagation=rprivate",
+        "--mount=type=bind,source=/srv/out,destination=/out,ro=false,bind-propagation=rprivate",
+        "--mount=type=bind,source=/run/linpodx/agent-1/resolv.conf,destination=/etc/resolv.conf,"
+        "ro=true,bind-propagation=rprivate",
+        "localhost/linpodx-test/busybox:latest",
+    )
+
+
+def test_hostname_override_for_recreate() -> None:
+    got = build_create_argv(spec(name="agent-1-lpxnew-abc123", hostname="agent-1"))
+    assert got[1:3] == ("--name=agent-1-lpxnew-abc123", "--hostname=agent-1")
+
+
+def test_never_host_env_or_network() -> None:
+    argv = build_create_argv(spec(rootless=True))
+    joined = " ".join(argv)
+    assert "--env-host" not in joined
+    assert "--http-proxy=false" in argv
+    assert [a for a in argv if a.startswith("--network")] == ["--network=none"]
+    assert not [a for a in argv if a.startswith("--device")]
+    assert not [a for a in argv if a.startswith(("--privileged", "--volume", "-v"))]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "bad name"),
+        ("name", "-x"),
+        ("name", ""),
+        ("name", "a" * 64),
+        ("image", "--privileged"),
+        ("image", ""),
+        ("image", "busybox latest"),
+    ],
+)
+def test_refuses_bad_name_and_image(field: str, value: str) -> None:
+    with pytest.raises(InvalidInput):
+        build_create_argv(spec(**{field: value}))
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        Profile(name="p", env=(("FOO*", "x"),)),
+        Profile(name="p", env=(("A=B", "x"),)),
+        Profile(name="p", cap_add=("sys_admin",)),
+        Profile(name="p", mounts=(Mount(source="/a,b", target="/x"),)),
+        Profile(name="p", mounts=(Mount(source="/a", target="/x,ro=false"),)),
+        Profile(name="p", mounts=(Mount(source="relative", target="/x"),)),
+        Profile(name="p", resources=Resources(memory="2g; rm -rf /")),
+        Profile(name="p", resources=Resources(cpus="-1")),
+    ],
+)
+def test_refuses_values_podman_could_misread(profile: Profile) -> None:
+    with pytest.raises(InvalidInput):
+        build_create_argv(spec(profile))
+
+
+def test_clamp_and_notes() -> None:
+    assert clamp_limit("nofile", 1024, 20000) == (1024, None)
+    assert clamp_limit("nofile", 1024, None) == (1024, None)
+    value, note = clamp_limit("nofile", 30000, 20000)
+    assert value == 20000
+    assert note is not None and "20000" in note
+    notes = limit_notes(spec(host=ROOTLESS_V1))
+    assert len(notes) == 1 and "RLIMIT_NPROC=4096" in notes[0]
+    assert limit_notes(spec()) == []
+
+
+def test_hostname_for() -> None:
+    assert hostname_for("agent_1.x") == "agent-1-x"
+    assert hostname_for("___") == "linpodx"
