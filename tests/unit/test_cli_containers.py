@@ -1,0 +1,267 @@
+"""The containers service and CLI with a small hand-written fake engine (no podman here).
+
+What these pin: the audit record comes before any podman call; a failure after `podman create`
+removes the container and its spec; a failure of `podman create` itself removes nothing (the name
+may belong to someone else's container); containers without the linpodx label are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from linpodx import containers
+from linpodx.errors import EngineError
+from linpodx.paths import audit_dir, containers_dir
+from linpodx.podman import engine
+from linpodx.profile.model import Network, Profile
+
+
+class FakeEngine:
+    """Records every call; fails where told to."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.fail: dict[str, EngineError] = {}
+        self.labels: dict[str, str] = {"linpodx.managed": "1", "linpodx.profile_id": "builtin"}
+        self.state = "running"
+        self.present: set[str] = {"other"}
+
+    def _step(self, what: str, *args: str) -> None:
+        self.calls.append((what, *args))
+        if what in self.fail:
+            raise self.fail[what]
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        def create(argv: Any) -> str:
+            self._step("create", *argv)
+            name = next(a.split("=", 1)[1] for a in argv if a.startswith("--name="))
+            self.present.add(name)
+            return "c0ffee"
+
+        def remove_quietly(name: str) -> None:
+            self.calls.append(("remove", name))
+            self.present.discard(name)
+
+        def inspect(name: str) -> dict[str, Any]:
+            self.calls.append(("inspect", name))
+            return {
+                "Id": "c0ffee",
+                "State": {"Status": self.state, "Pid": 42},
+                "Config": {"Labels": dict(self.labels)},
+                "ImageName": "img",
+            }
+
+        mp.setattr(engine, "create", create)
+        mp.setattr(engine, "create_home", lambda n: self._step("create_home", n))
+        mp.setattr(engine, "init", lambda n: self._step("init", n))
+        mp.setattr(engine, "start", lambda n: self._step("start", n))
+        mp.setattr(engine, "stop", lambda n, t=10: self._step("stop", n))
+        mp.setattr(engine, "remove", lambda n, force=False: self._step("rm", n))
+        mp.setattr(engine, "remove_quietly", remove_quietly)
+        mp.setattr(engine, "inspect", inspect)
+        mp.setattr(engine, "exists", lambda n: n in self.present)
+        mp.setattr(engine, "container_pid", lambda n: 42)
+        mp.setattr(engine, "run_inherited", lambda argv: self._step("inherited", *argv) or 0)
+        mp.setattr(engine, "podman_bin", lambda: "/usr/bin/podman")
+        mp.setattr(
+            engine,
+            "list_managed",
+            lambda all_states: [
+                {
+                    "Names": ["agent-1"],
+                    "Labels": {"linpodx.profile": "default", "linpodx.revision": "0"},
+                    "State": "running",
+                    "Image": "img",
+                }
+            ],
+        )
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
+    f = FakeEngine()
+    f.install(monkeypatch)
+    return f
+
+
+def admin_records() -> list[dict[str, Any]]:
+    path = audit_dir() / "admin.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+REQ = containers.RunRequest(image="localhost/img:1", name="agent-1", detach=True)
+
+
+def test_run_audits_then_creates_home_then_starts(fake: FakeEngine) -> None:
+    info, _ = containers.run(REQ)
+    assert info.name == "agent-1" and info.state == "running"
+    assert fake.names()[:3] == ["create", "create_home", "start"]
+    recs = admin_records()
+    assert [r["type"] for r in recs] == ["container.run"]
+    assert recs[0]["data"]["name"] == "agent-1" and recs[0]["data"]["profile_id"] == "builtin"
+    spec = containers.load_spec("agent-1")
+    assert spec["image"] == "localhost/img:1" and spec["container_id"] == "c0ffee"
+
+
+def test_audit_failure_means_no_podman_call(fake: FakeEngine, isolated_state: Path) -> None:
+    d = audit_dir()
+    d.parent.mkdir(parents=True, exist_ok=True)
+    d.write_text("not a directory")  # the chain cannot be written
+    code = __import__("linpodx.cli.main", fromlist=["main"]).main(
+        ["run", "--image", "localhost/img:1", "--name", "agent-1", "-d"]
+    )
+    assert code == 6
+    assert fake.calls == []
+    assert not (containers_dir() / "agent-1").exists()
+
+
+def test_failure_after_create_removes_container_and_spec(fake: FakeEngine) -> None:
+    fake.fail["create_home"] = EngineError("podman cp failed", stderr="Error: boom")
+    with pytest.raises(EngineError) as ei:
+        containers.run(REQ)
+    assert ("remove", "agent-1") in fake.calls
+    assert "start" not in fake.names()
+    assert not (containers_dir() / "agent-1").exists()
+    assert ei.value.hint and "removed again" in ei.value.hint
+
+
+def test_failed_start_removes_container(fake: FakeEngine) -> None:
+    fake.fail["start"] = EngineError("podman start failed", stderr="Error: runc: boom")
+    with pytest.raises(EngineError):
+        containers.run(REQ)
+    assert ("remove", "agent-1") in fake.calls
+    assert not (containers_dir() / "agent-1").exists()
+
+
+def test_create_failure_removes_nothing(fake: FakeEngine) -> None:
+    fake.fail["create"] = EngineError(
+        "podman create failed", stderr='Error: the container name "agent-1" is already in use'
+    )
+    with pytest.raises(EngineError):
+        containers.run(REQ)
+    # The name belongs to another container: it must not be touched.
+    assert "remove" not in fake.names()
+    assert not (containers_dir() / "agent-1").exists()
+
+
+class FakeGuard:
+    def __init__(self, fail_attach: bool) -> None:
+        self.fail_attach = fail_attach
+        self.calls: list[str] = []
+
+    def prepare(self, name: str, stored: Any) -> Path:
+        self.calls.append("prepare")
+        return Path("/run/fake/resolv.conf")
+
+    def attach(self, name: str, pid: int, stored: Any) -> None:
+        self.calls.append(f"attach:{pid}")
+        if self.fail_attach:
+            raise RuntimeError("nft said no")
+
+    def detach(self, name: str) -> None:
+        self.calls.append("detach")
+
+
+def guarded_ref() -> containers.ProfileRef:
+    prof = Profile(name="net", network=Network(egress_dns_allowlist=("crates.io",)))
+    return containers.ProfileRef(prof, "net", "prof_X", 2, "cd" * 32)
+
+
+def test_guard_sequence_create_init_attach_start(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = FakeGuard(fail_attach=False)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    spec = containers.make_spec(REQ, guarded_ref())
+    containers.create_and_start(spec, guarded_ref())
+    assert fake.names()[:4] == ["create", "create_home", "init", "start"]
+    create_argv = fake.calls[0]
+    assert "--network=none" in create_argv
+    assert any("destination=/etc/resolv.conf" in a for a in create_argv)
+    assert guard.calls == ["prepare", "attach:42"]
+
+
+def test_guard_failure_fails_closed(fake: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = FakeGuard(fail_attach=True)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    spec = containers.make_spec(REQ, guarded_ref())
+    with pytest.raises(EngineError) as ei:
+        containers.create_and_start(spec, guarded_ref())
+    assert "egress guard failed" in ei.value.message
+    assert "start" not in fake.names()
+    assert ("remove", "agent-1") in fake.calls
+    assert "detach" in guard.calls
+
+
+def test_unmanaged_container_refused(fake: FakeEngine, cli: Any) -> None:
+    fake.labels = {}
+    for args in (["stop", "other"], ["rm", "other"], ["start", "other"], ["logs", "other"]):
+        res = cli(*args)
+        assert res.exit_code == 8, args
+        assert "not managed by linpodx" in res.stderr
+        assert "Traceback" not in res.stderr
+    assert "stop" not in fake.names() and "rm" not in fake.names()
+
+
+def test_exec_is_audited_with_argv(fake: FakeEngine, cli: Any) -> None:
+    fake.present.add("agent-1")
+    res = cli("exec", "agent-1", "--", "sh", "-c", "id")
+    assert res.exit_code == 0, res.stderr
+    recs = admin_records()
+    assert recs[-1]["type"] == "container.exec"
+    assert recs[-1]["data"]["argv"] == ["sh", "-c", "id"]
+    assert fake.calls[-1][-4:] == ("agent-1", "sh", "-c", "id")
+
+
+def test_exec_needs_a_command(fake: FakeEngine, cli: Any) -> None:
+    res = cli("exec", "agent-1")
+    assert res.exit_code == 3
+    assert "hint:" in res.stderr
+
+
+def test_run_json_needs_detach(fake: FakeEngine, cli: Any) -> None:
+    res = cli("run", "--image", "localhost/img:1", "--json")
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and "--detach" in doc["error"]["message"]
+    assert fake.calls == []
+
+
+def test_run_detached_json(fake: FakeEngine, cli: Any) -> None:
+    res = cli("run", "--image", "localhost/img:1", "--name", "agent-1", "-d", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["result"]["container_id"] == "c0ffee"
+    assert doc["result"]["state"] == "running"
+
+
+def test_bad_name_is_an_error_not_a_traceback(fake: FakeEngine, cli: Any) -> None:
+    res = cli("run", "--image", "localhost/img:1", "--name", "../etc")
+    assert res.exit_code == 3
+    assert res.stderr.startswith("error: invalid container name")
+    assert fake.calls == []
+
+
+def test_ps_lists_rows(fake: FakeEngine, cli: Any) -> None:
+    res = cli("ps", "--all")
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "PROFILE", "REVISION", "STATE", "EGRESS"]
+    assert lines[1].split()[:4] == ["agent-1", "default", "0", "running"]
+
+
+def test_stop_audited_before_stop(fake: FakeEngine, cli: Any) -> None:
+    fake.present.add("agent-1")
+    res = cli("stop", "agent-1")
+    assert res.exit_code == 0, res.stderr
+    assert admin_records()[-1]["type"] == "container.stop"
+    assert "stop" in fake.names()
