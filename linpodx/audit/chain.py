@@ -52,7 +52,7 @@ _LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}$")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
 _KEYS_FIRST = _KEYS | {"log"}
-_TAIL_CHUNK = 64 * 1024
+_TAIL_CHUNK = 8 * 1024
 
 HINT_WRITE = (
     "check that the state dir is writable and the disk is not full (df -h); "
@@ -153,6 +153,33 @@ def now_ts() -> str:
     ns = time.time_ns()
     secs, micros = divmod(ns // 1000, 1_000_000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{micros:06d}Z"
+
+
+def encode_record(
+    seq: int, ts: str, typ: str, prev: str, data_bytes: bytes, log_id: str | None
+) -> tuple[bytes, bytes]:
+    """The canonical record without hash, split where the `hash` pair goes: (head, after).
+
+    head + after is canonical_bytes of the record without `hash`; the stored line is head +
+    `,"hash":"H"` + after. Assembled by hand so the data is encoded once: the keys in RFC 8785
+    order are data, hash, log, prev, seq, ts, type, and every field but data is pattern-checked
+    ASCII needing no escapes (a unit test holds this equal to canonical_bytes).
+    """
+    after = b"".join(
+        (
+            b',"log":"' + log_id.encode("ascii") + b'"' if log_id is not None else b"",
+            b',"prev":"',
+            prev.encode("ascii"),
+            b'","seq":',
+            str(seq).encode("ascii"),
+            b',"ts":"',
+            ts.encode("ascii"),
+            b'","type":"',
+            typ.encode("ascii"),
+            b'"}',
+        )
+    )
+    return b'{"data":' + data_bytes, after
 
 
 def torn_reason(offset: int, length: int) -> str:
@@ -272,18 +299,18 @@ def _record_from_obj(obj: Any) -> Record:
     )
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise BadRecord("not a valid record: seq is not a non-negative integer")
-    if not isinstance(ts, str) or not _TS_RE.match(ts):
+    if not isinstance(ts, str) or not _TS_RE.fullmatch(ts):
         raise BadRecord("not a valid record: ts is not a UTC timestamp")
-    if not isinstance(typ, str) or not _TYPE_RE.match(typ):
+    if not isinstance(typ, str) or not _TYPE_RE.fullmatch(typ):
         raise BadRecord("not a valid record: type is not a dotted event name")
-    if not isinstance(prev, str) or not _HEX64.match(prev):
+    if not isinstance(prev, str) or not _HEX64.fullmatch(prev):
         raise BadRecord("not a valid record: prev is not a sha256 hex digest")
-    if not isinstance(h, str) or not _HEX64.match(h):
+    if not isinstance(h, str) or not _HEX64.fullmatch(h):
         raise BadRecord("not a valid record: hash is not a sha256 hex digest")
     if not isinstance(data, dict):
         raise BadRecord("not a valid record: data is not an object")
     log = obj.get("log")
-    if log is not None and (not isinstance(log, str) or not _LOG_RE.match(log)):
+    if log is not None and (not isinstance(log, str) or not _LOG_RE.fullmatch(log)):
         raise BadRecord("not a valid record: log is not a log id")
     if "log" in obj and log is None:
         raise BadRecord("not a valid record: log is null")
@@ -472,7 +499,7 @@ class Chain:
     """One chain file. Cheap to create; every append opens, locks, writes and closes."""
 
     def __init__(self, path: Path, genesis: str | None = None):
-        if genesis is not None and not _HEX64.match(genesis):
+        if genesis is not None and not _HEX64.fullmatch(genesis):
             raise AuditError(
                 "the chain's genesis is not a sha256 hex digest",
                 "pass the audit_hash of an applied profile revision",
@@ -485,18 +512,18 @@ class Chain:
 
     def append(self, type: str, data: Mapping[str, Any]) -> Record:
         """Record one event durably, or raise AuditError (then the action must not happen)."""
-        if not _TYPE_RE.match(type):
+        if not _TYPE_RE.fullmatch(type):
             raise AuditError(
                 f"could not record to the audit log: invalid event type {type!r}",
                 "event types are dotted lower-case names such as profile.apply",
             )
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
-            ensure_dir(self.path.parent)
-            fd = os.open(
-                self.path,
-                os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
-                FILE_MODE,
-            )
+            try:
+                fd = os.open(self.path, flags, FILE_MODE)
+            except FileNotFoundError:
+                ensure_dir(self.path.parent)  # first record of this log: dirs are 0700
+                fd = os.open(self.path, flags, FILE_MODE)
         except OSError as exc:
             raise AuditError(
                 f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
@@ -581,19 +608,19 @@ class Chain:
     ) -> tuple[Record, bytes]:
         # A clock stepping back must not make the chain look reordered: never go below the tail.
         ts = max(now_ts(), last_ts)
-        body: dict[str, Any] = {"seq": seq, "ts": ts, "type": typ, "prev": prev, "data": data}
-        log_id = None
-        if seq == 0:
-            log_id = new_id("log")
-            body["log"] = log_id
+        log_id = new_id("log") if seq == 0 else None
         try:
-            h = record_hash(body)
-            line = canonical_bytes({**body, "hash": h}) + b"\n"
+            data_bytes = canonical_bytes(data)
+            if not isinstance(data, Mapping):
+                raise CanonicalError("event data must be an object")
         except (CanonicalError, RecursionError) as exc:
             raise AuditError(
                 f"could not record to the audit log: the event data cannot be recorded: {exc}",
                 "this is a bug in linpodx: event data must be canonical JSON (no floats)",
             ) from None
+        head, after = encode_record(seq, ts, typ, prev, data_bytes, log_id)
+        h = hashlib.sha256(DOMAIN + head + after).hexdigest()
+        line = head + b',"hash":"' + h.encode("ascii") + b'"' + after
         if len(line) > MAX_LINE:
             raise AuditError(
                 f"could not record to the audit log: record larger than {MAX_LINE} bytes",
@@ -605,10 +632,10 @@ class Chain:
             type=typ,
             prev=prev,
             hash=h,
-            data=json.loads(line)["data"],
+            data=json.loads(data_bytes),
             log_id=log_id,
         )
-        return rec, line
+        return rec, line + b"\n"
 
     def verify(self) -> VerifyReport:
         """Verify this chain against its genesis."""
@@ -685,7 +712,7 @@ def _read_tail(fd: int, size: int) -> tuple[Record | None, int | None]:
         return None, 0
     torn_at = end_nl + 1 if end_nl + 1 < size else None
     try:
-        rec = parse_line(line)
+        rec = check_line(line)
     except BadRecord as exc:
         raise AuditError(
             f"the audit log's last record is damaged ({exc}); refusing to chain onto it",
@@ -701,7 +728,7 @@ def admin_chain() -> Chain:
 
 def session_path(session_id: str) -> Path:
     """Where a session's chain lives. Refuses ids that could name another path."""
-    if not _SESSION_RE.match(session_id) or session_id in {".", ".."}:
+    if not _SESSION_RE.fullmatch(session_id) or session_id in {".", ".."}:
         raise AuditError(
             f"invalid session id {session_id!r}",
             "session ids look like sess_01J…; see `linpodx audit show`",
@@ -751,7 +778,7 @@ def anchor_session(session_id: str, tail_hash: str, events: int) -> Record:
 
     After this, truncating or rewriting the session log is detected by `verify --session`.
     """
-    if not _HEX64.match(tail_hash):
+    if not _HEX64.fullmatch(tail_hash):
         raise AuditError(
             "could not record to the audit log: the session tail is not a sha256 hex digest"
         )

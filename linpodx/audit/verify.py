@@ -43,7 +43,7 @@ _ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})$")
 
 def parse_anchor(text: str) -> tuple[int, str]:
     """`SEQ:HASH` (as printed by `linpodx audit seal`) -> (seq, hash)."""
-    m = _ANCHOR_RE.match(text.strip().lower())
+    m = _ANCHOR_RE.fullmatch(text.strip().lower())
     if not m:
         raise UsageError(
             f"invalid anchor {text!r}: expected SEQ:HASH",

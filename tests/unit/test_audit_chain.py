@@ -1,0 +1,321 @@
+"""The audit chain library: record format, hashing, appends, strict parsing, the fast path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from linpodx.audit import chain as ch
+from linpodx.audit.chain import (
+    DOMAIN,
+    ZERO_HASH,
+    BadRecord,
+    Chain,
+    admin_chain,
+    check_line,
+    parse_line,
+    session_chain,
+    verify_file,
+)
+from linpodx.canonical import canonical_bytes
+from linpodx.errors import AuditError
+from linpodx.paths import audit_dir, sessions_audit_dir
+
+
+def lines_of(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines()
+
+
+def test_append_builds_a_linked_chain(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "logs" / "a.jsonl")
+    r0 = c.append("profile.apply", {"name": "demo", "n": 1})
+    r1 = c.append("profile.rm", {"name": "demo"})
+    r2 = c.append("container.run", {"name": "box", "argv": ["a", "b"], "ok": True, "x": None})
+    assert (r0.seq, r1.seq, r2.seq) == (0, 1, 2)
+    assert r0.prev == ZERO_HASH
+    assert r1.prev == r0.hash and r2.prev == r1.hash
+    assert r0.log_id is not None and r0.log_id.startswith("log_")
+    assert r1.log_id is None and r2.log_id is None
+    assert r0.ts <= r1.ts <= r2.ts
+    stored = [json.loads(line) for line in lines_of(c.path)]
+    assert [s["seq"] for s in stored] == [0, 1, 2]
+    assert "log" in stored[0] and "log" not in stored[1] and "log" not in stored[2]
+    assert stored[2]["data"] == {"name": "box", "argv": ["a", "b"], "ok": True, "x": None}
+    report = verify_file(c.path)
+    assert report.ok and report.events == 3 and report.tail == r2.hash
+    assert report.head == ZERO_HASH and report.log_id == r0.log_id and not report.torn_tail
+
+
+def test_hash_is_domain_separated_sha256_of_canonical_record(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    c.append("a.first", {"k": "v"})
+    c.append("a.second", {"é": "ü\u2028", "nested": {"b": [1, 2], "a": "\x00"}})
+    for line in lines_of(c.path):
+        obj = json.loads(line)
+        body = {k: v for k, v in obj.items() if k != "hash"}
+        assert obj["hash"] == hashlib.sha256(DOMAIN + canonical_bytes(body)).hexdigest()
+        # The stored line is exactly the canonical encoding of the whole record.
+        assert line == canonical_bytes(obj)
+
+
+def test_encode_record_equals_canonical_bytes() -> None:
+    data = {"z": 1, "a": ["x", {"q": None}], "é": '\u2028\n"\\'}
+    for log in (None, "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"):
+        head, after = ch.encode_record(
+            7, "2026-01-01T00:00:00.000001Z", "a.b", "f" * 64, canonical_bytes(data), log
+        )
+        rec: dict[str, object] = {
+            "seq": 7,
+            "ts": "2026-01-01T00:00:00.000001Z",
+            "type": "a.b",
+            "prev": "f" * 64,
+            "data": data,
+        }
+        if log:
+            rec["log"] = log
+        assert head + after == canonical_bytes(rec)
+        assert head + b',"hash":"' + b"0" * 64 + b'"' + after == canonical_bytes(
+            {**rec, "hash": "0" * 64}
+        )
+
+
+def test_genesis_is_the_first_prev(tmp_path: Path) -> None:
+    g = hashlib.sha256(b"profile").hexdigest()
+    c = Chain(tmp_path / "s.jsonl", genesis=g)
+    r = c.append("session.start", {})
+    assert r.prev == g
+    assert verify_file(c.path, g).ok
+    bad = verify_file(c.path)  # against the default all-zero genesis
+    assert not bad.ok and bad.first_bad_seq == 0 and "expected genesis" in (bad.reason or "")
+
+
+def test_invalid_genesis_refused(tmp_path: Path) -> None:
+    with pytest.raises(AuditError):
+        Chain(tmp_path / "s.jsonl", genesis="not-a-hash")
+
+
+def test_modes_and_paths() -> None:
+    a = admin_chain()
+    assert a.path == audit_dir() / "admin.jsonl"
+    a.append("profile.apply", {})
+    s = session_chain("sess_01ARZ3NDEKTSV4RRFFQ69G5FAV", "a" * 64)
+    assert s.path == sessions_audit_dir() / "sess_01ARZ3NDEKTSV4RRFFQ69G5FAV.jsonl"
+    s.append("session.start", {})
+    for f in (a.path, s.path):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    for d in (audit_dir(), sessions_audit_dir()):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("bad_id", ["../x", "a/b", "", ".", "..", "x" * 200, "sess\n"])
+def test_session_id_cannot_name_another_path(bad_id: str) -> None:
+    with pytest.raises(AuditError):
+        session_chain(bad_id, "a" * 64)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"f": 1.5},
+        {"nan": float("nan")},
+        {"big": 2**60},
+        {"s": "\ud800"},
+        {1: "non-string key"},
+        {"b": b"bytes"},
+    ],
+)
+def test_unrecordable_data_raises_and_leaves_file_alone(tmp_path: Path, data: object) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    c.append("a.ok", {"x": 1})
+    before = c.path.read_bytes()
+    with pytest.raises(AuditError, match="could not record to the audit log"):
+        c.append("a.bad", data)  # type: ignore[arg-type]
+    assert c.path.read_bytes() == before
+    assert verify_file(c.path).ok
+
+
+@pytest.mark.parametrize("typ", ["", "nodot", "Upper.case", "a..b", "a.b\n", "a.b c"])
+def test_invalid_event_type_refused(tmp_path: Path, typ: str) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    with pytest.raises(AuditError):
+        c.append(typ, {})
+    assert not c.path.exists()
+
+
+def test_symlinked_log_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    (tmp_path / "a.jsonl").symlink_to(target)
+    with pytest.raises(AuditError, match="could not record"):
+        Chain(tmp_path / "a.jsonl").append("a.b", {})
+    assert target.read_bytes() == b""
+
+
+def test_append_onto_damaged_last_record_refused(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    c.append("a.b", {"x": 1})
+    c.append("a.b", {"x": 2})
+    raw = c.path.read_bytes().replace(b'"x":2', b'"x":3')
+    c.path.write_bytes(raw)
+    with pytest.raises(AuditError, match="last record is damaged"):
+        c.append("a.b", {"x": 4})
+    assert c.path.read_bytes() == raw
+
+
+def test_existing_log_mode_tightened(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    c.append("a.b", {})
+    c.path.chmod(0o644)
+    c.append("a.b", {})
+    assert stat.S_IMODE(c.path.stat().st_mode) == 0o600
+
+
+def test_clock_going_back_keeps_timestamps_monotonic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    monkeypatch.setattr(ch, "now_ts", lambda: "2030-01-01T00:00:00.000000Z")
+    c.append("a.b", {})
+    monkeypatch.setattr(ch, "now_ts", lambda: "2020-01-01T00:00:00.000000Z")
+    r = c.append("a.b", {})
+    assert r.ts == "2030-01-01T00:00:00.000000Z"
+    assert verify_file(c.path).ok
+
+
+def test_tail_read_handles_records_longer_than_a_chunk(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    big = "x" * (3 * ch._TAIL_CHUNK + 17)
+    c.append("a.b", {"big": big})
+    c.append("a.b", {"big": big})
+    r = c.append("a.b", {"small": 1})
+    assert r.seq == 2
+    assert verify_file(c.path).ok
+
+
+def test_oversized_record_refused(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    with pytest.raises(AuditError, match="larger than"):
+        c.append("a.b", {"big": "x" * (ch.MAX_LINE + 1)})
+    assert not c.path.exists() or c.path.read_bytes() == b""
+
+
+# --- strict parsing and the fast path -------------------------------------------------------
+
+
+def _forge(obj: dict[str, object]) -> bytes:
+    """An attacker's record: canonical, with a correct hash over its body."""
+    body = {k: v for k, v in obj.items() if k != "hash"}
+    h = hashlib.sha256(DOMAIN + canonical_bytes(body)).hexdigest()
+    return canonical_bytes({**body, "hash": h})
+
+
+def _base(**over: object) -> dict[str, object]:
+    rec: dict[str, object] = {
+        "seq": 0,
+        "ts": "2026-01-01T00:00:00.000000Z",
+        "type": "a.b",
+        "prev": ZERO_HASH,
+        "data": {"k": "v"},
+        "log": "log_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+    }
+    rec.update(over)
+    return rec
+
+
+def _good_lines() -> list[bytes]:
+    return [
+        _forge(_base()),
+        _forge(_base(data={"é": "ü", "ctl": "\x01\x1f\u2028", "q": '"\\'})),
+        _forge(_base(data={"astral": "\U0001f600", "\U0001f600": 1, "\uffff": 2})),
+        _forge(_base(data={"n": 2**53 - 1, "m": -(2**53 - 1), "z": 0, "l": [[], {}]})),
+        _forge(_base(data={"deep": [[[[[[1]]]]]]})),
+        _forge(_base(data={"s": '@HASH@,"hash":"' + "a" * 64 + '"'})),
+        _forge(_base(data={"inner": {"hash": "b" * 64, "a": 1}})),
+    ]
+
+
+def _bad_lines() -> list[tuple[bytes, str]]:
+    good = _forge(_base())
+    rec = json.loads(good)
+    return [
+        (good.replace(b'"k":"v"', b'"k":"v","k":"v"'), "duplicate key"),
+        (_forge(_base(data={})).replace(b'"data":{}', b'"data":{"f":1.5}'), "floating"),
+        (good.replace(b'"v"', b'"\\ud800"'), "surrogate"),
+        (good.replace(b'"v"', b'"\xff"'), "UTF-8"),
+        (good.replace(b'"k":"v"', b'"k": "v"'), "canonical"),
+        (good.replace(b'"k":"v"', b'"k":"\\u0076"'), "canonical"),
+        (good.replace(b'"v"', b"NaN"), "NaN"),
+        (good.replace(b'"k":"v"', b'"k":12345678901234567'), "integer"),
+        (good.replace(b'"k":"v"', b'"k":-0'), "canonical"),
+        (good.replace(b'"k":"v"', b'"k":"w"'), "hash mismatch"),
+        (good + b" ", "canonical"),
+        (b"[" + good + b"]", "not a JSON object"),
+        (_forge({**_base(), "extra": 1}), "unknown keys"),
+        (_forge({k: v for k, v in _base().items() if k != "ts"}), "missing keys"),
+        (_forge(_base(seq=-1)), "seq"),
+        (_forge(_base(seq=True)), "seq"),
+        (_forge(_base(ts="yesterday")), "ts"),
+        (_forge(_base(type="NotDotted")), "type"),
+        (_forge(_base(prev="A" * 64)), "prev"),
+        (_forge(_base(log="evil")), "log"),
+        (_forge(_base(data=[1])), "data is not an object"),
+        (_forge(_base(data={"d": "[" * 70 + "x"})), ""),  # a deep-looking string is fine...
+        (json.dumps(rec).encode(), "canonical"),
+        (good.replace(b'"k":"v"', b'"k":' + b"[" * 70 + b"1" + b"]" * 70), "nesting"),
+    ]
+
+
+@pytest.mark.parametrize("line", _good_lines())
+def test_fast_path_agrees_with_reference_on_good_lines(line: bytes) -> None:
+    assert check_line(line) == parse_line(line)
+
+
+@pytest.mark.parametrize(("line", "why"), _bad_lines())
+def test_fast_path_agrees_with_reference_on_bad_lines(line: bytes, why: str) -> None:
+    if why == "":
+        # the control case: brackets inside a string are not nesting
+        assert check_line(line) == parse_line(line)
+        return
+    assert ch._fast_record(line) is None
+    with pytest.raises(BadRecord) as ref:
+        parse_line(line)
+    with pytest.raises(BadRecord) as fast:
+        check_line(line)
+    assert str(ref.value) == str(fast.value)
+    assert why.lower() in str(ref.value).lower()
+
+
+def test_fast_path_is_taken_for_what_we_write(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    c.append("a.b", {"k": "v", "n": [1, 2, {"x": None}], "é": "\u2028"})
+    c.append("a.b", {})
+    for line in lines_of(c.path):
+        assert ch._fast_record(line) is not None
+
+
+def test_verify_missing_file_is_an_audit_error(tmp_path: Path) -> None:
+    with pytest.raises(AuditError, match="no audit log"):
+        verify_file(tmp_path / "nope.jsonl")
+
+
+def test_empty_file_verifies_with_no_events(tmp_path: Path) -> None:
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(b"")
+    r = verify_file(p)
+    assert r.ok and r.events == 0 and r.tail == ZERO_HASH
+
+
+def test_last_returns_tail_record(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    assert c.last() is None
+    c.append("a.b", {})
+    r = c.append("a.c", {"x": 1})
+    assert c.last() == r
+    os.truncate(c.path, c.path.stat().st_size - 5)
+    last = c.last()
+    assert last is not None and last.seq == 0
