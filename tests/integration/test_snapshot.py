@@ -1,0 +1,308 @@
+"""Snapshots and rollback on real podman (root and rootless): the walk-through's promises.
+
+Each test runs its own linpodx container (unique name) under a profile with one writable and
+one read-only mount, and removes the container, the snapshot images and the aside copies it
+made. Tests go through the CLI (in-process, `cli` fixture) as a person would; the create
+worker is a real detached process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from linpodx.snapshot import faults, jobs
+from linpodx.snapshot.names import image_ref, snapshot_dir
+from tests.conftest import BUSYBOX_IMAGE, CliResult
+
+pytestmark = pytest.mark.podman
+
+Cli = Callable[..., CliResult]
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, f"podman {' '.join(args)}: {r.stderr.strip()}"
+    return r
+
+
+def inspect(name: str) -> dict[str, object]:
+    data = json.loads(podman("container", "inspect", name).stdout)
+    assert isinstance(data, list) and len(data) == 1
+    return data[0]  # type: ignore[no-any-return]
+
+
+def ok(r: CliResult) -> CliResult:
+    assert r.exit_code == 0, f"exit {r.exit_code}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+    return r
+
+
+def result(r: CliResult) -> dict[str, object]:
+    doc = json.loads(ok(r).stdout)
+    assert doc["ok"] is True
+    return doc["result"]  # type: ignore[no-any-return]
+
+
+def audit_types() -> list[str]:
+    from linpodx.audit.chain import admin_chain, read_records
+
+    return [rec.type for rec in read_records(admin_chain().path)]
+
+
+def event_types() -> list[str]:
+    from linpodx import paths
+
+    f = paths.events_file()
+    if not f.exists():
+        return []
+    return [json.loads(line)["type"] for line in f.read_text().splitlines() if line]
+
+
+@dataclass
+class Box:
+    """A running linpodx container with a writable workspace and a read-only mount."""
+
+    name: str
+    ws: Path
+    ro: Path
+    cli: Cli
+    profile: str
+
+    def sh(self, script: str) -> str:
+        return podman("exec", self.name, "sh", "-c", script).stdout
+
+    def snapshot(self, label: str, *extra: str) -> dict[str, object]:
+        return result(self.cli("snapshot", "create", self.name, "--label", label, "--wait",
+                               "--json", *extra))
+
+
+@pytest.fixture
+def box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
+    ws = tmp_path / "work" / "ws"
+    ro = tmp_path / "work" / "ro"
+    ws.mkdir(parents=True)
+    ro.mkdir()
+    (ws / "f.txt").write_text("v1\n")
+    (ws / "f.txt").chmod(0o640)
+    (ws / "sub").mkdir()
+    (ws / "sub" / "deep.txt").write_text("deep\n")
+    (ro / "readme").write_text("ro\n")
+    profile = f"snap-{unique_name[-10:]}"
+    pfile = tmp_path / "profile.yaml"
+    pfile.write_text(
+        f"name: {profile}\n"
+        "description: snapshot test\n"
+        "mounts:\n"
+        f"  - source: {ws}\n"
+        "    target: /ws\n"
+        "    read_only: false\n"
+        f"  - source: {ro}\n"
+        "    target: /ro\n"
+        "network:\n"
+        "  egress_dns_allowlist: []\n"
+        "mcp_policy:\n"
+        "  - method: '*'\n"
+        "    decision: deny\n"
+        "audit:\n"
+        "  hash_chain: true\n"
+    )
+    ok(cli("sandbox", "apply", "--profile", str(pfile)))
+    ok(cli("run", "--profile", profile, "--image", BUSYBOX_IMAGE, "--name", unique_name,
+           "--detach", "--", "sleep", "100000"))
+    b = Box(unique_name, ws, ro, cli, profile)
+    yield b
+    # Clean up what the test made: containers named after ours, our snapshot images, the
+    # workspace (rootless: sub-uid files need the user namespace to go).
+    for line in podman("ps", "-a", "--format", "{{.Names}}").stdout.split():
+        if line.startswith(unique_name):
+            podman("rm", "-f", "-t", "0", line, check=False)
+    prefix = f"localhost/linpodx/snapshot/{unique_name}:"
+    for ref in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
+        if ref.startswith(prefix):
+            podman("rmi", "-f", ref, check=False)
+    if os.geteuid() != 0:
+        podman("unshare", "rm", "-rf", str(tmp_path / "work"), check=False)
+
+
+def test_create_prints_job_id_at_once_then_job_status_succeeds(box: Box) -> None:
+    box.sh("echo hello > /ws/from-container")
+    r = result(box.cli("snapshot", "create", box.name, "--label", "before-refactor", "--json"))
+    job_id = str(r["job_id"])
+    assert job_id.startswith("snap-") and r["status"] == jobs.QUEUED
+    deadline = time.monotonic() + 120
+    while True:
+        st = result(box.cli("snapshot", "job-status", job_id, "--json"))
+        if st["status"] in jobs.FINISHED or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert st["status"] == jobs.SUCCEEDED, st
+    assert st["image"] == image_ref(box.name, "before-refactor")
+    assert st["started"] and st["finished"] and st["duration"]
+    # The human form the walk-through shows.
+    human = ok(box.cli("snapshot", "job-status", job_id)).stdout
+    assert "status:  succeeded" in human
+    assert f"image:   localhost/linpodx/snapshot/{box.name}:before-refactor" in human
+    # The image really exists and only the writable mount was archived.
+    iid = podman("image", "inspect", "--format", "{{.Id}}", str(st["image"])).stdout.strip()
+    assert iid == st["image_id"]
+    man = json.loads((snapshot_dir(box.name, "before-refactor") / "manifest.json").read_text())
+    assert [m["target"] for m in man["mounts"]] == ["/ws"]
+    assert man["profile_labels"]["linpodx.profile"] == box.profile
+    listed = result(box.cli("snapshot", "list", box.name, "--json"))
+    assert [(x["label"], x["state"]) for x in listed] == [("before-refactor", "ok")]
+    # The container runs again after the commit (unpaused / continued).
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+    assert "snapshot.create" in audit_types() and "snapshot.create" in event_types()
+
+
+def test_rollback_restores_rootfs_workspace_and_profile_revision(box: Box) -> None:
+    from linpodx import containers
+
+    box.snapshot("before")
+    before = inspect(box.name)
+    labels_before = before["Config"]["Labels"]  # type: ignore[index]
+    egress_before = containers.egress_status(box.name)
+    # The agent's "destructive refactor": a new file in its rootfs, a changed and a new file in
+    # the workspace, a changed mode, a deleted directory.
+    box.sh("echo junk > /tmp/created-after; echo v2 > /ws/f.txt; chmod 666 /ws/f.txt;"
+           " echo new > /ws/new.txt; rm -r /ws/sub")
+    assert (box.ws / "f.txt").read_text() == "v2\n"
+    r = result(box.cli("snapshot", "rollback", box.name, "--to", "before", "--json"))
+    assert r["rolled_back"] is True
+    after = inspect(box.name)
+    assert after["Id"] != before["Id"]
+    assert after["State"]["Status"] == "running"  # type: ignore[index]
+    assert box.sh("ls /tmp").split().count("created-after") == 0
+    assert (box.ws / "f.txt").read_text() == "v1\n"
+    assert (box.ws / "f.txt").stat().st_mode & 0o777 == 0o640
+    assert not (box.ws / "new.txt").exists()
+    assert (box.ws / "sub" / "deep.txt").read_text() == "deep\n"
+    # The container sees the restored workspace (its bind mount is the restored directory).
+    assert box.sh("cat /ws/f.txt") == "v1\n"
+    assert box.sh("cat /ro/readme") == "ro\n"
+    # Same profile revision, same labels, same egress guard state.
+    labels_after = after["Config"]["Labels"]  # type: ignore[index]
+    for k in ("linpodx.managed", "linpodx.profile", "linpodx.profile_id", "linpodx.revision",
+              "linpodx.audit_hash"):
+        assert labels_after[k] == labels_before[k], k  # type: ignore[index]
+    assert containers.egress_status(box.name) == egress_before
+    # Mount modes kept: /ro still refuses writes.
+    w = podman("exec", box.name, "sh", "-c", "echo x > /ro/x", check=False)
+    assert w.returncode != 0
+    # Nothing left over: no aside container, no staging or moved-aside workspace copies.
+    names = podman("ps", "-a", "--format", "{{.Names}}").stdout.split()
+    assert [n for n in names if n.startswith(box.name)] == [box.name]
+    assert [p.name for p in box.ws.parent.iterdir() if ".linpodx-" in p.name] == []
+    assert "snapshot.rollback" in audit_types() and "snapshot.rollback" in event_types()
+
+
+def test_rollback_unknown_label_fails_and_changes_nothing(box: Box) -> None:
+    box.snapshot("known")
+    (box.ws / "f.txt").write_text("edited\n")
+    before = inspect(box.name)
+    r = box.cli("snapshot", "rollback", box.name, "--to", "unknown")
+    assert r.exit_code == 4
+    assert f"snapshot not found: {box.name} --label unknown" in r.stderr
+    assert "hint:" in r.stderr
+    after = inspect(box.name)
+    assert after["Id"] == before["Id"]
+    assert after["State"]["StartedAt"] == before["State"]["StartedAt"]  # type: ignore[index]
+    assert (box.ws / "f.txt").read_text() == "edited\n"
+    assert "snapshot.rollback" not in audit_types()
+
+
+def test_injected_failure_at_each_step_leaves_the_original_intact(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from linpodx import paths
+
+    box.snapshot("s1")
+    box.sh("echo v2 > /ws/f.txt; echo after > /tmp/after")
+    spec = paths.containers_dir() / box.name / "spec.json"
+    spec_before = spec.read_bytes()
+    for step in faults.ROLLBACK_STEPS:
+        before = inspect(box.name)
+        monkeypatch.setenv(faults.FAIL_ENV, step)
+        r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+        monkeypatch.delenv(faults.FAIL_ENV)
+        assert r.exit_code != 0, step
+        assert f"failed at step {step}" in r.stderr, r.stderr
+        assert "the original container and workspace were put back as they were" in r.stderr
+        after = inspect(box.name)
+        assert after["Id"] == before["Id"], step
+        assert after["State"]["Status"] == "running", step  # type: ignore[index]
+        assert (box.ws / "f.txt").read_text() == "v2\n", step
+        assert box.sh("cat /ws/f.txt; cat /tmp/after") == "v2\nafter\n", step
+        assert spec.read_bytes() == spec_before, step
+        names = podman("ps", "-a", "--format", "{{.Names}}").stdout.split()
+        assert [n for n in names if n.startswith(box.name)] == [box.name], step
+        assert [p.name for p in box.ws.parent.iterdir() if ".linpodx-" in p.name] == [], step
+    # After all that, a real rollback still works.
+    r = ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
+    assert "rolled_back: true" in r.stdout
+    assert (box.ws / "f.txt").read_text() == "v1\n"
+
+
+def test_worker_killed_mid_job_is_reported_failed(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(faults.DELAY_ENV, "60")
+    created = result(box.cli("snapshot", "create", box.name, "--label", "k", "--json"))
+    job_id = str(created["job_id"])
+    deadline = time.monotonic() + 60
+    while True:
+        job = jobs.read(job_id)
+        if job.status == jobs.RUNNING and job.step not in (None, "start"):
+            break
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    st = result(box.cli("snapshot", "job-status", job_id, "--json"))
+    assert st["status"] == jobs.RUNNING
+    assert job.worker_pid is not None
+    os.kill(job.worker_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while jobs.proc_start_time(job.worker_pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = box.cli("snapshot", "job-status", job_id)
+    assert r.exit_code == 0
+    assert "status:  failed" in r.stdout
+    assert "worker died" in r.stdout
+    # No half snapshot under the label, and the container still runs.
+    assert not snapshot_dir(box.name, "k").exists()
+    assert podman("image", "exists", image_ref(box.name, "k"), check=False).returncode != 0
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+
+
+def test_replace_and_rm(box: Box) -> None:
+    first = box.snapshot("dup")
+    r = box.cli("snapshot", "create", box.name, "--label", "dup")
+    assert r.exit_code == 3 and "already exists" in r.stderr and "--replace" in r.stderr
+    (box.ws / "f.txt").write_text("v3\n")
+    second = box.snapshot("dup", "--replace")
+    assert second["image_id"] != first["image_id"]
+    # The replaced image is gone (nothing used it); the label points at the new one.
+    assert podman("image", "exists", str(first["image_id"]), check=False).returncode != 0
+    rm = result(box.cli("snapshot", "rm", box.name, "--label", "dup", "--json"))
+    assert rm["removed"] is True
+    assert podman("image", "exists", image_ref(box.name, "dup"), check=False).returncode != 0
+    assert not snapshot_dir(box.name, "dup").exists()
+    assert "snapshot.rm" in audit_types() and "snapshot.rm" in event_types()
+    again = box.cli("snapshot", "rm", box.name, "--label", "dup")
+    assert again.exit_code == 4
+
+
+def test_non_linpodx_container_is_refused(cli: Cli, unique_name: str) -> None:
+    podman("run", "-d", "--name", unique_name, "--network", "none", BUSYBOX_IMAGE,
+           "sleep", "1000")
+    r = cli("snapshot", "create", unique_name, "--label", "x")
+    assert r.exit_code == 8 and "not a linpodx container" in r.stderr
+    assert not (snapshot_dir(unique_name, "x")).exists()
