@@ -1,7 +1,183 @@
-"""`linpodx sandbox …` commands."""
+"""`linpodx sandbox …`: validate, apply, list, show and remove sandbox profiles."""
 
 from __future__ import annotations
 
-from linpodx.cli.common import new_app
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
 
-app = new_app("sandbox commands (not built yet).")
+import typer
+from ruamel.yaml import YAML
+
+from linpodx.cli.common import JsonOpt, new_app, run_command
+from linpodx.ids import is_id
+from linpodx.output import kv_line, note, safe_text
+from linpodx.profile import store
+from linpodx.profile.loader import load_file
+
+app = new_app("Write, check and apply sandbox profiles (YAML).")
+
+FileArg = Annotated[Path, typer.Argument(help="The profile file (YAML).", show_default=False)]
+NameArg = Annotated[
+    str, typer.Argument(help="Profile name (or a revision id prof_…).", show_default=False)
+]
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+@app.command("validate")
+def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
+    """Check a profile file and summarize it; nothing is stored."""
+
+    def run() -> dict[str, Any]:
+        p = load_file(file)
+        return {
+            "profile": p.name,
+            "status": "ok",
+            "mounts": len(p.mounts),
+            "egress": len(p.network.egress_dns_allowlist),
+            "mcp": len(p.mcp_policy),
+        }
+
+    def render(r: dict[str, Any]) -> None:
+        sys.stdout.write(
+            "".join(
+                line + "\n"
+                for line in (
+                    kv_line("profile", r["profile"]),
+                    kv_line("status", r["status"]),
+                    kv_line("mounts", r["mounts"]),
+                    kv_line("egress", _plural(r["egress"], "host allowed", "hosts allowed")),
+                    kv_line("mcp", _plural(r["mcp"], "rule", "rules")),
+                )
+            )
+        )
+
+    run_command("sandbox validate", json_mode, run, render)
+
+
+@app.command("apply")
+def apply_cmd(
+    profile: Annotated[
+        Path, typer.Option("--profile", "-p", help="The profile file (YAML).", show_default=False)
+    ],
+    json_mode: JsonOpt = False,
+) -> None:
+    """Validate a profile and store it as a new revision (recorded in the audit chain first).
+
+    An unchanged file changes nothing and prints the current revision.
+    """
+
+    def run() -> dict[str, Any]:
+        return store.apply(profile).to_dict()
+
+    def render(r: dict[str, Any]) -> None:
+        lines = [
+            kv_line("profile_id", r["profile_id"]),
+            kv_line("audit_hash", r["audit_hash"]),
+            kv_line("revision", r["revision"]),
+            kv_line("changed", r["changed"]),
+        ]
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+        if not r["changed"]:
+            note(f"profile {r['name']} unchanged (revision {r['revision']}): nothing stored")
+
+    run_command("sandbox apply", json_mode, run, render)
+
+
+@app.command("list")
+def list_cmd(json_mode: JsonOpt = False) -> None:
+    """List applied profiles: name, revision, profile_id, applied_at."""
+
+    def run() -> dict[str, Any]:
+        return {"profiles": [sp.summary() for sp in store.list_profiles()]}
+
+    def render(r: dict[str, Any]) -> None:
+        rows = r["profiles"]
+        if not rows:
+            note("no profiles applied yet (run `linpodx sandbox apply --profile FILE`)")
+            return
+        header = ("NAME", "REVISION", "PROFILE_ID", "APPLIED_AT")
+        table = [header] + [
+            (row["name"], str(row["revision"]), row["profile_id"], row["applied_at"])
+            for row in rows
+        ]
+        widths = [max(len(t[i]) for t in table) for i in range(len(header))]
+        for t in table:
+            sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    run_command("sandbox list", json_mode, run, render)
+
+
+def _show_doc(name: str) -> dict[str, Any]:
+    sp = store.get_by_id(name) if is_id(name, "prof") else store.get(name)
+    return {
+        "name": sp.name,
+        "profile_id": sp.profile_id,
+        "revision": sp.revision,
+        "audit_hash": sp.audit_hash,
+        "applied_at": sp.applied_at,
+        "current": sp.current,
+        "profile": json.loads(json.dumps(sp.profile.to_dict())),
+    }
+
+
+@app.command("show")
+def show_cmd(
+    name: NameArg,
+    fmt: Annotated[
+        str, typer.Option("--format", help="yaml or json (the normalized profile only).")
+    ] = "yaml",
+    json_mode: JsonOpt = False,
+) -> None:
+    """Print an applied profile in its normalized form (what linpodx enforces)."""
+
+    def run() -> dict[str, Any]:
+        if fmt not in ("yaml", "json"):
+            from linpodx.errors import UsageError
+
+            raise UsageError(f"unknown --format {safe_text(fmt, 40)}", "use yaml or json")
+        return _show_doc(name)
+
+    def render(r: dict[str, Any]) -> None:
+        if fmt == "json":
+            sys.stdout.write(json.dumps(r["profile"], ensure_ascii=False, indent=2) + "\n")
+            return
+        head = (
+            f"# profile_id: {r['profile_id']}\n# revision: {r['revision']}"
+            f"{'' if r['current'] else ' (not current)'}\n"
+            f"# audit_hash: {r['audit_hash']}\n# applied_at: {r['applied_at']}\n"
+        )
+        out = io.StringIO()
+        yaml = YAML(typ="safe", pure=True)
+        yaml.default_flow_style = False
+        yaml.sort_base_mapping_type_on_output = False  # keep the model's field order
+        yaml.dump(r["profile"], out)
+        sys.stdout.write(head + out.getvalue())
+        sys.stdout.flush()
+
+    run_command("sandbox show", json_mode, run, render)
+
+
+@app.command("rm")
+def rm_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:
+    """Remove an applied profile (recorded in the audit chain). Its revisions stay readable by
+    id, so containers started under them keep working."""
+
+    def run() -> dict[str, Any]:
+        r = store.remove(name)
+        return {
+            "removed": r.name,
+            "profile_id": r.profile_id,
+            "revision": r.revision,
+            "audit_hash": r.audit_hash,
+        }
+
+    run_command("sandbox rm", json_mode, run)
