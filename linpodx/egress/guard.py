@@ -54,9 +54,27 @@ def _policy_doc(stored: StoredProfile) -> dict[str, Any]:
     }
 
 
-def _write_policy(st: EgressState, stored: StoredProfile) -> None:
+def _write_policy(st: EgressState, stored: StoredProfile, *, force: bool = False) -> None:
+    """Write the policy file, unless it already holds a NEWER revision of the same profile.
+
+    A re-apply pushes its revision here (`update_profile`); a later `linpodx start` passes the
+    revision the container was created with, and must not silently undo the audited update.
+    """
     st.ensure()
-    atomic_write(st.policy_file, json.dumps(_policy_doc(stored), sort_keys=True).encode())
+    doc = _policy_doc(stored)
+    if not force:
+        try:
+            cur = json.loads(st.policy_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cur = None
+        if (
+            isinstance(cur, dict)
+            and cur.get("profile") == doc["profile"]
+            and isinstance(cur.get("revision"), int)
+            and cur["revision"] > doc["revision"]
+        ):
+            return
+    atomic_write(st.policy_file, json.dumps(doc, sort_keys=True).encode())
 
 
 def prepare(name: str, stored: StoredProfile) -> Path:
@@ -283,7 +301,7 @@ def update_profile(stored: StoredProfile) -> list[str]:
                 f"could not record the egress update for {name}: {exc}",
                 "nothing was changed; check the audit log with `linpodx audit verify`",
             ) from exc
-        _write_policy(st, stored)
+        _write_policy(st, stored, force=True)
         if not running or info is None:
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -13,6 +13,7 @@ import ctypes
 import os
 import socket
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,37 +42,44 @@ def netns_path(pid: int) -> str:
 def bind_resolver_sockets(pid: int) -> tuple[socket.socket, socket.socket]:
     """UDP and TCP sockets on 127.0.0.1:53 INSIDE the netns of `pid`.
 
-    A socket belongs to the netns it was created in, forever; so the calling thread switches
-    into the container's netns, creates and binds them, and switches back. Only this thread
-    moves (setns of a netns is per thread), and it always comes back, or the process dies.
+    A socket belongs to the netns it was created in, forever. setns(2) of a netns moves only
+    the calling thread, so a short-lived thread joins the container's netns, creates and binds
+    the sockets, and ends there. It never switches back: rootless, going back to the host's
+    netns would need a capability over the initial user namespace that the guard lacks.
     """
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(netns_path(pid), os.O_RDONLY)
-    udp = tcp = None
-    try:
-        _setns(target, CLONE_NEWNET)
+    result: dict[str, object] = {}
+
+    def work() -> None:
+        udp = tcp = None
         try:
+            fd = os.open(netns_path(pid), os.O_RDONLY)
+            try:
+                _setns(fd, CLONE_NEWNET)
+            finally:
+                os.close(fd)
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             udp.bind((RESOLVER_ADDR, RESOLVER_PORT))
             tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             tcp.bind((RESOLVER_ADDR, RESOLVER_PORT))
             tcp.listen(16)
-        finally:
-            try:
-                _setns(own, CLONE_NEWNET)
-            except OSError:
-                # Staying in the container's netns would send upstream queries from there.
-                os._exit(70)
-    except BaseException:
-        for s in (udp, tcp):
-            if s is not None:
-                s.close()
-        raise
-    finally:
-        os.close(own)
-        os.close(target)
-    return udp, tcp
+            result["socks"] = (udp, tcp)
+        except BaseException as exc:
+            for s in (udp, tcp):
+                if s is not None:
+                    s.close()
+            result["error"] = exc
+
+    t = threading.Thread(target=work, name="netns-bind")
+    t.start()
+    t.join()
+    if "error" in result:
+        exc = result["error"]
+        raise EngineError(
+            f"could not open the policy resolver in the container's network namespace: {exc}",
+            "see `linpodx doctor`",
+        )
+    return result["socks"]  # type: ignore[return-value]
 
 
 def nft_argv(pid: int) -> list[str]:

@@ -5,9 +5,9 @@ Design (see docs/notes/egress.md):
 - output: policy drop; loopback inside the container's own netns is allowed (it only reaches
   sockets in that netns: the policy resolver and the agent's own local servers); replies of
   established flows; destinations in @allowed4/@allowed6 (filled by the policy resolver with
-  a per-element timeout); everything else is REJECTED (tcp reset / icmp admin-prohibited) so
-  clients fail at once instead of hanging, and the reject is generated locally, inside the
-  container's netns: no packet ever reaches the network helper;
+  a per-element timeout); everything else is counted and REJECTED (tcp reset / icmp
+  admin-prohibited) so clients fail at once instead of hanging; the reject is generated
+  locally, inside the container's netns: no packet ever reaches the network helper;
 - input: policy drop except loopback and established/related, so nothing reaches the container
   from the helper's side;
 - forward: policy drop (the container must not route for anyone).
@@ -48,9 +48,9 @@ table inet {table} {{
 		ct state invalid drop
 		ip daddr @{SET4} accept
 		ip6 daddr @{SET6} accept
-		meta l4proto tcp reject with tcp reset
-		meta nfproto ipv4 reject with icmp type admin-prohibited
-		meta nfproto ipv6 reject with icmpv6 type admin-prohibited
+		meta l4proto tcp counter reject with tcp reset
+		meta nfproto ipv4 counter reject with icmp type admin-prohibited
+		meta nfproto ipv6 counter reject with icmpv6 type admin-prohibited
 	}}
 	chain input {{
 		type filter hook input priority 0; policy drop;

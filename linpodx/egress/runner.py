@@ -60,6 +60,7 @@ def run_guard(name: str, pid: int) -> int:
     stop = threading.Event()
     recorder = DenialRecorder(name, default_sink)
     try:
+        log.info("egress guard starting: container=%s pid=%s", name, pid)
         pidfd = os.pidfd_open(pid)
         policy, raw = load_policy(st)
         if not policy.upstreams:
@@ -74,12 +75,15 @@ def run_guard(name: str, pid: int) -> int:
         resolver = PolicyResolver(
             policy, add_to_sets=add, delete_from_sets=delete, on_denied=recorder.deny
         )
+        log.info("loading the nft filter into the netns of pid %s", pid)
         # Filter first: from here on nothing leaves the netns except to set members.
         netns.nft_apply(pid, ruleset.build_ruleset())
+        log.info("binding the policy resolver")
         udp, tcp = netns.bind_resolver_sockets(pid)
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
         kind = netns.choose_helper(os.environ.get("LINPODX_EGRESS_HELPER") or None)
+        log.info("starting %s", kind)
         helper = netns.start_helper(kind, pid, st.helper_log)
         applied = int(raw.get("revision", 0))
         _write_state(

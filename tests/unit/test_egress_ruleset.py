@@ -34,9 +34,9 @@ table inet linpodx_egress {
 		ct state invalid drop
 		ip daddr @allowed4 accept
 		ip6 daddr @allowed6 accept
-		meta l4proto tcp reject with tcp reset
-		meta nfproto ipv4 reject with icmp type admin-prohibited
-		meta nfproto ipv6 reject with icmpv6 type admin-prohibited
+		meta l4proto tcp counter reject with tcp reset
+		meta nfproto ipv4 counter reject with icmp type admin-prohibited
+		meta nfproto ipv6 counter reject with icmpv6 type admin-prohibited
 	}
 	chain input {
 		type filter hook input priority 0; policy drop;

@@ -1,0 +1,541 @@
+"""Egress filtering on real podman, real nftables, real slirp4netns (root and rootless).
+
+Every server is on this machine: a DNS upstream on 127.0.0.1 (the guard runs on the host side
+and asks it directly), an HTTP server on this host's own address, a "rogue" DNS server and a
+server on the host's loopback. The container reaches this host only through slirp4netns.
+
+Each escape test checks the escape fails AND the allowed path works. Where one address serves
+both (this host has one), the escape is tried first: once an allowed name resolved to the
+host's address, that address is (by design) reachable.
+
+Until `linpodx run` with a stored profile is wired up end to end, containers are made here with
+the same essentials linpodx uses (`--network none`, all caps dropped, no-new-privileges,
+resolv.conf bind-mounted), then `podman init` -> guard.attach -> `podman start`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import dns.message
+import dns.query
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+import pytest
+
+from linpodx.egress import guard
+from linpodx.egress.state import EgressState
+from linpodx.errors import EngineError
+from linpodx.profile.model import Network, Profile
+from tests.conftest import DEBIAN_IMAGE, ROOTLESS, run_linpodx
+
+pytestmark = pytest.mark.podman
+
+BODY = b"hello-from-linpodx-test-server"
+
+
+def host_ipv4() -> str:
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout
+    for tok in out.split():
+        if ":" not in tok and not tok.startswith("127."):
+            return tok
+    raise RuntimeError("this host has no non-loopback IPv4 address")
+
+
+HOST = host_ipv4()
+
+
+# --- servers on this machine ------------------------------------------------------------------
+class Upstream:
+    """A tiny authoritative DNS server for the test names (UDP), recording what it was asked."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.asked: list[tuple[str, str]] = []
+        self.zone: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        for n in ("allowed.test", "second.test", "a.wild.test", "target.cdn.test"):
+            self.zone[(n, "A")] = [(n, "A", HOST)]
+        self.zone[("alias.test", "A")] = [
+            ("alias.test", "CNAME", "target.cdn.test."),
+            ("target.cdn.test", "A", HOST),
+        ]
+        self.zone[("loop.test", "A")] = [("loop.test", "A", "127.0.0.1")]
+        self.zone[("meta.test", "A")] = [("meta.test", "A", "169.254.169.254")]
+        self.zone[("allowed.test", "TXT")] = [("allowed.test", "TXT", '"top-secret"')]
+        self.zone[("denied.test", "A")] = [("denied.test", "A", HOST)]
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            q = dns.message.from_wire(data)
+            r = dns.message.make_response(q)
+            name = q.question[0].name.to_text(omit_final_dot=True)
+            rtype = dns.rdatatype.to_text(q.question[0].rdtype)
+            self.asked.append((name, rtype))
+            recs = self.zone.get((name, rtype))
+            if recs is None and not any(k[0] == name for k in self.zone):
+                r.set_rcode(dns.rcode.NXDOMAIN)
+            for owner, t, val in recs or []:
+                r.answer.append(dns.rrset.from_text(owner + ".", 60, "IN", t, val))
+            self.sock.sendto(r.to_wire(), peer)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _http(addr: str) -> ThreadingHTTPServer:
+    srv = ThreadingHTTPServer((addr, 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@dataclass
+class Servers:
+    upstream: Upstream
+    http_port: int
+    loopback_port: int
+    rogue_dns_port: int
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    up = Upstream()
+    web = _http(HOST)
+    loop = _http("127.0.0.1")
+    # A second resolver the agent might try: it answers anything (it is the upstream's code on
+    # this host's address).
+    rogue = Upstream.__new__(Upstream)
+    Upstream.__init__(rogue)
+    rogue.sock.close()
+    rogue.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rogue.sock.bind((HOST, 0))
+    rogue.port = rogue.sock.getsockname()[1]
+    threading.Thread(target=rogue._loop, daemon=True).start()
+    yield Servers(up, web.server_address[1], loop.server_address[1], rogue.port)
+    web.shutdown()
+    loop.shutdown()
+
+
+# --- containers -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stored:
+    """The fields of a stored profile the guard reads (same shape as store.StoredProfile)."""
+
+    profile: Profile
+    name: str
+    profile_id: str
+    revision: int
+    audit_hash: str = "0" * 64
+
+
+def stored(
+    servers: Servers,
+    allow: tuple[str, ...],
+    *,
+    private: bool = True,
+    rev: int = 1,
+    name: str = "egress-test",
+) -> Stored:
+    net = Network(
+        egress_dns_allowlist=allow,
+        upstream_dns=(f"127.0.0.1:{servers.upstream.port}",),
+        allow_private_answers=private,
+    )
+    return Stored(Profile(name=name, network=net), name, f"prof_TEST{name}", rev)
+
+
+def podman(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", *args], capture_output=True, text=True, check=check, timeout=timeout
+    )
+
+
+def pid_of(name: str) -> int:
+    return int(podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip())
+
+
+def nft_mounts() -> list[str]:
+    """Host nft + the libraries the Debian test image lacks, so the test can try `nft` inside."""
+    out = []
+    nft = shutil.which("nft") or "/usr/sbin/nft"
+    out += ["-v", f"{os.path.realpath(nft)}:/opt/nft/nft:ro"]
+    ldd = subprocess.run(["ldd", nft], capture_output=True, text=True, check=True).stdout
+    for line in ldd.splitlines():
+        parts = line.split()
+        if (
+            len(parts) >= 3
+            and parts[1] == "=>"
+            and any(k in parts[0] for k in ("nftables", "nftnl", "jansson"))
+        ):
+            out += ["-v", f"{os.path.realpath(parts[2])}:/opt/nft/{parts[0]}:ro"]
+    return out
+
+
+def create(name: str, st: Stored, *, extra: list[str] | None = None) -> None:
+    resolv = guard.prepare(name, st)
+    podman(
+        "create",
+        "--name",
+        name,
+        "--network",
+        "none",
+        "--cap-drop",
+        "all",
+        "--security-opt",
+        "no-new-privileges",
+        "--pids-limit",
+        "256",
+        "-v",
+        f"{resolv}:/etc/resolv.conf:ro",
+        *(extra or []),
+        DEBIAN_IMAGE,
+        "sleep",
+        "600",
+    )
+
+
+def bring_up(name: str, st: Stored) -> int:
+    podman("init", name)
+    pid = pid_of(name)
+    guard.attach(name, pid, st)
+    podman("start", name)
+    return pid
+
+
+@pytest.fixture
+def container(unique_name: str) -> Iterator[str]:
+    yield unique_name
+    podman("rm", "-f", "-t", "0", unique_name, check=False)
+    guard.detach(unique_name)
+
+
+def sh(name: str, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return podman("exec", name, "sh", "-c", script, check=False, timeout=timeout)
+
+
+def resolves(name: str, host: str) -> subprocess.CompletedProcess[str]:
+    return sh(name, f"getent ahostsv4 {host}")
+
+
+def curl(name: str, url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return sh(name, f"curl -sS -m 5 {' '.join(flags)} {url}")
+
+
+def nft_list(pid: int) -> str:
+    """The ruleset in the container's netns, read from outside (as the guard would)."""
+    nsenter = ["nsenter", f"--net=/proc/{pid}/ns/net", shutil.which("nft") or "/usr/sbin/nft"]
+    argv = ["podman", "unshare", *nsenter] if ROOTLESS else nsenter
+    res = subprocess.run([*argv, "list", "ruleset"], capture_output=True, text=True, check=True)
+    return res.stdout
+
+
+def reject_count(pid: int) -> int:
+    total = 0
+    for line in nft_list(pid).splitlines():
+        if "reject" in line and "counter packets" in line:
+            total += int(line.split("counter packets", 1)[1].split()[0])
+    return total
+
+
+def admin_records(kind: str) -> list[dict[str, Any]]:
+    from linpodx.paths import audit_dir
+
+    out = []
+    for p in audit_dir().glob("*.jsonl"):
+        for line in p.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == kind:
+                out.append(rec)
+    return out
+
+
+def wait_for(pred: Any, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return bool(pred())
+
+
+# --- the tests -----------------------------------------------------------------------------------
+def test_allowed_name_works_other_name_denied_at_once_and_recorded(
+    servers: Servers, container: str
+) -> None:
+    st = stored(servers, ("allowed.test", "*.wild.test", "alias.test"))
+    create(container, st)
+    bring_up(container, st)
+    assert guard.status(container) == "healthy"
+
+    ok = resolves(container, "allowed.test")
+    assert ok.returncode == 0 and HOST in ok.stdout
+    web = curl(container, f"http://allowed.test:{servers.http_port}/")
+    assert web.returncode == 0 and web.stdout == BODY.decode()
+    assert resolves(container, "a.wild.test").returncode == 0
+    # CNAME chain of an allowed name followed; its target alone is not allowed.
+    assert HOST in resolves(container, "alias.test").stdout
+    assert resolves(container, "target.cdn.test").returncode != 0
+    # wildcard: not the apex
+    assert resolves(container, "wild.test").returncode != 0
+
+    denied = sh(container, "getent hosts denied.test; echo rc=$?", timeout=20)
+    assert "rc=2" in denied.stdout  # NXDOMAIN: "not found" at once, no timeout/retry
+    assert ("denied.test", "A") not in servers.upstream.asked
+
+    ev = run_linpodx("events", "--no-follow")
+    assert ev.returncode == 0, ev.stderr
+    assert "dns lookup denied for denied.test" in ev.stdout
+    recs = [r for r in admin_records("dns.denied") if r["data"].get("name") == "denied.test"]
+    assert recs and recs[0]["data"]["container"] == container
+
+
+def test_ip_literal_blocked_until_an_allowed_name_resolves_to_it(
+    servers: Servers, container: str
+) -> None:
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    pid = bring_up(container, st)
+    before = reject_count(pid)
+    blocked = curl(container, f"http://{HOST}:{servers.http_port}/")
+    assert blocked.returncode != 0 and BODY.decode() not in blocked.stdout
+    assert reject_count(pid) > before  # rejected inside the container's netns
+    assert resolves(container, "allowed.test").returncode == 0
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").stdout == BODY.decode()
+
+
+def test_other_resolvers_are_unreachable(servers: Servers, container: str) -> None:
+    # The rogue resolver answers from the host itself:
+    q = dns.message.make_query("denied.test", "A")
+    assert dns.query.udp(q, HOST, port=servers.rogue_dns_port, timeout=3).answer
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    bring_up(container, st)
+    for target in (
+        f"@{HOST} -p {servers.rogue_dns_port}",
+        f"@{HOST} -p {servers.rogue_dns_port} +tcp",
+        "@10.0.2.3",  # slirp4netns' own forwarder (disabled and filtered)
+        "@10.0.2.3 +tcp",
+        f"@{HOST}",
+        f"@{HOST} -p 853 +tcp",  # DoT port
+    ):
+        res = sh(container, f"dig +tries=1 +time=2 {target} denied.test A", timeout=30)
+        assert "ANSWER SECTION" not in res.stdout, target
+        assert "status: NOERROR" not in res.stdout, target
+    dot = sh(container, f"nc -z -w 3 {HOST} 853; echo rc=$?")
+    assert "rc=0" not in dot.stdout
+    # Our resolver (the container's only one) still answers allowed names.
+    ok = sh(container, "dig +short allowed.test A")
+    assert ok.stdout.strip() == HOST
+
+
+def test_ipv6_and_icmp_blocked(servers: Servers, container: str) -> None:
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    pid = bring_up(container, st)
+    v6 = sh(
+        container,
+        f"curl -sS -m 3 -g 'http://[::ffff:{HOST}]:{servers.http_port}/'; "
+        f"curl -sS -m 3 -6 -g 'http://[fd00::2]:{servers.http_port}/'",
+    )
+    assert BODY.decode() not in v6.stdout
+    icmp = sh(
+        container,
+        "python3 - <<'EOF'\n"
+        "import socket\n"
+        "try:\n"
+        "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)\n"
+        "    s.settimeout(2)\n"
+        f"    s.sendto(b'\\x08\\x00\\x00\\x00\\x00\\x01\\x00\\x01', ('{HOST}', 0))\n"
+        "    print('reply', s.recv(64))\n"
+        "except OSError as e:\n"
+        "    print('blocked', e)\n"
+        "EOF",
+    )
+    assert "blocked" in icmp.stdout and "reply" not in icmp.stdout
+    # The allowed path works, over IPv4.
+    assert resolves(container, "allowed.test").returncode == 0
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+    assert "ip6 daddr @allowed6 accept" in nft_list(pid)
+
+
+def test_host_loopback_via_gateway_and_metadata_blocked(servers: Servers, container: str) -> None:
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    pid = bring_up(container, st)
+    before = reject_count(pid)
+    gw = curl(container, f"http://10.0.2.2:{servers.loopback_port}/")
+    meta = curl(container, "http://169.254.169.254/latest/meta-data/")
+    assert gw.returncode != 0 and BODY.decode() not in gw.stdout
+    assert meta.returncode != 0
+    # Both were rejected by the filter in the container's netns: no packet reached slirp4netns.
+    assert reject_count(pid) >= before + 2
+    assert resolves(container, "allowed.test").returncode == 0
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+
+
+def test_private_or_host_answers_refused_unless_profile_allows(
+    servers: Servers, unique_name: str
+) -> None:
+    names = []
+    try:
+        strict = f"{unique_name}-s"
+        names.append(strict)
+        st = stored(servers, ("allowed.test", "loop.test", "meta.test"), private=False)
+        create(strict, st)
+        bring_up(strict, st)
+        for n in ("loop.test", "meta.test", "allowed.test"):  # allowed.test = this host
+            assert resolves(strict, n).returncode != 0, n
+        reasons = [r["data"].get("reason", "") for r in admin_records("dns.denied")]
+        assert any("loopback" in r for r in reasons)
+        assert any("link-local" in r for r in reasons)
+        assert any("own address" in r or "private" in r for r in reasons)
+
+        loose = f"{unique_name}-l"
+        names.append(loose)
+        st2 = stored(servers, ("allowed.test", "loop.test"), private=True)
+        create(loose, st2)
+        bring_up(loose, st2)
+        assert resolves(loose, "loop.test").returncode == 0
+        assert curl(loose, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+    finally:
+        for n in names:
+            podman("rm", "-f", "-t", "0", n, check=False)
+            guard.detach(n)
+
+
+def test_txt_and_other_types_refused(servers: Servers, container: str) -> None:
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    bring_up(container, st)
+    for rtype in ("TXT", "MX", "ANY", "SRV"):
+        res = sh(container, f"dig +tries=1 allowed.test {rtype}")
+        assert "status: REFUSED" in res.stdout, rtype
+        assert "top-secret" not in res.stdout
+    assert ("allowed.test", "TXT") not in servers.upstream.asked
+    assert sh(container, "dig +short allowed.test A").stdout.strip() == HOST
+
+
+def test_container_cannot_change_rules_or_routes(servers: Servers, container: str) -> None:
+    st = stored(servers, ("allowed.test",))
+    create(container, st, extra=nft_mounts())
+    pid = bring_up(container, st)
+    rules_before = nft_list(pid)
+    nft = "LD_LIBRARY_PATH=/opt/nft /opt/nft/nft"
+    attempts = {
+        "nft flush": f"{nft} flush ruleset",
+        "nft add": f"{nft} add element inet linpodx_egress allowed4 {{ 10.0.2.2 }}",
+        "route": "ip route add 10.0.2.3/32 dev tap0",
+        "link": "ip link set tap0 down",
+        "addr": "ip addr add 10.0.2.200/24 dev tap0",
+        "unshare": "unshare -rn true",
+    }
+    # nft itself runs in there (so a failure below is a refusal, not a missing binary).
+    assert sh(container, f"{nft} --version").returncode == 0
+    for what, cmd in attempts.items():
+        res = sh(container, cmd)
+        assert res.returncode != 0, f"{what} succeeded inside the container: {res.stdout}"
+    assert "CapEff:\t0000000000000000" in sh(container, "cat /proc/self/status").stdout
+    after = nft_list(pid)
+    assert after.replace(" ", "").count("reject") == rules_before.replace(" ", "").count("reject")
+    assert "policy drop" in after
+    assert resolves(container, "allowed.test").returncode == 0
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+
+
+def test_guard_lives_exactly_as_long_as_the_container_and_plain_start_has_no_network(
+    servers: Servers, container: str
+) -> None:
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    bring_up(container, st)
+    info = json.loads(EgressState(container).guard_file.read_text())
+    gpid, hpid = info["guard_pid"], info["helper_pid"]
+    assert Path(f"/proc/{gpid}").exists() and Path(f"/proc/{hpid}").exists()
+    podman("stop", "-t", "0", container)
+    assert wait_for(lambda: not Path(f"/proc/{gpid}").exists())
+    assert wait_for(lambda: not Path(f"/proc/{hpid}").exists())
+    assert guard.status(container) == "down"
+
+    # A plain `podman start` outside linpodx: only lo, no egress at all.
+    podman("start", container)
+    links = sh(container, "ip -o link show").stdout
+    assert "tap0" not in links and "lo" in links
+    assert resolves(container, "allowed.test").returncode != 0
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
+    podman("restart", "-t", "0", container)
+    assert "tap0" not in sh(container, "ip -o link show").stdout
+
+    # Re-attaching (what `linpodx start` does) restores filtered egress.
+    podman("stop", "-t", "0", container)
+    bring_up(container, st)
+    assert guard.status(container) == "healthy"
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+    assert resolves(container, "denied.test").returncode != 0
+
+
+def test_reapply_changes_the_allowlist_live_and_is_audited(
+    servers: Servers, container: str
+) -> None:
+    st = stored(servers, ("allowed.test",), rev=1)
+    create(container, st)
+    bring_up(container, st)
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+    assert resolves(container, "second.test").returncode != 0
+
+    st2 = stored(servers, ("second.test",), rev=2)
+    assert guard.update_profile(st2) == [container]
+    # allowed.test is gone: denied, and the address it justified is no longer reachable.
+    assert resolves(container, "allowed.test").returncode != 0
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
+    assert resolves(container, "second.test").returncode == 0
+    assert curl(container, f"http://second.test:{servers.http_port}/").stdout == BODY.decode()
+    recs = [r for r in admin_records("egress.update") if r["data"]["container"] == container]
+    assert recs and recs[-1]["data"]["revision"] == 2
+    assert recs[-1]["data"]["allowlist"] == ["second.test"]
+
+
+def test_attach_fails_closed_and_leaves_nothing_running(
+    servers: Servers, container: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    podman("init", container)
+    pid = pid_of(container)
+    monkeypatch.setenv("LINPODX_EGRESS_HELPER", "no-such-helper-" + uuid.uuid4().hex[:6])
+    with pytest.raises(EngineError) as err:
+        guard.attach(container, pid, st)
+    assert "could not be set up" in err.value.message
+    info = json.loads(EgressState(container).guard_file.read_text())
+    assert info["state"] == "failed"
+    assert wait_for(lambda: not Path(f"/proc/{info['guard_pid']}").exists())
+    assert guard.status(container) == "down"
+    # Started anyway by hand: no network (the caller would have removed it).
+    podman("start", container)
+    assert "tap0" not in sh(container, "ip -o link show").stdout
