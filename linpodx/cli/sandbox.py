@@ -158,7 +158,8 @@ def show_cmd(
         out = io.StringIO()
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
-        yaml.sort_base_mapping_type_on_output = False  # keep the model's field order
+        # Keep the model's field order (ruamel types this attribute as None).
+        yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
         yaml.dump(r["profile"], out)
         sys.stdout.write(head + out.getvalue())
         sys.stdout.flush()

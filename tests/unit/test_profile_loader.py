@@ -1,0 +1,590 @@
+"""Profile loader: the good profile, and every hostile class of THREATS.md "Profiles".
+
+Each refusal asserts the exact `FILE:LINE:COL: key.path:` prefix and a fragment of the message.
+"Nothing stored" for the same files is asserted through the CLI in test_cli_sandbox.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from linpodx import paths
+from linpodx.errors import ProfileError
+from linpodx.profile import loader
+from linpodx.profile.loader import MAX_BYTES, load_file, load_text, profile_from_dict
+from linpodx.profile.model import Decision, McpSettings, Profile, Resources
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host's runtime dir or agent socket must not change what these tests see.
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+
+
+@pytest.fixture
+def home(isolated_state: Path) -> Path:
+    (isolated_state / "project").mkdir()
+    return isolated_state
+
+
+def write(tmp_path: Path, text: str, name: str = "p.yml") -> Path:
+    f = tmp_path / name
+    f.write_text(text, encoding="utf-8")
+    return f
+
+
+def refused(path: Path) -> list[str]:
+    with pytest.raises(ProfileError) as exc:
+        load_file(path)
+    assert exc.value.exit_code == 3
+    assert exc.value.hint
+    return list(exc.value.problems)
+
+
+def assert_problem(problems: list[str], prefix: str, fragment: str) -> None:
+    matching = [p for p in problems if p.startswith(prefix)]
+    assert matching, f"no problem at {prefix!r} in {problems}"
+    assert any(fragment in p for p in matching), f"{fragment!r} not in {matching}"
+
+
+def mount_profile(source: str, target: str = "/workspace") -> str:
+    # line 4 col 13 is where `source:`'s value starts; line 5 col 13 the target's.
+    return f"name: p\nmounts:\n  - read_only: true\n    source: {source}\n    target: {target}\n"
+
+
+# --- the good profile ---------------------------------------------------------------------
+
+
+def test_example_profile_loads(home: Path) -> None:
+    (home / "demo-project").mkdir()
+    p = load_file(REPO / "examples" / "agent-readonly.yml")
+    assert isinstance(p, Profile)
+    assert p.name == "agent-readonly"
+    assert p.mounts[0].source == os.path.realpath(home / "demo-project")
+    assert p.mounts[0].target == "/workspace"
+    assert p.mounts[0].read_only is True
+    assert p.network.egress_dns_allowlist == ("registry.npmjs.org", "crates.io")
+    assert [(r.method, r.tool_name, r.decision) for r in p.mcp_policy] == [
+        ("tools/call", "read_file", Decision.AUTO_ALLOW),
+        ("tools/call", "write_file", Decision.PROMPT),
+        ("tools/call", None, Decision.PROMPT),
+    ]
+    assert p.audit.hash_chain is True
+    with pytest.raises(AttributeError):
+        p.name = "x"  # type: ignore[misc]  # frozen
+
+
+def test_defaults_and_normalization(home: Path, tmp_path: Path) -> None:
+    f = write(
+        tmp_path,
+        "name: n1\nmounts: [{source: '${HOME}/project', target: /w}]\n"
+        "network: {egress_dns_allowlist: ['Crates.IO.', '*.Example.com'],"
+        " upstream_dns: ['192.0.2.1', '192.0.2.2:5353', '[2001:db8:0::1]:53']}\n"
+        "mcp_policy: [{method: '*', tool_name: '*', decision: deny}]\n"
+        "resources: {cpus: 1.50, memory: 512M}\n"
+        "cap_add: [chown, CAP_NET_BIND_SERVICE]\n"
+        "env: {B: '2', A: '1'}\nworkdir: /w\n",
+    )
+    p = load_file(f)
+    assert p.mounts[0].read_only is True  # read-only is the default
+    assert p.network.egress_dns_allowlist == ("crates.io", "*.example.com")
+    assert p.network.upstream_dns == ("192.0.2.1", "192.0.2.2:5353", "[2001:db8::1]:53")
+    assert p.mcp_policy[0].tool_name is None
+    assert p.resources == Resources(memory="512m", cpus="1.5")
+    assert p.cap_add == ("CHOWN", "NET_BIND_SERVICE")
+    assert p.env == (("A", "1"), ("B", "2"))
+    assert p.workdir == "/w"
+    assert p.mcp == McpSettings()
+    assert p.version == 1
+
+
+def test_empty_mcp_policy_is_allowed(tmp_path: Path) -> None:
+    p = load_file(write(tmp_path, "name: quiet\n"))
+    assert p.mcp_policy == ()
+    assert p.mounts == ()
+    assert p.network.egress_dns_allowlist == ()
+
+
+def test_schema_defaults_match_the_model() -> None:
+    s = loader.schema()
+    props = s["properties"]
+    model = Profile(name="x")
+    assert props["description"]["default"] == model.description
+    assert props["version"]["default"] == model.version
+    assert props["mounts"]["items"]["properties"]["read_only"]["default"] is True
+    for section, obj in (
+        ("mcp", model.mcp),
+        ("resources", model.resources),
+        ("audit", model.audit),
+        ("network", model.network),
+    ):
+        for key, node in props[section]["properties"].items():
+            value = getattr(obj, key)
+            expected = list(value) if isinstance(value, tuple) else value
+            assert node["default"] == expected, f"{section}.{key}"
+    assert s["$id"].endswith("profile-v1.json")
+
+
+def test_every_schema_property_has_description_and_default() -> None:
+    def walk(node: dict[str, object], path: str) -> None:
+        for key, child in node.get("properties", {}).items():  # type: ignore[attr-defined]
+            assert "description" in child, f"{path}{key}"
+            assert "default" in child, f"{path}{key}"
+            walk(child, f"{path}{key}.")
+            items = child.get("items")
+            if isinstance(items, dict):
+                walk(items, f"{path}{key}[].")
+
+    walk(loader.schema(), "")
+
+
+def test_stored_form_round_trips(home: Path, tmp_path: Path) -> None:
+    p = load_file(write(tmp_path, mount_profile("${HOME}/project")))
+    assert profile_from_dict(p.to_dict()) == p
+
+
+# --- mount sources --------------------------------------------------------------------------
+
+
+def test_symlink_to_ssh_is_refused(home: Path, tmp_path: Path) -> None:
+    (home / ".ssh").mkdir()
+    (home / "innocent").symlink_to(home / ".ssh")
+    probs = refused(write(tmp_path, mount_profile("${HOME}/innocent")))
+    prefix = f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:"
+    assert_problem(probs, prefix, "is the sensitive path")
+    assert_problem(probs, prefix, f"resolves to \"{os.path.realpath(home / '.ssh')}\"")
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        ("/", "is the sensitive path /"),
+        ("/etc", "is the sensitive path /etc"),
+        ("/etc/ssl", "is inside the sensitive path /etc"),
+        ("/proc", "sensitive path /proc"),
+        ("/sys", "sensitive path /sys"),
+        ("/dev", "sensitive path /dev"),
+        ("/run", "sensitive path /run"),
+        ("/var/run/docker.sock", "sensitive path"),
+        ("/run/podman", "sensitive path /run"),
+        ("/root", "is the sensitive path /root"),
+        ("/boot", "sensitive path /boot"),
+    ],
+)
+def test_system_paths_are_refused(tmp_path: Path, source: str, fragment: str) -> None:
+    probs = refused(write(tmp_path, mount_profile(source)))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", fragment)
+
+
+@pytest.mark.parametrize(
+    "rel", [".ssh", ".gnupg", ".aws", ".kube", ".docker", ".config/containers", ".config/linpodx"]
+)
+def test_home_secrets_are_refused(home: Path, tmp_path: Path, rel: str) -> None:
+    (home / rel).mkdir(parents=True)
+    probs = refused(write(tmp_path, mount_profile(f"${{HOME}}/{rel}")))
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "is the sensitive path"
+    )
+
+
+def test_home_as_a_whole_is_refused_because_it_contains_ssh(home: Path, tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, mount_profile("${HOME}")))
+    assert_problem(
+        probs,
+        f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+        f"contains the sensitive path {os.path.realpath(home)}/.ssh",
+    )
+
+
+def test_linpodx_state_dir_is_refused(home: Path, tmp_path: Path) -> None:
+    state = paths.ensure_dir(paths.state_dir())
+    probs = refused(write(tmp_path, mount_profile(str(state / "audit").replace("/audit", ""))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "sensitive path")
+    probs = refused(write(tmp_path, mount_profile(str(home / ".local" / "state"))))
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "contains the sensitive path"
+    )
+
+
+def test_relative_source_is_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, mount_profile("project/src")))
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "must be an absolute path"
+    )
+
+
+def test_dotdot_is_refused_not_normalized(home: Path, tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, mount_profile("${HOME}/project/../project")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "must not contain `..`")
+
+
+def test_missing_source_is_refused(home: Path, tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, mount_profile("${HOME}/nope")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "does not exist")
+
+
+def test_colon_and_comma_in_source_are_refused(home: Path, tmp_path: Path) -> None:
+    (home / "a,b").mkdir()
+    probs = refused(write(tmp_path, mount_profile("'${HOME}/a,b'")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "`:` or `,`")
+
+
+def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
+    import socket
+
+    sock_path = home / "project" / "agent.sock"
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(sock_path))
+        probs = refused(write(tmp_path, mount_profile(str(sock_path))))
+    finally:
+        s.close()
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "not a directory or regular file"
+    )
+
+
+# --- mount targets ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "fragment"),
+    [
+        ("/", "is not allowed"),
+        ("/proc", "is over /proc"),
+        ("/proc/self", "is over /proc"),
+        ("/sys/fs", "is over /sys"),
+        ("/dev", "is over /dev"),
+        ("/etc/resolv.conf", "linpodx manages it"),
+        ("/etc/hosts", "linpodx manages it"),
+        ("workspace", "must be an absolute path"),
+        ("/w/../proc", "must not contain `..`"),
+        ("/w/./x", "is not normalized"),
+    ],
+)
+def test_bad_targets_are_refused(home: Path, tmp_path: Path, target: str, fragment: str) -> None:
+    probs = refused(write(tmp_path, mount_profile("${HOME}/project", target)))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:5:13: mounts[0].target:", fragment)
+
+
+def test_duplicate_targets_are_refused(home: Path, tmp_path: Path) -> None:
+    text = (
+        "name: p\nmounts:\n  - {source: '${HOME}/project', target: /w}\n"
+        "  - {source: '${HOME}/project', target: /w}\n"
+    )
+    probs = refused(write(tmp_path, text))
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:4:41: mounts[1].target:", "already used by mounts[0]"
+    )
+
+
+# --- YAML structure -------------------------------------------------------------------------
+
+
+def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: a\ndescription: x\nname: b\n"))
+    assert probs == [f"{tmp_path / 'p.yml'}:3:1: name: duplicate key \"name\" (first at line 1, "
+                     "column 1)"]
+
+
+def test_nested_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    text = "name: a\nnetwork:\n  allow_private_answers: false\n  allow_private_answers: true\n"
+    probs = refused(write(tmp_path, text))
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:4:3: network.allow_private_answers:", "duplicate key"
+    )
+
+
+def test_unknown_keys_are_refused_with_a_suggestion(tmp_path: Path) -> None:
+    text = "name: a\nnetwork:\n  egress_allowlist: [crates.io]\nmounts: []\nbogus: 1\n"
+    with pytest.raises(ProfileError) as exc:
+        load_file(write(tmp_path, text))
+    probs = list(exc.value.problems)
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:3:3: network.egress_allowlist:", "unknown key"
+    )
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:5:1: bogus:", "unknown key \"bogus\"")
+    assert "did you mean `egress_dns_allowlist`?" in (exc.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("text", "prefix", "fragment"),
+    [
+        ("name: 3\n", "1:7: name:", "expected a string, got an integer"),
+        ("name: a\nmounts: {}\n", "2:9: mounts:", "expected a list, got a mapping"),
+        ("name: a\nmcp: {approval_timeout_seconds: '30'}\n", "2:33: mcp.approval_timeout_seconds:",
+         "expected an integer, got a string"),
+        ("name: a\nmcp: {approval_timeout_seconds: 0}\n", "2:33: mcp.approval_timeout_seconds:",
+         "out of range"),
+        ("name: a\nenv: {DEBUG: true}\n", "2:14: env.DEBUG:", "expected a string, got a boolean"),
+        ("name: a\nenv: {1BAD: x}\n", "2:7: env.1BAD:", "not a valid environment variable"),
+        ("name: Bad\n", "1:7: name:", "is not valid here"),
+        ("description: x\n", "1:1:", "missing required key \"name\""),
+        ("name: a\nresources: {nofile: 2000000}\n", "2:21: resources.nofile:", "out of range"),
+        ("name: a\nresources: {memory: 1m}\n", "2:21: resources.memory:", "out of range"),
+        ("name: a\nresources: {cpus: 0}\n", "2:19: resources.cpus:", "out of range"),
+        ("name: a\nworkdir: rel\n", "2:10: workdir:", "absolute"),
+        ("version: 2\nname: a\n", "1:10: version:", "version 2 is not supported"),
+    ],
+)
+def test_wrong_types_and_values(tmp_path: Path, text: str, prefix: str, fragment: str) -> None:
+    probs = refused(write(tmp_path, text))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:{prefix}", fragment)
+
+
+def test_all_problems_are_collected(tmp_path: Path) -> None:
+    text = "name: A\nbogus: 1\naudit: {hash_chain: false}\ncap_add: [SYS_ADMIN]\n"
+    probs = refused(write(tmp_path, text))
+    assert len(probs) == 4
+    assert [p.split(": ")[0].rsplit(":", 2)[1] for p in probs] == ["1", "2", "3", "4"]
+
+
+def test_billion_laughs_is_refused_without_expanding(tmp_path: Path) -> None:
+    lines = ['name: x', 'lol0: &lol0 "lol"']
+    # 30 levels of 10 aliases each: 10^30 strings if anything expanded it. Finishing at all
+    # shows nothing did (no timing assertion needed).
+    for i in range(1, 31):
+        lines.append(f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 10) + "]")
+    probs = refused(write(tmp_path, "\n".join(lines) + "\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:7: lol0:", "anchors and aliases are not allowed")
+    assert all("anchors and aliases" in p for p in probs)
+    with pytest.raises(ProfileError) as exc:
+        load_file(tmp_path / "p.yml")
+    assert "alias bombs" in (exc.value.hint or "")
+
+
+def test_single_alias_is_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: &n a\ndescription: *n\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:1:7: name:", "anchors and aliases")
+
+
+def test_merge_keys_are_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: a\nnetwork:\n  <<: {allow_private_answers: true}\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:3: network:", "merge keys (<<) are not allowed")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("name: !!python/object/apply:os.system [true]\n", "YAML tag"),
+        ("name: a\ndescription: !custom x\n", "YAML tag !custom is not allowed"),
+    ],
+)
+def test_custom_tags_are_refused(tmp_path: Path, text: str, fragment: str) -> None:
+    probs = refused(write(tmp_path, text))
+    assert any(fragment in p for p in probs), probs
+
+
+def test_multiple_documents_are_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: a\n---\nname: b\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:1:", "more than one YAML document")
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "- name: a\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:1:1:", "top level must be a mapping")
+
+
+def test_empty_file_is_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "# nothing\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:1:1:", "empty")
+
+
+def test_file_over_one_mib_is_refused_before_parsing(tmp_path: Path) -> None:
+    f = tmp_path / "big.yml"
+    head = b"name: a\n"
+    # Invalid YAML after the size bound: it is refused for its size, never parsed.
+    f.write_bytes(head + b"#" * (MAX_BYTES - len(head)) + b"[")
+    assert f.stat().st_size == MAX_BYTES + 1
+    with pytest.raises(ProfileError) as exc:
+        load_file(f)
+    assert "larger than 1048576 bytes" in exc.value.message
+    assert "refused before parsing" in exc.value.message
+
+
+def test_file_of_exactly_one_mib_is_read(tmp_path: Path) -> None:
+    f = tmp_path / "edge.yml"
+    head = b"name: a\n#"
+    f.write_bytes(head + b"x" * (MAX_BYTES - len(head) - 1) + b"\n")
+    assert f.stat().st_size == MAX_BYTES
+    # The bound is the reader's; parsing a whole MiB in pure Python only costs test time.
+    assert len(loader.read_profile_text(f)) == MAX_BYTES
+
+
+def test_too_many_nodes_are_refused(tmp_path: Path) -> None:
+    text = "name: a\nx: [" + ", ".join("1" for _ in range(10_100)) + "]\n"
+    probs = refused(write(tmp_path, text))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:1:1:", "more than 10000 YAML nodes")
+
+
+def test_invalid_utf8_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "p.yml"
+    f.write_bytes(b"name: a\ndescription: caf\xe9\n")
+    probs = refused(f)
+    assert_problem(probs, f"{f}:2:17:", "invalid UTF-8")
+
+
+def test_control_characters_are_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: a\ndescription: a\x1b[31mb\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:15:", "unacceptable character")
+
+
+def test_not_a_regular_file(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError) as exc:
+        load_file(tmp_path)
+    assert "not a regular file" in exc.value.message
+    with pytest.raises(ProfileError) as exc:
+        load_file(tmp_path / "missing.yml")
+    assert "not found" in exc.value.message
+
+
+# --- ${VAR} ---------------------------------------------------------------------------------
+
+
+def test_unknown_var_is_refused_with_position(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: a\ndescription: 'x ${LINPODX_TEST_UNSET_VAR}'\n"))
+    assert probs == [
+        f"{tmp_path / 'p.yml'}:2:14: description: environment variable LINPODX_TEST_UNSET_VAR "
+        "is not set"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "env", "expected"),
+    [
+        ("${A}", {"A": "1"}, "1"),
+        ("${A:-d}", {}, "d"),
+        ("${A:-d}", {"A": ""}, "d"),
+        ("${A}", {"A": ""}, ""),
+        ("$${A}", {}, "${A}"),
+        ("a$$b", {}, "a$b"),
+        ("${A}${B:-}x", {"A": "1"}, "1x"),
+    ],
+)
+def test_expansion_forms(value: str, env: dict[str, str], expected: str) -> None:
+    out, problems = loader.expand_vars(value, env)
+    assert problems == []
+    assert out == expected
+
+
+@pytest.mark.parametrize("value", ["$A", "${A", "${}", "${1A}", "${A:=x}", "cost: 5$"])
+def test_other_dollar_forms_are_refused(value: str) -> None:
+    _out, problems = loader.expand_vars(value, {"A": "1"})
+    assert problems and "$$" in problems[0][1]
+
+
+def test_expansion_happens_before_path_checks(home: Path, tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, mount_profile("${LPX_SRC:-/etc}")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "sensitive path /etc")
+    p = load_text(mount_profile("${LPX_SRC}"), "t.yml", env={"LPX_SRC": str(home / "project")})
+    assert p.mounts[0].source == os.path.realpath(home / "project")
+
+
+def test_keys_are_not_expanded(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: a\nenv: {'${X}': y}\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:7: env[\"${{X}}\"]:", "not a valid environment")
+
+
+# --- hostnames, policy, audit, capabilities ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "fragment"),
+    [
+        ("*", "leading `*.`"),
+        ("*.com", "at least two labels"),
+        ("a.*.com", "leading `*.`"),
+        ("*foo.com", "leading `*.`"),
+        ("**.foo.com", "leading `*.`"),
+        ("1.2.3.4", "IP address"),
+        ("[::1]", "IP address"),
+        ("localhost", "at least two labels"),
+        ("exa_mple.com", "letters, digits and inner hyphens"),
+        ("-a.com", "letters, digits and inner hyphens"),
+        ("a..com", "empty label"),
+        ("a" * 64 + ".com", "longer than 63"),
+        (".".join(["a" * 63] * 3 + ["a" * 62]), "longer than 253"),
+        ("bücher.de", "xn--"),
+        ("example.123", "IP address"),
+    ],
+)
+def test_bad_hostnames_are_refused(tmp_path: Path, host: str, fragment: str) -> None:
+    text = f"name: a\nnetwork:\n  egress_dns_allowlist:\n    - '{host}'\n"
+    probs = refused(write(tmp_path, text))
+    assert_problem(
+        probs, f"{tmp_path / 'p.yml'}:4:7: network.egress_dns_allowlist[0]:", fragment
+    )
+
+
+def test_duplicate_hostnames_are_refused(tmp_path: Path) -> None:
+    text = "name: a\nnetwork:\n  egress_dns_allowlist: [crates.io, CRATES.io.]\n"
+    probs = refused(write(tmp_path, text))
+    assert_problem(
+        probs,
+        f"{tmp_path / 'p.yml'}:3:37: network.egress_dns_allowlist[1]:",
+        "listed twice",
+    )
+
+
+@pytest.mark.parametrize(
+    ("rule", "prefix", "fragment"),
+    [
+        ("{method: tools/call, decision: allow}", "3:36: mcp_policy[0].decision:",
+         "is not one of: auto_allow, prompt, deny"),
+        ("{method: tools/call, decision: AUTO_ALLOW}", "3:36: mcp_policy[0].decision:",
+         "is not one of"),
+        ("{method: tools/call}", "3:5: mcp_policy[0]:", "missing required key \"decision\""),
+        ("{method: '', decision: deny}", "3:14: mcp_policy[0].method:", "is not valid here"),
+        ("{method: 'tools/call ', decision: deny}", "3:14: mcp_policy[0].method:",
+         "is not valid here"),
+        ("{method: 'tools\uff0fcall', decision: deny}", "3:14: mcp_policy[0].method:",
+         "is not valid here"),
+        ("{method: resources/read, tool_name: x, decision: deny}",
+         "3:41: mcp_policy[0].tool_name:", "only applies to method tools/call"),
+        ("{method: tools/call, decision: deny, when: always}", "3:42: mcp_policy[0].when:",
+         "unknown key"),
+    ],
+)
+def test_bad_policy_rules_are_refused(
+    tmp_path: Path, rule: str, prefix: str, fragment: str
+) -> None:
+    probs = refused(write(tmp_path, f"name: a\nmcp_policy:\n  - {rule}\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:{prefix}", fragment)
+
+
+def test_hash_chain_false_is_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, "name: a\naudit:\n  hash_chain: false\n"))
+    assert probs == [
+        f"{tmp_path / 'p.yml'}:3:15: audit.hash_chain: hash_chain: false is refused: linpodx "
+        "always keeps the audit hash chain (fail closed)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cap", "fragment"),
+    [
+        ("SYS_ADMIN", "capability SYS_ADMIN is refused"),
+        ("cap_net_admin", "capability NET_ADMIN is refused"),
+        ("NET_RAW", "is refused"),
+        ("SYS_PTRACE", "is refused"),
+        ("BPF", "is refused"),
+        ("MAKE_COFFEE", "unknown capability"),
+    ],
+)
+def test_bad_capabilities_are_refused(tmp_path: Path, cap: str, fragment: str) -> None:
+    probs = refused(write(tmp_path, f"name: a\ncap_add:\n  - {cap}\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:5: cap_add[0]:", fragment)
+
+
+def test_bad_resolvers_are_refused(tmp_path: Path) -> None:
+    text = "name: a\nnetwork:\n  upstream_dns: ['192.0.2.1:0', 'dns.example', '[::1']\n"
+    probs = refused(write(tmp_path, text))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:18: network.upstream_dns[0]:", "port")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:33: network.upstream_dns[1]:", "is not `IP`")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:48: network.upstream_dns[2]:", "is not `IP`")
