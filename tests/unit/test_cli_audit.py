@@ -1,0 +1,179 @@
+"""`linpodx audit verify|show|seal`: output lines, --json, exit codes, error/hint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from linpodx.audit.chain import admin_chain, anchor_session, open_session
+from linpodx.errors import EXIT_NOT_FOUND, EXIT_TAMPERED, EXIT_USAGE
+from tests.conftest import run_linpodx
+
+Cli = Callable[..., Any]
+SID = "sess_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+
+
+@pytest.fixture
+def applied(tmp_path: Path) -> tuple[str, str]:
+    from linpodx.profile import store
+
+    f = tmp_path / "p.yaml"
+    f.write_text("name: demo\n")
+    res = store.apply(f)
+    return res.profile_id, res.audit_hash
+
+
+@pytest.fixture
+def session(applied: tuple[str, str]) -> str:
+    pid, ah = applied
+    chain, _ = open_session(SID, pid, ah)
+    last = chain.append("mcp.decision", {"method": "tools/call", "decision": "deny"})
+    anchor_session(SID, last.hash, 2)
+    return SID
+
+
+def test_verify_admin_ok(cli: Cli, applied: tuple[str, str]) -> None:
+    res = cli("audit", "verify")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "events:  1"
+    tail = applied[1]
+    assert lines[1] == f"chain:   OK (head {'0' * 12}…, tail {tail[:12]}…)"
+    assert res.stderr == ""
+
+
+def test_verify_session_ok(cli: Cli, session: str, applied: tuple[str, str]) -> None:
+    res = cli("audit", "verify", "--session", session)
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"session: {session}"
+    assert lines[1] == f"profile: {applied[0]}"
+    assert lines[2] == "events:  2"
+    assert lines[3].startswith(f"chain:   OK (head {applied[1][:12]}…, tail ")
+
+
+def test_verify_json_has_full_hashes(cli: Cli, session: str, applied: tuple[str, str]) -> None:
+    res = cli("audit", "verify", "--session", session, "--json")
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is True and doc["command"] == "audit verify"
+    r = doc["result"]
+    assert r["head"] == applied[1] and len(r["tail"]) == 64 and r["events"] == 2
+    assert r["session_id"] == session and r["first_bad_seq"] is None
+
+
+def test_verify_broken_chain_exit_7(cli: Cli, applied: tuple[str, str]) -> None:
+    a = admin_chain()
+    a.append("test.event", {"who": "alice"})
+    a.append("test.event", {"who": "bob"})
+    a.path.write_bytes(a.path.read_bytes().replace(b"alice", b"mallory"))
+    res = cli("audit", "verify")
+    assert res.exit_code == EXIT_TAMPERED
+    assert "chain:   BROKEN at seq 1: hash mismatch" in res.stdout
+    assert res.stderr.startswith("error: audit chain broken at seq 1: hash mismatch")
+    assert "\nhint: " in res.stderr
+    js = cli("audit", "verify", "--json")
+    assert js.exit_code == EXIT_TAMPERED
+    doc = json.loads(js.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "ChainBroken"
+    assert doc["error"]["details"]["first_bad_seq"] == 1
+
+
+def test_verify_unknown_session_exit_4(cli: Cli, applied: tuple[str, str]) -> None:
+    for sid in ("sess_nope", "../admin"):
+        res = cli("audit", "verify", "--session", sid)
+        assert res.exit_code == EXIT_NOT_FOUND
+        assert res.stderr.startswith("error: no audit log for session")
+        assert "hint: " in res.stderr
+        assert res.stdout == ""
+
+
+def test_verify_without_any_log_is_not_found(cli: Cli) -> None:
+    res = cli("audit", "verify")
+    assert res.exit_code == EXIT_NOT_FOUND
+    assert "error: no admin audit log yet" in res.stderr
+    assert "hint: it is created by the first recorded action" in res.stderr
+
+
+def test_torn_tail_is_ok_with_a_warning(cli: Cli, applied: tuple[str, str]) -> None:
+    with open(admin_chain().path, "ab") as f:
+        f.write(b'{"data":{"half')
+    res = cli("audit", "verify")
+    assert res.exit_code == 0
+    assert "chain:   OK" in res.stdout
+    assert "warning: torn last line at byte" in res.stdout
+    assert "crash during append, not tampering" in res.stdout
+
+
+def test_seal_then_verify_anchor(cli: Cli, applied: tuple[str, str]) -> None:
+    res = cli("audit", "seal")
+    assert res.exit_code == 0, res.stderr
+    kv = dict(line.split(":", 1) for line in res.stdout.splitlines())
+    anchor = kv["anchor"].strip()
+    assert anchor == f"0:{applied[1]}"
+    assert kv["log_id"].strip().startswith("log_")
+    ok = cli("audit", "verify", "--anchor", anchor)
+    assert ok.exit_code == 0 and "chain:   OK" in ok.stdout
+    # Replace the whole log with a fresh chain: only the anchor (and the store) can tell.
+    admin_chain().path.unlink()
+    admin_chain().append("profile.apply", {"name": "demo"})
+    bad = cli("audit", "verify", "--anchor", anchor)
+    assert bad.exit_code == EXIT_TAMPERED
+    assert "chain:   BROKEN at seq 0: record seq 0 has hash" in bad.stdout
+    assert "the anchor says" in bad.stdout
+
+
+def test_seal_session_and_truncation(cli: Cli, session: str) -> None:
+    res = cli("audit", "seal", "--session", session, "--json")
+    doc = json.loads(res.stdout)["result"]
+    assert doc["seq"] == 1 and doc["anchor"] == f"1:{doc['hash']}"
+
+
+def test_bad_anchor_is_a_usage_error(cli: Cli, applied: tuple[str, str]) -> None:
+    for bad in ("12", "x:abc", "1:" + "g" * 64, "-1:" + "a" * 64):
+        res = cli("audit", "verify", "--anchor", bad)
+        assert res.exit_code == EXIT_USAGE, bad
+        assert res.stderr.startswith("error: invalid anchor")
+
+
+def test_show_lists_records_escaping_untrusted_text(cli: Cli, applied: tuple[str, str]) -> None:
+    admin_chain().append("test.event", {"tool": "evil\x1b[31mred\x07", "u": "\u2028\x85"})
+    res = cli("audit", "show")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2
+    assert lines[0].split()[0] == "0" and "profile.apply" in lines[0]
+    assert applied[1][:12] in lines[0]
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+    assert lines[1].endswith('{"tool":"evil\\u001b[31mred\\u0007","u":"\\u2028\\x85"}')
+    limited = cli("audit", "show", "--limit", "1")
+    assert limited.stdout.splitlines() == lines[1:]
+
+
+def test_show_json_and_session(cli: Cli, session: str) -> None:
+    res = cli("audit", "show", "--session", session, "--json")
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)["result"]
+    assert doc["events"] == 2
+    assert [r["type"] for r in doc["records"]] == ["session.start", "mcp.decision"]
+    assert doc["records"][0]["log"].startswith("log_")
+
+
+def test_show_stops_at_damage(cli: Cli, applied: tuple[str, str]) -> None:
+    a = admin_chain()
+    a.append("test.event", {"who": "alice"})
+    a.path.write_bytes(a.path.read_bytes().replace(b"alice", b"eve"))
+    res = cli("audit", "show")
+    assert res.exit_code == EXIT_TAMPERED
+    assert len(res.stdout.splitlines()) == 1
+    assert "error: stopped at a damaged record" in res.stderr
+
+
+def test_verify_as_a_subprocess(applied: tuple[str, str]) -> None:
+    out = run_linpodx("audit", "verify")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1].startswith("chain:   OK (head 000000000000…")
