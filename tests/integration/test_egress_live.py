@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -56,6 +57,15 @@ def host_ipv4() -> str:
 
 
 HOST = host_ipv4()
+
+
+@pytest.fixture(autouse=True)
+def podman_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rootless podman keeps its image store and config under the real HOME; linpodx's own
+    state stays isolated through XDG_STATE_HOME (set by the autouse `isolated_state`)."""
+    if ROOTLESS:
+        monkeypatch.setenv("HOME", pwd.getpwuid(os.getuid()).pw_dir)
+        monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
 
 
 # --- servers on this machine ------------------------------------------------------------------
