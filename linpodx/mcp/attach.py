@@ -60,7 +60,7 @@ def find_container(name: str) -> Target:
             "attach only to containers started with `linpodx run`",
         )
     profile_id = labels.get("linpodx.profile_id", "")
-    if not ids.is_id(profile_id, "prof"):
+    if not (ids.is_id(profile_id, "prof") or profile_id == "builtin"):
         raise InvalidInput(
             f"container {name} has no valid linpodx.profile_id label",
             "recreate it with `linpodx run`",
@@ -88,8 +88,8 @@ def attach(
     log: Callable[[str], None] | None = None,
 ) -> int:
     """Run one bridged session; returns linpodx's exit code (the server's when it ended it)."""
+    from linpodx import containers
     from linpodx.audit import chain as audit_chain
-    from linpodx.profile import store
 
     if not command:
         raise UsageError(
@@ -104,7 +104,8 @@ def attach(
             sys.stderr.flush()
 
     target = find_container(container)
-    stored = store.get_by_id(target.profile_id)
+    # The revision the container was started with (`builtin` is the default profile).
+    stored = containers.profile_by_id(target.profile_id)
     profile = stored.profile
     session_id = ids.new_id("sess")
     # The session's first record is written before anything runs: no record, no session.

@@ -32,6 +32,11 @@ from linpodx.profile.model import Profile
 BATCH_REVISION = "2025-03-26"
 """The only MCP revision whose transport allows JSON-RPC batches."""
 
+HANDSHAKE_REVISIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
+"""Revisions negotiated with `initialize`; later ones name their revision in each request."""
+
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+
 AUDIT_TEXT_CAP = 256
 """Longer ids/method/tool names are recorded by digest (an audit line has a size bound)."""
 
@@ -53,6 +58,15 @@ def _short(value: Any) -> Any:
             "length": len(value),
         }
     return value
+
+
+def _modern(msg: Message) -> bool:
+    """True for a request in the per-request-envelope era (MCP 2026-07-28 and later)."""
+    meta = (msg.params or {}).get("_meta")
+    if not isinstance(meta, dict):
+        return False
+    version = meta.get(PROTOCOL_VERSION_META)
+    return isinstance(version, str) and version not in HANDSHAKE_REVISIONS
 
 
 @dataclass
@@ -300,7 +314,11 @@ class Bridge:
             self.stats.denied += 1
         text = f"denied by linpodx policy: {reason}"
         if msg.method == "tools/call":
-            self.send_client(jsonrpc.tool_error_result(msg.id, text))
+            result = jsonrpc.tool_error_result(msg.id, text)
+            if _modern(msg):
+                # 2026-07-28 results carry resultType (and SDK clients require it).
+                result["result"]["resultType"] = "complete"
+            self.send_client(result)
         else:
             self.send_client(jsonrpc.error_response(msg.id, jsonrpc.DENIED_BY_POLICY, text))
 

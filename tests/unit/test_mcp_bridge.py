@@ -292,3 +292,19 @@ def test_denied_notification_dropped_and_recorded() -> None:
     h.c({"jsonrpc": "2.0", "method": "notifications/something"})
     assert h.server == [] and h.client == []
     assert h.chain.records[0][1]["decision"] == "deny"
+
+
+def test_modern_requests_get_result_type_on_denial() -> None:
+    h = Harness()
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    h.c(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "run_shell", "_meta": meta},
+        }
+    )
+    h.c(call(2, "run_shell"))
+    assert h.client[0]["result"]["resultType"] == "complete"
+    assert "resultType" not in h.client[1]["result"]

@@ -1,0 +1,1 @@
+"""MCP servers the integration tests run inside containers."""
