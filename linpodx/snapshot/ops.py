@@ -16,7 +16,7 @@ from linpodx import paths, proc
 from linpodx.errors import LinpodxError
 from linpodx.fsutil import atomic_write
 
-STOP_TIMEOUT_SECONDS = 10
+STOP_TIMEOUT_SECONDS = 5  # the state is being replaced; the grace only matters for an undo
 
 
 def spec_path(name: str) -> Path:
