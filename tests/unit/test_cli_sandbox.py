@@ -1,0 +1,242 @@
+"""`linpodx sandbox …` as a person (and a script with --json) sees it."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from linpodx import paths
+from linpodx.audit.chain import admin_chain, read_records
+from tests.conftest import CliResult, run_linpodx
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "agent-readonly.yml"
+Cli = Callable[..., CliResult]
+
+
+@pytest.fixture(autouse=True)
+def _plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+
+
+@pytest.fixture
+def demo(isolated_state: Path) -> Path:
+    (isolated_state / "demo-project").mkdir()
+    return EXAMPLE
+
+
+def one_json(out: str) -> dict[str, Any]:
+    doc = json.loads(out)  # raises if stdout is not exactly one JSON document
+    assert isinstance(doc, dict)
+    assert doc["schema"] == "linpodx/v1"
+    return doc
+
+
+def nothing_stored() -> bool:
+    base = paths.profiles_dir()
+    stored = [p for p in base.rglob("*.json")] if base.exists() else []
+    return not stored and not admin_chain().path.exists()
+
+
+def test_validate_prints_the_walkthrough_summary(cli: Cli, demo: Path) -> None:
+    r = cli("sandbox", "validate", str(demo))
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == (
+        "profile: agent-readonly\n"
+        "status:  ok\n"
+        "mounts:  1\n"
+        "egress:  2 hosts allowed\n"
+        "mcp:     3 rules\n"
+    )
+    assert r.stderr == ""
+    assert nothing_stored()
+
+
+def test_validate_json(cli: Cli, demo: Path) -> None:
+    r = cli("sandbox", "validate", str(demo), "--json")
+    assert r.exit_code == 0
+    doc = one_json(r.stdout)
+    assert doc["ok"] is True and doc["command"] == "sandbox validate"
+    assert doc["result"] == {
+        "profile": "agent-readonly",
+        "status": "ok",
+        "mounts": 1,
+        "egress": 2,
+        "mcp": 3,
+    }
+
+
+HOSTILE = [
+    # (file body, expected first error line suffix after FILE:)
+    ("name: a\nmounts:\n  - source: /etc\n    target: /w\n",
+     "3:13: mounts[0].source: mount source \"/etc\" is the sensitive path /etc"),
+    ("name: a\nmounts:\n  - source: /var/run/docker.sock\n    target: /w\n",
+     "3:13: mounts[0].source: mount source \"/var/run/docker.sock\""),
+    ("name: a\nmounts:\n  - source: ${HOME}\n    target: /w\n",
+     "3:13: mounts[0].source: mount source"),
+    ("name: a\nmounts:\n  - source: ${HOME}/demo-project\n    target: /sys/x\n",
+     "4:13: mounts[0].target: mount target \"/sys/x\" is over /sys, which is not allowed"),
+    ("name: a\nname: b\n", "2:1: name: duplicate key \"name\" (first at line 1, column 1)"),
+    ("name: a\nx: &a [1]\ny: *a\n", "2:4: x: YAML anchors and aliases are not allowed (&a)"),
+    ("name: a\ndescription: ${LINPODX_NOT_SET_ANYWHERE}\n",
+     "2:14: description: environment variable LINPODX_NOT_SET_ANYWHERE is not set"),
+    ("name: a\nnetwork: {egress_dns_allowlist: ['*.com']}\n",
+     "2:34: network.egress_dns_allowlist[0]: \"*.com\": a wildcard needs a domain of at least "
+     "two labels"),
+    ("name: a\nmcp_policy: [{method: tools/call, decision: yes}]\n",
+     "2:45: mcp_policy[0].decision: \"yes\" is not one of: auto_allow, prompt, deny"),
+    ("name: a\naudit: {hash_chain: false}\n",
+     "2:21: audit.hash_chain: hash_chain: false is refused"),
+]
+
+
+@pytest.mark.parametrize(("body", "first"), HOSTILE)
+def test_validate_and_apply_refuse_hostile_profiles(
+    cli: Cli, demo: Path, tmp_path: Path, body: str, first: str
+) -> None:
+    f = tmp_path / "bad.yml"
+    f.write_text(body, encoding="utf-8")
+    for args in (("sandbox", "validate", str(f)), ("sandbox", "apply", "--profile", str(f))):
+        r = cli(*args)
+        assert r.exit_code == 3
+        assert r.stdout == ""
+        lines = r.stderr.splitlines()
+        assert lines[0].startswith(f"error: {f}:{first}"), lines
+        assert lines[-1].startswith("hint: ")
+        assert all(line.startswith(("error: ", "hint: ")) for line in lines)
+        assert "Traceback" not in r.stderr
+        assert nothing_stored()
+
+
+def test_validate_failure_json_is_one_document(cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "bad.yml"
+    f.write_text("name: a\nbogus: 1\n", encoding="utf-8")
+    r = cli("sandbox", "validate", str(f), "--json")
+    assert r.exit_code == 3
+    doc = one_json(r.stdout)
+    assert doc["ok"] is False
+    err = doc["error"]
+    assert err["type"] == "ProfileError" and err["exit_code"] == 3
+    assert err["problems"] == [f"{f}:2:1: bogus: unknown key \"bogus\""]
+    assert err["hint"]
+
+
+def test_apply_prints_id_and_hash_then_unchanged(cli: Cli, demo: Path) -> None:
+    r = cli("sandbox", "apply", "--profile", str(demo))
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"profile_id: prof_[0-9A-HJKMNP-TV-Z]{26}", lines[0])
+    assert re.fullmatch(r"audit_hash: [0-9a-f]{64}", lines[1])
+    assert lines[2:] == ["revision: 1", "changed: true"]
+    records = read_records(admin_chain().path)
+    assert records[-1].hash == lines[1].split()[1]
+
+    again = cli("sandbox", "apply", "--profile", str(demo))
+    assert again.exit_code == 0
+    assert again.stdout.splitlines() == lines[:2] + ["revision: 1", "changed: false"]
+    assert "unchanged" in again.stderr
+    assert len(read_records(admin_chain().path)) == len(records)
+
+
+def test_apply_json_and_modified_profile(cli: Cli, demo: Path, tmp_path: Path) -> None:
+    r = cli("sandbox", "apply", "--profile", str(demo), "--json")
+    first = one_json(r.stdout)["result"]
+    assert first["changed"] is True and first["revision"] == 1
+    changed = tmp_path / "changed.yml"
+    changed.write_text(demo.read_text().replace("crates.io", "static.crates.io"))
+    r2 = cli("sandbox", "apply", "--profile", str(changed), "--json")
+    second = one_json(r2.stdout)["result"]
+    assert second["revision"] == 2
+    assert second["profile_id"] != first["profile_id"]
+    assert second["changed"] is True
+
+
+def test_apply_missing_file(cli: Cli, tmp_path: Path) -> None:
+    r = cli("sandbox", "apply", "--profile", str(tmp_path / "nope.yml"), "--json")
+    assert r.exit_code == 3
+    doc = one_json(r.stdout)
+    assert "not found" in doc["error"]["message"]
+    assert nothing_stored()
+
+
+def test_list_show_rm(cli: Cli, demo: Path) -> None:
+    empty = cli("sandbox", "list")
+    assert empty.exit_code == 0 and empty.stdout == ""
+    assert "no profiles applied" in empty.stderr
+
+    applied = cli("sandbox", "apply", "--profile", str(demo)).stdout.splitlines()
+    pid = applied[0].split()[1]
+
+    listed = cli("sandbox", "list")
+    assert listed.exit_code == 0
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "REVISION", "PROFILE_ID", "APPLIED_AT"]
+    assert row.split()[:3] == ["agent-readonly", "1", pid]
+    lj = one_json(cli("sandbox", "list", "--json").stdout)
+    assert [p["profile_id"] for p in lj["result"]["profiles"]] == [pid]
+
+    shown = cli("sandbox", "show", "agent-readonly")
+    assert shown.exit_code == 0
+    assert f"# profile_id: {pid}" in shown.stdout
+    doc = YAML(typ="safe", pure=True).load(shown.stdout)
+    assert doc["name"] == "agent-readonly"
+    assert doc["mounts"][0]["read_only"] is True
+    assert doc["network"]["egress_dns_allowlist"] == ["registry.npmjs.org", "crates.io"]
+    sj = one_json(cli("sandbox", "show", "agent-readonly", "--json").stdout)["result"]
+    assert sj["profile_id"] == pid and sj["profile"]["mcp_policy"][0]["decision"] == "auto_allow"
+    by_id = one_json(cli("sandbox", "show", pid, "--json").stdout)["result"]
+    assert by_id["profile"] == sj["profile"]
+    as_json = cli("sandbox", "show", "agent-readonly", "--format", "json")
+    assert json.loads(as_json.stdout) == sj["profile"]
+
+    rm = cli("sandbox", "rm", "agent-readonly")
+    assert rm.exit_code == 0
+    assert rm.stdout.splitlines()[:2] == ["removed: agent-readonly", f"profile_id: {pid}"]
+    assert [r.type for r in read_records(admin_chain().path)] == ["profile.apply", "profile.rm"]
+
+    gone = cli("sandbox", "show", "agent-readonly")
+    assert gone.exit_code == 4
+    assert gone.stderr.splitlines() == [
+        "error: profile not found: agent-readonly",
+        "hint: run `linpodx sandbox apply --profile FILE` to apply it "
+        "(see `linpodx sandbox list`)",
+    ]
+    # The revision stays resolvable by id for containers started under it.
+    assert cli("sandbox", "show", pid).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("sandbox", "show", "nope"), ("sandbox", "rm", "nope"), ("sandbox", "show", "prof_bad")],
+)
+def test_not_found_json(cli: Cli, args: tuple[str, ...]) -> None:
+    r = cli(*args, "--json")
+    assert r.exit_code == 4
+    doc = one_json(r.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "NotFound"
+    assert r.stderr.startswith("error: ")
+
+
+def test_rm_json(cli: Cli, demo: Path) -> None:
+    cli("sandbox", "apply", "--profile", str(demo))
+    doc = one_json(cli("sandbox", "rm", "agent-readonly", "--json").stdout)
+    assert doc["ok"] is True
+    assert doc["result"]["removed"] == "agent-readonly"
+    assert re.fullmatch(r"[0-9a-f]{64}", doc["result"]["audit_hash"])
+
+
+def test_subprocess_apply_and_audit_verify(demo: Path) -> None:
+    r = run_linpodx("sandbox", "apply", "--profile", str(demo))
+    assert r.returncode == 0, r.stderr
+    audit_hash = r.stdout.splitlines()[1].split()[1]
+    v = run_linpodx("audit", "verify")
+    assert v.returncode == 0, v.stderr
+    assert "chain:   OK" in v.stdout
+    assert audit_hash[:12] in v.stdout
