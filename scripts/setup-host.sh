@@ -172,10 +172,14 @@ fi
 # its store under that temp dir and find no images. scripts/test.sh passes this file through
 # CONTAINERS_STORAGE_CONF, so the store stays the user's own whatever HOME says.
 storage_conf=$home/.config/containers/storage.conf
-# rootless_storage_path (not graphroot) is what rootless podman honours in this file.
+# rootless_storage_path is what `podman run` honours for a rootless store in this file;
+# `podman commit` (buildah's code path) also needs runroot and graphroot here, or it fails with
+# "runroot must be set". All three name the defaults, so nothing moves.
 storage_want="$MARKER
 [storage]
 driver = \"overlay\"
+runroot = \"$run_dir/containers\"
+graphroot = \"$home/.local/share/containers/storage\"
 rootless_storage_path = \"$home/.local/share/containers/storage\""
 if [[ ! -e $storage_conf ]] || [[ $(cat "$storage_conf") != "$storage_want" ]]; then
     if [[ -e $storage_conf ]] && ! grep -qxF "$MARKER" "$storage_conf"; then

@@ -146,10 +146,22 @@ sync_src() {
 ensure_venv() {
     local pyver want have
     pyver=$(/usr/bin/python3 -c 'import sys; print(sys.version)') || return 1
+    # Only the parts of pyproject.toml that change what pip installs: editing the pytest or
+    # ruff settings must not cost a reinstall.
     want=$( (
-        cat "$SRC/pyproject.toml"
-        printf '\n%s\n%s\n%s\n' "$pyver" "$RUFF_SPEC" "$VENV_RECIPE"
-    ) | sha256sum | cut -d' ' -f1)
+        /usr/bin/python3 - "$SRC/pyproject.toml" <<'PY' || exit 1
+import json, sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    doc = tomllib.load(f)
+keep = {
+    "build-system": doc.get("build-system"),
+    "project": doc.get("project"),
+    "setuptools": doc.get("tool", {}).get("setuptools"),
+}
+print(json.dumps(keep, sort_keys=True))
+PY
+        printf '%s\n%s\n%s\n' "$pyver" "$RUFF_SPEC" "$VENV_RECIPE"
+    ) | sha256sum | cut -d' ' -f1) || return 1
     have=$(cat "$VENV/.linpodx-stamp" 2>/dev/null || true)
     if [[ $have == "$want" ]] &&
         "$VENV/bin/python" -c 'import linpodx, pytest, mcp, pexpect' 2>/dev/null &&

@@ -170,3 +170,26 @@ def test_user_namespace_matches_the_user(unique_name: str) -> None:
     else:
         # Rootful podman without --userns: the identity map of all ids.
         assert maps == [["0", "0", "4294967295"]]
+
+
+def test_commit_and_run_the_committed_image(unique_name: str) -> None:
+    # `podman commit` reads the storage configuration through another code path than `run`;
+    # rootless with the tests' temp HOME it once failed with "runroot must be set".
+    image = f"localhost/linpodx-test/host-ready-{unique_name}:1"
+    podman(
+        "run",
+        "--name",
+        unique_name,
+        "--network",
+        "none",
+        BUSYBOX_IMAGE,
+        "sh",
+        "-c",
+        "echo committed > /marker",
+    )
+    try:
+        podman("commit", "--quiet", unique_name, image)
+        out = podman("run", "--rm", "--network", "none", image, "cat", "/marker").stdout
+        assert out == "committed\n"
+    finally:
+        subprocess.run(["podman", "rmi", "-f", image], capture_output=True, timeout=60, check=False)
