@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 READY_TIMEOUT = 30.0
 UPDATE_TIMEOUT = 5.0
 GUARD_COMMAND = "_egress-guard"
+GUARD_MODULE = "linpodx.egress.runner"
 
 RESOLV_CONF = (
     "# written by linpodx: the policy resolver is this container's only DNS server\n"
@@ -98,7 +99,7 @@ def resolv_conf_path(name: str) -> Path | None:
 def guard_argv(name: str, pid: int) -> list[str]:
     """How the guard is started. Rootless it runs under `podman unshare`, i.e. as uid 0 of
     the rootless user namespace, so it may join the container's netns and run nft there."""
-    argv = [sys.executable, "-m", "linpodx", GUARD_COMMAND, "--container", name, "--pid", str(pid)]
+    argv = [sys.executable, "-m", GUARD_MODULE, "--container", name, "--pid", str(pid)]
     if os.geteuid() != 0:
         argv = [proc.which("podman") or "podman", "unshare", *argv]
     return argv
@@ -151,7 +152,8 @@ def _guard_alive(info: dict[str, Any], name: str) -> bool:
         return False
     if stat.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
-    return GUARD_COMMAND.encode() in cmdline and name.encode() in cmdline
+    is_guard = GUARD_MODULE.encode() in cmdline or GUARD_COMMAND.encode() in cmdline
+    return is_guard and name.encode() in cmdline
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

@@ -171,3 +171,22 @@ def run_guard(name: str, pid: int) -> int:
     recorder.flush()
     _write_state(st, state="stopped", container=name, container_pid=pid)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m linpodx.egress.runner --container NAME --pid PID`.
+
+    How `attach` starts the guard: the same as the hidden `linpodx _egress-guard` command, but
+    without importing the CLI stack (typer, rich), which halves the guard's start-up time.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="linpodx-egress-guard")
+    parser.add_argument("--container", required=True)
+    parser.add_argument("--pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    return run_guard(args.container, args.pid)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
