@@ -206,22 +206,35 @@ class PolicyResolver:
             if not self._policy.allowlist.allows(name):
                 # The allowlist changed while we asked upstream.
                 return _reply_msg(query, dns.rcode.NXDOMAIN)
-            if addrs:
+            with self._lock:
+                left = {
+                    a: (self._granted[a].expires - now if a in self._granted else 0.0)
+                    for a in addrs
+                }
+            life = ttl
+            if addrs and min(left.values()) >= ttl / 2:
+                # Every address is already in the sets for at least half the TTL: no nft call.
+                # The answer and its cache line never outlive the shortest remaining entry.
+                life = int(min(left.values()))
+            elif addrs:
+                # Re-adding resets an element's timeout, so never shorten a longer one.
+                entries = [(a, max(ttl, int(left[a]) + 1)) for a in addrs]
                 try:
-                    self._add([(a, ttl) for a in addrs])
+                    self._add(entries)
                 except Exception:
                     return _reply_msg(query, dns.rcode.SERVFAIL)
+                with self._lock:
+                    for a, t in entries:
+                        g = self._granted.setdefault(a, _Granted(now + t))
+                        g.expires = now + t
             with self._lock:
-                expires = now + ttl
                 for a in addrs:
-                    g = self._granted.setdefault(a, _Granted(expires))
-                    g.expires = max(g.expires, expires)
-                    g.names.add(name)
+                    self._granted[a].names.add(name)
                 if len(self._cache) >= CACHE_MAX:
                     self._cache.clear()
-                if ttl:
-                    self._cache[key] = _CacheEntry(rrsets, expires, frozenset(names | {name}))
-        return _build(query, rrsets, min(ttl, min_ttl) if rrsets else 0)
+                if life:
+                    self._cache[key] = _CacheEntry(rrsets, now + life, frozenset(names | {name}))
+        return _build(query, rrsets, min(life, min_ttl) if rrsets else 0)
 
 
 def _follow_chain(

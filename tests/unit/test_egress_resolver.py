@@ -260,3 +260,27 @@ def test_ipv4_and_ipv6_answers_go_to_their_sets() -> None:
     r, _, sets, _, _ = make()
     ask(r, "v6.example.com", "AAAA")
     assert ipaddress.ip_address(sets.added[0][0]).version == 6
+
+
+def test_address_already_granted_needs_no_second_set_update() -> None:
+    table = dict(TABLE)
+    table["a.example.com"] = [("a.example.com", "A", 300, "9.9.9.40")]
+    table["b.example.com"] = [("b.example.com", "A", 300, "9.9.9.40")]
+    table["c.example.com"] = [("c.example.com", "A", 300, "9.9.9.40")]
+    table["d.example.com"] = [
+        ("d.example.com", "A", 60, "9.9.9.40"),
+        ("d.example.com", "A", 60, "9.9.9.41"),
+    ]
+    r, up, sets, _, clock = make()
+    up.table = table
+    ask(r, "a.example.com")
+    clock.t += 10
+    resp = ask(r, "b.example.com")
+    assert sets.added == [("9.9.9.40", 300)]  # one nft call for both names
+    assert resp.answer[0].ttl == 290  # never longer than the set entry lives
+    clock.t += 200  # 90 s left < 150: refreshed
+    ask(r, "c.example.com")
+    assert sets.added[-1] == ("9.9.9.40", 300)
+    # .41 is new, so both are re-added; .40's longer remaining time is kept, not cut to 60.
+    ask(r, "d.example.com")
+    assert sorted(sets.added[-2:]) == [("9.9.9.40", 301), ("9.9.9.41", 60)]
