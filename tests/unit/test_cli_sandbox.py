@@ -140,7 +140,7 @@ def test_apply_prints_id_and_hash_then_unchanged(cli: Cli, demo: Path) -> None:
 
     again = cli("sandbox", "apply", "--profile", str(demo))
     assert again.exit_code == 0
-    assert again.stdout.splitlines() == lines[:2] + ["revision: 1", "changed: false"]
+    assert again.stdout.splitlines() == [*lines[:2], "revision: 1", "changed: false"]
     assert "unchanged" in again.stderr
     assert len(read_records(admin_chain().path)) == len(records)
 
