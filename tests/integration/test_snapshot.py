@@ -21,7 +21,7 @@ import pytest
 
 from linpodx.snapshot import faults, jobs
 from linpodx.snapshot.names import image_ref, snapshot_dir
-from tests.conftest import BUSYBOX_IMAGE, CliResult
+from tests.conftest import BUSYBOX_IMAGE, DEBIAN_IMAGE, ROOTLESS, CliResult
 
 pytestmark = pytest.mark.podman
 
@@ -67,6 +67,29 @@ def event_types() -> list[str]:
     return [json.loads(line)["type"] for line in f.read_text().splitlines() if line]
 
 
+@pytest.fixture(autouse=True)
+def rootless_storage_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rootless podman 4.3 `podman commit` needs `runroot` and `graphroot` in a storage.conf
+    given by CONTAINERS_STORAGE_CONF ("runroot must be set"), although every other command
+    works with `rootless_storage_path` alone. If the test host's file lacks them, point the
+    tests at a copy that names the same store explicitly (the same images and containers)."""
+    conf = os.environ.get("CONTAINERS_STORAGE_CONF", "")
+    if not ROOTLESS or not conf or not os.path.isfile(conf):
+        return
+    text = Path(conf).read_text()
+    if "runroot" in text and "graphroot" in text:
+        return
+    info = podman("info", "--format", "{{.Store.GraphRoot}}\t{{.Store.RunRoot}}\t"
+                  "{{.Store.GraphDriverName}}").stdout.strip().split("\t")
+    graph, run, driver = info
+    fixed = tmp_path / "storage.conf"
+    fixed.write_text(
+        f'[storage]\ndriver = "{driver}"\ngraphroot = "{graph}"\nrunroot = "{run}"\n'
+        f'rootless_storage_path = "{graph}"\n'
+    )
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(fixed))
+
+
 @dataclass
 class Box:
     """A running linpodx container with a writable workspace and a read-only mount."""
@@ -85,8 +108,9 @@ class Box:
                                "--json", *extra))
 
 
-@pytest.fixture
-def box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
+def make_box(cli: Cli, name: str, tmp_path: Path, *, image: str = BUSYBOX_IMAGE,
+             network: str = "  egress_dns_allowlist: []\n") -> Box:
+    """Apply a profile with a writable and a read-only mount and run a container under it."""
     ws = tmp_path / "work" / "ws"
     ro = tmp_path / "work" / "ro"
     ws.mkdir(parents=True)
@@ -96,7 +120,7 @@ def box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
     (ws / "sub").mkdir()
     (ws / "sub" / "deep.txt").write_text("deep\n")
     (ro / "readme").write_text("ro\n")
-    profile = f"snap-{unique_name[-10:]}"
+    profile = f"snap-{name[-10:]}"
     pfile = tmp_path / "profile.yaml"
     pfile.write_text(
         f"name: {profile}\n"
@@ -108,7 +132,7 @@ def box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
         f"  - source: {ro}\n"
         "    target: /ro\n"
         "network:\n"
-        "  egress_dns_allowlist: []\n"
+        f"{network}"
         "mcp_policy:\n"
         "  - method: '*'\n"
         "    decision: deny\n"
@@ -116,21 +140,31 @@ def box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
         "  hash_chain: true\n"
     )
     ok(cli("sandbox", "apply", "--profile", str(pfile)))
-    ok(cli("run", "--profile", profile, "--image", BUSYBOX_IMAGE, "--name", unique_name,
+    ok(cli("run", "--profile", profile, "--image", image, "--name", name,
            "--detach", "--", "sleep", "100000"))
-    b = Box(unique_name, ws, ro, cli, profile)
-    yield b
-    # Clean up what the test made: containers named after ours, our snapshot images, the
-    # workspace (rootless: sub-uid files need the user namespace to go).
+    return Box(name, ws, ro, cli, profile)
+
+
+def cleanup(name: str, tmp_path: Path) -> None:
+    """Remove what a test made: containers named after ours, our snapshot images, the
+    workspace (rootless: sub-uid files need the user namespace to go)."""
     for line in podman("ps", "-a", "--format", "{{.Names}}").stdout.split():
-        if line.startswith(unique_name):
+        if line.startswith(name):
             podman("rm", "-f", "-t", "0", line, check=False)
-    prefix = f"localhost/linpodx/snapshot/{unique_name}:"
+    prefix = f"localhost/linpodx/snapshot/{name}:"
     for ref in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
         if ref.startswith(prefix):
             podman("rmi", "-f", ref, check=False)
     if os.geteuid() != 0:
         podman("unshare", "rm", "-rf", str(tmp_path / "work"), check=False)
+
+
+@pytest.fixture
+def box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
+    try:
+        yield make_box(cli, unique_name, tmp_path)
+    finally:
+        cleanup(unique_name, tmp_path)
 
 
 def test_create_prints_job_id_at_once_then_job_status_succeeds(box: Box) -> None:
@@ -306,3 +340,50 @@ def test_non_linpodx_container_is_refused(cli: Cli, unique_name: str) -> None:
     r = cli("snapshot", "create", unique_name, "--label", "x")
     assert r.exit_code == 8 and "not a linpodx container" in r.stderr
     assert not (snapshot_dir(unique_name, "x")).exists()
+
+
+def _netns_ruleset(name: str) -> str:
+    pid = podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
+    nsenter = ["nsenter", f"--net=/proc/{pid}/ns/net", "/usr/sbin/nft", "list", "ruleset"]
+    argv = ["podman", "unshare", *nsenter] if ROOTLESS else nsenter
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _can_connect(name: str, host: str, port: int) -> bool:
+    code = (f"import socket; socket.create_connection(({host!r}, {port}), timeout=3)")
+    return podman("exec", name, "python3", "-c", code, check=False).returncode == 0
+
+
+def test_rollback_keeps_filtered_egress(cli: Cli, unique_name: str, tmp_path: Path) -> None:
+    """A container with an allowlist comes back with its guard up and its default-drop filter;
+    a direct connection to a host server outside the allowlist still fails."""
+    import socket
+
+    from linpodx import containers
+
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout
+    host = next(t for t in out.split() if ":" not in t and not t.startswith("127."))
+    srv = socket.socket()
+    srv.bind((host, 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    # The upstream resolver is a closed local port: no name resolves, which is all we need.
+    network = ("  egress_dns_allowlist: [allowed.test]\n"
+               "  upstream_dns: ['127.0.0.1:9']\n")
+    try:
+        b = make_box(cli, unique_name, tmp_path, image=DEBIAN_IMAGE, network=network)
+        assert containers.egress_status(b.name) == "healthy"
+        assert "policy drop" in _netns_ruleset(b.name)
+        assert not _can_connect(b.name, host, port)
+        b.snapshot("net")
+        r = result(b.cli("snapshot", "rollback", b.name, "--to", "net", "--json"))
+        assert r["rolled_back"] is True
+        assert containers.egress_status(b.name) == "healthy"
+        rules = _netns_ruleset(b.name)
+        assert "linpodx_egress" in rules and "policy drop" in rules
+        assert not _can_connect(b.name, host, port)
+    finally:
+        srv.close()
+        cleanup(unique_name, tmp_path)
