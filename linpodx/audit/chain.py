@@ -31,10 +31,11 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from json import encoder as json_encoder
 from pathlib import Path
 from typing import Any
 
-from linpodx.canonical import MAX_DEPTH, CanonicalError, canonical_bytes, strict_loads
+from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import AuditError
 from linpodx.fsutil import fsync_dir
 from linpodx.ids import new_id
@@ -220,14 +221,51 @@ def _refuse_number(text: str) -> Any:
     raise ValueError(f"non-integer number {text}")
 
 
+def _safe_int(text: str) -> int:
+    value = int(text)
+    if not -SAFE_INT <= value <= SAFE_INT:
+        raise ValueError("integer outside the I-JSON range")
+    return value
+
+
+def _no_default(value: Any) -> Any:  # pragma: no cover - json.loads output is always encodable
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
 # The C-accelerated json codec, configured so that its output for the values we allow is
 # byte-identical to canonical_bytes (same string escaping: canonical.py uses json.dumps for
 # strings; same integers; keys sorted by code point, which equals UTF-16 order as long as no
 # character lies outside the BMP; see _fast_record for the conditions).
-_FAST_DECODER = json.JSONDecoder(parse_float=_refuse_number, parse_constant=_refuse_number)
+_FAST_DECODER = json.JSONDecoder(
+    parse_float=_refuse_number, parse_constant=_refuse_number, parse_int=_safe_int
+)
 _FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+_c_make_encoder = getattr(json_encoder, "c_make_encoder", None)
+_c_encode_basestring = getattr(json_encoder, "c_encode_basestring", None)
+_encode_sorted: Callable[[Any], str] = _FAST_ENCODER.encode
+if _c_make_encoder is not None and _c_encode_basestring is not None:
+    # One C encoder built once (json.JSONEncoder.encode builds a new one per call). Same
+    # arguments JSONEncoder passes: markers, default, string encoder, indent, separators,
+    # sort_keys, skipkeys, allow_nan.
+    _c_encode = _c_make_encoder(
+        None, _no_default, _c_encode_basestring, None, ":", ",", True, False, False
+    )
+
+    def _encode_c(value: Any) -> str:
+        return "".join(_c_encode(value, 0))
+
+    _encode_sorted = _encode_c
+
 _ASTRAL = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8 sequences (> U+FFFF)
-_LONG_NUMBER = re.compile(rb"[:,\[]-?[0-9]{16}")  # a number token of 16+ digits
+_HASH_KEY = b',"hash":"'
+_SUFFIX = re.compile(
+    rb',"hash":"(?P<hash>[0-9a-f]{64})"'
+    rb'(?:,"log":"(?P<log>log_[0-9A-HJKMNP-TV-Z]{26})")?'
+    rb',"prev":"(?P<prev>[0-9a-f]{64})"'
+    rb',"seq":(?P<seq>0|[1-9][0-9]{0,14})'
+    rb',"ts":"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)"'
+    rb',"type":"(?P<type>[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+)"\}'
+)
 
 
 def _fast_record(line: bytes) -> Record | None:
@@ -237,42 +275,54 @@ def _fast_record(line: bytes) -> Record | None:
     exact verdict and reason. A Record is only returned when it is provably what parse_line
     returns:
     - the line decodes as strict UTF-8 (no encoded surrogates) and json parses it with floats,
-      NaN and Infinity refused;
+      NaN and Infinity refused and every integer checked to be within +-(2^53-1);
     - re-encoding the parsed value with sorted keys and no whitespace gives back the line
       exactly. That implies no duplicate keys (the parsed value would have lost one and could
       not re-encode to the same text), no escaped lone surrogates (they re-encode raw, not as
-      `\\udXXX`), and the minimal escapes of canonical_bytes;
-    - no byte of the line starts a 4-byte UTF-8 sequence, so every key is in the BMP, where
-      code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
-    - no number token has 16 or more digits, so every integer is within +-(2^53-1);
-    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH.
-    Then the line IS canonical_bytes(record), and removing the top-level `,"hash":"H"` pair
-    (which follows "data" in sorted order; the fields after it are pattern-checked and cannot
-    hold a quote) gives canonical_bytes(record without hash): the bytes that were hashed.
+      a `\\udXXX` escape), and the minimal escapes of canonical_bytes;
+    - the line is ASCII, or no byte of it starts a 4-byte UTF-8 sequence: every key is in the
+      BMP, where code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
+    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH;
+    - it starts with `{"data":{` and, from its last `,"hash":"`, ends with exactly the fields
+      hash, optional log, prev, seq, ts, type in the patterns _record_from_obj enforces, and
+      the object has no other key. Those fields hold no quote or backslash, so they are the
+      top-level members (read back from the final `}`, every token is structural).
+    Then the line IS canonical_bytes(record), and removing that `,"hash":"H"` pair gives
+    canonical_bytes(record without hash): the bytes that were hashed.
     """
     if (
         len(line) > MAX_LINE
-        or _ASTRAL.search(line)
-        or _LONG_NUMBER.search(line)
+        or not line.startswith(b'{"data":{')
         or line.count(b"{") + line.count(b"[") > MAX_DEPTH
+        or (not line.isascii() and _ASTRAL.search(line))
     ):
+        return None
+    i = line.rfind(_HASH_KEY)
+    m = _SUFFIX.fullmatch(line, i) if i > 0 else None
+    if m is None:
         return None
     try:
         text = line.decode("utf-8")
         obj = _FAST_DECODER.decode(text)
-        if _FAST_ENCODER.encode(obj) != text:
+        if _encode_sorted(obj) != text:
             return None
-        rec = _record_from_obj(obj)
-    except (ValueError, BadRecord, RecursionError):
+    except (ValueError, RecursionError):
         return None
-    needle = b',"hash":"' + rec.hash.encode("ascii") + b'"'
-    i = line.rfind(needle)
-    if i < 0:  # pragma: no cover - impossible for a canonical record
+    log = m.group("log")
+    if len(obj) != (6 if log is None else 7):
         return None
-    body = line[:i] + line[i + len(needle) :]
-    if hashlib.sha256(DOMAIN + body).hexdigest() != rec.hash:
+    h = m.group("hash")
+    if hashlib.sha256(DOMAIN + line[:i] + line[m.end("hash") + 1 :]).hexdigest().encode() != h:
         return None
-    return rec
+    return Record(
+        seq=int(m.group("seq")),
+        ts=m.group("ts").decode("ascii"),
+        type=m.group("type").decode("ascii"),
+        prev=m.group("prev").decode("ascii"),
+        hash=h.decode("ascii"),
+        data=obj["data"],
+        log_id=log.decode("ascii") if log is not None else None,
+    )
 
 
 def check_line(line: bytes) -> Record:
@@ -347,6 +397,10 @@ def verify_file(
     """
     expected_genesis = genesis if genesis is not None else ZERO_HASH
     try:
+        if collect is None and _PARALLEL_MIN_BYTES <= path.stat().st_size:
+            fast = _verify_parallel(path, expected_genesis, check_genesis, anchors)
+            if fast is not None:
+                return fast
         return _verify(path, expected_genesis, check_genesis, anchors, collect)
     except FileNotFoundError:
         raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
@@ -473,6 +527,160 @@ def _verify(
     if torn is not None:
         return report(True, torn_reason(*torn), torn)
     return report(True, None)
+
+
+_PARALLEL_MIN_BYTES = 16 * 1024 * 1024
+"""Logs at least this big are verified by one forked worker per CPU (each checks a byte range,
+the parent checks the seams). Any doubt sends the whole file through the one-process
+verifier, so the report (first bad seq, reason) is always the reference one."""
+_READ_CHUNK = 8 * 1024 * 1024
+
+
+def _range_lines(path: Path, start: int, end: int) -> Iterator[tuple[int, bytes, bool]]:
+    """(offset, line, complete) for the lines that start in [start, end)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos = start
+        rest = b""
+        while pos < end:
+            chunk = f.read(min(_READ_CHUNK, end - pos))
+            if not chunk:
+                break
+            pos += len(chunk)
+            buf = rest + chunk
+            lines = buf.split(b"\n")
+            rest = lines.pop()
+            offset = pos - len(buf)
+            for line in lines:
+                yield offset, line, True
+                offset += len(line) + 1
+        if rest:
+            yield end - len(rest), rest, False
+
+
+def _check_range(
+    path: Path,
+    start: int,
+    end: int,
+    genesis: str,
+    check_genesis: bool,
+    anchors: Mapping[int, str] | None,
+) -> dict[str, Any]:
+    """Verify the records starting in [start, end) as far as possible without the rest."""
+    w = _Walk(genesis, check_genesis, anchors)
+    first: dict[str, Any] | None = None
+    torn = None
+    for offset, line, complete in _range_lines(path, start, end):
+        if not complete:
+            torn = [offset, len(line)]
+            break
+        try:
+            rec = check_line(line)
+        except BadRecord:
+            return {"ok": False}
+        if first is None:
+            first = {"seq": rec.seq, "prev": rec.prev, "ts": rec.ts}
+            if start > 0:
+                # Prime the walk as if the record before this range had been seen; the parent
+                # checks that seam against the previous range's last record.
+                w.n, w.tail, w.last_ts = rec.seq, rec.prev, rec.ts
+        if w.step(rec) is not None:
+            return {"ok": False}
+    return {
+        "ok": True,
+        "first": first,
+        "n": w.n,
+        "tail": w.tail,
+        "ts": w.last_ts,
+        "head": w.head,
+        "log_id": w.log_id,
+        "torn": torn,
+    }
+
+
+def _workers() -> int:
+    """How many verify workers: the CPUs this process may run on (at most 16)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cpus or 1, 16))
+
+
+def _split(path: Path, size: int, parts: int) -> list[int]:
+    """Range starts: offset 0 and the first line start after each k*size/parts."""
+    starts = [0]
+    with open(path, "rb") as f:
+        for k in range(1, parts):
+            f.seek(k * size // parts)
+            f.readline()  # skip to the next line start
+            pos = f.tell()
+            if starts[-1] < pos < size:
+                starts.append(pos)
+    return starts
+
+
+def _verify_parallel(
+    path: Path, genesis: str, check_genesis: bool, anchors: Mapping[int, str] | None
+) -> VerifyReport | None:
+    """Verify with one forked worker per CPU; None when anything is off (use the reference)."""
+    size = path.stat().st_size
+    starts = _split(path, size, _workers())
+    if len(starts) < 2:
+        return None
+    bounds = list(zip(starts, [*starts[1:], size], strict=True))
+    children: list[tuple[int, int]] = []
+    results: list[dict[str, Any] | None] = []
+    try:
+        for a, b in bounds:
+            rfd, wfd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child (coverage does not see it)
+                code = 1
+                try:
+                    os.close(rfd)
+                    doc = _check_range(path, a, b, genesis, check_genesis, anchors)
+                    with os.fdopen(wfd, "wb") as out:
+                        out.write(json.dumps(doc).encode())
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(wfd)
+            children.append((pid, rfd))
+        for pid, rfd in children:
+            with os.fdopen(rfd, "rb") as inp:
+                raw = inp.read()
+            _, status = os.waitpid(pid, 0)
+            results.append(json.loads(raw) if status == 0 and raw else None)
+    except OSError:
+        return None
+    # Seams: each range must continue exactly where the previous one ended.
+    total = 0
+    prev_tail = prev_ts = ""
+    done: list[dict[str, Any]] = []
+    for k, res in enumerate(results):
+        if res is None or not res["ok"] or res["first"] is None:
+            return None
+        done.append(res)
+        first = res["first"]
+        if k > 0 and (first["seq"] != total or first["prev"] != prev_tail or first["ts"] < prev_ts):
+            return None
+        if k < len(results) - 1 and res["torn"] is not None:
+            return None
+        total, prev_tail, prev_ts = res["n"], res["tail"], res["ts"]
+    if anchors and max(anchors) >= total:
+        return None
+    head, log_id, torn = done[0]["head"], done[0]["log_id"], done[-1]["torn"]
+    return VerifyReport(
+        ok=True,
+        events=total,
+        head=head,
+        tail=prev_tail,
+        first_bad_seq=None,
+        reason=torn_reason(*torn) if torn else None,
+        torn_tail=torn is not None,
+        log_id=log_id,
+        torn_offset=torn[0] if torn else None,
+        torn_bytes=torn[1] if torn else 0,
+        path=str(path),
+    )
 
 
 def read_records(path: Path) -> list[Record]:

@@ -256,6 +256,8 @@ def _bad_lines() -> list[tuple[bytes, str]]:
         (good + b" ", "canonical"),
         (b"[" + good + b"]", "not a JSON object"),
         (_forge({**_base(), "extra": 1}), "unknown keys"),
+        (_forge({**_base(), "zz": 1}), "unknown keys"),
+        (_forge({**_base(), "a": 1}), "unknown keys"),
         (_forge({k: v for k, v in _base().items() if k != "ts"}), "missing keys"),
         (_forge(_base(seq=-1)), "seq"),
         (_forge(_base(seq=True)), "seq"),
@@ -319,3 +321,29 @@ def test_last_returns_tail_record(tmp_path: Path) -> None:
     os.truncate(c.path, c.path.stat().st_size - 5)
     last = c.last()
     assert last is not None and last.seq == 0
+
+
+@pytest.mark.parametrize("workers", [2, 3, 7])
+def test_parallel_verify_matches_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(ch, "_workers", lambda: workers)
+    c = Chain(tmp_path / "a.jsonl")
+    recs = [c.append("a.b", {"i": i, "pad": "p" * (i * 37 % 300)}) for i in range(40)]
+    ref = ch._verify(c.path, ZERO_HASH, True)
+    par = ch._verify_parallel(c.path, ZERO_HASH, True, None)
+    assert par is not None and par == ref and par.events == 40
+    anchored = ch._verify_parallel(c.path, ZERO_HASH, True, {17: recs[17].hash})
+    assert anchored == ref
+    # A wrong anchor, a torn tail, damage: same report as the reference (parallel defers).
+    assert ch._verify_parallel(c.path, ZERO_HASH, True, {17: recs[16].hash}) is None
+    with open(c.path, "ab") as f:
+        f.write(b'{"data":')
+    par = ch._verify_parallel(c.path, ZERO_HASH, True, None)
+    assert par is not None and par.torn_tail and par == ch._verify(c.path, ZERO_HASH, True)
+    raw = c.path.read_bytes()
+    c.path.write_bytes(raw.replace(b'"i":30,', b'"i":31,'))
+    assert ch._verify_parallel(c.path, ZERO_HASH, True, None) is None
+    r = verify_file(c.path)
+    assert not r.ok and r.first_bad_seq == 30 and "hash mismatch" in (r.reason or "")

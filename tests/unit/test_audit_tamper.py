@@ -28,6 +28,18 @@ from linpodx.canonical import canonical_bytes
 N = 8
 
 
+@pytest.fixture(autouse=True, params=["one-process", "parallel"])
+def verifier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the whole matrix twice: with the reference verifier, and with the forked parallel
+    verifier forced on for every file (3 workers, so seams fall between records)."""
+    from linpodx.audit import chain as ch
+
+    if request.param == "parallel":
+        monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
+        monkeypatch.setattr(ch, "_workers", lambda: 3)
+    return str(request.param)
+
+
 def make_log(path: Path, n: int = N, genesis: str | None = None) -> list[bytes]:
     c = Chain(path, genesis)
     for i in range(n):
