@@ -1,0 +1,143 @@
+"""Error cases of `linpodx run` on real podman: podman's own words, a hint, nothing left over."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from linpodx import containers
+from linpodx.errors import EngineError
+from linpodx.profile.model import Profile
+from tests.conftest import BUSYBOX_IMAGE, run_linpodx
+
+pytestmark = pytest.mark.podman
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert res.returncode == 0, f"podman {args}: {res.stderr}"
+    return res
+
+
+def exists(name: str) -> bool:
+    return podman("container", "exists", name, check=False).returncode == 0
+
+
+@pytest.fixture
+def other_name() -> Iterator[str]:
+    name = f"lpx-test-{uuid.uuid4().hex[:10]}"
+    yield name
+    subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=60)
+
+
+def test_missing_image(unique_name: str) -> None:
+    res = run_linpodx(
+        "run", "--image", "localhost/linpodx-test/no-such-image:0", "--name", unique_name
+    )
+    assert res.returncode == 5
+    assert "image not known" in res.stderr  # podman's own words
+    assert "hint:" in res.stderr and "podman images" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not exists(unique_name)
+    assert not containers.spec_dir(unique_name).exists()
+
+
+def test_name_taken_by_linpodx_container(unique_name: str) -> None:
+    res = run_linpodx(
+        "run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "sleep", "600"
+    )
+    assert res.returncode == 0, res.stderr
+    spec_before = containers.spec_path(unique_name).read_bytes()
+    res = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "true")
+    assert res.returncode == 5
+    assert "already in use" in res.stderr
+    assert "choose another --name" in res.stderr
+    # The first container is untouched, and so is its spec.
+    assert podman("inspect", "-f", "{{.State.Status}}", unique_name).stdout.strip() == "running"
+    assert containers.spec_path(unique_name).read_bytes() == spec_before
+
+
+def test_name_taken_by_someone_elses_container(other_name: str) -> None:
+    podman("run", "-d", "--name", other_name, "--network", "none", BUSYBOX_IMAGE, "sleep", "600")
+    res = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--name", other_name, "-d", "--", "true")
+    assert res.returncode == 5 and "already in use" in res.stderr
+    assert podman("inspect", "-f", "{{.State.Status}}", other_name).stdout.strip() == "running"
+    assert not containers.spec_dir(other_name).exists()
+
+
+def test_podman_missing(tmp_path: Path, unique_name: str) -> None:
+    empty = tmp_path / "emptybin"
+    empty.mkdir()
+    env = {**os.environ, "PATH": str(empty)}
+    res = subprocess.run(
+        [sys.executable, "-m", "linpodx", "run", "--image", BUSYBOX_IMAGE, "--name", unique_name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 5
+    assert "error: podman not found" in res.stderr
+    assert "hint: install podman" in res.stderr
+    assert not exists(unique_name)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_start_failure_leaves_nothing(unique_name: str, detach: bool) -> None:
+    # podman refuses to start a container whose working directory does not exist: a failure
+    # after `podman create` succeeded, which must remove the container and its spec again.
+    profile = Profile(name="broken", workdir="/no/such/dir")
+    ref = containers.ProfileRef(profile, "broken", "prof_TEST", 1, "ee" * 32)
+    req = containers.RunRequest(image=BUSYBOX_IMAGE, name=unique_name, command=("true",))
+    spec = containers.make_spec(req, ref)
+    if detach:
+        with pytest.raises(EngineError) as ei:
+            containers.create_and_start(spec, ref, start=True)
+        assert "/no/such/dir" in ei.value.stderr  # podman's own words
+        assert ei.value.hint is not None and "removed again" in ei.value.hint
+    else:
+        containers.create_and_start(spec, ref, start=False)
+        assert exists(unique_name)
+        rc = containers.attached_start(unique_name, False, remove_on_failure=True)
+        assert rc != 0
+    assert not exists(unique_name)
+    assert not containers.spec_dir(unique_name).exists()
+
+
+def test_command_not_found_is_the_containers_exit_status(unique_name: str) -> None:
+    # With --init the container does start (catatonit runs) and its command fails: that is the
+    # container's own result, reported as its exit status, not a linpodx failure.
+    res = run_linpodx(
+        "run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "--", "/no/such/program"
+    )
+    assert res.returncode != 0
+    assert "No such file or directory" in res.stderr
+
+
+def test_unknown_profile(unique_name: str) -> None:
+    res = run_linpodx(
+        "run", "--profile", "no-such-profile", "--image", BUSYBOX_IMAGE, "--name", unique_name
+    )
+    assert res.returncode != 0
+    assert res.stderr.startswith("error: ")
+    assert "Traceback" not in res.stderr
+    assert not exists(unique_name)
+
+
+def test_bad_options_are_usage_errors(unique_name: str) -> None:
+    res = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-t", "--", "true")
+    assert res.returncode == 3 and "--interactive" in res.stderr
+    res = run_linpodx("run", "--image", "--privileged", "--name", unique_name)
+    assert res.returncode == 3
+    res = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--json", "--", "true")
+    assert res.returncode == 2
+    assert json.loads(res.stdout)["ok"] is False
+    assert not exists(unique_name)
