@@ -7,8 +7,19 @@ from linpodx.audit.chain import (
     Record,
     VerifyReport,
     admin_chain,
+    anchor_session,
+    open_session,
     session_chain,
     verify_file,
 )
 
-__all__ = ["Chain", "Record", "VerifyReport", "admin_chain", "session_chain", "verify_file"]
+__all__ = [
+    "Chain",
+    "Record",
+    "VerifyReport",
+    "admin_chain",
+    "anchor_session",
+    "open_session",
+    "session_chain",
+    "verify_file",
+]

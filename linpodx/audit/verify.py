@@ -207,6 +207,11 @@ def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) ->
     except AuditError as exc:
         admin_report, index = None, _AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
+    if admin_report is None and not problems:
+        problems.append(
+            "there is no admin log, so the profile revision this session claims to run under "
+            "is recorded nowhere: the admin log was deleted or the session log forged"
+        )
     if admin_report is not None and not admin_report.ok:
         problems.append(
             f"the admin chain that anchors this session is broken at seq "

@@ -454,3 +454,13 @@ def test_torn_tail_after_damage_is_still_damage(log: tuple[Path, list[bytes]]) -
     rewrite(path, [*lines, b'{"partial'])
     r = verify_file(path)
     assert not r.ok and r.first_bad_seq == 1
+
+
+def test_deleted_admin_log_detected_from_a_session(applied: tuple[str, str]) -> None:
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FB1"
+    open_session(sid, pid, ah)
+    admin_chain().path.unlink()
+    check = verify_session(sid)
+    assert check.report.ok and not check.ok
+    assert "there is no admin log" in check.problems[0]
