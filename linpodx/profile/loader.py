@@ -380,6 +380,15 @@ def expand_vars(
     return "".join(out), problems
 
 
+_BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def _bad_char(text: str) -> str | None:
+    """`U+XXXX` of the first character a profile string must not hold, else None."""
+    m = _BAD_CHARS.search(text)
+    return f"U+{ord(m.group()):04X}" if m else None
+
+
 class _Converter:
     """Walks composed nodes into plain values, refusing what a profile never needs."""
 
@@ -456,8 +465,8 @@ class _Converter:
                 )
                 continue
             key = str(knode.value)
-            if "\x00" in key:
-                self.col.add(path, "keys must not contain NUL", pos=kpos)
+            if _bad_char(key):
+                self.col.add(path, "keys must not contain control characters", pos=kpos)
                 continue
             if key in seen:
                 self.structural = True
@@ -478,13 +487,21 @@ class _Converter:
         text = str(node.value)
         kind = tag[len(_YAML_CORE) :]
         if kind == "str":
-            if "\x00" in text:
-                self.col.add(path, "strings must not contain NUL", pos=pos)
-                return None
             value, problems = expand_vars(text, self.env)
             for message, hint in problems:
                 self.col.add(path, message, hint, pos=pos)
-            if problems:
+            bad = _bad_char(value)
+            if bad:
+                # Double-quoted YAML escapes (and expanded variables) can produce characters the
+                # reader refuses in raw form: ESC, C1 controls, NUL, lone surrogates. They would
+                # reach terminals (`sandbox show`) and argv; a profile never needs them.
+                self.col.add(
+                    path,
+                    f"strings must not contain control characters or lone surrogates ({bad})",
+                    "remove the character; only tab and newline are allowed",
+                    pos=pos,
+                )
+            if problems or bad:
                 self.col.suppressed.add(path)
             return value
         if kind == "null":
@@ -590,11 +607,11 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
         want = err.validator_value
         wants = [want] if isinstance(want, str) else list(want)
         names = " or ".join(_TYPE_NAMES.get(w, w) for w in wants)
-        quote = (
-            "quote the value to make it a string"
-            if "string" in wants and isinstance(err.instance, (int, float, bool))
-            else None
-        )
+        quote = None
+        if "string" in wants and isinstance(err.instance, (int, float, bool)):
+            quote = "quote the value to make it a string"
+        elif wants == ["boolean"] and isinstance(err.instance, str):
+            quote = "write true or false, without quotes"
         col.add(path, f"expected {names}, got {_json_type(err.instance)}", quote)
         return
     if v == "const":

@@ -435,6 +435,31 @@ def test_control_characters_are_refused(tmp_path: Path) -> None:
     assert_problem(probs, f"{tmp_path / 'p.yml'}:2:15:", "unacceptable character")
 
 
+@pytest.mark.parametrize(
+    ("escape", "code"),
+    [("\\e[31m", "U+001B"), ("\\x9b", "U+009B"), ("\\ud800", "U+D800"), ("\\u2028", "U+2028")],
+)
+def test_escaped_control_characters_are_refused(tmp_path: Path, escape: str, code: str) -> None:
+    # The YAML reader refuses these raw, but double-quoted escapes produce them.
+    probs = refused(write(tmp_path, f'name: a\ndescription: "x{escape}"\n'))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:14: description:", f"control characters "
+                   f"or lone surrogates ({code})")
+
+
+def test_expanded_control_characters_are_refused() -> None:
+    with pytest.raises(ProfileError) as exc:
+        load_text("name: a\nenv: {A: '${X}'}\n", "t.yml", env={"X": "a\x1bb"})
+    assert exc.value.problems[0].startswith("t.yml:2:10: env.A: strings must not contain")
+
+
+def test_read_only_yes_is_refused_with_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError) as exc:
+        load_file(write(tmp_path, "name: a\nmounts: [{source: /x, target: /y, read_only: no}]\n"))
+    assert any(":2:46: mounts[0].read_only: expected true or false, got a string" in p
+               for p in exc.value.problems), exc.value.problems
+    assert "write true or false" in (exc.value.hint or "")
+
+
 def test_not_a_regular_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as exc:
         load_file(tmp_path)
