@@ -75,6 +75,54 @@ class UpstreamError(Exception):
     """No upstream answered usably."""
 
 
+_POOL_MAX = 8
+_pool: dict[tuple[str, int], list[socket.socket]] = {}
+_pool_lock = threading.Lock()
+
+
+def _udp_exchange(query: dns.message.Message, ip: str, port: int) -> dns.message.Message:
+    """One UDP round trip on a connected socket (the kernel drops datagrams from anyone else);
+    the answer must match our random id and question, or we keep waiting until the timeout.
+
+    Connected sockets are kept in a small pool per upstream and reused one query at a time:
+    opening a fresh socket per query cost several ms here (dns.query.udp ~10 ms per call).
+    Each pooled socket keeps its own random source port; a socket that timed out or failed
+    is closed, never reused, and a late answer to an old query on a reused one is skipped
+    because it does not match the current id and question.
+    """
+    key = (ip, port)
+    with _pool_lock:
+        free = _pool.setdefault(key, [])
+        sock = free.pop() if free else None
+    if sock is None:
+        sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_DGRAM)
+        sock.connect((ip, port))
+    ok = False
+    try:
+        sock.send(query.to_wire())
+        deadline = time.monotonic() + UPSTREAM_TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise dns.exception.Timeout()
+            sock.settimeout(left)
+            data = sock.recv(65535)
+            try:
+                resp = dns.message.from_wire(data)
+            except dns.exception.DNSException:
+                continue
+            if query.is_response(resp):
+                ok = True
+                return resp
+    finally:
+        with _pool_lock:
+            free = _pool.setdefault(key, [])
+            if ok and len(free) < _POOL_MAX:
+                free.append(sock)
+            else:
+                sock.close()
+
+
 def query_upstream(
     query: dns.message.Message, upstreams: Sequence[tuple[str, int]]
 ) -> dns.message.Message:
@@ -82,7 +130,7 @@ def query_upstream(
     last: Exception | None = None
     for ip, port in upstreams:
         try:
-            resp = dns.query.udp(query, ip, port=port, timeout=UPSTREAM_TIMEOUT)
+            resp = _udp_exchange(query, ip, port)
             if resp.flags & dns.flags.TC:
                 resp = dns.query.tcp(query, ip, port=port, timeout=UPSTREAM_TIMEOUT)
             return resp
