@@ -464,6 +464,11 @@ def test_not_a_regular_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as exc:
         load_file(tmp_path)
     assert "not a regular file" in exc.value.message
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)
+    with pytest.raises(ProfileError) as exc:
+        load_file(fifo)  # must not block waiting for a writer
+    assert "not a regular file" in exc.value.message
     with pytest.raises(ProfileError) as exc:
         load_file(tmp_path / "missing.yml")
     assert "not found" in exc.value.message
