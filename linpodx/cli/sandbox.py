@@ -12,6 +12,7 @@ import typer
 from ruamel.yaml import YAML
 
 from linpodx.cli.common import JsonOpt, new_app, run_command
+from linpodx.errors import UsageError
 from linpodx.ids import is_id
 from linpodx.output import kv_line, note, safe_text
 from linpodx.profile import store
@@ -141,8 +142,6 @@ def show_cmd(
 
     def run() -> dict[str, Any]:
         if fmt not in ("yaml", "json"):
-            from linpodx.errors import UsageError
-
             raise UsageError(f"unknown --format {safe_text(fmt, 40)}", "use yaml or json")
         return _show_doc(name)
 
