@@ -122,16 +122,6 @@ def test_command_not_found_is_the_containers_exit_status(unique_name: str) -> No
     assert "No such file or directory" in res.stderr
 
 
-def test_unknown_profile(unique_name: str) -> None:
-    res = run_linpodx(
-        "run", "--profile", "no-such-profile", "--image", BUSYBOX_IMAGE, "--name", unique_name
-    )
-    assert res.returncode != 0
-    assert res.stderr.startswith("error: ")
-    assert "Traceback" not in res.stderr
-    assert not exists(unique_name)
-
-
 def test_bad_options_are_usage_errors(unique_name: str) -> None:
     res = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-t", "--", "true")
     assert res.returncode == 3 and "--interactive" in res.stderr
