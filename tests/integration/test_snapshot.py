@@ -387,3 +387,67 @@ def test_rollback_keeps_filtered_egress(cli: Cli, unique_name: str, tmp_path: Pa
     finally:
         srv.close()
         cleanup(unique_name, tmp_path)
+
+
+def _states(pids: set[int]) -> dict[int, str]:
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                out[pid] = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def test_sigstop_freeze_holds_every_process_and_lets_go(unique_name: str) -> None:
+    """The rootless cgroup-v1 fallback: every process of the container is stopped (also ones
+    started by `podman exec`), all are continued afterwards, and a process that was already
+    stopped stays stopped. Run as root too (forced method), so both users test it."""
+    from linpodx.snapshot import freeze
+
+    podman("run", "-d", "--name", unique_name, "--network", "none", BUSYBOX_IMAGE,
+           "sh", "-c", "sleep 1000 & sleep 1000 & wait")
+    podman("exec", "-d", unique_name, "sleep", "1001")
+    podman("exec", unique_name, "sh", "-c", "sleep 1002 </dev/null >/dev/null 2>&1 & kill -STOP $!")
+    init = int(podman("inspect", "--format", "{{.State.Pid}}", unique_name).stdout)
+    deadline = time.monotonic() + 10
+    while len(freeze.container_pids(init)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = freeze.container_pids(init)
+    assert len(pids) >= 5, pids
+    pre_stopped = {p for p, s in _states(pids).items() if s == "T"}
+    assert len(pre_stopped) == 1
+    with freeze.frozen(unique_name, method=freeze.SIGSTOP_METHOD) as method:
+        assert method == freeze.SIGSTOP_METHOD
+        during = _states(freeze.container_pids(init))
+        assert during and all(s in ("T", "t") for s in during.values()), during
+    after = _states(freeze.container_pids(init))
+    assert {p for p, s in after.items() if s == "T"} == pre_stopped
+    assert podman("exec", unique_name, "true").returncode == 0
+
+
+def test_default_freeze_matches_the_host(box: Box) -> None:
+    """`podman pause` where the host can freeze; SIGSTOP rootless on cgroup v1."""
+    from linpodx.snapshot import freeze
+
+    snap = box.snapshot("fz")
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    expected = freeze.SIGSTOP_METHOD if ROOTLESS and not v2 else freeze.PAUSE
+    assert snap["freeze"] == expected
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+
+
+def test_rm_after_rollback_keeps_the_image_the_container_uses(box: Box) -> None:
+    box.snapshot("used")
+    ok(box.cli("snapshot", "rollback", box.name, "--to", "used"))
+    iid = podman("image", "inspect", "--format", "{{.Id}}", image_ref(box.name, "used")).stdout
+    rm = result(box.cli("snapshot", "rm", box.name, "--label", "used", "--json"))
+    assert rm["removed"] is True and rm["image_deleted"] is False
+    assert podman("image", "exists", image_ref(box.name, "used"), check=False).returncode != 0
+    assert podman("image", "exists", iid.strip(), check=False).returncode == 0
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+    assert not snapshot_dir(box.name, "used").exists()
+    # Our own leftovers: the untagged image goes once its container is gone.
+    podman("rm", "-f", "-t", "0", box.name)
+    podman("rmi", iid.strip())
