@@ -153,7 +153,7 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
 
 
 def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
-    """Every applied profile's current audit_hash must be a profile.apply record of the chain."""
+    """Every stored profile revision's audit_hash must be a profile.apply record of the chain."""
     try:
         # Imported late and by name: the store is optional here (verification still works
         # without it), and the audit package must not depend on the profile package.
@@ -162,19 +162,27 @@ def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
         return [], ["profile store not available: profile revisions not cross-checked"]
     problems: list[str] = []
     try:
-        stored = list(store.list_profiles())
+        all_revisions = getattr(store, "all_revisions", None)
+        if callable(all_revisions):
+            stored = list(all_revisions())
+        else:
+            # Every revision of every applied profile (older ones too: replacing the admin log
+            # and re-applying the same file would otherwise pass).
+            stored = [rev for sp in store.list_profiles() for rev in store.history(sp.name)]
     except LinpodxError as exc:
         return [], [f"profile store not readable ({exc.message}): not cross-checked"]
     for sp in stored:
         ah = getattr(sp, "audit_hash", None)
         name = getattr(sp, "name", "?")
+        rev = getattr(sp, "revision", "?")
         if isinstance(ah, str) and ah not in index.applies:
             problems.append(
-                f"profile {name!r} was applied with audit_hash {ah[:12]}…, which is not a "
-                "profile.apply record of the admin chain: the admin log was rewritten or replaced"
+                f"profile {name!r} revision {rev} was applied with audit_hash {ah[:12]}…, which "
+                "is not a profile.apply record of the admin chain: the admin log was rewritten "
+                "or replaced"
             )
     if stored:
-        return problems, [f"{len(stored)} applied profile(s) found in the admin chain"]
+        return problems, [f"{len(stored)} profile revision(s) found in the admin chain"]
     return problems, []
 
 
