@@ -83,8 +83,18 @@ def protected_dirs() -> tuple[Path, ...]:
 
 
 def ensure_dir(path: Path) -> Path:
-    """Create `path` (and parents) as 0700 if missing; tighten an existing one we own."""
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    """Create `path` (and any missing parents) as 0700; tighten an existing one we own."""
+    # mkdir(parents=True) would give missing parents the umask's mode, not 0700.
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            pass  # another process made it meanwhile
     st = path.stat()
     if st.st_uid == os.getuid() and (st.st_mode & 0o077):
         path.chmod(DIR_MODE)

@@ -170,3 +170,12 @@ class TestCliEntry:
     def test_version(self, cli) -> None:  # type: ignore[no-untyped-def]
         res = cli("version")
         assert res.exit_code == 0 and res.stdout.startswith("linpodx ")
+
+
+def test_ensure_dir_makes_every_missing_parent_private(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from linpodx.paths import ensure_dir
+
+    target = tmp_path / "a" / "b" / "c"
+    ensure_dir(target)
+    for d in (tmp_path / "a", tmp_path / "a" / "b", target):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
