@@ -1,0 +1,94 @@
+"""Benchmark: `linpodx run --rm --profile P --image I true` vs `podman run --rm`, same flags.
+
+Both are measured in the same run, alternating (and swapping which goes first each round), so
+machine load affects both alike. The podman baseline uses exactly the flags linpodx passes (taken
+from the pure argv builder), so the ratio is linpodx's own cost: Python start-up, the CLI, the
+audit record, and create + start as separate podman calls instead of one `podman run`.
+
+    python bench/bench_run.py [--rounds 15] [--image IMAGE]
+
+Prints each median and the median ratio (target ≤ 1.25). Not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_IMAGE = os.environ.get("LINPODX_TEST_BUSYBOX", "localhost/linpodx-test/busybox:latest")
+PROFILE = """version: 1
+name: bench
+description: benchmark profile (no mounts, no network)
+"""
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"bench: {' '.join(argv[:6])}… failed ({res.returncode}): {res.stderr.strip()}")
+    return dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--image", default=DEFAULT_IMAGE)
+    args = ap.parse_args()
+
+    state = Path(tempfile.mkdtemp(prefix="linpodx-bench-"))
+    env = {**os.environ, "LINPODX_STATE_DIR": str(state)}
+    os.environ["LINPODX_STATE_DIR"] = str(state)
+    prof = state / "bench.yml"
+    prof.write_text(PROFILE)
+    lpx = [sys.executable, "-m", "linpodx"]
+    subprocess.run([*lpx, "sandbox", "apply", "--profile", str(prof)], env=env, check=True,
+                   capture_output=True)  # fmt: skip
+
+    # The baseline: the very argv linpodx builds for this profile, as one `podman run`.
+    from linpodx import containers
+    from linpodx.podman.argv import build_create_argv
+
+    ref = containers.resolve_profile("bench")
+    req = containers.RunRequest(image=args.image, name="lpx-bench-base", command=("true",), rm=True)
+    spec = containers.make_spec(req, ref)
+    base_argv = list(build_create_argv(spec))
+    base_argv[0] = "run"
+    base_argv = [a for a in base_argv if not a.startswith("--name=")]
+    podman = ["podman", *base_argv]
+    linpodx = [*lpx, "run", "--rm", "--profile", "bench", "--image", args.image, "--", "true"]
+    startup = [*lpx, "version"]
+
+    # Warm-up (image layers, page cache, python bytecode).
+    timed(podman, env)
+    timed(linpodx, env)
+    t_lpx: list[float] = []
+    t_pod: list[float] = []
+    t_start: list[float] = []
+    for i in range(args.rounds):
+        order = [("lpx", linpodx), ("pod", podman)]
+        if i % 2:
+            order.reverse()
+        for which, argv in order:
+            (t_lpx if which == "lpx" else t_pod).append(timed(argv, env))
+        t_start.append(timed(startup, env))
+    m_lpx, m_pod, m_start = (statistics.median(x) for x in (t_lpx, t_pod, t_start))
+    ratios = [a / b for a, b in zip(t_lpx, t_pod, strict=True)]
+    print(f"rounds:                  {args.rounds} (alternating), image {args.image}")
+    print(f"podman run --rm (median): {m_pod:.3f} s")
+    print(f"linpodx run --rm (median): {m_lpx:.3f} s")
+    print(f"linpodx version (median): {m_start:.3f} s  (Python + CLI start-up alone)")
+    print(f"ratio of medians:        {m_lpx / m_pod:.2f}  (target <= 1.25)")
+    print(f"median per-round ratio:  {statistics.median(ratios):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
