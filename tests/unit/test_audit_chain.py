@@ -347,3 +347,40 @@ def test_parallel_verify_matches_reference(
     assert ch._verify_parallel(c.path, ZERO_HASH, True, None) is None
     r = verify_file(c.path)
     assert not r.ok and r.first_bad_seq == 30 and "hash mismatch" in (r.reason or "")
+
+
+def test_append_in_flight_is_not_reported_as_a_crash(tmp_path: Path) -> None:
+    """verify reads without the lock; an unterminated last line that a lock holder then
+    completes was an append in progress, not a torn line."""
+    import fcntl
+
+    c = Chain(tmp_path / "a.jsonl")
+    first = c.append("a.b", {})
+    head, after = ch.encode_record(1, first.ts, "a.b", first.hash, b"{}", None)
+    h = hashlib.sha256(DOMAIN + head + after).hexdigest().encode()
+    line = head + b',"hash":"' + h + b'"' + after
+    fd = os.open(c.path, os.O_WRONLY | os.O_APPEND)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, line[:10])
+    size_before = c.path.stat().st_size
+
+    import threading
+
+    def finish() -> None:
+        time_to_wait = 0.3
+        threading.Event().wait(time_to_wait)
+        os.write(fd, line[10:] + b"\n")
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    t = threading.Thread(target=finish)
+    t.start()
+    r = verify_file(c.path)
+    t.join()
+    os.close(fd)
+    assert c.path.stat().st_size > size_before
+    assert r.ok and not r.torn_tail and r.events == 1 and r.reason is None
+    assert verify_file(c.path).events == 2
+    # Left unterminated with nobody holding the lock: that is a crash.
+    with open(c.path, "ab") as f:
+        f.write(b'{"data"')
+    assert verify_file(c.path).torn_tail
