@@ -38,6 +38,8 @@ from linpodx.audit.chain import (
 )
 from linpodx.errors import AuditError, LinpodxError, NotFound, UsageError
 
+BUILTIN_PROFILE_ID = "builtin"
+"""profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
 _ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})$")
 
 
@@ -267,7 +269,17 @@ def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) ->
             f"the session's first record names audit_hash {audit_hash[:12]}…, but the admin "
             f"chain opened it from {genesis[:12]}…"
         )
-    if audit_hash is not None and admin_report is not None:
+    if profile_id == BUILTIN_PROFILE_ID:
+        # The built-in default profile is never applied, so no profile.apply record exists:
+        # its audit_hash is the digest of its canonical form, and the session is anchored by
+        # session.open/session.close alone.
+        if opened is None:
+            problems.append(
+                "a session under the built-in profile must be opened in the admin chain "
+                "(session.open), and this one is not: the session log was forged"
+            )
+        notes.append(_builtin_note(audit_hash))
+    elif audit_hash is not None and admin_report is not None:
         apply = index.applies.get(audit_hash)
         if apply is None:
             problems.append(
@@ -283,7 +295,7 @@ def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) ->
                 )
             else:
                 notes.append(f"profile revision anchored at admin seq {apply.seq}")
-    if profile_id is not None and audit_hash is not None:
+    if profile_id is not None and audit_hash is not None and profile_id != BUILTIN_PROFILE_ID:
         problems.extend(_check_store_revision(profile_id, audit_hash, notes))
     if opened is None:
         notes.append(
@@ -307,6 +319,17 @@ def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) ->
         session_id=session_id,
         profile_id=profile_id,
     )
+
+
+def _builtin_note(audit_hash: str | None) -> str:
+    try:
+        containers = importlib.import_module("linpodx.containers")
+        current = containers.builtin_ref().audit_hash
+    except (ImportError, AttributeError, LinpodxError):
+        return "runs under the built-in default profile"
+    if audit_hash == current:
+        return "runs under the built-in default profile (digest matches this linpodx)"
+    return "runs under the built-in default profile of another linpodx version (digest differs)"
 
 
 def _check_store_revision(profile_id: str, audit_hash: str, notes: list[str]) -> list[str]:

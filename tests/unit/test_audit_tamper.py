@@ -464,3 +464,24 @@ def test_deleted_admin_log_detected_from_a_session(applied: tuple[str, str]) -> 
     check = verify_session(sid)
     assert check.report.ok and not check.ok
     assert "there is no admin log" in check.problems[0]
+
+
+def test_session_under_builtin_profile(applied: tuple[str, str]) -> None:
+    """The built-in default profile has no profile.apply record; session.open anchors it."""
+    from linpodx import containers
+
+    ref = containers.builtin_ref()
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FB2"
+    chain, _ = open_session(sid, ref.profile_id, ref.audit_hash)
+    last = chain.append("mcp.decision", {"i": 1})
+    anchor_session(sid, last.hash, 2)
+    check = verify_session(sid)
+    assert check.ok, check.problems
+    assert any("built-in default profile (digest matches" in n for n in check.notes)
+    # Without session.open in the admin chain, a "builtin" session is anchored by nothing.
+    sid2 = "sess_01ARZ3NDEKTSV4RRFFQ69G5FB3"
+    session_chain(sid2, ref.audit_hash).append(
+        "session.start", {"profile_id": ref.profile_id, "audit_hash": ref.audit_hash}
+    )
+    check2 = verify_session(sid2)
+    assert not check2.ok and "must be opened in the admin chain" in check2.problems[0]
