@@ -20,7 +20,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,12 +144,23 @@ def _state(name: str) -> tuple[str, int]:
     return status, int(pid or "0")
 
 
+OnHold = Callable[[str, list[list[int]]], None]
+
+
+def _start_time(pid: int) -> int:
+    from linpodx.snapshot.jobs import proc_start_time
+
+    return proc_start_time(pid) or 0
+
+
 @contextlib.contextmanager
-def frozen(name: str, method: str | None = None) -> Iterator[str]:
+def frozen(name: str, method: str | None = None, on_hold: OnHold | None = None) -> Iterator[str]:
     """Hold container `name` still for the duration; yields the method used.
 
     A container that is not running (created, exited, already paused) needs nothing: yields
-    `none`. The container is always let go again, whatever happens inside the block.
+    `none`. `on_hold(method, [[pid, start], …])` is called once the container is held (the
+    worker records it so a reader can let the container go if the worker dies). The container
+    is always let go again, whatever happens inside the block.
     """
     status, init_pid = _state(name)
     if status != "running" or init_pid <= 0:
@@ -165,6 +176,8 @@ def frozen(name: str, method: str | None = None) -> Iterator[str]:
             method = SIGSTOP_METHOD  # this host cannot freeze; stop the processes instead
         else:
             try:
+                if on_hold is not None:
+                    on_hold(PAUSE, [])
                 yield PAUSE
             finally:
                 proc.run(
@@ -176,6 +189,31 @@ def frozen(name: str, method: str | None = None) -> Iterator[str]:
     sf = SignalFreeze(init_pid)
     try:
         sf.stop_all()
+        if on_hold is not None:
+            on_hold(SIGSTOP_METHOD, [[p, _start_time(p)] for p in sorted(sf.stopped)])
         yield SIGSTOP_METHOD
     finally:
         sf.continue_all()
+
+
+def release(name: str, method: str | None, held: Sequence[Sequence[int]]) -> list[str]:
+    """Let a container go that a dead worker left held; returns what was done."""
+    done: list[str] = []
+    if method == PAUSE:
+        status, _ = _state(name)
+        if status == "paused":
+            proc.run(["podman", "unpause", name], what="podman unpause")
+            done.append("unpaused")
+    elif method == SIGSTOP_METHOD:
+        n = 0
+        for pid, start in held:
+            # Only the very process we stopped (same start time), and only if still stopped.
+            st = _stat(pid)
+            if st is None or st[0] not in ("T", "t") or _start_time(pid) != start:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                n += 1
+        if n:
+            done.append(f"continued {n} processes")
+    return done

@@ -25,6 +25,7 @@ RUNNING = "running"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 FINISHED = (SUCCEEDED, FAILED)
+WORKER_DIED = "worker died"
 # A queued job whose CLI died before it recorded the worker's pid is failed after this long.
 UNSTARTED_GRACE_SECONDS = 60
 
@@ -69,6 +70,11 @@ class Job:
     """How the container was held still: `pause` (cgroup freezer) or `sigstop`."""
     archives: list[dict[str, Any]] = field(default_factory=list)
     """Workspace archives written: target, source, file, sha256, size."""
+    held: list[list[int]] = field(default_factory=list)
+    """`[pid, start time]` of every process the worker SIGSTOPped (so they can be continued
+    if the worker dies while holding them)."""
+    recovered: bool = False
+    """A dead worker's leftovers (held container, temp files, untagged image) were cleaned."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,7 +167,7 @@ def current(job_id: str) -> Job:
             return job  # the CLI is between writing the job and recording its worker
         reason = "worker never started"
     else:
-        reason = f"worker died (pid {job.worker_pid})"
+        reason = f"{WORKER_DIED} (pid {job.worker_pid})"
     # The worker may have finished between our read and the liveness check: read again.
     job = read(job_id)
     if job.status in FINISHED:

@@ -13,7 +13,7 @@ from typing import Any
 from linpodx import paths, proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
-from linpodx.snapshot import faults, jobs, manifest, ops, workspace
+from linpodx.snapshot import faults, freeze, jobs, manifest, ops, workspace
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     audit,
@@ -131,12 +131,42 @@ def _reap() -> None:
             _CHILDREN.remove(child)
 
 
+def _recover(job: jobs.Job) -> jobs.Job:
+    """Clean up after a worker that died: let the container go, drop temp files and the
+    untagged image. Only when no other snapshot operation holds the container; once."""
+    if job.recovered or job.status != jobs.FAILED or not (job.error or "").startswith(
+        jobs.WORKER_DIED
+    ):
+        return job
+    done: list[str] = []
+    try:
+        with container_lock(job.container, timeout=0):
+            if job.step in ("commit", "archive", "thaw"):
+                done += freeze.release(job.container, job.freeze, job.held)
+            tmp = container_root(job.container) / f".tmp-{job.job_id}"
+            if tmp.exists():
+                workspace.remove_tree(tmp)
+                done.append("temporary archives removed")
+            if job.image_id and job.step in ("archive", "thaw"):
+                # Committed but never tagged (publish had not started): nobody else has it.
+                res = proc.run(["podman", "rmi", job.image_id], check=False, what="podman rmi")
+                if res.returncode == 0:
+                    done.append("untagged image removed")
+    except LinpodxError as exc:
+        # Busy (another operation runs) or podman failed: say so once; the hint says what to do.
+        done.append(f"cleanup not finished: {exc.message}")
+    note = f"; cleaned up: {', '.join(done)}" if done else ""
+    job = replace(job, recovered=True, error=(job.error or "") + note)
+    jobs.write(job)
+    return job
+
+
 def wait(job_id: str, timeout: float | None = None) -> jobs.Job:
     """Block until the job has finished (or its worker is found dead)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         _reap()
-        job = jobs.current(job_id)
+        job = _recover(jobs.current(job_id))
         if jobs.is_terminal(job):
             return job
         if deadline is not None and time.monotonic() > deadline:
@@ -182,7 +212,7 @@ def job_view(job: jobs.Job) -> dict[str, Any]:
 def job_status(job_id: str) -> dict[str, Any]:
     """The job's current status (a dead worker is reported failed)."""
     _reap()
-    return job_view(jobs.current(job_id))
+    return job_view(_recover(jobs.current(job_id)))
 
 
 # ----------------------------------------------------------------------------------------------

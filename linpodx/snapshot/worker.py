@@ -95,7 +95,9 @@ def run_create(job_id: str) -> int:
             tmp.mkdir(mode=0o700)
             entries: list[dict[str, Any]] = []
             run.step("freeze")
-            with freeze.frozen(job.container) as method:
+            with freeze.frozen(
+                job.container, on_hold=lambda m, held: run.update(freeze=m, held=held)
+            ) as method:
                 run.update(freeze=method)
                 run.step("commit")
                 res = proc.run(
@@ -107,6 +109,7 @@ def run_create(job_id: str) -> int:
                 new_image = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None
                 if not new_image:
                     raise EngineError("podman commit printed no image id", argv=res.argv)
+                run.update(image_id=new_image)  # so a reader can remove it if we die
                 run.step("archive")
                 for i, m in enumerate(mounts):
                     entries.append(workspace.archive(m, tmp / f"mount-{i}.tar"))

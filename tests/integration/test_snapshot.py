@@ -451,3 +451,45 @@ def test_rm_after_rollback_keeps_the_image_the_container_uses(box: Box) -> None:
     # Our own leftovers: the untagged image goes once its container is gone.
     podman("rm", "-f", "-t", "0", box.name)
     podman("rmi", iid.strip())
+
+
+@pytest.mark.parametrize("step", ["commit", "archive"])
+def test_worker_killed_while_holding_the_container_lets_it_go(
+    box: Box, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """Killed while the container is held (paused or SIGSTOPped) and, at `archive`, after the
+    image was committed: job-status reports failed, lets the container go and removes the
+    untagged image and temp archives."""
+    from linpodx.snapshot.names import container_root
+
+    # Each step waits 5 s first: long enough to see the step and kill inside its window.
+    monkeypatch.setenv(faults.DELAY_ENV, "5")
+    created = result(box.cli("snapshot", "create", box.name, "--label", "h", "--json"))
+    job_id = str(created["job_id"])
+    deadline = time.monotonic() + 60
+    while (job := jobs.read(job_id)).step != step:
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job.freeze in ("pause", "sigstop")
+    if job.freeze == "pause":
+        assert inspect(box.name)["State"]["Status"] == "paused"  # type: ignore[index]
+    else:
+        assert job.held
+    if step == "archive":
+        assert job.image_id
+    assert job.worker_pid is not None
+    os.kill(job.worker_pid, signal.SIGKILL)
+    while jobs.proc_start_time(job.worker_pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = result(box.cli("snapshot", "job-status", job_id, "--json"))
+    assert st["status"] == jobs.FAILED and "worker died" in str(st["error"]), st
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+    # Every process runs again: exec works and no process of the container is stopped.
+    assert box.sh("echo alive") == "alive\n"
+    init = int(podman("inspect", "--format", "{{.State.Pid}}", box.name).stdout)
+    from linpodx.snapshot import freeze
+
+    assert not [p for p, s in _states(freeze.container_pids(init)).items() if s in "Tt"]
+    assert not (container_root(box.name) / f".tmp-{job_id}").exists()
+    if step == "archive":
+        assert podman("image", "exists", str(job.image_id), check=False).returncode != 0
