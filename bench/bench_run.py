@@ -65,6 +65,14 @@ def main() -> int:
     podman = ["podman", *base_argv]
     linpodx = [*lpx, "run", "--rm", "--profile", "bench", "--image", args.image, "--", "true"]
     startup = [*lpx, "version"]
+    # The same run through the service without the typer CLI: what a lean entry point for `run`
+    # would cost (typer pulls in pydantic, the other command groups pull in jsonschema/ruamel).
+    lean_code = (
+        "import sys; from linpodx import containers as c; "
+        f"r = c.RunRequest(image={args.image!r}, profile='bench', command=('true',), rm=True); "
+        "i, _ = c.run(r); sys.exit(c.attached_start(i.name, False, False))"
+    )
+    lean = [sys.executable, "-c", lean_code]
 
     # Warm-up (image layers, page cache, python bytecode).
     timed(podman, env)
@@ -72,6 +80,7 @@ def main() -> int:
     t_lpx: list[float] = []
     t_pod: list[float] = []
     t_start: list[float] = []
+    t_lean: list[float] = []
     for i in range(args.rounds):
         order = [("lpx", linpodx), ("pod", podman)]
         if i % 2:
@@ -79,12 +88,14 @@ def main() -> int:
         for which, argv in order:
             (t_lpx if which == "lpx" else t_pod).append(timed(argv, env))
         t_start.append(timed(startup, env))
-    m_lpx, m_pod, m_start = (statistics.median(x) for x in (t_lpx, t_pod, t_start))
+        t_lean.append(timed(lean, env))
+    m_lpx, m_pod, m_start, m_lean = (statistics.median(x) for x in (t_lpx, t_pod, t_start, t_lean))
     ratios = [a / b for a, b in zip(t_lpx, t_pod, strict=True)]
     print(f"rounds:                  {args.rounds} (alternating), image {args.image}")
     print(f"podman run --rm (median): {m_pod:.3f} s")
     print(f"linpodx run --rm (median): {m_lpx:.3f} s")
     print(f"linpodx version (median): {m_start:.3f} s  (Python + CLI start-up alone)")
+    print(f"service, no CLI (median): {m_lean:.3f} s  (ratio {m_lean / m_pod:.2f})")
     print(f"ratio of medians:        {m_lpx / m_pod:.2f}  (target <= 1.25)")
     print(f"median per-round ratio:  {statistics.median(ratios):.2f}")
     return 0
