@@ -325,6 +325,32 @@ def _fast_record(line: bytes) -> Record | None:
     )
 
 
+def encode_data(data: Any) -> tuple[bytes, Any]:
+    """(canonical_bytes(data), a fresh copy of data as parsed back from those bytes).
+
+    Tries the C json encoder first and keeps its output only when it provably equals
+    canonical_bytes (the same argument as _fast_record): it parses back, with floats refused
+    and integers range-checked, to a value equal to `data` (so every key was a string and every
+    container a dict or list), encodes to UTF-8 (no lone surrogates), has no character beyond
+    the BMP (json's key order is RFC 8785's) and at most MAX_DEPTH brackets. Otherwise the
+    reference encoder decides, and raises CanonicalError for what it refuses.
+    """
+    try:
+        text = _encode_sorted(data)
+        raw = text.encode("utf-8")
+        back = _FAST_DECODER.decode(text)
+        if (
+            back == data
+            and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH
+            and (raw.isascii() or not _ASTRAL.search(raw))
+        ):
+            return raw, back
+    except (ValueError, TypeError, RecursionError):
+        pass
+    raw = canonical_bytes(data)
+    return raw, json.loads(raw)
+
+
 def check_line(line: bytes) -> Record:
     """parse_line, with the fast path first (same result, see _fast_record)."""
     rec = _fast_record(line)
@@ -842,9 +868,9 @@ class Chain:
         ts = max(now_ts(), last_ts)
         log_id = new_id("log") if seq == 0 else None
         try:
-            data_bytes = canonical_bytes(data)
             if not isinstance(data, Mapping):
                 raise CanonicalError("event data must be an object")
+            data_bytes, stored = encode_data(data)
         except (CanonicalError, RecursionError) as exc:
             raise AuditError(
                 f"could not record to the audit log: the event data cannot be recorded: {exc}",
@@ -864,7 +890,7 @@ class Chain:
             type=typ,
             prev=prev,
             hash=h,
-            data=json.loads(data_bytes),
+            data=stored,
             log_id=log_id,
         )
         return rec, line + b"\n"

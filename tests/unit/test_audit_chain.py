@@ -384,3 +384,55 @@ def test_append_in_flight_is_not_reported_as_a_crash(tmp_path: Path) -> None:
     with open(c.path, "ab") as f:
         f.write(b'{"data"')
     assert verify_file(c.path).torn_tail
+
+
+class _Color(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"b": 1, "a": [True, False, None, "x"], "c": {"z": {}, "y": []}},
+        {"é": "\u2028\x00\x7f\u0085", "q": '"\\/', "n": -(2**53 - 1)},
+        {"\U0001f600": 1, "\uffff": 2, "a\U0001f600": "\U0001f600"},
+        {"t": (1, 2)},
+        {"s": _Color("red")},
+        {"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
+        {"brackets": "[" * 100},
+    ],
+)
+def test_encode_data_equals_canonical_bytes(data: dict[str, object]) -> None:
+    raw, back = ch.encode_data(data)
+    assert raw == canonical_bytes(data)
+    assert back == json.loads(raw)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {1: "x"},
+        {True: "x"},
+        {"f": 1.0},
+        {"n": float("inf")},
+        {"b": 2**53},
+        {"s": "\udc80"},
+        {"k\ud800": 1},
+        {"o": object()},
+    ],
+)
+def test_encode_data_refuses_what_canonical_refuses(data: dict[object, object]) -> None:
+    cyclic: dict[str, object] = {}
+    cyclic["self"] = cyclic
+    _refused(cyclic)
+    _refused(data)
+
+
+def _refused(data: object) -> None:
+    from linpodx.canonical import CanonicalError
+
+    with pytest.raises(CanonicalError):
+        canonical_bytes(data)
+    with pytest.raises(CanonicalError):
+        ch.encode_data(data)
