@@ -179,7 +179,7 @@ def test_writable_mounts_keep_only_writable_binds_outside_our_state(isolated_sta
     own = paths.runtime_dir() / "containers" / "x" / "resolv.conf"
     info = {
         "Mounts": [
-            {"Type": "bind", "Source": "/srv/ws", "Destination": "/work", "RW": True},
+            {"Type": "bind", "Source": "/srv/ws", "Destination": "/workspace", "RW": True},
             {"Type": "bind", "Source": "/srv/ro", "Destination": "/ro", "RW": False},
             {"Type": "volume", "Source": "/var/v", "Destination": "/v", "RW": True},
             {"Type": "bind", "Source": str(own), "Destination": "/etc/resolv.conf", "RW": True},
@@ -187,7 +187,7 @@ def test_writable_mounts_keep_only_writable_binds_outside_our_state(isolated_sta
         ]
     }
     got = workspace.writable_mounts(info)
-    assert [(m.source, m.target) for m in got] == [("/srv/a", "/a"), ("/srv/ws", "/work")]
+    assert [(m.source, m.target) for m in got] == [("/srv/a", "/a"), ("/srv/ws", "/workspace")]
 
 
 def test_manifest_missing_is_not_found_and_damaged_is_refused(isolated_state: Path) -> None:
