@@ -22,6 +22,7 @@ import os
 import subprocess
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 HOME = os.path.expanduser("~")
 ROOTS = tuple(
@@ -33,12 +34,12 @@ app = MCPServer("linpodx-demo-agent")
 
 
 def _path(path: str) -> str:
-    """The real path of `path` inside one of the roots, or ValueError."""
+    """The real path of `path` inside one of the roots; ToolError (the model reads why) if not."""
     full = os.path.realpath(os.path.join(HOME, os.path.expanduser(path)))
     for root in ROOTS:
         if full == root or full.startswith(root.rstrip("/") + "/"):
             return full
-    raise ValueError(f"{path!r} is outside the workspace ({', '.join(ROOTS)})")
+    raise ToolError(f"{path!r} is outside the workspace ({', '.join(ROOTS)})")
 
 
 @app.tool()

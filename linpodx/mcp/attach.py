@@ -23,6 +23,7 @@ from typing import Any
 
 from linpodx import ids, proc
 from linpodx.errors import InvalidInput, LinpodxError, NotFound, UsageError
+from linpodx.mcp.auditlog import GroupCommitChain
 from linpodx.mcp.bridge import Bridge
 from linpodx.mcp.framing import FrameReader
 
@@ -150,13 +151,16 @@ def attach(
                 with contextlib.suppress(OSError):
                     child.stdin.close()  # type: ignore[union-attr]
 
+    # One open file and group commit for the session's records (see mcp.auditlog).
+    group = GroupCommitChain(chain)
     bridge = Bridge(
         profile=profile,
         session_id=session_id,
-        chain=chain,
+        chain=group,
         to_client=lambda data: _write_all(stdout_fd, data),
         to_server=to_server,
         log=say,
+        pipeline=True,
     )
     done = threading.Event()
     why: dict[str, Any] = {}
@@ -196,6 +200,7 @@ def attach(
         close_server_input()
         code = _wait_child(child, SERVER_EXIT_GRACE)
         threads[1].join(2.0)  # let the last server messages through
+        bridge.drain()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -203,7 +208,8 @@ def attach(
         exit_code = 130 if "SIGINT" in reason else 143
     else:
         exit_code = code if code >= 0 else 128 - code
-    _close(chain, audit_chain, session_id, reason, code, bridge.summary(), bridge)
+    _close(group, audit_chain, session_id, reason, code, bridge.summary(), bridge)
+    group.close()
     say(f"bridge: session {session_id} ended ({reason}; server exit {code})")
     return exit_code
 

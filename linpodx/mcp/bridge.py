@@ -12,8 +12,10 @@ state is behind one lock; the two writers have their own locks.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -45,6 +47,65 @@ class Appender(Protocol):
     """What the bridge needs from an audit chain."""
 
     def append(self, type: str, data: Mapping[str, Any]) -> Any: ...
+
+
+class _Lane:
+    """Runs "record, then act" steps of one direction in arrival order, off the reader thread.
+
+    The reader submits each record at once and goes on parsing; this thread waits for each
+    record to be durable and then performs its action. Records of many in-flight messages thus
+    share one fsync (group commit), and no action ever runs before its record is on disk.
+    """
+
+    def __init__(self, chain: Any, name: str, log: Callable[[str], None]) -> None:
+        self.chain = chain
+        self.log = log
+        self.queue: collections.deque[Any] = collections.deque()
+        self.cv = threading.Condition()
+        self.closed = False
+        self.busy = False
+        self.thread = threading.Thread(target=self._run, name=f"lane-{name}", daemon=True)
+        self.thread.start()
+
+    def put(self, ticket: Any, ok: Callable[[], None], fail: Callable[[AuditError], None]) -> None:
+        with self.cv:
+            self.queue.append((ticket, ok, fail))
+            self.cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.queue and not self.closed:
+                    self.cv.wait()
+                if not self.queue:
+                    return
+                ticket, ok, fail = self.queue.popleft()
+                self.busy = True
+            try:
+                try:
+                    self.chain.wait(ticket)
+                except AuditError as exc:
+                    fail(exc)
+                else:
+                    ok()
+            except Exception as exc:  # one bad step must not stop the whole session
+                self.log(
+                    f"bridge: internal error in {self.thread.name}: {type(exc).__name__}: {exc}"
+                )
+            finally:
+                with self.cv:
+                    self.busy = False
+                    self.cv.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        """Wait until every queued step ran, then stop the thread."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while (self.queue or self.busy) and time.monotonic() < deadline:
+                self.cv.wait(0.05)
+            self.closed = True
+            self.cv.notify_all()
+        self.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 Writer = Callable[[bytes], None]
@@ -109,6 +170,7 @@ class Bridge:
         log: Callable[[str], None] = lambda _m: None,
         emit: Callable[..., Any] = events.emit,
         clock: Callable[[], float] = time.monotonic,
+        pipeline: bool = False,
     ) -> None:
         self.profile = profile
         self.rules = profile.mcp_policy
@@ -121,7 +183,6 @@ class Bridge:
         self._emit = emit
         self._clock = clock
         self._lock = threading.Lock()
-        self._audit_lock = threading.Lock()
         self._client_lock = threading.Lock()
         self._server_lock = threading.Lock()
         self.inflight: dict[IdKey, InFlight] = {}
@@ -132,15 +193,64 @@ class Bridge:
         self.last_record: Any = None
         self.closing: str | None = None
         self._waiters: list[threading.Thread] = []
+        # With a chain that can queue records (GroupCommitChain), each direction gets a lane.
+        self._lanes: dict[str, _Lane] = {}
+        if pipeline and hasattr(chain, "submit") and hasattr(chain, "wait"):
+            self._lanes = {d: _Lane(chain, d, log) for d in ("client", "server")}
+        self._events: queue.Queue[dict[str, Any] | None] | None = None
+        self._emitter: threading.Thread | None = None
+        if pipeline:
+            self._events = queue.Queue()
+            self._emitter = threading.Thread(target=self._emit_loop, name="events", daemon=True)
+            self._emitter.start()
 
     # ---- plumbing -------------------------------------------------------------------------
 
     def _audit(self, type_: str, data: Mapping[str, Any]) -> None:
-        """Append to the session chain (raises AuditError: the caller must not act)."""
-        with self._audit_lock:
-            rec = self.chain.append(type_, data)
+        """Append to the session chain (raises AuditError: the caller must not act).
+
+        No lock here: the chain serializes appends itself, and concurrent callers must reach
+        it together for group commit to batch them.
+        """
+        rec = self.chain.append(type_, data)
+        with self._lock:
             self.records += 1
             self.last_record = rec
+
+    def _then(
+        self,
+        lane: str,
+        type_: str,
+        data: Mapping[str, Any],
+        ok: Callable[[], None],
+        fail: Callable[[AuditError], None],
+    ) -> None:
+        """Record `data`, then run `ok` (or `fail` if it could not be recorded).
+
+        Synchronous without lanes; with lanes the record is queued now and the action runs in
+        the lane's thread once the record is durable, in arrival order.
+        """
+        target = self._lanes.get(lane)
+        if target is None:
+            try:
+                self._audit(type_, data)
+            except AuditError as exc:
+                fail(exc)
+                return
+            ok()
+            return
+        ticket = self.chain.submit(type_, data)  # type: ignore[attr-defined]
+        with self._lock:
+            self.records += 1
+        target.put(ticket, ok, fail)
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Let every queued "record, then act" step finish (before the session's last record)."""
+        for lane in self._lanes.values():
+            lane.drain(timeout)
+        if self._events is not None and self._emitter is not None:
+            self._events.put(None)
+            self._emitter.join(timeout)
 
     def _event(self, event_type: str, **data: Any) -> None:
         # Events are notifications for people; failing to emit one must not stop the bridge.
@@ -148,6 +258,18 @@ class Bridge:
             self._emit(event_type, **data)
         except OSError as exc:
             self._log(f"bridge: could not emit {event_type}: {exc}")
+
+    def _decision_event(self, **data: Any) -> None:
+        """`mcp.decision`: off the call's path when pipelined (it is a notice, not a record)."""
+        if self._events is None:
+            self._event("mcp.decision", **data)
+            return
+        self._events.put(data)
+
+    def _emit_loop(self) -> None:
+        assert self._events is not None  # noqa: S101 - only started with a queue
+        while (data := self._events.get()) is not None:
+            self._event("mcp.decision", **data)
 
     def send_client(self, obj: Any) -> None:
         """Write one message to the client (stdout carries protocol messages only)."""
@@ -181,19 +303,18 @@ class Bridge:
     def on_client_frame(self, frame: Frame) -> None:
         """Handle one frame the client sent."""
         if isinstance(frame, Oversize):
+            answer = jsonrpc.error_response(
+                None,
+                jsonrpc.INVALID_REQUEST,
+                f"message larger than {self.settings.max_line_bytes} bytes refused by linpodx",
+            )
             self._invalid(
                 "client",
                 f"line of {frame.size} bytes exceeds mcp.max_line_bytes "
                 f"({self.settings.max_line_bytes})",
                 None,
                 frame.size,
-            )
-            self.send_client(
-                jsonrpc.error_response(
-                    None,
-                    jsonrpc.INVALID_REQUEST,
-                    f"message larger than {self.settings.max_line_bytes} bytes refused by linpodx",
-                )
+                then=lambda: self.send_client(answer),
             )
             return
         try:
@@ -207,26 +328,25 @@ class Bridge:
             self._client_message(parsed)
 
     def _client_protocol_error(self, exc: ProtocolError, size: int) -> None:
-        self._invalid("client", str(exc), exc.msg_id, size)
-        self.send_client(jsonrpc.error_response(exc.msg_id, exc.code, f"refused by linpodx: {exc}"))
+        answer = jsonrpc.error_response(exc.msg_id, exc.code, f"refused by linpodx: {exc}")
+        self._invalid("client", str(exc), exc.msg_id, size, then=lambda: self.send_client(answer))
 
     def _client_batch(self, batch: Batch, size: int) -> None:
         with self._lock:
             revision = self.protocol_version
         if revision != BATCH_REVISION:
             # Outside 2025-03-26 a batch is not MCP; nothing in it goes anywhere.
+            answer = jsonrpc.error_response(
+                None,
+                jsonrpc.INVALID_REQUEST,
+                f"refused by linpodx: batches are only allowed in MCP {BATCH_REVISION}",
+            )
             self._invalid(
                 "client",
                 f"batch refused (protocol revision {revision or 'not negotiated'})",
                 None,
                 size,
-            )
-            self.send_client(
-                jsonrpc.error_response(
-                    None,
-                    jsonrpc.INVALID_REQUEST,
-                    f"refused by linpodx: batches are only allowed in MCP {BATCH_REVISION}",
-                )
+                then=lambda: self.send_client(answer),
             )
             return
         # Each element crosses the gate on its own, exactly as if it had come alone.
@@ -254,13 +374,15 @@ class Bridge:
             if not reused:
                 self.inflight[key] = InFlight(msg.method, msg.tool_name, self._clock())
         if reused:
-            self._invalid("client", "request id reused while in flight", msg.id, 0)
-            self.send_client(
-                jsonrpc.error_response(
-                    msg.id,
-                    jsonrpc.INVALID_REQUEST,
-                    "refused by linpodx: request id already in flight",
-                )
+            answer = jsonrpc.error_response(
+                msg.id, jsonrpc.INVALID_REQUEST, "refused by linpodx: request id already in flight"
+            )
+            self._invalid(
+                "client",
+                "request id reused while in flight",
+                msg.id,
+                0,
+                then=lambda: self.send_client(answer),
             )
             return
         record = {
@@ -274,28 +396,27 @@ class Bridge:
             "reason": decision.reason,
             **self._args_fields(msg),
         }
-        try:
-            self._audit("mcp.request", record)
-        except AuditError as exc:
-            self._deny(
-                msg, f"the audit log could not record this call ({exc.message})", audited=False
-            )
-            return
-        if decision.rule_index is not None or decision.action is not Action.AUTO_ALLOW:
-            self._event(
-                "mcp.decision",
-                session=self.session_id,
-                method=_short(msg.method),
-                tool=_short(msg.tool_name),
-                decision=decision.action.value,
-                rule=decision.rule_index,
-            )
-        if decision.action is Action.AUTO_ALLOW:
-            self._forward(msg)
-        elif decision.action is Action.PROMPT:
-            self._prompt(msg)
-        else:
-            self._deny(msg, decision.reason)
+
+        def act() -> None:
+            if decision.rule_index is not None or decision.action is not Action.AUTO_ALLOW:
+                self._decision_event(
+                    session=self.session_id,
+                    method=_short(msg.method),
+                    tool=_short(msg.tool_name),
+                    decision=decision.action.value,
+                    rule=decision.rule_index,
+                )
+            if decision.action is Action.AUTO_ALLOW:
+                self._forward(msg)
+            elif decision.action is Action.PROMPT:
+                self._prompt(msg)
+            else:
+                self._deny(msg, decision.reason)
+
+        def unrecorded(exc: AuditError) -> None:
+            self._deny(msg, f"the audit log could not record this call ({exc.message})")
+
+        self._then("client", "mcp.request", record, act, unrecorded)
 
     def _forward(self, msg: Message) -> None:
         key = msg.id_key
@@ -307,7 +428,7 @@ class Bridge:
             self.stats.forwarded += 1
         self.send_server(msg.raw)
 
-    def _deny(self, msg: Message, reason: str, *, audited: bool = True) -> None:
+    def _deny(self, msg: Message, reason: str) -> None:
         with self._lock:
             if msg.id_key is not None:
                 self.inflight.pop(msg.id_key, None)
@@ -327,27 +448,26 @@ class Bridge:
             return
         if msg.method == "notifications/cancelled" and self._cancel_pending(msg):
             return
-        try:
-            self._audit(
-                "mcp.notification",
-                {
-                    "dir": "client",
-                    "method": _short(msg.method),
-                    "decision": decision.action.value,
-                    "rule": decision.rule_index,
-                    "reason": decision.reason,
-                },
-            )
-        except AuditError:
-            return  # not recorded => not forwarded
-        if decision.action is Action.AUTO_ALLOW:
-            with self._lock:
-                self.stats.forwarded += 1
-            self.send_server(msg.raw)
-        else:
-            # A notification has no answer; `prompt` for one is treated as deny (nobody waits).
-            with self._lock:
-                self.stats.dropped += 1
+
+        def act() -> None:
+            if decision.action is Action.AUTO_ALLOW:
+                with self._lock:
+                    self.stats.forwarded += 1
+                self.send_server(msg.raw)
+            else:
+                # A notification has no answer; `prompt` for one is a deny (nobody waits).
+                with self._lock:
+                    self.stats.dropped += 1
+
+        record = {
+            "dir": "client",
+            "method": _short(msg.method),
+            "decision": decision.action.value,
+            "rule": decision.rule_index,
+            "reason": decision.reason,
+        }
+        # Not recorded => not forwarded.
+        self._then("client", "mcp.notification", record, act, lambda _exc: None)
 
     def _cancel_pending(self, msg: Message) -> bool:
         """A cancellation for a request still waiting for a person ends that wait (no forward)."""
@@ -359,18 +479,13 @@ class Bridge:
             if entry is None or entry.forwarded or entry.approval_id is None:
                 return False
             entry.cancelled = "cancelled by the client"
-        try:
-            self._audit(
-                "mcp.notification",
-                {
-                    "dir": "client",
-                    "method": "notifications/cancelled",
-                    "decision": "absorbed",
-                    "approval_id": entry.approval_id,
-                },
-            )
-        except AuditError:
-            pass
+        record = {
+            "dir": "client",
+            "method": "notifications/cancelled",
+            "decision": "absorbed",
+            "approval_id": entry.approval_id,
+        }
+        self._then("client", "mcp.notification", record, lambda: None, lambda _exc: None)
         return True
 
     def _client_response(self, msg: Message) -> None:
@@ -380,24 +495,22 @@ class Bridge:
         if method is None:
             self._dropped("client", "response to no request the server made", msg.id)
             return
-        try:
-            self._audit(
-                "mcp.response",
-                {
-                    "dir": "client",
-                    "id": _short(msg.id),
-                    "method": method,
-                    "status": "ok" if msg.kind == "response" else "error",
-                },
-            )
-        except AuditError:
-            self.send_server(
-                jsonrpc.error_response(
-                    msg.id, jsonrpc.DENIED_BY_POLICY, "linpodx could not record the client's answer"
-                )
-            )
-            return
-        self.send_server(msg.raw)
+        record = {
+            "dir": "client",
+            "id": _short(msg.id),
+            "method": _short(method),
+            "status": "ok" if msg.kind == "response" else "error",
+        }
+        refusal = jsonrpc.error_response(
+            msg.id, jsonrpc.DENIED_BY_POLICY, "linpodx could not record the client's answer"
+        )
+        self._then(
+            "client",
+            "mcp.response",
+            record,
+            lambda: self.send_server(msg.raw),
+            lambda _exc: self.send_server(refusal),
+        )
 
     # ---- approvals ------------------------------------------------------------------------
 
@@ -511,26 +624,30 @@ class Bridge:
         """Handle one frame the server sent."""
         if isinstance(frame, Oversize):
             self._invalid(
-                "server", f"line of {frame.size} bytes exceeds mcp.max_line_bytes", None, frame.size
+                "server",
+                f"line of {frame.size} bytes exceeds mcp.max_line_bytes",
+                None,
+                frame.size,
+                lane="server",
             )
             self._log(f"bridge: dropped a {frame.size}-byte line from the server (over the bound)")
             return
         try:
             parsed = jsonrpc.parse(frame.data)
         except ProtocolError as exc:
-            self._invalid("server", str(exc), exc.msg_id, len(frame.data))
+            self._invalid("server", str(exc), exc.msg_id, len(frame.data), lane="server")
             self._log(f"bridge: dropped an invalid message from the server: {exc}")
             return
         if isinstance(parsed, Batch):
             with self._lock:
                 revision = self.protocol_version
             if revision != BATCH_REVISION:
-                self._invalid("server", "batch refused", None, len(frame.data))
+                self._invalid("server", "batch refused", None, len(frame.data), lane="server")
                 self._log("bridge: dropped a JSON-RPC batch from the server")
                 return
             for item in parsed.items:
                 if isinstance(item, ProtocolError):
-                    self._invalid("server", str(item), item.msg_id, 0)
+                    self._invalid("server", str(item), item.msg_id, 0, lane="server")
                 else:
                     self._server_message(item)
             return
@@ -548,7 +665,9 @@ class Bridge:
                 # forwarded without a record each (the session's records stay about calls).
                 self.send_client(msg.raw)
             else:
-                self._dropped("server", f"notification {msg.method!r} not forwarded", None)
+                self._dropped(
+                    "server", f"notification {msg.method!r} not forwarded", None, lane="server"
+                )
         else:
             self._server_request(msg)
 
@@ -566,31 +685,42 @@ class Bridge:
             "decision": "deny" if reused else decision.action.value,
             "reason": "request id reused while in flight" if reused else decision.reason,
         }
-        try:
-            self._audit("mcp.request", record)
-        except AuditError:
-            decision = policy.Decision(Action.DENY, None, "the audit log could not record it")
-        self._event(
-            "mcp.decision",
-            session=self.session_id,
-            direction="server",
-            method=_short(msg.method),
-            decision=record["decision"],
-        )
-        if decision.allowed and not reused:
+        key, method = msg.id_key, msg.method
+        allowed = decision.allowed and not reused
+        if allowed:
             with self._lock:
-                self.server_inflight[msg.id_key] = msg.method
-            self.send_client(msg.raw)
-        else:
+                self.server_inflight[key] = method  # reserved now: a reuse is refused
+
+        def refuse(reason: str) -> None:
             with self._lock:
                 self.stats.denied += 1
+                if allowed:
+                    self.server_inflight.pop(key, None)
             self.send_server(
                 jsonrpc.error_response(
-                    msg.id,
-                    jsonrpc.DENIED_BY_POLICY,
-                    f"denied by linpodx policy: {record['reason']}",
+                    msg.id, jsonrpc.DENIED_BY_POLICY, f"denied by linpodx policy: {reason}"
                 )
             )
+
+        def act() -> None:
+            self._decision_event(
+                session=self.session_id,
+                direction="server",
+                method=_short(method),
+                decision=record["decision"],
+            )
+            if allowed:
+                self.send_client(msg.raw)
+            else:
+                refuse(str(record["reason"]))
+
+        self._then(
+            "server",
+            "mcp.request",
+            record,
+            act,
+            lambda _exc: refuse("the audit log could not record it"),
+        )
 
     def _server_response(self, msg: Message) -> None:
         key = msg.id_key
@@ -601,7 +731,7 @@ class Bridge:
             elif key is not None:
                 del self.inflight[key]
         if entry is None:
-            self._dropped("server", "response to no request in flight", msg.id)
+            self._dropped("server", "response to no request in flight", msg.id, lane="server")
             return
         status = "ok" if msg.kind == "response" else "error"
         record: dict[str, Any] = {
@@ -622,9 +752,13 @@ class Bridge:
                 with self._lock:
                     self.protocol_version = pv
                 record["protocol_version"] = _short(pv)
-        try:
-            self._audit("mcp.response", record)
-        except AuditError as exc:
+
+        def deliver() -> None:
+            with self._lock:
+                self.stats.responses += 1
+            self.send_client(msg.raw)
+
+        def withhold(exc: AuditError) -> None:
             # Not recorded => not delivered; the client learns why.
             self.send_client(
                 jsonrpc.error_response(
@@ -633,34 +767,42 @@ class Bridge:
                     f"linpodx could not record the result ({exc.message}); result withheld",
                 )
             )
-            return
-        with self._lock:
-            self.stats.responses += 1
-        self.send_client(msg.raw)
+
+        self._then("server", "mcp.response", record, deliver, withhold)
 
     # ---- drops and the end ----------------------------------------------------------------
 
-    def _invalid(self, direction: str, reason: str, msg_id: Any, size: int) -> None:
+    def _invalid(
+        self,
+        direction: str,
+        reason: str,
+        msg_id: Any,
+        size: int,
+        *,
+        then: Callable[[], None] = lambda: None,
+        lane: str = "client",
+    ) -> None:
+        """Record a refused frame, then `then()` (the refusal is sent even if unrecorded)."""
         with self._lock:
             self.stats.invalid += 1
-        try:
-            self._audit(
-                "mcp.invalid",
-                {"dir": direction, "reason": _short(reason), "id": _short(msg_id), "size": size},
-            )
-        except AuditError as exc:
-            self._log(f"bridge: could not record an invalid message: {exc.message}")
 
-    def _dropped(self, direction: str, reason: str, msg_id: Any) -> None:
+        def unrecorded(exc: AuditError) -> None:
+            self._log(f"bridge: could not record an invalid message: {exc.message}")
+            then()
+
+        record = {"dir": direction, "reason": _short(reason), "id": _short(msg_id), "size": size}
+        self._then(lane, "mcp.invalid", record, then, unrecorded)
+
+    def _dropped(self, direction: str, reason: str, msg_id: Any, *, lane: str = "client") -> None:
         with self._lock:
             self.stats.dropped += 1
         self._log(f"bridge: dropped a message from the {direction}: {reason}")
-        try:
-            self._audit(
-                "mcp.drop", {"dir": direction, "reason": _short(reason), "id": _short(msg_id)}
-            )
-        except AuditError as exc:
+
+        def unrecorded(exc: AuditError) -> None:
             self._log(f"bridge: could not record a dropped message: {exc.message}")
+
+        record = {"dir": direction, "reason": _short(reason), "id": _short(msg_id)}
+        self._then(lane, "mcp.drop", record, lambda: None, unrecorded)
 
     def shutdown(self, reason: str, wait_seconds: float = 5.0) -> None:
         """Deny every pending approval (their waits end with `session ended`), then return."""

@@ -68,7 +68,7 @@ async def _session(name: str, mode: str, errlog: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 def test_sdk_client_through_the_bridge(tmp_path: Path, unique_name: str, mode: str) -> None:
-    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, timeout=3)
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, timeout=8)
     errpath = tmp_path / "bridge.stderr"
     with open(errpath, "w") as errlog:
         out = asyncio.run(_session(unique_name, mode, errlog))

@@ -110,9 +110,12 @@ def server_log(name: str) -> bytes:
 class RawSession:
     """The real bridge as a subprocess, driven over raw stdio bytes."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, command: list[str] | None = None) -> None:
+        argv = attach_argv(name)
+        if command is not None:
+            argv = [*argv[: argv.index("--") + 1], *command]
         self.proc = subprocess.Popen(
-            attach_argv(name), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         self.lines: queue.Queue[bytes] = queue.Queue()
         self.others: list[dict[str, Any]] = []
@@ -209,17 +212,20 @@ class RawSession:
 
 
 def wait_pending(seen: set[str] | None = None, timeout: float = 30) -> dict[str, Any]:
-    """The next approval.pending event not in `seen` (read with the real `linpodx events`)."""
+    """The next approval.pending event not in `seen`, read from the event stream the way
+    `linpodx events` reads it (in-process: a subprocess per poll is too slow under load for
+    short approval windows)."""
+    from linpodx.cli.approvals import EventFile
+
     seen = seen if seen is not None else set()
+    reader = EventFile()
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        res = linpodx("events", "--filter", "approval.pending", "--no-follow", "--json")
-        for line in res.stdout.splitlines():
-            ev = json.loads(line)
-            if ev["approval_id"] not in seen:
+        for ev in reader.read_new():
+            if ev.get("type") == "approval.pending" and ev["approval_id"] not in seen:
                 seen.add(ev["approval_id"])
                 return dict(ev)
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError("no approval.pending event")
 
 

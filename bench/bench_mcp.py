@@ -1,0 +1,332 @@
+"""MCP bridge benchmark: round trips through `linpodx mcp attach` vs plain `podman exec -i`,
+the bridge's own calls/s with durable audit, and its memory under a hostile 64 MiB line.
+
+    python bench/bench_mcp.py                 # 300 calls each way, 5,000 in-process calls
+    python bench/bench_mcp.py --calls 1000 --inproc 20000 --image localhost/linpodx-test/debian:12
+
+Printed (one run, baselines measured in the same run; this script never fails on a target):
+1. round trip: the official SDK client calls the auto-allowed `echo` tool N times through the
+   bridge and N times directly (`podman exec -i` to the same server in the same container),
+   alternating call by call; median per-call latency of each and their ratio (target <= 1.2).
+2. bridge ceiling: the real Bridge with the real session chain (flock + fsync per record) and
+   the real event stream, fed through OS pipes by threads, against an in-process responder
+   that answers at once; calls/s with 1 call in flight and with 64 in flight (target >= 2,000),
+   next to raw `write + fsync` per record on the same disk.
+3. memory: peak RSS (VmHWM) of the bridge process before and after a 64 MiB line (refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SERVER_SRC = HERE.parent / "tests" / "servers" / "mcp_test_server.py"
+SERVER_PATH = "/tmp/server.py"
+TARGET_RATIO = 1.2
+TARGET_CALLS = 2_000
+
+PROFILE = """\
+version: 1
+name: bench-mcp
+mcp_policy:
+  - method: tools/call
+    tool_name: echo
+    decision: auto_allow
+"""
+
+
+def setup(state: Path, image: str) -> str:
+    """Apply the bench profile and start a linpodx container running nothing but sleep."""
+    from linpodx.profile import store
+
+    prof = state / "bench-mcp.yml"
+    prof.write_text(PROFILE)
+    store.apply(prof)
+    name = f"lpx-bench-{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "linpodx",
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--profile",
+            "bench-mcp",
+            "--image",
+            image,
+            "--",
+            "sleep",
+            "infinity",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    subprocess.run(
+        ["podman", "cp", str(SERVER_SRC), f"{name}:{SERVER_PATH}"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return name
+
+
+async def round_trips(name: str, calls: int) -> tuple[list[float], list[float]]:
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    bridged = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "linpodx", "mcp", "attach", "--container", name, "--", "python3", SERVER_PATH],
+        env=dict(os.environ),
+    )
+    direct = StdioServerParameters(
+        command="podman", args=["exec", "-i", name, "python3", SERVER_PATH], env=dict(os.environ)
+    )
+    devnull = open(os.devnull, "w")
+    via: list[float] = []
+    raw: list[float] = []
+    async with (
+        Client(stdio_client(bridged, errlog=devnull)) as a,
+        Client(stdio_client(direct, errlog=devnull)) as b,
+    ):  # type: ignore[arg-type]
+        for client in (a, b):  # warm up both paths
+            for _ in range(5):
+                await client.call_tool("echo", {"text": "warm"})
+        for i in range(calls):
+            order = ((a, via), (b, raw)) if i % 2 == 0 else ((b, raw), (a, via))
+            for client, out in order:
+                t = time.perf_counter()
+                r = await client.call_tool("echo", {"text": f"call-{i}"})
+                out.append(time.perf_counter() - t)
+                if r.is_error:
+                    raise SystemExit(f"echo failed: {r}")
+    devnull.close()
+    return via, raw
+
+
+def bridge_ceiling(n: int, window: int) -> float:
+    """calls/s through the real Bridge + real chain + pipes, with `window` calls in flight."""
+    from linpodx.audit.chain import session_chain
+    from linpodx.ids import new_id
+    from linpodx.mcp.auditlog import GroupCommitChain
+    from linpodx.mcp.bridge import Bridge
+    from linpodx.mcp.framing import FrameReader
+    from linpodx.profile.model import Decision, McpRule, Profile
+
+    prof = Profile(name="b", mcp_policy=(McpRule("tools/call", Decision.AUTO_ALLOW, "echo"),))
+    sid = new_id("sess")
+    chain = GroupCommitChain(session_chain(sid, "0" * 64))  # as `mcp attach` uses it
+    c_r, c_w = os.pipe()  # client -> bridge
+    s_r, s_w = os.pipe()  # bridge -> server
+    r_r, r_w = os.pipe()  # server -> bridge
+    o_r, o_w = os.pipe()  # bridge -> client
+
+    def write_all(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    bridge = Bridge(
+        profile=prof,
+        session_id=sid,
+        chain=chain,
+        to_client=lambda d: write_all(o_w, d),
+        to_server=lambda d: write_all(s_w, d),
+        pipeline=True,
+    )
+    sem = threading.Semaphore(window)
+
+    def client_in() -> None:
+        r = FrameReader(c_r, 1 << 20)
+        while (f := r.read_frame()) is not None:
+            bridge.on_client_frame(f)
+
+    def server() -> None:
+        r = FrameReader(s_r, 1 << 20)
+        while (f := r.read_frame()) is not None:
+            msg = json.loads(f.data)  # type: ignore[union-attr]
+            write_all(
+                r_w,
+                json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": msg["id"],
+                        "result": {"content": [{"type": "text", "text": "echo"}]},
+                    }
+                ).encode()
+                + b"\n",
+            )
+
+    def server_out() -> None:
+        r = FrameReader(r_r, 1 << 20)
+        while (f := r.read_frame()) is not None:
+            bridge.on_server_frame(f)
+
+    done = threading.Event()
+
+    def client_out() -> None:
+        r = FrameReader(o_r, 1 << 20)
+        got = 0
+        while (f := r.read_frame()) is not None:
+            if b'"isError"' in f.data or b'"error"' in f.data:  # type: ignore[union-attr]
+                raise SystemExit(f"bench call was not allowed: {f.data[:200]!r}")  # type: ignore[union-attr]
+            got += 1
+            sem.release()
+            if got == n:
+                done.set()
+                return
+
+    for fn in (client_in, server, server_out, client_out):
+        threading.Thread(target=fn, daemon=True).start()
+    t = time.perf_counter()
+    for i in range(n):
+        sem.acquire()
+        write_all(
+            c_w,
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": i,
+                    "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"text": "hi"}},
+                }
+            ).encode()
+            + b"\n",
+        )
+    done.wait()
+    rate = n / (time.perf_counter() - t)
+    bridge.drain()
+    chain.close()
+    return rate
+
+
+def raw_fsync_rate(directory: Path, n: int = 500) -> float:
+    path = directory / "raw-fsync.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    line = b"x" * 330 + b"\n"
+    t = time.perf_counter()
+    for _ in range(n):
+        os.write(fd, line)
+        os.fsync(fd)
+    dt = time.perf_counter() - t
+    os.close(fd)
+    path.unlink()
+    return n / dt
+
+
+def hwm_kib(pid: int) -> tuple[int, int]:
+    rss = hwm = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+        elif line.startswith("VmHWM:"):
+            hwm = int(line.split()[1])
+    return rss, hwm
+
+
+def hostile_line(name: str) -> tuple[tuple[int, int], tuple[int, int], bool]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "linpodx",
+            "mcp",
+            "attach",
+            "--container",
+            name,
+            "--",
+            "python3",
+            SERVER_PATH,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+    proc.stdin.flush()
+    proc.stdout.readline()
+    before = hwm_kib(proc.pid)
+    block = b"A" * (1 << 20)
+    proc.stdin.write(b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"x":"')
+    for _ in range(64):
+        proc.stdin.write(block)
+    proc.stdin.write(b'"}}\n{"jsonrpc":"2.0","id":3,"method":"ping"}\n')
+    proc.stdin.flush()
+    refused = json.loads(proc.stdout.readline())
+    alive = json.loads(proc.stdout.readline())
+    after = hwm_kib(proc.pid)
+    proc.stdin.close()
+    proc.wait(60)
+    ok = refused.get("id") is None and "error" in refused and alive.get("id") == 3
+    return before, after, ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--inproc", type=int, default=5000)
+    ap.add_argument(
+        "--image", default=os.environ.get("LINPODX_TEST_IMAGE", "localhost/linpodx-test/debian:12")
+    )
+    args = ap.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="linpodx-bench-mcp-", dir=os.environ.get("BENCH_DIR")))
+    os.environ["LINPODX_STATE_DIR"] = str(state)
+    print(f"state dir: {state} (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs)")
+    name = setup(state, args.image)
+    try:
+        via, raw = asyncio.run(round_trips(name, args.calls))
+        mv, mr = statistics.median(via), statistics.median(raw)
+        ratio = mv / mr
+        print(f"round trip ({args.calls} SDK calls each, alternating):")
+        print(f"  via linpodx mcp attach: median {mv * 1000:.2f} ms")
+        print(f"  direct podman exec -i:  median {mr * 1000:.2f} ms")
+        print(
+            f"  ratio: {ratio:.2f} (target <= {TARGET_RATIO}) "
+            f"{'OK' if ratio <= TARGET_RATIO else 'MISSED'}"
+        )
+        fs = raw_fsync_rate(state)
+        seq = bridge_ceiling(max(500, args.inproc // 5), 1)
+        par = bridge_ceiling(args.inproc, 64)
+        print(
+            "bridge ceiling (real Bridge, real chain with group commit, 2 records per call, pipes):"
+        )
+        print(
+            f"  raw write+fsync on this disk: {fs:.0f} records/s "
+            f"(=> at most {fs / 2:.0f} calls/s at 2 records per call)"
+        )
+        print(f"  1 call in flight:   {seq:.0f} calls/s")
+        print(
+            f"  64 calls in flight: {par:.0f} calls/s (target >= {TARGET_CALLS}) "
+            f"{'OK' if par >= TARGET_CALLS else 'MISSED'}"
+        )
+        before, after, ok = hostile_line(name)
+        print("memory under a hostile 64 MiB line (profile bound 4 MiB):")
+        print(f"  bridge RSS before: {before[0] / 1024:.1f} MiB (peak {before[1] / 1024:.1f} MiB)")
+        print(
+            f"  bridge RSS after:  {after[0] / 1024:.1f} MiB (peak {after[1] / 1024:.1f} MiB); "
+            f"line refused and bridge still answering: {ok}"
+        )
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

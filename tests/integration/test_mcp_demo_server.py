@@ -1,0 +1,111 @@
+"""The walk-through's demo MCP server behind the real bridge: read auto-allowed, write prompted,
+shell denied by this test's profile, and paths confined to the workspace."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from linpodx.profile import store
+from tests.conftest import DEBIAN_IMAGE
+from tests.servers.harness import RawSession, linpodx, wait_pending
+
+pytestmark = pytest.mark.podman
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-mcp-server" / "server.py"
+PROFILE = """\
+version: 1
+name: demo-test
+mcp_policy:
+  - {method: tools/call, tool_name: read_file, decision: auto_allow}
+  - {method: tools/call, tool_name: list_dir, decision: auto_allow}
+  - {method: tools/call, tool_name: write_file, decision: prompt}
+  - {method: tools/call, decision: deny}
+mcp:
+  approval_timeout_seconds: 120
+"""
+
+
+def call(s: RawSession, i: int, tool: str, **args: str) -> dict[str, object]:
+    return s.request(i, "tools/call", {"name": tool, "arguments": args})
+
+
+def test_demo_server_through_the_gate(tmp_path: Path, unique_name: str) -> None:
+    (tmp_path / "demo.yml").write_text(PROFILE)
+    store.apply(tmp_path / "demo.yml")
+    linpodx(
+        "run",
+        "-d",
+        "--name",
+        unique_name,
+        "--profile",
+        "demo-test",
+        "--image",
+        DEBIAN_IMAGE,
+        "--",
+        "sleep",
+        "infinity",
+    )
+    subprocess.run(
+        ["podman", "cp", str(DEMO), f"{unique_name}:/tmp/demo.py"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    subprocess.run(
+        [
+            "podman",
+            "exec",
+            unique_name,
+            "sh",
+            "-c",
+            "mkdir -p /tmp/ws && echo hello-demo > /tmp/ws/README.md && ln -s /etc /tmp/ws/escape",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    s = RawSession(
+        unique_name,
+        command=["env", "DEMO_ROOTS=/tmp/ws", "HOME=/tmp/ws", "python3", "/tmp/demo.py"],
+    )
+    try:
+        s.handshake()
+        read = call(s, 1, "read_file", path="/tmp/ws/README.md")
+        assert read["result"]["content"][0]["text"] == "hello-demo\n"  # type: ignore[index]
+        assert "README.md" in str(call(s, 2, "list_dir", path="."))
+        for i, bad in enumerate(("../../etc/passwd", "/etc/passwd", "escape/passwd")):
+            res = call(s, 10 + i, "read_file", path=bad)
+            assert res["result"]["isError"] is True  # type: ignore[index]
+            assert "outside the workspace" in str(res)
+        shell = call(s, 3, "run_shell", cmd="id")
+        assert shell["result"]["isError"] is True  # type: ignore[index]
+        assert "denied by linpodx policy" in str(shell)
+        s.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 4,
+                "method": "tools/call",
+                "params": {
+                    "name": "write_file",
+                    "arguments": {"path": "notes.md", "content": "hi"},
+                },
+            }
+        )
+        ev = wait_pending()
+        assert ev["tool"] == "write_file"
+        linpodx("approve", ev["approval_id"])
+        wrote = s.recv_id(4)
+        assert wrote["result"]["content"][0]["text"] == "wrote 2 bytes to /tmp/ws/notes.md"
+        assert s.close() == 0
+    finally:
+        s.kill()
+    out = subprocess.run(
+        ["podman", "exec", unique_name, "cat", "/tmp/ws/notes.md"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout == "hi"
