@@ -340,6 +340,11 @@ def rollback(name: str, label: str) -> dict[str, Any]:
     with container_lock(name):
         man = _verify_snapshot(name, label)
         info = require_managed(name)
+        if (info.get("HostConfig") or {}).get("AutoRemove"):
+            raise InvalidInput(
+                f"{name} was started with --rm: stopping it for the rollback would remove it",
+                "roll back only containers run without --rm; nothing was changed",
+            )
         current = {(m.source, m.target) for m in workspace.writable_mounts(info)}
         recorded = {(str(e["source"]), str(e["target"])) for e in man["mounts"]}
         if current != recorded:

@@ -378,6 +378,19 @@ def test_rollback_keeps_filtered_egress(cli: Cli, unique_name: str, tmp_path: Pa
         assert "policy drop" in _netns_ruleset(b.name)
         assert not _can_connect(b.name, host, port)
         b.snapshot("net")
+        # A rollback that fails after the guard was detached and the new container created
+        # puts the original back with its guard up again.
+        for step in ("stop", "create"):
+            orig = inspect(b.name)["Id"]
+            os.environ[faults.FAIL_ENV] = step
+            try:
+                failed = b.cli("snapshot", "rollback", b.name, "--to", "net")
+            finally:
+                del os.environ[faults.FAIL_ENV]
+            assert failed.exit_code != 0 and "put back as they were" in failed.stderr, step
+            assert inspect(b.name)["Id"] == orig, step
+            assert containers.egress_status(b.name) == "healthy", step
+            assert "policy drop" in _netns_ruleset(b.name), step
         r = result(b.cli("snapshot", "rollback", b.name, "--to", "net", "--json"))
         assert r["rolled_back"] is True
         assert containers.egress_status(b.name) == "healthy"
@@ -493,3 +506,18 @@ def test_worker_killed_while_holding_the_container_lets_it_go(
     assert not (container_root(box.name) / f".tmp-{job_id}").exists()
     if step == "archive":
         assert podman("image", "exists", str(job.image_id), check=False).returncode != 0
+
+
+def test_rollback_of_an_rm_container_is_refused(cli: Cli, unique_name: str) -> None:
+    """Stopping a `--rm` container removes it, so it could not be put back: refuse up front."""
+    ok(cli("run", "--rm", "--detach", "--image", BUSYBOX_IMAGE, "--name", unique_name, "--",
+           "sleep", "100000"))
+    try:
+        ok(cli("snapshot", "create", unique_name, "--label", "r", "--wait"))
+        before = inspect(unique_name)
+        r = cli("snapshot", "rollback", unique_name, "--to", "r")
+        assert r.exit_code == 3 and "--rm" in r.stderr and "nothing was changed" in r.stderr
+        assert inspect(unique_name)["Id"] == before["Id"]
+    finally:
+        podman("rm", "-f", "-t", "0", unique_name, check=False)
+        podman("rmi", "-f", image_ref(unique_name, "r"), check=False)
