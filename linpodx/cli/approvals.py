@@ -99,7 +99,8 @@ def render(event: dict[str, Any]) -> list[str]:
             f"approval_id: {_s(event.get('approval_id'))}",
         ]
     if etype == "approval.decided":
-        by = event.get("by") if isinstance(event.get("by"), dict) else {}
+        raw_by = event.get("by")
+        by: dict[str, Any] = raw_by if isinstance(raw_by, dict) else {}
         who = "linpodx" if by.get("bridge") else f"{_s(by.get('user'))}@{_s(by.get('tty'))}"
         return [
             f"{head} {_s(event.get('approval_id'))} → {_s(event.get('decision')).upper()} "

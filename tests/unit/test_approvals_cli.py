@@ -1,0 +1,148 @@
+"""`linpodx events`, `approve`, `deny`: rendering, filters, --since, and the decision commands."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from linpodx import events
+from linpodx.approvals import store
+from linpodx.cli import approvals as cli_approvals
+from linpodx.errors import UsageError
+from linpodx.paths import events_file
+
+REQ = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "tools/call",
+    "params": {"name": "write_file", "arguments": {"path": "a", "content": "b"}},
+}
+
+
+def pending(timeout: float = 30) -> store.PendingRequest:
+    return store.create(
+        "sess_01KB0000000000000000000000", "tools/call", "write_file", REQ, REQ["params"], timeout
+    )
+
+
+def test_parse_since() -> None:
+    now = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
+    assert cli_approvals.parse_since("10m", now) == now - timedelta(minutes=10)
+    assert cli_approvals.parse_since("2h", now) == now - timedelta(hours=2)
+    assert cli_approvals.parse_since("2026-11-30T04:00:00Z") == datetime(
+        2026, 11, 30, 4, tzinfo=UTC
+    )
+    with pytest.raises(UsageError):
+        cli_approvals.parse_since("yesterday")
+
+
+def test_filter_matches_first_component_or_exact_type() -> None:
+    ev = {"type": "approval.pending"}
+    assert cli_approvals.matches(ev, [])
+    assert cli_approvals.matches(ev, ["approval"])
+    assert cli_approvals.matches(ev, ["approval.pending"])
+    assert not cli_approvals.matches(ev, ["approv"])
+    assert not cli_approvals.matches(ev, ["mcp"])
+    assert cli_approvals.matches(ev, ["mcp", "approval"])
+
+
+def test_render_pending_like_the_walkthrough_and_escaped() -> None:
+    ev: dict[str, Any] = {
+        "ts": "2026-11-30T04:32:19.123456Z",
+        "type": "approval.pending",
+        "session": "sess_01KB0000000000000000000000",
+        "approval_id": "apr_X",
+        "method": "tools/call",
+        "tool": "write\x1b[2Jfile",
+        "payload": '{"content":"\x1b]0;owned\x07 y\ny"}',
+    }
+    lines = cli_approvals.render(ev)
+    assert lines[0].endswith(
+        "sess_01KB0000000000000000000000 tools/call write\\x1b[2Jfile → PROMPT"
+    )
+    assert lines[0].startswith("[") and lines[0][9] == "]"
+    assert lines[1].startswith("payload: {") and "\x1b" not in lines[1] and "\n" not in lines[1]
+    assert "\\x07" in lines[1] and "\\x0a" in lines[1]
+
+
+def test_render_caps_payload() -> None:
+    lines = cli_approvals.render({"type": "approval.pending", "payload": "x" * 50_000})
+    assert len(lines[1]) < cli_approvals.PAYLOAD_CAP + 100
+
+
+def test_events_no_follow_json_and_filter(cli: Any) -> None:
+    events.emit("container.start", name="c1")
+    events.emit("approval.pending", session="s", approval_id="apr_1", method="tools/call")
+    events.emit("mcp.decision", session="s", method="tools/call", tool="t", decision="deny")
+    res = cli("events", "--no-follow", "--json", "--filter", "approval", "--filter", "mcp")
+    assert res.exit_code == 0
+    types = [json.loads(x)["type"] for x in res.stdout.splitlines()]
+    assert types == ["approval.pending", "mcp.decision"]
+    res = cli("events", "--no-follow")
+    assert "container.start" in res.stdout and "tools/call t → DENY" in res.stdout
+
+
+def test_events_since_filters_old_events(cli: Any) -> None:
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"ts": "2020-01-01T00:00:00.000000Z", "type": "old.event"}) + "\n")
+        f.write("not json at all\n")
+    events.emit("new.event")
+    res = cli("events", "--no-follow", "--since", "1h")
+    assert "new.event" in res.stdout and "old.event" not in res.stdout
+
+
+def test_event_file_keeps_partial_lines() -> None:
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    reader = cli_approvals.EventFile()
+    path.write_bytes(b'{"type":"a.b","ts":"x"}\n{"type":"c.')
+    assert [e["type"] for e in reader.read_new()] == ["a.b"]
+    with open(path, "ab") as f:
+        f.write(b'd"}\n')
+    assert [e["type"] for e in reader.read_new()] == ["c.d"]
+
+
+def test_approve_and_deny_commands(cli: Any) -> None:
+    p = pending()
+    ok = cli("approve", p.approval_id)
+    assert ok.exit_code == 0
+    assert f"approval_id: {p.approval_id}" in ok.stdout and "decision: approved" in ok.stdout
+    again = cli("deny", p.approval_id)
+    assert again.exit_code == 1 and "already approved" in again.stderr
+    p2 = pending()
+    no = cli("deny", p2.approval_id, "--json")
+    assert no.exit_code == 0 and json.loads(no.stdout)["result"]["decision"] == "denied"
+    missing = cli("approve", "apr_01KB0000000000000000000000")
+    assert missing.exit_code == 4 and "approval not found" in missing.stderr
+    bad = cli("approve", "../../etc/passwd")
+    assert bad.exit_code == 4
+
+
+def test_approve_after_the_window_is_refused(cli: Any) -> None:
+    p = pending(timeout=0.01)
+    import time
+
+    time.sleep(0.05)
+    res = cli("approve", p.approval_id)
+    assert res.exit_code == 1 and "already expired" in res.stderr
+    assert store.read_answer(p.approval_id) is None
+
+
+def test_events_without_a_terminal_only_prints(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = pending()
+    events.emit(
+        "approval.pending",
+        session=p.session,
+        approval_id=p.approval_id,
+        method="tools/call",
+        tool="write_file",
+        payload=p.payload,
+    )
+    res = cli("events", "--filter", "approval", "--no-follow")
+    assert "→ PROMPT" in res.stdout and "approve?" not in res.stdout
+    assert store.status(p.approval_id) == "pending"
