@@ -728,12 +728,13 @@ def ours(demo: Demo) -> bool:
 
 def cleanup(demo: Demo) -> None:
     step("Cleaning up (the state dir is kept)")
-    if demo.facts.get("snapshot"):
-        demo.run("snapshot", "rm", demo.name, "--label", LABEL)
+    # The container first: a snapshot image still used by a container cannot be deleted.
     if ours(demo):
         demo.run("rm", "-f", demo.name)
     elif demo.facts.get("ran"):
         say(f"(container {demo.name} is gone or no longer ours: nothing to remove)")
+    if demo.facts.get("snapshot"):
+        demo.run("snapshot", "rm", demo.name, "--label", LABEL)
 
 
 def summary(demo: Demo) -> int:
