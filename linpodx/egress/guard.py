@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from linpodx import proc
+from linpodx.egress import netns
 from linpodx.egress.netns import RESOLVER_ADDR
 from linpodx.egress.state import EgressState
 from linpodx.errors import AuditError, EngineError
@@ -124,6 +125,10 @@ def _spawn_detached(argv: list[str], log: Path) -> None:
                 os.dup2(logfd, 1)
                 os.dup2(logfd, 2)
                 os.closerange(3, 65536)
+                # Python ignores SIGPIPE and a calling thread may block signals; both would be
+                # inherited across exec (pasta refuses to start with them).
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
                 os.execv(argv[0], argv)  # noqa: S606 - argv list, no shell wanted
             finally:
                 os._exit(127)
@@ -184,10 +189,16 @@ def attach(name: str, pid: int, stored: StoredProfile) -> None:
     argv = guard_argv(name, pid)
     _spawn_detached(argv, st.guard_log)
     deadline = time.monotonic() + READY_TIMEOUT
+    pasta_started = False
     while time.monotonic() < deadline:
         info = _read_guard(st)
         if info is not None:
             state = info.get("state")
+            if state == "filtered" and info.get("helper") == "pasta" and not pasta_started:
+                # Rootless pasta must run as the plain user, outside the user namespace; the
+                # guard has loaded the filter already and adopts pasta by its pid file.
+                pasta_started = True
+                _spawn_detached(netns.external_pasta_argv(pid, st.pasta_pidfile), st.helper_log)
             if state == "ready" and info.get("container_pid") == pid:
                 return
             if state in ("failed", "stopped"):

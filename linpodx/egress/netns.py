@@ -9,8 +9,10 @@ namespace's owning user namespace, which the guard then has and the container ne
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -104,18 +106,39 @@ def nft_apply(pid: int, text: str) -> None:
 
 @dataclass
 class Helper:
-    """A running network helper and the pipe end that keeps it alive."""
+    """A running network helper: our child (slirp4netns, pasta rootful) or, for rootless
+    pasta, a process the CLI started outside the user namespace (known by its pid file)."""
 
     kind: str
-    process: subprocess.Popen[bytes]
-    exit_w: int | None
+    process: subprocess.Popen[bytes] | None
+    exit_w: int | None = None
     """Write end of slirp4netns' --exit-fd pipe: closing it (or our death) stops slirp4netns."""
+    ext_pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.process is not None:
+            return self.process.pid
+        return int(self.ext_pid or 0)
+
+    def alive(self) -> bool:
+        """Is the helper still running?"""
+        if self.process is not None:
+            return self.process.poll() is None
+        return self.ext_pid is not None and _pid_alive(self.ext_pid)
 
     def stop(self) -> None:
         """Stop the helper and reap it."""
         if self.exit_w is not None:
             os.close(self.exit_w)
             self.exit_w = None
+        if self.process is None:
+            if self.ext_pid is not None and _pid_alive(self.ext_pid):
+                with contextlib.suppress(OSError):
+                    os.kill(self.ext_pid, signal.SIGTERM)
+            return
+        if self.kind != "slirp4netns":
+            self.process.terminate()
         try:
             self.process.wait(timeout=3)
         except subprocess.TimeoutExpired:
@@ -123,10 +146,56 @@ class Helper:
             self.process.wait(timeout=3)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return st.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def in_user_namespace() -> bool:
+    """True when this process runs in a user namespace (rootless, under `podman unshare`)."""
+    try:
+        fields = Path("/proc/self/uid_map").read_text().split()
+    except OSError:
+        return False
+    return fields[:3] != ["0", "0", "4294967295"]
+
+
+def wait_external_pasta(pid: int, pidfile: Path, timeout: float = 15.0) -> Helper:
+    """Rootless pasta is started by the CLI outside the user namespace (pasta refuses to run
+    as uid 0 and cannot open the namespace from inside it); wait for it and adopt it."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ext = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        helper = Helper("pasta", None, None, ext)
+        _wait_iface(pid, helper, timeout, ["pasta"])
+        return helper
+    raise EngineError("pasta was not started in time", "see the guard log")
+
+
+def external_pasta_argv(pid: int, pidfile: Path) -> list[str]:
+    """pasta for rootless, run by the CLI as the plain user: joins the container's userns."""
+    binary = proc.which("pasta") or "pasta"
+    argv = pasta_argv(binary, pid)
+    # No -f: pasta writes its pid file when it goes to the background.
+    return [argv[0], "--userns", f"/proc/{pid}/ns/user", "-P", str(pidfile), *argv[1:]]
+
+
 def choose_helper(preferred: str | None = None) -> str:
-    """`slirp4netns` when installed (podman 4.x's helper), else `pasta`; EngineError if neither."""
+    """`slirp4netns` when installed (podman 4.x's helper), else `pasta` (rootless only: rootful
+    pasta drops to `nobody` and cannot open the namespace); EngineError if none fits."""
     order = [preferred] if preferred else ["slirp4netns", "pasta"]
     for kind in order:
+        if kind == "pasta" and not in_user_namespace():
+            continue
         if kind and proc.which(kind):
             return kind
     raise EngineError(
@@ -162,6 +231,14 @@ def pasta_argv(binary: str, pid: int) -> list[str]:
         "--config-net",
         "--netns",
         netns_path(pid),
+        # pasta copies the host's address into the namespace by default; then the host's
+        # own address would be the container's (and unreachable). Use slirp4netns' layout.
+        "--address",
+        "10.0.2.100",
+        "--netmask",
+        "24",
+        "--gateway",
+        "10.0.2.2",
         # The gateway address must not be a way to the host's loopback.
         "--no-map-gw",
         "-t",
@@ -226,7 +303,7 @@ def start_helper(kind: str, pid: int, log: Path, timeout: float = 15.0) -> Helpe
         logf.close()
     helper = Helper(kind, p, None)
     try:
-        _wait_iface(pid, p, timeout, argv)
+        _wait_iface(pid, helper, timeout, argv)
     except BaseException:
         p.terminate()
         helper.stop()
@@ -249,14 +326,14 @@ def _wait_ready(fd: int, p: subprocess.Popen[bytes], timeout: float, argv: list[
         )
 
 
-def _wait_iface(pid: int, p: subprocess.Popen[bytes], timeout: float, argv: list[str]) -> None:
+def _wait_iface(pid: int, helper: Helper, timeout: float, argv: list[str]) -> None:
     """Wait until a non-loopback interface in the netns has an IPv4 address (pasta)."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise EngineError("pasta exited early", argv=argv, returncode=p.returncode)
+        if not helper.alive():
+            raise EngineError("pasta exited early", "see the helper log", argv=argv)
         res = proc.run(
             [
                 proc.which("nsenter") or "nsenter",

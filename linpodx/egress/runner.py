@@ -7,6 +7,7 @@ containers. Its state file (`guard.json`) says `starting`, `ready`, `failed` or 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -61,7 +62,10 @@ def run_guard(name: str, pid: int) -> int:
     recorder = DenialRecorder(name, default_sink)
     try:
         log.info("egress guard starting: container=%s pid=%s", name, pid)
-        pidfd = os.pidfd_open(pid)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            raise RuntimeError(f"the container's process {pid} is gone") from None
         policy, raw = load_policy(st)
         if not policy.upstreams:
             raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
@@ -84,7 +88,14 @@ def run_guard(name: str, pid: int) -> int:
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
         kind = netns.choose_helper(os.environ.get("LINPODX_EGRESS_HELPER") or None)
         log.info("starting %s", kind)
-        helper = netns.start_helper(kind, pid, st.helper_log)
+        if kind == "pasta" and netns.in_user_namespace():
+            # The CLI starts it from outside the user namespace when it sees this state.
+            with contextlib.suppress(FileNotFoundError):
+                st.pasta_pidfile.unlink()
+            _write_state(st, state="filtered", container=name, container_pid=pid, helper=kind)
+            helper = netns.wait_external_pasta(pid, st.pasta_pidfile)
+        else:
+            helper = netns.start_helper(kind, pid, st.helper_log)
         applied = int(raw.get("revision", 0))
         _write_state(
             st,
@@ -92,7 +103,7 @@ def run_guard(name: str, pid: int) -> int:
             container=name,
             container_pid=pid,
             helper=kind,
-            helper_pid=helper.process.pid,
+            helper_pid=helper.pid,
             policy_revision=applied,
             policy_mtime=st.policy_file.stat().st_mtime_ns,
         )
@@ -132,10 +143,10 @@ def run_guard(name: str, pid: int) -> int:
         if term_flag.is_set():
             log.info("asked to stop")
             break
-        if helper.process.poll() is not None:
+        if not helper.alive():
             # Without the helper the container has no network at all: fail closed, and
             # `linpodx ps` shows the guard as down.
-            log.error("%s exited (%s); stopping the guard", helper.kind, helper.process.returncode)
+            log.error("%s exited; stopping the guard", helper.kind)
             break
         try:
             now_mtime = st.policy_file.stat().st_mtime_ns
@@ -158,7 +169,7 @@ def run_guard(name: str, pid: int) -> int:
                     container=name,
                     container_pid=pid,
                     helper=helper.kind,
-                    helper_pid=helper.process.pid,
+                    helper_pid=helper.pid,
                     policy_revision=int(raw.get("revision", 0)),
                     policy_mtime=mtime,
                 )

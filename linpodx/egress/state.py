@@ -44,3 +44,8 @@ class EgressState:
     @property
     def helper_log(self) -> Path:
         return self.dir / "helper.log"
+
+    @property
+    def pasta_pidfile(self) -> Path:
+        """Rootless pasta's pid (it runs outside the user namespace the guard lives in)."""
+        return self.dir / "pasta.pid"
