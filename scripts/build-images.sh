@@ -112,10 +112,11 @@ build_debian() {
     log "building $debian_tar with mmdebstrap (about a minute)"
     # The hook runs on the host with the chroot at $1: the venv's pip (which reaches PyPI through
     # this machine's own pip configuration) installs mcp into the image's dist-packages, then the
-    # image's own python compiles it and proves it imports.
+    # image's own python compiles it and proves it imports. pip's output is shown only when it
+    # fails (the machine's pip config can make it warn once per package about missing dirs).
     LPX_PIP="$LINPODX_TEST_VENV/bin/pip" LPX_MCP="mcp==$mcp_version" \
         mmdebstrap --quiet --variant=apt --include="$DEBIAN_INCLUDE" \
-        --customize-hook='"$LPX_PIP" install --quiet --no-compile --disable-pip-version-check --target "$1/usr/local/lib/python3.11/dist-packages" "$LPX_MCP"' \
+        --customize-hook='out=$("$LPX_PIP" install --quiet --no-compile --disable-pip-version-check --target "$1/usr/local/lib/python3.11/dist-packages" "$LPX_MCP" 2>&1) || { printf "%s\n" "$out" >&2; exit 1; }' \
         --customize-hook='chroot "$1" python3 -m compileall -q /usr/local/lib/python3.11/dist-packages >/dev/null' \
         --customize-hook='chroot "$1" python3 -c "import mcp, mcp.server"' \
         --customize-hook='rm -rf "$1/var/cache/apt/archives/"*.deb "$1/var/lib/apt/lists/"*' \

@@ -177,8 +177,11 @@ PY
     fi
     rm -f -- "$VENV/.linpodx-stamp"
     echo "test.sh: pip install -e $SRC[test] $RUFF_SPEC"
+    # This machine's pip configuration may name local wheel dirs that do not exist; pip warns
+    # once per package about them. Drop only those lines.
     "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$SRC[test]" "$RUFF_SPEC" \
-        </dev/null || return 1
+        </dev/null 2>&1 | grep -v -E "^WARNING: Location '[^']*' is ignored" >&2
+    ((PIPESTATUS[0] == 0)) || return 1
     "$VENV/bin/python" -c 'import linpodx, pytest, mcp, pexpect' || return 1
     printf '%s\n' "$want" >"$VENV/.linpodx-stamp"
 }
