@@ -192,6 +192,12 @@ def external_pasta_argv(pid: int, pidfile: Path) -> list[str]:
 def choose_helper(preferred: str | None = None) -> str:
     """`slirp4netns` when installed (podman 4.x's helper), else `pasta` (rootless only: rootful
     pasta drops to `nobody` and cannot open the namespace); EngineError if none fits."""
+    if preferred == "pasta" and not in_user_namespace():
+        raise EngineError(
+            "pasta is supported for rootless containers only",
+            "rootful pasta drops to user nobody and cannot open the container's network "
+            "namespace; install slirp4netns (podman >= 5 uses netavark for rootful anyway)",
+        )
     order = [preferred] if preferred else ["slirp4netns", "pasta"]
     for kind in order:
         if kind == "pasta" and not in_user_namespace():

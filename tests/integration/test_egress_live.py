@@ -576,3 +576,35 @@ def test_attach_fails_closed_and_leaves_nothing_running(
     # Started anyway by hand: no network (the caller would have removed it).
     podman("start", container)
     assert links(container) == ["lo"]
+
+
+def test_pasta_helper(servers: Servers, container: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pasta (podman >= 5's helper, from Debian's passt) instead of slirp4netns.
+
+    Rootless it works and filters the same way; rootful it is refused (fail closed), because
+    pasta drops to `nobody` and cannot open the container's network namespace.
+    """
+    monkeypatch.setenv("LINPODX_EGRESS_HELPER", "pasta")
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    if not ROOTLESS:
+        pid = init(container)
+        with pytest.raises(EngineError) as err:
+            guard.attach(container, pid, st)
+        assert "pasta is supported for rootless containers only" in err.value.message
+        podman("start", container)
+        assert links(container) == ["lo"]
+        return
+    pid = bring_up(container, st)
+    info = json.loads(EgressState(container).guard_file.read_text())
+    assert info["helper"] == "pasta" and guard.status(container) == "healthy"
+    before = reject_count(pid)
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
+    assert curl(container, f"http://10.0.2.2:{servers.loopback_port}/").returncode != 0
+    assert reject_count(pid) >= before + 2
+    assert resolves(container, "denied.test").returncode != 0
+    assert resolves(container, "allowed.test").returncode == 0
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+    podman("stop", "-t", "0", container)
+    assert wait_for(lambda: not Path(f"/proc/{info['helper_pid']}").exists())
+    assert wait_for(lambda: not Path(f"/proc/{info['guard_pid']}").exists())
