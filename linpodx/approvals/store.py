@@ -74,6 +74,12 @@ def display_payload(value: Any, cap: int = PAYLOAD_CAP) -> str:
     return text
 
 
+def _without_meta(params: Any) -> Any:
+    if isinstance(params, dict):
+        return {k: v for k, v in params.items() if k != "_meta"}
+    return params if params is not None else {}
+
+
 def who() -> dict[str, Any]:
     """Who is answering, from where: uid, user, pid, tty, hostname."""
     tty = None
@@ -167,7 +173,9 @@ def create(
         session=session,
         method=method,
         tool=tool,
-        payload=display_payload(params if params is not None else {}),
+        # What a person needs to judge: the params without the protocol's `_meta` envelope
+        # (client info, protocol version). The digest still covers the whole request.
+        payload=display_payload(_without_meta(params)),
         digest=request_digest(request),
         created=created,
         expires=created + timeout_seconds,

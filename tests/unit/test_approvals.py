@@ -126,3 +126,12 @@ def test_payload_is_capped() -> None:
     big = {"x": "a" * 10000}
     p = store.create("sess_X", "tools/call", "w", {"id": 1, "params": big}, big, 5)
     assert len(p.payload) < store.PAYLOAD_CAP + 50
+
+
+def test_payload_hides_meta_but_digest_covers_it() -> None:
+    params = {"name": "w", "arguments": {"a": 1}, "_meta": {"progressToken": 5}}
+    req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    p = store.create("sess_X", "tools/call", "w", req, params, 5)
+    assert "_meta" not in p.payload and '"arguments":{"a":1}' in p.payload
+    other = {**req, "params": {**params, "_meta": {"progressToken": 6}}}
+    assert store.request_digest(other) != p.digest
