@@ -664,11 +664,12 @@ def step_snapshot(demo: Demo) -> None:
         return
     say("A destructive change: the agent deletes its $HOME's files and the MCP server.")
     res = demo.in_container(
-        'rm -rf "$HOME"/* /opt/demo; ls -A "$HOME"; ls /opt/demo 2>&1; echo "deleted"'
+        'rm -rf "$HOME"/* /opt/demo; echo "files left in HOME: $(ls -A "$HOME" | wc -l)"; '
+        "ls /opt/demo 2>&1"
     )
     demo.check(
         "the destructive change happened",
-        "deleted" in res.stdout and "No such file" in res.stdout,
+        "files left in HOME: 0" in res.stdout and "No such file" in res.stdout,
         res.stdout.strip()[:200],
     )
     res = demo.run("snapshot", "rollback", demo.name, "--to", LABEL, timeout=300)

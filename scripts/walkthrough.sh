@@ -33,9 +33,28 @@ die() {
 [[ $(id -u) -eq 0 ]] || die "scripts/walkthrough.sh must run as root (it installs podman and \
 sets the machine up first)" "run it as root: sudo bash scripts/walkthrough.sh"
 
-echo "walkthrough: preparing this machine (scripts/test.sh --prepare-only)"
-bash "$REPO/scripts/test.sh" --prepare-only ||
-    die "preparing the machine failed" "see the messages above (scripts/test.sh --prepare-only)"
+if grep -q -e '--prepare-only' "$REPO/scripts/test.sh"; then
+    echo "walkthrough: preparing this machine (scripts/test.sh --prepare-only)"
+    bash "$REPO/scripts/test.sh" --prepare-only ||
+        die "preparing the machine failed" "see the messages above (scripts/test.sh --prepare-only)"
+else
+    # A test.sh without --prepare-only would run the whole suite: do its three setup phases
+    # here instead (host packages, a venv with linpodx and the test extras, the test images).
+    VENV=$LINPODX_TEST_ROOT/walkthrough-venv
+    echo "walkthrough: preparing this machine (scripts/setup-host.sh, venv $VENV, images)"
+    bash "$REPO/scripts/setup-host.sh" || die "host setup failed" "see the messages above"
+    if [[ ! -x $VENV/bin/linpodx ]] || ! "$VENV/bin/python" -c 'import linpodx, mcp, pexpect' \
+        2>/dev/null; then
+        install -d -m 0755 "$LINPODX_TEST_ROOT"
+        rm -rf -- "$VENV"
+        /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv failed" "is python3-venv installed?"
+    fi
+    # Non-editable: the venv holds this checkout's linpodx as it is now.
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$REPO[test]" </dev/null ||
+        die "pip could not install linpodx and its test extras" "see pip's messages above"
+    bash "$REPO/scripts/build-images.sh" "$VENV" || die "building the test images failed" \
+        "see the messages above (scripts/build-images.sh)"
+fi
 [[ -x $VENV/bin/python ]] || die "no venv at $VENV after preparing" \
     "run scripts/test.sh --prepare-only and look at its python phase"
 
