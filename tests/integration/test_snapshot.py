@@ -26,6 +26,9 @@ from tests.conftest import BUSYBOX_IMAGE, DEBIAN_IMAGE, ROOTLESS, CliResult
 pytestmark = pytest.mark.podman
 
 Cli = Callable[..., CliResult]
+# The container's "agent": ends on SIGTERM within a second (a bare `sleep` as PID 1 ignores
+# SIGTERM, and every rollback would wait out the stop grace).
+AGENT_CMD = ("sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done")
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -141,7 +144,7 @@ def make_box(cli: Cli, name: str, tmp_path: Path, *, image: str = BUSYBOX_IMAGE,
     )
     ok(cli("sandbox", "apply", "--profile", str(pfile)))
     ok(cli("run", "--profile", profile, "--image", image, "--name", name,
-           "--detach", "--", "sleep", "100000"))
+           "--detach", "--", *AGENT_CMD))
     return Box(name, ws, ro, cli, profile)
 
 
