@@ -50,7 +50,10 @@ else
         /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv failed" "is python3-venv installed?"
     fi
     # Non-editable: the venv holds this checkout's linpodx as it is now.
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$REPO[test]" </dev/null ||
+    # (the grep hides a machine pip config's per-package "Location ... is ignored" warnings)
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$REPO[test]" </dev/null 2>&1 |
+        grep -v -E "^WARNING: Location '[^']*' is ignored" >&2
+    ((PIPESTATUS[0] == 0)) ||
         die "pip could not install linpodx and its test extras" "see pip's messages above"
     bash "$REPO/scripts/build-images.sh" "$VENV" || die "building the test images failed" \
         "see the messages above (scripts/build-images.sh)"
