@@ -30,47 +30,55 @@ die() {
     exit 1
 }
 
-[[ $(id -u) -eq 0 ]] || die "scripts/walkthrough.sh must run as root (it installs podman and \
-sets the machine up first)" "run it as root: sudo bash scripts/walkthrough.sh"
+# Everything below is one function, read whole before it runs: editing this file while it runs
+# cannot change what a running walk-through does.
+main() {
+    [[ $(id -u) -eq 0 ]] ||
+        die "scripts/walkthrough.sh must run as root (it installs podman and sets the machine up)" \
+            "run it as root: sudo bash scripts/walkthrough.sh"
 
-if grep -q -e '--prepare-only' "$REPO/scripts/test.sh"; then
-    echo "walkthrough: preparing this machine (scripts/test.sh --prepare-only)"
-    bash "$REPO/scripts/test.sh" --prepare-only ||
-        die "preparing the machine failed" "see the messages above (scripts/test.sh --prepare-only)"
-else
-    # A test.sh without --prepare-only would run the whole suite: do its three setup phases
-    # here instead (host packages, a venv with linpodx and the test extras, the test images).
-    VENV=$LINPODX_TEST_ROOT/walkthrough-venv
-    echo "walkthrough: preparing this machine (scripts/setup-host.sh, venv $VENV, images)"
-    bash "$REPO/scripts/setup-host.sh" || die "host setup failed" "see the messages above"
-    if [[ ! -x $VENV/bin/linpodx ]] || ! "$VENV/bin/python" -c 'import linpodx, mcp, pexpect' \
-        2>/dev/null; then
-        install -d -m 0755 "$LINPODX_TEST_ROOT"
-        rm -rf -- "$VENV"
-        /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv failed" "is python3-venv installed?"
+    if grep -q -e '--prepare-only' "$REPO/scripts/test.sh"; then
+        echo "walkthrough: preparing this machine (scripts/test.sh --prepare-only)"
+        bash "$REPO/scripts/test.sh" --prepare-only ||
+            die "preparing the machine failed" "see the messages above (scripts/test.sh --prepare-only)"
+    else
+        # A test.sh without --prepare-only would run the whole suite: do its three setup phases
+        # here instead (host packages, a venv with linpodx and the test extras, the test images).
+        VENV=$LINPODX_TEST_ROOT/walkthrough-venv
+        echo "walkthrough: preparing this machine (scripts/setup-host.sh, venv $VENV, images)"
+        bash "$REPO/scripts/setup-host.sh" || die "host setup failed" "see the messages above"
+        if [[ ! -x $VENV/bin/linpodx ]] || ! "$VENV/bin/python" -c 'import linpodx, mcp, pexpect' \
+            2>/dev/null; then
+            install -d -m 0755 "$LINPODX_TEST_ROOT"
+            rm -rf -- "$VENV"
+            /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv failed" "is python3-venv installed?"
+        fi
+        # Non-editable: the venv holds this checkout's linpodx as it is now.
+        # (the grep hides a machine pip config's per-package "Location ... is ignored" warnings)
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check "$REPO[test]" </dev/null 2>&1 |
+            grep -v -E "^WARNING: Location '[^']*' is ignored" >&2
+        ((PIPESTATUS[0] == 0)) ||
+            die "pip could not install linpodx and its test extras" "see pip's messages above"
+        bash "$REPO/scripts/build-images.sh" "$VENV" || die "building the test images failed" \
+            "see the messages above (scripts/build-images.sh)"
     fi
-    # Non-editable: the venv holds this checkout's linpodx as it is now.
-    # (the grep hides a machine pip config's per-package "Location ... is ignored" warnings)
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$REPO[test]" </dev/null 2>&1 |
-        grep -v -E "^WARNING: Location '[^']*' is ignored" >&2
-    ((PIPESTATUS[0] == 0)) ||
-        die "pip could not install linpodx and its test extras" "see pip's messages above"
-    bash "$REPO/scripts/build-images.sh" "$VENV" || die "building the test images failed" \
-        "see the messages above (scripts/build-images.sh)"
-fi
-[[ -x $VENV/bin/python ]] || die "no venv at $VENV after preparing" \
-    "run scripts/test.sh --prepare-only and look at its python phase"
+    [[ -x $VENV/bin/python ]] || die "no venv at $VENV after preparing" \
+        "run scripts/test.sh --prepare-only and look at its python phase"
 
-echo "walkthrough: building the demo agent image"
-bash "$REPO/examples/build-demo-image.sh" ||
-    die "the demo image could not be built" "see podman's messages above"
+    echo "walkthrough: building the demo agent image"
+    bash "$REPO/examples/build-demo-image.sh" ||
+        die "the demo image could not be built" "see podman's messages above"
 
-demo_dir=$(mktemp -d /tmp/linpodx-walkthrough.XXXXXX)
-chmod 0700 "$demo_dir"
-echo "walkthrough: demo HOME and linpodx state under $demo_dir"
-# env -i: nothing of the caller's environment (XDG dirs, LINPODX_* settings) leaks into the demo.
-env -i PATH="$VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 TERM="${TERM:-xterm}" \
-    "$VENV/bin/python" "$REPO/examples/walkthrough.py" --dir "$demo_dir" "$@"
-rc=$?
-echo "walkthrough: demo files and linpodx state kept in $demo_dir (remove it when done)"
-exit "$rc"
+    demo_dir=$(mktemp -d /tmp/linpodx-walkthrough.XXXXXX)
+    chmod 0700 "$demo_dir"
+    echo "walkthrough: demo HOME and linpodx state under $demo_dir"
+    # env -i: nothing of the caller's environment (XDG dirs, LINPODX_* settings) leaks into the demo.
+    env -i PATH="$VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 TERM="${TERM:-xterm}" \
+        "$VENV/bin/python" "$REPO/examples/walkthrough.py" --dir "$demo_dir" "$@"
+    rc=$?
+    echo "walkthrough: demo files and linpodx state kept in $demo_dir (remove it when done)"
+    exit "$rc"
+}
+
+main "$@"
+exit $?
