@@ -159,6 +159,12 @@ done
 # No systemd-logind here, so nothing creates the user's runtime dir: podman keeps its rootless
 # state (pause process pid, locks, events) there.
 run_dir=/run/user/$uid
+if ((user_created)) && [[ -e $run_dir ]]; then
+    # Left by an earlier user with the same uid (userdel does not clean /run/user): its podman
+    # state points at a store that no longer exists.
+    log "removing stale $run_dir"
+    rm -rf -- "$run_dir"
+fi
 if [[ ! -d $run_dir ]]; then
     install -d -m 0755 /run/user
     install -d -m 0700 -o "$uid" -g "$gid" "$run_dir"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # linpodx's one test command, for a Debian 12 machine, as root:
 #
-#     bash scripts/test.sh
+#     bash scripts/test.sh [--prepare-only]
 #
 # It sets the machine up (scripts/setup-host.sh: packages, containers.conf, the rootless test
 # user), copies this checkout to a place that user can read, makes a venv from Debian's python3
@@ -11,6 +11,8 @@
 #     root       pytest tests                                    (unit, integration, e2e)
 #     rootless   pytest -m podman tests/integration tests/e2e    (as the rootless test user)
 # Each step skips what is already in place (hashes, labels, stamps), so a re-run is fast.
+# --prepare-only stops after the images: the machine, the venv (with the `linpodx` command in
+# $LINPODX_TEST_ROOT/venv/bin) and the images are ready, no lint or test runs.
 #
 # Environment:
 #     LINPODX_PYTEST_ARGS   extra pytest arguments for both pytest phases (split on spaces)
@@ -93,6 +95,19 @@ setup_phase() {
     record "$name" ok "$(($(date +%s) - t0))" ""
 }
 
+PREPARE_ONLY=0
+for arg in "$@"; do
+    case $arg in
+    --prepare-only) PREPARE_ONLY=1 ;;
+    -h | --help)
+        sed -n '2,/^set -uo pipefail/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    *) die "unknown argument: $arg" \
+        "pytest arguments go in LINPODX_PYTEST_ARGS, e.g. LINPODX_PYTEST_ARGS='-x -k audit'" ;;
+    esac
+done
+
 [[ $(id -u) -eq 0 ]] || die "scripts/test.sh must run as root (it installs packages and runs the \
 suite as root and as a rootless user)" "run it as root: sudo bash scripts/test.sh"
 
@@ -141,6 +156,14 @@ sync_src() {
     echo "test.sh: copied $(find "$SRC" -type f | wc -l) files to $SRC"
 }
 
+# Cheap proof the venv is whole: linpodx imports from the source copy and the test
+# dependencies are installed (importing mcp itself takes seconds on a loaded machine).
+VENV_CHECK='
+import importlib.metadata as m, linpodx
+for dist in ("linpodx", "pytest", "pexpect", "mcp", "ruff"):
+    m.version(dist)
+'
+
 # The venv is made from Debian's python3 (a pyenv python under /root is unreadable for the
 # rootless user). pip runs only when pyproject.toml, the python or this recipe changed.
 ensure_venv() {
@@ -164,7 +187,7 @@ PY
     ) | sha256sum | cut -d' ' -f1) || return 1
     have=$(cat "$VENV/.linpodx-stamp" 2>/dev/null || true)
     if [[ $have == "$want" ]] &&
-        "$VENV/bin/python" -c 'import linpodx, pytest, mcp, pexpect' 2>/dev/null &&
+        "$VENV/bin/python" -c "$VENV_CHECK" 2>/dev/null &&
         [[ -x $VENV/bin/ruff ]]; then
         echo "test.sh: venv $VENV up to date"
         return 0
@@ -182,13 +205,19 @@ PY
     "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$SRC[test]" "$RUFF_SPEC" \
         </dev/null 2>&1 | grep -v -E "^WARNING: Location '[^']*' is ignored" >&2
     ((PIPESTATUS[0] == 0)) || return 1
-    "$VENV/bin/python" -c 'import linpodx, pytest, mcp, pexpect' || return 1
+    "$VENV/bin/python" -c "$VENV_CHECK" || return 1
     printf '%s\n' "$want" >"$VENV/.linpodx-stamp"
 }
 
 python_setup() { sync_src && ensure_venv && chmod -R go+rX,go-w "$VENV"; }
 setup_phase python python_setup
 setup_phase images bash "$REPO/scripts/build-images.sh" "$VENV"
+
+if ((PREPARE_ONLY)); then
+    summary
+    echo "test.sh: prepared (--prepare-only): venv $VENV, source copy $SRC; no lint or tests run"
+    exit "$FAILED"
+fi
 
 install -d -m 0755 "$LOGS"
 read -ra EXTRA <<<"${LINPODX_PYTEST_ARGS:-}"
