@@ -70,11 +70,19 @@ def run_guard(name: str, pid: int) -> int:
         if not policy.upstreams:
             raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
 
+        nft: netns.NftSession | None = None
+
+        def nft_run(text: str) -> None:
+            if nft is not None:
+                nft.apply(text)
+            else:
+                netns.nft_apply(pid, text)
+
         def add(entries: list[tuple[Any, int]]) -> None:
-            netns.nft_apply(pid, ruleset.build_add_elements(entries))
+            nft_run(ruleset.build_add_elements(entries))
 
         def delete(addrs: list[Any]) -> None:
-            netns.nft_apply(pid, ruleset.build_delete_elements(addrs))
+            nft_run(ruleset.build_delete_elements(addrs))
 
         resolver = PolicyResolver(
             policy, add_to_sets=add, delete_from_sets=delete, on_denied=recorder.deny
@@ -82,6 +90,11 @@ def run_guard(name: str, pid: int) -> int:
         log.info("loading the nft filter into the netns of pid %s", pid)
         # Filter first: from here on nothing leaves the netns except to set members.
         netns.nft_apply(pid, ruleset.build_ruleset())
+        try:
+            nft = netns.NftSession(pid)
+        except Exception as exc:
+            # Slower but equivalent: each set update runs `nsenter … nft -f -`.
+            log.warning("libnftables unavailable (%s); using the nft program", exc)
         log.info("binding the policy resolver")
         udp, tcp = netns.bind_resolver_sockets(pid)
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
