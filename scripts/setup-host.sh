@@ -14,9 +14,10 @@ umask 022
 export DEBIAN_FRONTEND=noninteractive
 
 # Packages the suite needs. runc is asked for explicitly in the same apt-get call as podman so
-# apt does not pick crun (crun fails on hybrid cgroup hosts).
+# apt does not pick crun (crun fails on hybrid cgroup hosts); netavark is named so the rootful
+# network stack is the one HOST.md describes even where apt skips Recommends.
 PACKAGES=(
-    podman runc conmon catatonit nftables uidmap slirp4netns passt
+    podman runc conmon catatonit netavark aardvark-dns nftables uidmap slirp4netns passt
     mmdebstrap busybox-static
     python3 python3-venv python3-pip
     iproute2 ca-certificates procps util-linux git tar
