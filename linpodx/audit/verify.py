@@ -36,7 +36,7 @@ from linpodx.audit.chain import (
     session_path,
     verify_file,
 )
-from linpodx.errors import AuditError, LinpodxError, NotFound, UsageError
+from linpodx.errors import AuditError, ChainBroken, LinpodxError, NotFound, UsageError
 
 BUILTIN_PROFILE_ID = "builtin"
 """profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
@@ -151,6 +151,18 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
     notes: list[str] = []
     if report.ok:
         problems, notes = _check_store(index)
+        for sid, rec in sorted(index.opens.items(), key=lambda kv: kv[1].seq):
+            try:
+                present = session_path(sid).exists()
+            except AuditError:
+                present = False
+            if not present:
+                problems.append(
+                    f"session {sid} was opened at admin seq {rec.seq} but its audit log is "
+                    "missing: the session log was deleted"
+                )
+        if index.opens:
+            notes.append(f"{len(index.opens)} session log(s) opened in this chain are present")
     return ChainCheck(report=report, problems=tuple(problems), notes=tuple(notes))
 
 
@@ -205,11 +217,6 @@ def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) ->
         path = session_path(session_id)
     except AuditError:
         path = None
-    if path is None or not path.exists():
-        raise NotFound(
-            f"no audit log for session {session_id}",
-            "session ids are listed by `linpodx audit show` (session.open records)",
-        )
     problems: list[str] = []
     notes: list[str] = []
     try:
@@ -217,6 +224,21 @@ def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) ->
     except AuditError as exc:
         admin_report, index = None, _AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
+    if path is None or not path.exists():
+        opened_rec = index.opens.get(session_id)
+        if path is not None and opened_rec is not None:
+            # The admin chain says this session existed: its log is gone, not unknown.
+            raise ChainBroken(
+                f"the audit log of session {session_id} is missing, but admin seq "
+                f"{opened_rec.seq} recorded that it was opened: the session log was deleted",
+                "keep the admin log as evidence; the session's records cannot be recovered "
+                "by linpodx",
+                details={"session_id": session_id, "admin_seq": opened_rec.seq},
+            )
+        raise NotFound(
+            f"no audit log for session {session_id}",
+            "session ids are listed by `linpodx audit show` (session.open records)",
+        )
     if admin_report is None and not problems:
         problems.append(
             "there is no admin log, so the profile revision this session claims to run under "
@@ -397,8 +419,6 @@ def seal(session_id: str | None = None) -> Seal:
 
 def raise_broken(check: ChainCheck) -> None:
     """Raise ChainBroken describing the first failure of `check`."""
-    from linpodx.errors import ChainBroken
-
     r = check.report
     if not r.ok:
         msg = f"audit chain broken at seq {r.first_bad_seq}: {r.reason}"

@@ -485,3 +485,21 @@ def test_session_under_builtin_profile(applied: tuple[str, str]) -> None:
     )
     check2 = verify_session(sid2)
     assert not check2.ok and "must be opened in the admin chain" in check2.problems[0]
+
+
+def test_deleted_session_log_detected(applied: tuple[str, str]) -> None:
+    from linpodx.errors import ChainBroken, NotFound
+
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FB4"
+    chain, _ = open_session(sid, pid, ah)
+    assert verify_admin().ok
+    chain.path.unlink()
+    with pytest.raises(ChainBroken, match="the session log was deleted"):
+        verify_session(sid)
+    admin = verify_admin()
+    assert admin.report.ok and not admin.ok
+    assert f"session {sid} was opened at admin seq" in admin.problems[0]
+    # A session nobody ever opened is simply unknown.
+    with pytest.raises(NotFound):
+        verify_session("sess_01ARZ3NDEKTSV4RRFFQ69G5FB5")
