@@ -478,8 +478,8 @@ def test_worker_killed_while_holding_the_container_lets_it_go(
     untagged image and temp archives."""
     from linpodx.snapshot.names import container_root
 
-    # Each step waits 5 s first: long enough to see the step and kill inside its window.
-    monkeypatch.setenv(faults.DELAY_ENV, "5")
+    # Each step waits 8 s first: long enough to see the step and kill inside its window.
+    monkeypatch.setenv(faults.DELAY_ENV, "8")
     created = result(box.cli("snapshot", "create", box.name, "--label", "h", "--json"))
     job_id = str(created["job_id"])
     deadline = time.monotonic() + 60
