@@ -37,6 +37,7 @@ from linpodx.audit.chain import (
     verify_file,
 )
 from linpodx.errors import AuditError, ChainBroken, LinpodxError, NotFound, UsageError
+from linpodx.paths import sessions_audit_dir
 
 BUILTIN_PROFILE_ID = "builtin"
 """profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
@@ -211,8 +212,16 @@ def _first_record(path: Path) -> Record | None:
         return None
 
 
-def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) -> ChainCheck:
-    """Verify one session chain against its profile anchor, the admin chain and seals."""
+def verify_session(
+    session_id: str,
+    anchors: Mapping[int, str] | None = None,
+    *,
+    admin_scan: tuple[VerifyReport | None, _AdminIndex] | None = None,
+) -> ChainCheck:
+    """Verify one session chain against its profile anchor, the admin chain and seals.
+
+    `admin_scan` reuses one scan of the admin chain across many sessions (verify --all).
+    """
     try:
         path = session_path(session_id)
     except AuditError:
@@ -220,7 +229,7 @@ def verify_session(session_id: str, anchors: Mapping[int, str] | None = None) ->
     problems: list[str] = []
     notes: list[str] = []
     try:
-        admin_report, index = _admin_scan()
+        admin_report, index = admin_scan if admin_scan is not None else _admin_scan()
     except AuditError as exc:
         admin_report, index = None, _AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
@@ -377,6 +386,30 @@ def _check_store_revision(profile_id: str, audit_hash: str, notes: list[str]) ->
         ]
     notes.append(f"profile {profile_id} matches the profile store")
     return []
+
+
+def session_ids() -> list[str]:
+    """Ids of the session logs present on disk, oldest first (ids are ULID-based)."""
+    base = sessions_audit_dir()
+    if not base.is_dir():
+        return []
+    out = []
+    for entry in sorted(base.glob("*.jsonl")):
+        sid = entry.name[: -len(".jsonl")]
+        try:
+            session_path(sid)
+        except AuditError:
+            continue
+        out.append(sid)
+    return out
+
+
+def verify_all(anchors: Mapping[int, str] | None = None) -> tuple[ChainCheck, list[ChainCheck]]:
+    """The admin chain (with `anchors`) and every session log against it."""
+    admin = verify_admin(anchors)
+    scan = _admin_scan()
+    sessions = [verify_session(sid, admin_scan=scan) for sid in session_ids()]
+    return admin, sessions
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ from linpodx.audit.verify import (
     raise_broken,
     seal,
     verify_admin,
+    verify_all,
     verify_session,
 )
 from linpodx.cli.common import JsonOpt, new_app, run_command
-from linpodx.errors import AuditError, ChainBroken, NotFound
+from linpodx.errors import AuditError, ChainBroken, NotFound, UsageError
 from linpodx.output import kv_line, safe_text
 
 app = new_app("Verify, show and seal the hash-chained audit logs.")
@@ -64,14 +65,60 @@ def _lines(check: ChainCheck) -> list[str]:
     return out
 
 
+AllOpt = Annotated[
+    bool,
+    typer.Option("--all", help="The admin chain and every session log against it."),
+]
+
+
+def _verify_all(anchors: dict[int, str], json_mode: bool) -> dict[str, Any]:
+    admin, sessions = verify_all(anchors)
+    broken = [c for c in sessions if not c.ok]
+    if not json_mode:
+        out = _lines(admin)
+        for c in sessions:
+            r = c.report
+            if not r.ok:
+                state = f"BROKEN at seq {r.first_bad_seq}: {safe_text(r.reason or '')}"
+            elif c.problems:
+                state = f"BROKEN: {safe_text(c.problems[0])}"
+            else:
+                state = f"OK ({r.events} events, tail {_short(r.tail)})"
+            out.append(kv_line("session", f"{c.session_id} {state}"))
+        out.append(kv_line("sessions", f"{len(sessions)} verified, {len(broken)} broken"))
+        sys.stdout.write("".join(line + "\n" for line in out))
+        sys.stdout.flush()
+    if not admin.ok:
+        raise_broken(admin)
+    if broken:
+        first = broken[0]
+        try:
+            raise_broken(first)
+        except ChainBroken as exc:
+            exc.message = f"session {first.session_id}: {exc.message}"
+            exc.details = {
+                "admin": admin.to_dict(),
+                "sessions": [c.to_dict() for c in sessions],
+            }
+            raise
+    return {"admin": admin.to_dict(), "sessions": [c.to_dict() for c in sessions]}
+
+
 @app.command("verify")
 def verify_cmd(
-    session: SessionOpt = None, anchor: AnchorOpt = None, json_mode: JsonOpt = False
+    session: SessionOpt = None,
+    anchor: AnchorOpt = None,
+    all_logs: AllOpt = False,
+    json_mode: JsonOpt = False,
 ) -> None:
     """Check every hash and link of a chain, its seals, and its anchors in the other chain."""
 
     def run() -> dict[str, Any]:
         anchors = anchors_map(parse_anchor(a) for a in (anchor or []))
+        if all_logs:
+            if session:
+                raise UsageError("--all and --session exclude each other", "give one of them")
+            return _verify_all(anchors, json_mode)
         check = verify_session(session, anchors) if session else verify_admin(anchors)
         if not json_mode:
             sys.stdout.write("".join(line + "\n" for line in _lines(check)))

@@ -177,3 +177,29 @@ def test_verify_as_a_subprocess(applied: tuple[str, str]) -> None:
     out = run_linpodx("audit", "verify")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[1].startswith("chain:   OK (head 000000000000…")
+
+
+def test_verify_all_checks_every_session(cli: Cli, session: str, applied: tuple[str, str]) -> None:
+    pid, ah = applied
+    other = "sess_01ARZ3NDEKTSV4RRFFQ69G5FAW"
+    chain, _ = open_session(other, pid, ah)
+    chain.append("mcp.decision", {"tool": "read_file"})
+    res = cli("audit", "verify", "--all")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "events:  4" and lines[1].startswith("chain:   OK")
+    assert lines[2].startswith(f"session: {session} OK (2 events, tail ")
+    assert lines[3].startswith(f"session: {other} OK (2 events, tail ")
+    assert lines[4] == "sessions: 2 verified, 0 broken"
+    chain.path.write_bytes(chain.path.read_bytes().replace(b"read_file", b"rm_rf"))
+    bad = cli("audit", "verify", "--all")
+    assert bad.exit_code == EXIT_TAMPERED
+    assert f"session: {other} BROKEN at seq 1: hash mismatch" in bad.stdout
+    assert "sessions: 2 verified, 1 broken" in bad.stdout
+    assert bad.stderr.startswith(f"error: session {other}: audit chain broken at seq 1")
+    js = cli("audit", "verify", "--all", "--json")
+    doc = json.loads(js.stdout)
+    assert js.exit_code == EXIT_TAMPERED and doc["ok"] is False
+    assert [s["ok"] for s in doc["error"]["details"]["sessions"]] == [True, False]
+    both = cli("audit", "verify", "--all", "--session", session)
+    assert both.exit_code == EXIT_USAGE
