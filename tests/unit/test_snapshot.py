@@ -257,3 +257,39 @@ def test_check_restorable_refuses_kind_change(tmp_path: Path) -> None:
     f.write_text("x")
     with pytest.raises(InvalidInput, match="no longer a directory"):
         workspace.check_restorable({"source": str(f), "target": "/w", "kind": workspace.DIR})
+
+
+def _wait_state(pid: int, want: str) -> str:
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state in want or time.monotonic() > deadline:
+            return state
+        time.sleep(0.02)
+
+
+def test_release_continues_only_the_exact_processes_recorded() -> None:
+    """After a worker died holding a container, only processes with the recorded pid AND start
+    time are continued: a recycled pid (other start time) is left alone."""
+    import signal
+
+    from linpodx.snapshot import freeze
+
+    a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    b = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for p in (a, b):
+            os.kill(p.pid, signal.SIGSTOP)
+            assert _wait_state(p.pid, "Tt") in "Tt"
+        sa, sb = jobs.proc_start_time(a.pid), jobs.proc_start_time(b.pid)
+        assert sa is not None and sb is not None
+        done = freeze.release("unused", freeze.SIGSTOP_METHOD, [[a.pid, sa], [b.pid, sb + 7]])
+        assert done == ["continued 1 processes"]
+        assert _wait_state(a.pid, "SR") in "SR"
+        time.sleep(0.3)  # a SIGCONT would have landed by now
+        assert _wait_state(b.pid, "Tt") in "Tt"
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
