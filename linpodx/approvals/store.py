@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import canonical, fsutil, ids
+from linpodx.audit.chain import encode_data
 from linpodx.errors import InvalidInput, NotFound
 from linpodx.paths import approvals_dir, ensure_dir
 
@@ -54,8 +55,9 @@ def _iso(t: float) -> str:
 def request_digest(request: Any) -> str:
     """sha256 (hex) of the canonical JSON of the exact request (id, method, params)."""
     try:
-        data = canonical.canonical_bytes(request)
-    except canonical.CanonicalError:
+        # Same bytes as canonical_bytes, through the audit chain's C-accelerated encoder.
+        data, _ = encode_data(request)
+    except (canonical.CanonicalError, RecursionError):
         # Floats have no canonical form here; sorted compact JSON is still deterministic.
         data = json.dumps(
             request, sort_keys=True, ensure_ascii=False, separators=(",", ":")

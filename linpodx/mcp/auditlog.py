@@ -33,6 +33,15 @@ from linpodx.canonical import CanonicalError, canonical_bytes
 from linpodx.errors import AuditError
 from linpodx.paths import FILE_MODE, ensure_dir
 
+
+def _encode_data(data: Any) -> tuple[bytes, Any]:
+    encode = getattr(audit_chain, "encode_data", None)
+    if encode is not None:
+        return encode(data)  # type: ignore[no-any-return]
+    raw = canonical_bytes(data)
+    return raw, json.loads(raw)
+
+
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
 
 
@@ -230,7 +239,8 @@ class GroupCommitChain:
             raise AuditError(f"could not record to the audit log: invalid event type {typ!r}")
         ts = max(audit_chain.now_ts(), last_ts)
         try:
-            data_bytes = canonical_bytes(data)
+            # The chain module's encoder: canonical bytes, C-accelerated when provably equal.
+            data_bytes, stored = _encode_data(data)
         except (CanonicalError, RecursionError) as exc:
             raise AuditError(
                 f"could not record to the audit log: the event data cannot be recorded: {exc}"
@@ -244,6 +254,6 @@ class GroupCommitChain:
                 f"{audit_chain.MAX_LINE} bytes"
             )
         rec = audit_chain.Record(
-            seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=json.loads(data_bytes), log_id=None
+            seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=stored, log_id=None
         )
         return rec, line
