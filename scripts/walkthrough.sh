@@ -16,6 +16,9 @@
 # its container and snapshot image at the end, keeps the state dir (printed) so you can run
 # `linpodx audit verify` yourself, and exits non-zero if any claim of the walk-through failed.
 #
+# While the demo runs it holds scripts/test.sh's lock (/run/lock/linpodx-test.lock), so a test run
+# started meanwhile waits instead of replacing the source copy the venv runs linpodx from.
+#
 # Environment: LINPODX_TEST_ROOT (default /opt/linpodx-test, where the venv lives).
 set -uo pipefail
 umask 022
@@ -37,36 +40,24 @@ main() {
         die "scripts/walkthrough.sh must run as root (it installs podman and sets the machine up)" \
             "run it as root: sudo bash scripts/walkthrough.sh"
 
-    if grep -q -e '--prepare-only' "$REPO/scripts/test.sh"; then
-        echo "walkthrough: preparing this machine (scripts/test.sh --prepare-only)"
-        bash "$REPO/scripts/test.sh" --prepare-only ||
-            die "preparing the machine failed" "see the messages above (scripts/test.sh --prepare-only)"
-    else
-        # A test.sh without --prepare-only would run the whole suite: do its three setup phases
-        # here instead (host packages, a venv with linpodx and the test extras, the test images).
-        VENV=$LINPODX_TEST_ROOT/walkthrough-venv
-        echo "walkthrough: preparing this machine (scripts/setup-host.sh, venv $VENV, images)"
-        bash "$REPO/scripts/setup-host.sh" || die "host setup failed" "see the messages above"
-        if [[ ! -x $VENV/bin/linpodx ]] || ! "$VENV/bin/python" -c 'import linpodx, mcp, pexpect' \
-            2>/dev/null; then
-            install -d -m 0755 "$LINPODX_TEST_ROOT"
-            rm -rf -- "$VENV"
-            /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv failed" "is python3-venv installed?"
-        fi
-        # Non-editable: the venv holds this checkout's linpodx as it is now.
-        # (the grep hides a machine pip config's per-package "Location ... is ignored" warnings)
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check "$REPO[test]" </dev/null 2>&1 |
-            grep -v -E "^WARNING: Location '[^']*' is ignored" >&2
-        ((PIPESTATUS[0] == 0)) ||
-            die "pip could not install linpodx and its test extras" "see pip's messages above"
-        bash "$REPO/scripts/build-images.sh" "$VENV" || die "building the test images failed" \
-            "see the messages above (scripts/build-images.sh)"
+    grep -q -e '--prepare-only' "$REPO/scripts/test.sh" ||
+        die "scripts/test.sh does not know --prepare-only" "update this checkout (git pull)"
+    echo "walkthrough: preparing this machine (scripts/test.sh --prepare-only)"
+    bash "$REPO/scripts/test.sh" --prepare-only ||
+        die "preparing the machine failed" "see the messages above (scripts/test.sh --prepare-only)"
+    # The venv runs linpodx from test.sh's source copy: hold test.sh's lock while the demo runs
+    # so another test.sh run cannot replace that copy under it.
+    install -d -m 0755 /run/lock
+    exec 9>/run/lock/linpodx-test.lock
+    if ! flock -n 9; then
+        echo "walkthrough: a scripts/test.sh run holds /run/lock/linpodx-test.lock; waiting"
+        flock 9
     fi
     [[ -x $VENV/bin/python ]] || die "no venv at $VENV after preparing" \
         "run scripts/test.sh --prepare-only and look at its python phase"
 
     echo "walkthrough: building the demo agent image"
-    bash "$REPO/examples/build-demo-image.sh" ||
+    bash "$REPO/examples/build-demo-image.sh" 9>&- ||
         die "the demo image could not be built" "see podman's messages above"
 
     demo_dir=$(mktemp -d /tmp/linpodx-walkthrough.XXXXXX)
@@ -74,7 +65,7 @@ main() {
     echo "walkthrough: demo HOME and linpodx state under $demo_dir"
     # env -i: nothing of the caller's environment (XDG dirs, LINPODX_* settings) leaks into the demo.
     env -i PATH="$VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 TERM="${TERM:-xterm}" \
-        "$VENV/bin/python" "$REPO/examples/walkthrough.py" --dir "$demo_dir" "$@"
+        "$VENV/bin/python" "$REPO/examples/walkthrough.py" --dir "$demo_dir" "$@" 9>&-
     rc=$?
     echo "walkthrough: demo files and linpodx state kept in $demo_dir (remove it when done)"
     exit "$rc"
