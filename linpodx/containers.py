@@ -304,17 +304,28 @@ def _cleanup(name: str, why: LinpodxError, *, remove_spec: bool, guard_too: bool
     return why
 
 
-def _bring_up(name: str, ref: ProfileRef, *, start: bool) -> None:
-    """init -> guard attach (when the profile has an allowlist) -> start (unless `start` is False,
-    when the caller starts it attached to a terminal)."""
+def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = None) -> None:
+    """(guard.prepare) -> init -> guard attach (when the profile has an allowlist) -> start
+    (unless `start` is False, when the caller starts it attached to a terminal).
+
+    prepare() runs again on every bring-up: it rewrites the resolv.conf the container bind-mounts
+    (a detach may have removed it) and must hand back the path the container was created with.
+    """
     if needs_guard(ref):
+        guard = _guard()
+        got = str(guard.prepare(name, ref))
+        if resolv and got != resolv:
+            raise EngineError(
+                f"the egress guard's resolv.conf moved ({got}); the container mounts {resolv}",
+                f"recreate the container (`linpodx rm {name}` then `linpodx run`)",
+            )
         engine.init(name)
         pid = engine.container_pid(name)
         try:
-            _guard().attach(name, pid, ref)
+            guard.attach(name, pid, ref)
         except LinpodxError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # any guard failure means: do not start
             raise EngineError(
                 f"egress guard failed: {type(exc).__name__}: {exc}", "see `linpodx doctor`"
             ) from exc
@@ -342,6 +353,13 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
     )
     guarded = needs_guard(ref)
     if guarded:
+        # prepare() writes the guard's files under this name: if the name is taken, those belong
+        # to the other container, so refuse before touching them (and never detach them).
+        if engine.exists(spec.name):
+            raise EngineError(
+                f"the container name {spec.name!r} is already in use",
+                "choose another --name, or remove the old container with `linpodx rm NAME`",
+            )
         try:
             resolv = _guard().prepare(spec.name, ref)
         except LinpodxError:
@@ -361,7 +379,7 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
         if not spec.rm:
             engine.create_home(spec.name)
-        _bring_up(spec.name, ref, start=start)
+        _bring_up(spec.name, ref, start=start, resolv=spec.resolv_conf)
     except LinpodxError as err:
         raise _cleanup(spec.name, err, remove_spec=True, guard_too=guarded) from None
     state = "running"
@@ -456,16 +474,9 @@ def start(name: str) -> ContainerInfo:
         "container.start",
         {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},
     )
-    if needs_guard(ref):
-        spec = load_spec(name)
-        resolv = str(_guard().prepare(name, ref))
-        if spec.get("resolv_conf") and resolv != spec.get("resolv_conf"):
-            raise EngineError(
-                f"the egress guard's resolv.conf moved ({resolv}); the container cannot use it",
-                f"recreate the container (`linpodx rm {name}` then `linpodx run`)",
-            )
+    resolv = load_spec(name).get("resolv_conf") if needs_guard(ref) else None
     try:
-        _bring_up(name, ref, start=True)
+        _bring_up(name, ref, start=True, resolv=resolv)
     except LinpodxError as err:
         # Do not remove a stopped container's state; make sure it is not left running unguarded.
         with contextlib.suppress(LinpodxError):
@@ -617,7 +628,7 @@ def recreate(name: str, image: str) -> ContainerInfo:
         engine.remove_quietly(tmp_new)
         with contextlib.suppress(LinpodxError):
             if was_running and engine.state(engine.inspect(name)) != "running":
-                _bring_up(name, ref, start=True)
+                _bring_up(name, ref, start=True, resolv=spec.resolv_conf)
         err.hint = (err.hint + "; " if err.hint else "") + f"{name} was left as it was"
         raise
     renamed = False
@@ -628,14 +639,14 @@ def recreate(name: str, image: str) -> ContainerInfo:
             with contextlib.suppress(Exception):
                 if needs_guard(ref):
                     _guard().detach(name)
-            _bring_up(name, ref, start=True)
+            _bring_up(name, ref, start=True, resolv=spec.resolv_conf)
     except LinpodxError as err:
         engine.remove_quietly(name if renamed else tmp_new)
         restored = True
         try:
             engine.rename(tmp_old, name)
             if was_running:
-                _bring_up(name, ref, start=True)
+                _bring_up(name, ref, start=True, resolv=spec.resolv_conf)
         except LinpodxError:
             restored = False
         err.hint = (err.hint + "; " if err.hint else "") + (

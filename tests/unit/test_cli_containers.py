@@ -59,7 +59,7 @@ class FakeEngine:
         mp.setattr(engine, "create_home", lambda n: self._step("create_home", n))
         mp.setattr(engine, "init", lambda n: self._step("init", n))
         mp.setattr(engine, "start", lambda n: self._step("start", n))
-        mp.setattr(engine, "stop", lambda n, t=10: self._step("stop", n))
+        mp.setattr(engine, "stop", lambda n, timeout=10: self._step("stop", n))
         mp.setattr(engine, "remove", lambda n, force=False: self._step("rm", n))
         mp.setattr(engine, "remove_quietly", remove_quietly)
         mp.setattr(engine, "inspect", inspect)
@@ -187,7 +187,9 @@ def test_guard_sequence_create_init_attach_start(
     create_argv = fake.calls[0]
     assert "--network=none" in create_argv
     assert any("destination=/etc/resolv.conf" in a for a in create_argv)
-    assert guard.calls == ["prepare", "attach:42"]
+    # prepare before create (the bind mount needs its source) and again at bring-up (it must
+    # hand back the same path), then attach with the init PID.
+    assert guard.calls == ["prepare", "prepare", "attach:42"]
 
 
 def test_guard_failure_fails_closed(fake: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,3 +267,37 @@ def test_stop_audited_before_stop(fake: FakeEngine, cli: Any) -> None:
     assert res.exit_code == 0, res.stderr
     assert admin_records()[-1]["type"] == "container.stop"
     assert "stop" in fake.names()
+
+
+def test_guarded_run_with_a_taken_name_leaves_the_other_guard_alone(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = FakeGuard(fail_attach=False)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    fake.present.add("agent-1")  # someone else's container already has the name
+    spec = containers.make_spec(REQ, guarded_ref())
+    with pytest.raises(EngineError) as ei:
+        containers.create_and_start(spec, guarded_ref())
+    assert "already in use" in ei.value.message
+    assert guard.calls == []  # neither prepare (would overwrite its files) nor detach
+    assert "create" not in fake.names() and "remove" not in fake.names()
+
+
+def test_start_refuses_a_moved_resolv_conf(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = FakeGuard(fail_attach=False)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    spec = containers.make_spec(REQ, guarded_ref())
+    containers.create_and_start(spec, guarded_ref())
+    doc = containers.load_spec("agent-1")
+    doc["resolv_conf"] = "/somewhere/else/resolv.conf"
+    containers.save_spec("agent-1", doc)
+    fake.state = "exited"
+    fake.present.add("agent-1")
+    monkeypatch.setattr(containers, "profile_by_id", lambda pid: guarded_ref())
+    fake.calls.clear()
+    with pytest.raises(EngineError) as ei:
+        containers.start("agent-1")
+    assert "resolv.conf moved" in ei.value.message
+    assert "start" not in fake.names() and "init" not in fake.names()
