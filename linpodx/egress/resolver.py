@@ -104,7 +104,7 @@ def _udp_exchange(query: dns.message.Message, ip: str, port: int) -> dns.message
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise dns.exception.Timeout()
+                raise dns.exception.Timeout()  # type: ignore[no-untyped-call]  # dnspython stub
             sock.settimeout(left)
             data = sock.recv(65535)
             try:
@@ -224,7 +224,9 @@ class PolicyResolver:
             return _reply(query, dns.rcode.REFUSED)
         return self._answer(query, name, q.rdtype).to_wire()
 
-    def _answer(self, query: dns.message.Message, name: str, rdtype: int) -> dns.message.Message:
+    def _answer(
+        self, query: dns.message.Message, name: str, rdtype: dns.rdatatype.RdataType
+    ) -> dns.message.Message:
         now = self._clock()
         key = (name, rdtype)
         with self._lock:
@@ -286,7 +288,7 @@ class PolicyResolver:
 
 
 def _follow_chain(
-    resp: dns.message.Message, name: str, rdtype: int
+    resp: dns.message.Message, name: str, rdtype: dns.rdatatype.RdataType
 ) -> tuple[list[dns.rrset.RRset], list[IPAddress], int, set[str]]:
     """Keep only the CNAME chain from `name` and the final address records.
 
@@ -327,21 +329,21 @@ def _build(
     resp.flags |= dns.flags.RA
     for rrset in rrsets:
         copy = dns.rrset.RRset(rrset.name, rrset.rdclass, rrset.rdtype)
-        copy.update(rrset)
+        copy.update(rrset)  # type: ignore[no-untyped-call]  # dnspython stub
         # Never let a client keep an address longer than the set keeps it.
         copy.ttl = max(0, min(rrset.ttl, ttl))
         resp.answer.append(copy)
     return resp
 
 
-def _reply_msg(query: dns.message.Message, rcode: int) -> dns.message.Message:
+def _reply_msg(query: dns.message.Message, rcode: dns.rcode.Rcode) -> dns.message.Message:
     resp = dns.message.make_response(query)
     resp.flags |= dns.flags.RA
     resp.set_rcode(rcode)
     return resp
 
 
-def _reply(query: dns.message.Message, rcode: int) -> bytes:
+def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode) -> bytes:
     return _reply_msg(query, rcode).to_wire()
 
 
@@ -362,11 +364,11 @@ def serve_udp(sock: socket.socket, resolver: PolicyResolver, stop: threading.Eve
     pending = threading.BoundedSemaphore(256)
     sock.settimeout(0.5)
 
-    def work(data: bytes, peer: object) -> None:
+    def work(data: bytes, peer: tuple[str, int]) -> None:
         try:
             out = resolver.handle(data)
             if out is not None:
-                sock.sendto(out, peer)  # type: ignore[arg-type]
+                sock.sendto(out, peer)
         except Exception:  # one bad query must not stop the server
             log.exception("dns query failed")
         finally:
