@@ -483,7 +483,7 @@ async def mcp_session(demo: Demo, errlog: Any, on_call: Callable[[str], None]) -
         )
         out["write_file"] = (r.is_error, _text(r))
         on_call("write_file")
-        r = await client.call_tool("run_shell", {"cmd": "rm -rf /workspace"})
+        r = await client.call_tool("run_shell", {"cmd": "rm -f notes.md; echo pwned > shell-ran"})
         out["run_shell"] = (r.is_error, _text(r))
         on_call("run_shell")
         out["listener_stop"] = True
@@ -583,12 +583,12 @@ def step_mcp(demo: Demo) -> None:
         err is True and took >= WINDOW - 1,
         f"isError={err} after {took:.1f} s: {text[:200]}",
     )
-    res = demo.in_container('ls "$HOME"; cat "$HOME/notes.md"; test -d /workspace && echo ok')
+    res = demo.in_container('ls "$HOME"; cat "$HOME/notes.md"')
     demo.check(
-        "the approved write landed in the container's $HOME; the denied ones did not happen",
+        "the approved write landed in the container's $HOME; the denied calls never ran",
         "refactor plan" in res.stdout
-        and "unanswered.md" not in res.stdout
-        and (demo.home / "demo-project" / "README.md").exists(),
+        and "shell-ran" not in res.stdout
+        and "unanswered.md" not in res.stdout,
         res.stdout.strip()[:300],
     )
 
