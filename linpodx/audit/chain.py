@@ -741,7 +741,7 @@ def read_records(path: Path) -> list[Record]:
             if not complete:
                 break
             try:
-                out.append(parse_line(line))
+                out.append(check_line(line))
             except BadRecord as exc:
                 raise AuditError(
                     f"audit log {path} has a damaged record at byte {offset}: {exc}", HINT_VERIFY

@@ -436,3 +436,16 @@ def _refused(data: object) -> None:
         canonical_bytes(data)
     with pytest.raises(CanonicalError):
         ch.encode_data(data)
+
+
+def test_read_records(tmp_path: Path) -> None:
+    c = Chain(tmp_path / "a.jsonl")
+    recs = [c.append("a.b", {"i": i}) for i in range(3)]
+    with open(c.path, "ab") as f:
+        f.write(b'{"torn')
+    assert ch.read_records(c.path) == recs
+    c.path.write_bytes(c.path.read_bytes().replace(b'"i":1', b'"i":9'))
+    with pytest.raises(AuditError, match="damaged record at byte"):
+        ch.read_records(c.path)
+    with pytest.raises(AuditError, match="no audit log"):
+        ch.read_records(tmp_path / "missing.jsonl")
