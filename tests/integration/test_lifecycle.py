@@ -135,3 +135,11 @@ def test_exec_refused_when_not_running(unique_name: str) -> None:
     res = run_linpodx("exec", unique_name, "--", "true")
     assert res.returncode == 3 and "not running" in res.stderr
     assert "container.exec" not in admin_types()
+
+
+def test_logs_follow_ends_with_the_container(unique_name: str) -> None:
+    script = "echo first; sleep 3; echo second"
+    run_ok("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "sh", "-c", script)
+    res = run_linpodx("logs", "--follow", unique_name, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["first", "second"]
