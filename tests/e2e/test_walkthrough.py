@@ -269,6 +269,7 @@ def test_walkthrough_steps_1_to_7(
     assert re.fullmatch(r"[0-9a-f]{64}", audit_hash)
 
     snapshot_made = False
+    gone = subprocess.CompletedProcess[str]([], 1, "", "snapshot rm never ran")
     t0 = spawn(
         "run", "--profile", "agent-readonly", "--image", demo_image,
         "--interactive", "--tty", "--name", name,
@@ -414,6 +415,9 @@ def test_walkthrough_steps_1_to_7(
         assert row[1:] == ["agent-readonly", "1", "running", "healthy"], ps
     finally:
         t0.close(force=True)
-        if snapshot_made:
-            run_linpodx("snapshot", "rm", name, "--label", LABEL)
+        # The container first: podman keeps an image a container still uses.
         run_linpodx("rm", "-f", name)
+        if snapshot_made:
+            gone = run_linpodx("snapshot", "rm", name, "--label", LABEL)
+    # Reached only when the steps passed: the snapshot image went with `snapshot rm`.
+    assert "image_deleted: true" in gone.stdout, gone.stdout + gone.stderr
