@@ -647,13 +647,16 @@ def step_snapshot(demo: Demo) -> None:
     status = ""
     deadline = time.monotonic() + 300
     res = demo.run("snapshot", "job-status", job)
+    polled = False
     while time.monotonic() < deadline:
         status = field_of(res.stdout, "status") or ""
         if status not in ("queued", "running"):
             break
         time.sleep(1)
+        polled = True
         res = demo.run("snapshot", "job-status", job, show=False)
-    if res.stdout and status != "running":
+    if polled:
+        say("(polled until the job finished)")
         say("$ linpodx snapshot job-status " + job)
         say(indent(res.stdout))
     if not demo.check(
@@ -752,12 +755,10 @@ def summary(demo: Demo) -> int:
     say(f"{len(demo.claims) - failed} of {len(demo.claims)} claims held.")
     say(f"linpodx state (audit logs, events): {demo.state}")
     say("Check the audit chains yourself:")
-    say(f"  LINPODX_STATE_DIR={demo.state} linpodx audit verify")
+    cmd = f"LINPODX_STATE_DIR={demo.state} {shlex.join(demo.linpodx)}"
+    say(f"  {cmd} audit verify")
     if demo.facts.get("session"):
-        say(
-            f"  LINPODX_STATE_DIR={demo.state} linpodx audit verify --session "
-            f"{demo.facts['session']}"
-        )
+        say(f"  {cmd} audit verify --session {demo.facts['session']}")
     say("walkthrough: " + ("all claims held" if not failed else f"{failed} claim(s) FAILED"))
     return 1 if failed else 0
 
