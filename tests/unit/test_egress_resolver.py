@@ -284,3 +284,30 @@ def test_address_already_granted_needs_no_second_set_update() -> None:
     # .41 is new, so both are re-added; .40's longer remaining time is kept, not cut to 60.
     ask(r, "d.example.com")
     assert sorted(sets.added[-2:]) == [("9.9.9.40", 301), ("9.9.9.41", 60)]
+
+
+def test_repeated_query_answered_from_bytes_with_exact_ttl_and_new_id() -> None:
+    r, up, _, _, clock = make()
+    ask(r, "crates.io")  # fills the answer cache
+    clock.t += 0.25
+    first = ask(r, "crates.io")  # cache hit: fills the bytes cache
+    assert first.answer[0].ttl == 299
+    assert len(r._fast) == 1  # the bytes of that answer are kept
+    clock.t += 0.5
+    again = ask(r, "crates.io")  # served from bytes: a fresh id (checked in ask), same TTL
+    assert again.answer[0].ttl == 299 and addrs(again) == ["9.9.9.10"]
+    clock.t += 0.5  # 298.75 s left now: the bytes (TTL 299) would overstate it
+    assert ask(r, "crates.io").answer[0].ttl == 298
+    assert up.asked.count(("crates.io", "A")) == 1
+
+
+def test_policy_change_empties_the_bytes_cache() -> None:
+    r, *_ = make()
+    ask(r, "crates.io")
+    ask(r, "crates.io")
+    assert ask(r, "crates.io").rcode() == dns.rcode.NOERROR
+    assert r._fast
+    r.set_policy(
+        ResolverPolicy(Allowlist.from_entries(["*.example.com"]), (("127.0.0.1", 53),), False)
+    )
+    assert ask(r, "crates.io").rcode() == dns.rcode.NXDOMAIN
