@@ -153,7 +153,7 @@ def bridge_ceiling(n: int, window: int) -> float:
     def client_in() -> None:
         r = FrameReader(c_r, 1 << 20)
         while (f := r.read_frame()) is not None:
-            bridge.on_client_frame(f)
+            bridge.on_client_frame(f, r.has_more())
 
     def server() -> None:
         r = FrameReader(s_r, 1 << 20)
@@ -174,7 +174,7 @@ def bridge_ceiling(n: int, window: int) -> float:
     def server_out() -> None:
         r = FrameReader(r_r, 1 << 20)
         while (f := r.read_frame()) is not None:
-            bridge.on_server_frame(f)
+            bridge.on_server_frame(f, r.has_more())
 
     done = threading.Event()
 

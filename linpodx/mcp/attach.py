@@ -172,13 +172,13 @@ def attach(
     def client_loop() -> None:
         reader = FrameReader(stdin_fd, profile.mcp.max_line_bytes)
         while (frame := reader.read_frame()) is not None:
-            bridge.on_client_frame(frame)
+            bridge.on_client_frame(frame, reader.has_more())
         finish("client closed its input")
 
     def server_loop() -> None:
         reader = FrameReader(server_out, profile.mcp.max_line_bytes)
         while (frame := reader.read_frame()) is not None:
-            bridge.on_server_frame(frame)
+            bridge.on_server_frame(frame, reader.has_more())
         finish("server exited")
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

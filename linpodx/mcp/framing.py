@@ -9,6 +9,7 @@ U+0085 and friends are ordinary characters inside JSON strings. A line longer th
 from __future__ import annotations
 
 import os
+import select
 from dataclasses import dataclass
 
 READ_CHUNK = 64 * 1024
@@ -107,6 +108,18 @@ class FrameReader:
         self.chunk = chunk
         self.eof = False
         self._pending: list[Frame] = []
+
+    def has_more(self) -> bool:
+        """True if another frame (or bytes of one) is already waiting to be read."""
+        if self._pending:
+            return True
+        if self.eof:
+            return False
+        try:
+            ready, _, _ = select.select([self.fd], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return bool(ready)
 
     def read_frame(self) -> Frame | None:
         """The next frame, or None at end of stream."""
