@@ -1,7 +1,8 @@
 """Test-only hooks, checked in exactly one place each.
 
 `LINPODX_TEST_FAIL_AT=<step>` makes the named rollback step fail (after the steps before it
-have changed things), so tests can prove the original container and workspace come back intact.
+have changed things), so tests can prove the original container and workspace come back intact;
+`LINPODX_TEST_FAIL_AT=interrupt@<step>` raises KeyboardInterrupt there instead (a Ctrl-C).
 `LINPODX_SNAPSHOT_TEST_DELAY=<seconds>` makes the create worker sleep before each step so tests
 can observe (and kill) it mid-job. Neither is meant for anything but the test suite; both do
 nothing when unset.
@@ -20,7 +21,10 @@ DELAY_ENV = "LINPODX_SNAPSHOT_TEST_DELAY"
 
 def fail_point(step: str) -> None:
     """Raise an injected failure if the test asked for one at `step`."""
-    if os.environ.get(FAIL_ENV) == step:
+    value = os.environ.get(FAIL_ENV)
+    if value == f"interrupt@{step}":
+        raise KeyboardInterrupt
+    if value == step:
         raise EngineError(f"injected failure at step {step} ({FAIL_ENV} is set; test only)")
 
 

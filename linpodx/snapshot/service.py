@@ -415,9 +415,13 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             if was_running and not (new_info.get("State") or {}).get("Running"):
                 raise EngineError("the new container is not running")
             faults.fail_point(step)
-        except Exception as exc:
+        except BaseException as exc:  # Ctrl-C too: the original must come back either way
             problems = _undo(name, orig_id, aside, was_running, restores, state)
-            if isinstance(exc, LinpodxError):
+            if not isinstance(exc, (Exception, KeyboardInterrupt)):
+                raise
+            if isinstance(exc, KeyboardInterrupt):
+                reason = "interrupted"
+            elif isinstance(exc, LinpodxError):
                 reason = exc.message
             else:
                 reason = f"{type(exc).__name__}: {exc}"
@@ -430,7 +434,10 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                     f"rollback of {name} to {label} failed at step {step}: {reason}; the "
                     "original container and workspace were put back as they were",
                     "fix the cause and roll back again",
-                    exit_code=exc.exit_code if isinstance(exc, LinpodxError) else 1,
+                    exit_code=(
+                        exc.exit_code if isinstance(exc, LinpodxError)
+                        else 130 if isinstance(exc, KeyboardInterrupt) else 1
+                    ),
                     details={"step": step, "restored": True},
                 ) from None
             raise LinpodxError(

@@ -283,6 +283,14 @@ def test_injected_failure_at_each_step_leaves_the_original_intact(
         names = podman("ps", "-a", "--format", "{{.Names}}").stdout.split()
         assert [n for n in names if n.startswith(box.name)] == [box.name], step
         assert [p.name for p in box.ws.parent.iterdir() if ".linpodx-" in p.name] == [], step
+    # A Ctrl-C in the middle (after the workspace swap) is undone the same way.
+    before = inspect(box.name)
+    monkeypatch.setenv(faults.FAIL_ENV, "interrupt@swap")
+    r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+    monkeypatch.delenv(faults.FAIL_ENV)
+    assert r.exit_code == 130 and "interrupted" in r.stderr and "put back" in r.stderr
+    assert inspect(box.name)["Id"] == before["Id"]
+    assert (box.ws / "f.txt").read_text() == "v2\n"
     # After all that, a real rollback still works.
     r = ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
     assert "rolled_back: true" in r.stdout

@@ -170,6 +170,10 @@ def test_fail_point_only_fires_for_its_step(monkeypatch: pytest.MonkeyPatch) -> 
     faults.fail_point("create")
     with pytest.raises(EngineError, match="injected failure at step swap"):
         faults.fail_point("swap")
+    monkeypatch.setenv(faults.FAIL_ENV, "interrupt@swap")
+    faults.fail_point("create")
+    with pytest.raises(KeyboardInterrupt):
+        faults.fail_point("swap")
     assert "swap" in faults.ROLLBACK_STEPS
 
 
