@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SERVER_SRC = HERE.parent / "tests" / "servers" / "mcp_test_server.py"
@@ -118,8 +119,25 @@ async def round_trips(name: str, calls: int) -> tuple[list[float], list[float]]:
     return via, raw
 
 
-def bridge_ceiling(n: int, window: int) -> float:
-    """calls/s through the real Bridge + real chain + pipes, with `window` calls in flight."""
+class Relay:
+    """Baseline: the same threads and pipes, forwarding raw lines (no parsing, gate or audit)."""
+
+    def __init__(self, to_client: Any, to_server: Any) -> None:
+        self.to_client, self.to_server = to_client, to_server
+
+    def on_client_frame(self, frame: Any, more: bool = False) -> None:
+        self.to_server(frame.data + b"\n")
+
+    def on_server_frame(self, frame: Any, more: bool = False) -> None:
+        self.to_client(frame.data + b"\n")
+
+    def drain(self) -> None:
+        pass
+
+
+def bridge_ceiling(n: int, window: int, bare: bool = False) -> float:
+    """calls/s through the real Bridge + real chain + pipes, with `window` calls in flight
+    (`bare`: through the Relay baseline instead)."""
     from linpodx.audit.chain import session_chain
     from linpodx.ids import new_id
     from linpodx.mcp.auditlog import GroupCommitChain
@@ -140,7 +158,7 @@ def bridge_ceiling(n: int, window: int) -> float:
         while view:
             view = view[os.write(fd, view) :]
 
-    bridge = Bridge(
+    bridge: Any = Bridge(
         profile=prof,
         session_id=sid,
         chain=chain,
@@ -148,6 +166,8 @@ def bridge_ceiling(n: int, window: int) -> float:
         to_server=lambda d: write_all(s_w, d),
         pipeline=True,
     )
+    if bare:
+        bridge = Relay(lambda d: write_all(o_w, d), lambda d: write_all(s_w, d))
     sem = threading.Semaphore(window)
 
     def client_in() -> None:
@@ -304,6 +324,8 @@ def main() -> int:
         fs = raw_fsync_rate(state)
         seq = bridge_ceiling(max(500, args.inproc // 5), 1)
         par = bridge_ceiling(args.inproc, 64)
+        bare_seq = bridge_ceiling(max(500, args.inproc // 5), 1, bare=True)
+        bare_par = bridge_ceiling(args.inproc, 64, bare=True)
         print(
             "bridge ceiling (real Bridge, real chain with group commit, 2 records per call, pipes):"
         )
@@ -311,9 +333,14 @@ def main() -> int:
             f"  raw write+fsync on this disk: {fs:.0f} records/s "
             f"(=> at most {fs / 2:.0f} calls/s at 2 records per call)"
         )
-        print(f"  1 call in flight:   {seq:.0f} calls/s")
         print(
-            f"  64 calls in flight: {par:.0f} calls/s (target >= {TARGET_CALLS}) "
+            f"  bare relay, same threads and pipes: {bare_seq:.0f} calls/s (1 in flight), "
+            f"{bare_par:.0f} calls/s (64 in flight)"
+        )
+        print(f"  1 call in flight:   {seq:.0f} calls/s ({seq / bare_seq:.2f} of the bare relay)")
+        print(
+            f"  64 calls in flight: {par:.0f} calls/s ({par / bare_par:.2f} of the bare relay; "
+            f"target >= {TARGET_CALLS}) "
             f"{'OK' if par >= TARGET_CALLS else 'MISSED'}"
         )
         before, after, ok = hostile_line(name)
