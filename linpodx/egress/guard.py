@@ -198,7 +198,10 @@ def attach(name: str, pid: int, stored: StoredProfile) -> None:
                 # Rootless pasta must run as the plain user, outside the user namespace; the
                 # guard has loaded the filter already and adopts pasta by its pid file.
                 pasta_started = True
-                _spawn_detached(netns.external_pasta_argv(pid, st.pasta_pidfile), st.helper_log)
+                _spawn_detached(
+                    netns.external_pasta_argv(pid, st.pasta_pidfile, int(info["guard_pid"])),
+                    st.helper_log,
+                )
             if state == "ready" and info.get("container_pid") == pid:
                 return
             if state in ("failed", "stopped"):

@@ -182,12 +182,17 @@ def wait_external_pasta(pid: int, pidfile: Path, timeout: float = 15.0) -> Helpe
     raise EngineError("pasta was not started in time", "see the guard log")
 
 
-def external_pasta_argv(pid: int, pidfile: Path) -> list[str]:
-    """pasta for rootless, run by the CLI as the plain user: joins the container's userns."""
+def external_pasta_argv(pid: int, pidfile: Path, userns_pid: int) -> list[str]:
+    """pasta for rootless, run by the CLI as the plain user.
+
+    It joins the rootless user namespace (the guard's, `userns_pid`), not the container's: with
+    `--userns keep-id` the container has a nested user namespace that a process outside the
+    rootless one may not join, while the rootless namespace's root may enter every netns below.
+    """
     binary = proc.which("pasta") or "pasta"
     argv = pasta_argv(binary, pid)
     # No -f: pasta writes its pid file when it goes to the background.
-    return [argv[0], "--userns", f"/proc/{pid}/ns/user", "-P", str(pidfile), *argv[1:]]
+    return [argv[0], "--userns", f"/proc/{userns_pid}/ns/user", "-P", str(pidfile), *argv[1:]]
 
 
 def choose_helper(preferred: str | None = None) -> str:
