@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,12 +39,19 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 
 def main() -> int:
+    state = Path(tempfile.mkdtemp(prefix="linpodx-bench-run-"))
+    try:
+        return bench(state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def bench(state: Path) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--image", default=DEFAULT_IMAGE)
     args = ap.parse_args()
 
-    state = Path(tempfile.mkdtemp(prefix="linpodx-bench-"))
     env = {**os.environ, "LINPODX_STATE_DIR": str(state)}
     os.environ["LINPODX_STATE_DIR"] = str(state)
     prof = state / "bench.yml"
