@@ -39,3 +39,25 @@ def emit(event_type: str, **data: Any) -> dict[str, Any]:
     finally:
         os.close(fd)
     return event
+
+
+def emit_many(items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Append several events with one open, one lock and one write (busy emitters batch).
+
+    Each item is `(event_type, data)`; the lines are exactly what `emit` would write.
+    """
+    if not items:
+        return []
+    out = [{"ts": now_iso(), "type": t, **d} for t, d in items]
+    data = b"".join(
+        (json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n").encode() for e in out
+    )
+    path = events_file()
+    ensure_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return out

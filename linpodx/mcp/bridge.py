@@ -276,9 +276,29 @@ class Bridge:
         self._events.put(data)
 
     def _emit_loop(self) -> None:
-        assert self._events is not None  # noqa: S101 - only started with a queue
-        while (data := self._events.get()) is not None:
-            self._event("mcp.decision", **data)
+        q = self._events
+        if q is None:  # only started with a queue
+            return
+        while True:
+            first = q.get()
+            batch = [first]
+            while True:  # whatever queued meanwhile goes in the same write
+                try:
+                    batch.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in batch
+            items = [("mcp.decision", d) for d in batch if d is not None]
+            try:
+                if self._emit is events.emit:
+                    events.emit_many(items)
+                else:
+                    for t, d in items:
+                        self._emit(t, **d)
+            except OSError as exc:
+                self._log(f"bridge: could not emit mcp.decision: {exc}")
+            if stop:
+                return
 
     def send_client(self, obj: Any) -> None:
         """Write one message to the client (stdout carries protocol messages only)."""

@@ -146,3 +146,27 @@ def test_events_without_a_terminal_only_prints(cli: Any, monkeypatch: pytest.Mon
     res = cli("events", "--filter", "approval", "--no-follow")
     assert "→ PROMPT" in res.stdout and "approve?" not in res.stdout
     assert store.status(p.approval_id) == "pending"
+
+
+def test_emit_many_writes_what_emit_would(cli: Any) -> None:
+    events.emit_many(
+        [
+            (
+                "mcp.decision",
+                {"session": "s", "method": "tools/call", "tool": "a", "decision": "auto_allow"},
+            ),
+            (
+                "mcp.decision",
+                {"session": "s", "method": "tools/call", "tool": "b", "decision": "deny"},
+            ),
+        ]
+    )
+    events.emit("mcp.decision", session="s", method="tools/call", tool="c", decision="prompt")
+    lines = [json.loads(x) for x in events_file().read_text().splitlines()]
+    assert [(e["type"], e["tool"]) for e in lines] == [
+        ("mcp.decision", "a"),
+        ("mcp.decision", "b"),
+        ("mcp.decision", "c"),
+    ]
+    assert all(set(e) == {"ts", "type", "session", "method", "tool", "decision"} for e in lines)
+    assert events.emit_many([]) == []
