@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -9,25 +10,59 @@ from collections.abc import Sequence
 import typer
 
 from linpodx import __version__
-from linpodx.cli import approvals, audit, containers, egress, mcp, sandbox, snapshot
 from linpodx.cli.common import new_app
 from linpodx.errors import EXIT_BUG, EXIT_USAGE, LinpodxError
 from linpodx.output import print_error
 
-app = new_app("Run an AI agent's CLI inside a rootless Podman sandbox. No daemon.")
-app.add_typer(sandbox.app, name="sandbox")
-app.add_typer(audit.app, name="audit")
-app.add_typer(mcp.app, name="mcp")
-app.add_typer(snapshot.app, name="snapshot")
-containers.register(app)
-approvals.register(app)
-egress.register(app)
+HELP = "Run an AI agent's CLI inside a rootless Podman sandbox. No daemon."
+
+# Command groups (typer sub-apps) and modules that add top-level commands, in help order.
+# They are imported only when their command is asked for: importing all of them costs several
+# hundred milliseconds (jsonschema, the MCP stack), which every `linpodx run` would pay.
+_GROUPS = {
+    "sandbox": "linpodx.cli.sandbox",
+    "audit": "linpodx.cli.audit",
+    "mcp": "linpodx.cli.mcp",
+    "snapshot": "linpodx.cli.snapshot",
+}
+_TOP_LEVEL = {
+    "linpodx.cli.containers": ("run", "ps", "start", "stop", "rm", "logs", "exec", "doctor"),
+    "linpodx.cli.approvals": ("events", "approve", "deny"),
+    "linpodx.cli.egress": ("_egress-guard",),
+}
 
 
-@app.command("version")
 def version_cmd() -> None:
     """Print the linpodx version."""
     typer.echo(f"linpodx {__version__}")
+
+
+def _root() -> None:
+    pass
+
+
+def build_app(command: str | None = None) -> typer.Typer:
+    """The CLI app; with `command`, only the module that provides it is loaded.
+
+    An unknown or missing command loads everything, so help and "No such command" are complete.
+    """
+    app = new_app(HELP)
+    # A callback keeps typer in group mode even when only one command is registered (otherwise
+    # `linpodx version` would be parsed as `version` being an argument of the sole command).
+    app.callback()(_root)
+    known = (
+        command == "version"
+        or command in _GROUPS
+        or any(command in names for names in _TOP_LEVEL.values())
+    )
+    for module, names in _TOP_LEVEL.items():
+        if not known or command in names:
+            importlib.import_module(module).register(app)
+    for name, module in _GROUPS.items():
+        if not known or command == name:
+            app.add_typer(importlib.import_module(module).app, name=name)
+    app.command("version")(version_cmd)
+    return app
 
 
 def _kind(exc: BaseException) -> set[str]:
@@ -42,7 +77,9 @@ def _kind(exc: BaseException) -> set[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code. Expected failures never print a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args and not args[0].startswith("-") else None
     try:
+        app = build_app(command)
         rv = app(args=args, prog_name="linpodx", standalone_mode=False)
     except LinpodxError as exc:
         print_error(exc)

@@ -179,3 +179,22 @@ def test_ensure_dir_makes_every_missing_parent_private(tmp_path) -> None:  # typ
     ensure_dir(target)
     for d in (tmp_path / "a", tmp_path / "a" / "b", target):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_cli_loads_only_the_module_of_the_command() -> None:
+    """`linpodx ps` must not pay for importing the MCP stack or the profile schema machinery."""
+    import subprocess
+    import sys
+
+    mods = (
+        "linpodx.cli.sandbox",
+        "linpodx.cli.mcp",
+        "linpodx.cli.approvals",
+        "linpodx.cli.containers",
+    )
+    code = (
+        "import sys; from linpodx.cli.main import build_app; build_app('ps'); "
+        f"print(sorted(m for m in {mods} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['linpodx.cli.containers']"
