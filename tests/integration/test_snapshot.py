@@ -155,8 +155,12 @@ def cleanup(name: str, tmp_path: Path) -> None:
         if line.startswith(name):
             podman("rm", "-f", "-t", "0", line, check=False)
     prefix = f"localhost/linpodx/snapshot/{name}:"
-    for ref in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
-        if ref.startswith(prefix):
+    for _ in range(3):  # podman may still hold a lock from the container just removed
+        refs = [r for r in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+                if r.startswith(prefix)]
+        if not refs:
+            break
+        for ref in refs:
             podman("rmi", "-f", ref, check=False)
     if os.geteuid() != 0:
         podman("unshare", "rm", "-rf", str(tmp_path / "work"), check=False)
