@@ -183,16 +183,31 @@ def wait_external_pasta(pid: int, pidfile: Path, timeout: float = 15.0) -> Helpe
 
 
 def external_pasta_argv(pid: int, pidfile: Path, userns_pid: int) -> list[str]:
-    """pasta for rootless, run by the CLI as the plain user.
+    """Rootless pasta, run by the CLI as the plain user under the pasta keeper (which stops it
+    when the guard or the container ends and writes its pid to `pidfile`).
 
-    It joins the rootless user namespace (the guard's, `userns_pid`), not the container's: with
-    `--userns keep-id` the container has a nested user namespace that a process outside the
-    rootless one may not join, while the rootless namespace's root may enter every netns below.
+    pasta joins the rootless user namespace (the guard's, `userns_pid`), not the container's:
+    with `--userns keep-id` the container has a nested user namespace that a process outside
+    the rootless one may not join, while the rootless namespace's root may enter every netns
+    below it.
     """
+    import sys
+
     binary = proc.which("pasta") or "pasta"
     argv = pasta_argv(binary, pid)
-    # No -f: pasta writes its pid file when it goes to the background.
-    return [argv[0], "--userns", f"/proc/{userns_pid}/ns/user", "-P", str(pidfile), *argv[1:]]
+    pasta = [argv[0], "-f", "--userns", f"/proc/{userns_pid}/ns/user", *argv[1:]]
+    keeper = [sys.executable, "-m", "linpodx.egress.pastakeeper"]
+    return [
+        *keeper,
+        "--guard-pid",
+        str(userns_pid),
+        "--container-pid",
+        str(pid),
+        "--pidfile",
+        str(pidfile),
+        "--",
+        *pasta,
+    ]
 
 
 def choose_helper(preferred: str | None = None) -> str:

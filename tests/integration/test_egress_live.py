@@ -670,3 +670,18 @@ def test_cli_run_ps_events_stop_start_rm(
     assert removed.returncode == 0, removed.stderr
     assert wait_for(lambda: not Path(f"/proc/{gpid}").exists())
     assert guard.status(name) == "none"
+
+
+def test_killed_guard_takes_the_network_with_it(servers: Servers, container: str) -> None:
+    """kill -9 of the guard: the helper ends too (slirp4netns through its exit fd, pasta
+    through its keeper), so the container is left without network, never unfiltered."""
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    bring_up(container, st)
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+    info = json.loads(EgressState(container).guard_file.read_text())
+    os.kill(info["guard_pid"], 9)
+    assert wait_for(lambda: not Path(f"/proc/{info['helper_pid']}").exists())
+    assert guard.status(container) == "down"
+    assert wait_for(lambda: links(container) == ["lo"])
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
