@@ -48,7 +48,7 @@ def run(
     *,
     check: bool = True,
     timeout: float | None = DEFAULT_TIMEOUT,
-    input: str | bytes | None = None,  # noqa: A002 - mirrors subprocess.run
+    input: str | bytes | None = None,
     env: Mapping[str, str] | None = None,
     what: str | None = None,
     hint: str | None = None,
