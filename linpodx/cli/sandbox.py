@@ -12,7 +12,7 @@ import typer
 from ruamel.yaml import YAML
 
 from linpodx.cli.common import JsonOpt, new_app, run_command
-from linpodx.errors import UsageError
+from linpodx.errors import LinpodxError, UsageError
 from linpodx.ids import is_id
 from linpodx.output import kv_line, note, safe_text
 from linpodx.profile import store
@@ -61,6 +61,25 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
     run_command("sandbox validate", json_mode, run, render)
 
 
+def _push_egress(result: dict[str, Any]) -> list[str]:
+    """A changed allowlist takes effect in running containers of the profile at once.
+
+    The new revision is already stored (and audited) when this runs; if a guard does not take
+    it, say exactly that instead of pretending the apply failed.
+    """
+    from linpodx.egress import guard
+
+    stored = store.get(result["name"])
+    try:
+        return guard.update_profile(stored)
+    except LinpodxError as exc:
+        raise type(exc)(
+            f"profile {result['name']} was applied as revision {result['revision']} "
+            f"({result['profile_id']}), but running containers did not take it: {exc.message}",
+            exc.hint,
+        ) from exc
+
+
 @app.command("apply")
 def apply_cmd(
     profile: Annotated[
@@ -74,7 +93,9 @@ def apply_cmd(
     """
 
     def run() -> dict[str, Any]:
-        return store.apply(profile).to_dict()
+        result = store.apply(profile).to_dict()
+        result["egress_updated"] = _push_egress(result) if result["changed"] else []
+        return result
 
     def render(r: dict[str, Any]) -> None:
         lines = [
@@ -83,6 +104,8 @@ def apply_cmd(
             kv_line("revision", r["revision"]),
             kv_line("changed", r["changed"]),
         ]
+        if r["egress_updated"]:
+            lines.append(kv_line("egress_updated", ", ".join(r["egress_updated"])))
         sys.stdout.write("".join(line + "\n" for line in lines))
         sys.stdout.flush()
         if not r["changed"]:

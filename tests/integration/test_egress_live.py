@@ -648,6 +648,17 @@ def test_cli_run_ps_events_stop_start_rm(
         ev = run_linpodx("events", "--no-follow", "--filter", "dns")
         assert "dns lookup denied for github.qkg1.top" in ev.stdout
 
+        # The troubleshooting step: add the host to the profile, re-apply, it gets through
+        # without a restart (and `sandbox apply` says which containers took it).
+        assert resolves(name, "second.test").returncode != 0
+        prof.write_text(prof.read_text().replace("[allowed.test]", "[allowed.test, second.test]"))
+        reapplied = run_linpodx("sandbox", "apply", "--profile", str(prof))
+        assert reapplied.returncode == 0, reapplied.stderr
+        assert "revision: 2" in reapplied.stdout
+        assert f"egress_updated: {name}" in reapplied.stdout
+        assert resolves(name, "second.test").returncode == 0
+        assert curl(name, f"http://second.test:{servers.http_port}/").stdout == BODY.decode()
+
         assert run_linpodx("stop", name).returncode == 0
         ps = run_linpodx("ps", "--all")
         row = [line for line in ps.stdout.splitlines() if line.startswith(name)]
