@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -304,6 +306,10 @@ def _cleanup(name: str, why: LinpodxError, *, remove_spec: bool, guard_too: bool
     return why
 
 
+def _pid_alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
 def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = None) -> None:
     """(guard.prepare) -> init -> guard attach (when the profile has an allowlist) -> start
     (unless `start` is False, when the caller starts it attached to a terminal).
@@ -319,16 +325,25 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
                 f"the egress guard's resolv.conf moved ({got}); the container mounts {resolv}",
                 f"recreate the container (`linpodx rm {name}` then `linpodx run`)",
             )
-        engine.init(name)
-        pid = engine.container_pid(name)
-        try:
-            guard.attach(name, pid, ref)
-        except LinpodxError:
-            raise
-        except Exception as exc:  # any guard failure means: do not start
-            raise EngineError(
-                f"egress guard failed: {type(exc).__name__}: {exc}", "see `linpodx doctor`"
-            ) from exc
+        # podman 4.3: right after a stop, the previous run's late exit cleanup can undo a fresh
+        # `podman init` (seen about 1 in 6 quick stop/start cycles here); the guard then finds
+        # the container's process gone and fails closed. One more init after a pause is safe:
+        # nothing has run yet, and a second failure is reported as it is.
+        for attempt in (1, 2):
+            engine.init(name)
+            pid = engine.container_pid(name)
+            try:
+                guard.attach(name, pid, ref)
+                break
+            except Exception as exc:  # any guard failure means: do not start
+                if attempt == 1 and pid > 0 and not _pid_alive(pid):
+                    time.sleep(1.0)
+                    continue
+                if isinstance(exc, LinpodxError):
+                    raise
+                raise EngineError(
+                    f"egress guard failed: {type(exc).__name__}: {exc}", "see `linpodx doctor`"
+                ) from exc
     if start:
         engine.start(name)
 

@@ -195,6 +195,7 @@ def test_guard_sequence_create_init_attach_start(
 def test_guard_failure_fails_closed(fake: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     guard = FakeGuard(fail_attach=True)
     monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers, "_pid_alive", lambda pid: True)
     spec = containers.make_spec(REQ, guarded_ref())
     with pytest.raises(EngineError) as ei:
         containers.create_and_start(spec, guarded_ref())
@@ -202,6 +203,29 @@ def test_guard_failure_fails_closed(fake: FakeEngine, monkeypatch: pytest.Monkey
     assert "start" not in fake.names()
     assert ("remove", "agent-1") in fake.calls
     assert "detach" in guard.calls
+    assert guard.calls.count("attach:42") == 1  # the process was alive: no second try
+
+
+def test_init_undone_by_podman_cleanup_is_retried_once(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """podman 4.3 can undo a fresh init right after a stop; one more init, then attach."""
+
+    class FlakyGuard(FakeGuard):
+        def attach(self, name: str, pid: int, stored: Any) -> None:
+            super().attach(name, pid, stored)
+            if self.calls.count(f"attach:{pid}") == 1:
+                raise RuntimeError(f"the container's process {pid} is gone")
+
+    guard = FlakyGuard(fail_attach=False)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers, "_pid_alive", lambda pid: False)
+    monkeypatch.setattr(containers.time, "sleep", lambda s: None)
+    spec = containers.make_spec(REQ, guarded_ref())
+    containers.create_and_start(spec, guarded_ref())
+    assert fake.names().count("init") == 2
+    assert guard.calls == ["prepare", "prepare", "attach:42", "attach:42"]
+    assert "start" in fake.names() and "remove" not in fake.names()
 
 
 def test_unmanaged_container_refused(fake: FakeEngine, cli: Any) -> None:
