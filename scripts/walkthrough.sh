@@ -16,9 +16,6 @@
 # its container and snapshot image at the end, keeps the state dir (printed) so you can run
 # `linpodx audit verify` yourself, and exits non-zero if any claim of the walk-through failed.
 #
-# While the demo runs it holds scripts/test.sh's lock (/run/lock/linpodx-test.lock), so a test run
-# started meanwhile waits instead of replacing the source copy the venv runs linpodx from.
-#
 # Environment: LINPODX_TEST_ROOT (default /opt/linpodx-test, where the venv lives).
 set -uo pipefail
 umask 022
@@ -45,27 +42,22 @@ main() {
     echo "walkthrough: preparing this machine (scripts/test.sh --prepare-only)"
     bash "$REPO/scripts/test.sh" --prepare-only ||
         die "preparing the machine failed" "see the messages above (scripts/test.sh --prepare-only)"
-    # The venv runs linpodx from test.sh's source copy: hold test.sh's lock while the demo runs
-    # so another test.sh run cannot replace that copy under it.
-    install -d -m 0755 /run/lock
-    exec 9>/run/lock/linpodx-test.lock
-    if ! flock -n 9; then
-        echo "walkthrough: a scripts/test.sh run holds /run/lock/linpodx-test.lock; waiting"
-        flock 9
-    fi
     [[ -x $VENV/bin/python ]] || die "no venv at $VENV after preparing" \
         "run scripts/test.sh --prepare-only and look at its python phase"
 
     echo "walkthrough: building the demo agent image"
-    bash "$REPO/examples/build-demo-image.sh" 9>&- ||
+    bash "$REPO/examples/build-demo-image.sh" ||
         die "the demo image could not be built" "see podman's messages above"
 
     demo_dir=$(mktemp -d /tmp/linpodx-walkthrough.XXXXXX)
     chmod 0700 "$demo_dir"
     echo "walkthrough: demo HOME and linpodx state under $demo_dir"
-    # env -i: nothing of the caller's environment (XDG dirs, LINPODX_* settings) leaks into the demo.
+    # env -i: nothing of the caller's environment (XDG dirs, LINPODX_* settings) leaks into the
+    # demo. PYTHONPATH: linpodx runs from this checkout (the venv supplies its dependencies), not
+    # from test.sh's source copy, which a later test.sh run may replace while the demo runs.
     env -i PATH="$VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 TERM="${TERM:-xterm}" \
-        "$VENV/bin/python" "$REPO/examples/walkthrough.py" --dir "$demo_dir" "$@" 9>&-
+        PYTHONPATH="$REPO" \
+        "$VENV/bin/python" "$REPO/examples/walkthrough.py" --dir "$demo_dir" "$@"
     rc=$?
     echo "walkthrough: demo files and linpodx state kept in $demo_dir (remove it when done)"
     exit "$rc"
