@@ -8,13 +8,13 @@ quotas are kept as a decimal string).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 SCHEMA_VERSION = 1
 
 
-class Decision(str, Enum):
+class Decision(StrEnum):
     """What the MCP gate does with a matching request."""
 
     AUTO_ALLOW = "auto_allow"
