@@ -113,6 +113,14 @@ def render(event: dict[str, Any]) -> list[str]:
             if x
         )
         return [f"{head} {what} → {_s(event.get('decision')).upper()}"]
+    if isinstance(event.get("message"), str):
+        # Events that carry their own sentence (`dns lookup denied for NAME`) read as one line.
+        where = event.get("container") or event.get("session")
+        parts = [f"[{_clock(event)}]", _s(where) if where else "", _s(event["message"])]
+        detail = [_s(event[k]) for k in ("qtype", "reason") if event.get(k)]
+        if detail:
+            parts.append(f"({', '.join(detail)})")
+        return [" ".join(p for p in parts if p)]
     rest = {k: v for k, v in event.items() if k not in ("ts", "type", "session")}
     body = safe_text(json.dumps(rest, ensure_ascii=False, separators=(",", ":")), PAYLOAD_CAP)
     return [f"[{_clock(event)}] {_s(etype)} {body}".rstrip()]

@@ -68,6 +68,23 @@ def test_render_pending_like_the_walkthrough_and_escaped() -> None:
     assert "\\x07" in lines[1] and "\\x0a" in lines[1]
 
 
+def test_render_dns_denial_as_one_sentence_escaped() -> None:
+    ev = {
+        "ts": "2026-11-30T05:00:00.000000Z",
+        "type": "dns.denied",
+        "container": "agent-1",
+        "name": "github.qkg1.top",
+        "qtype": "A",
+        "reason": "not in the allowlist",
+        "message": "dns lookup denied for github.qkg1.top",
+    }
+    (line,) = cli_approvals.render(ev)
+    expected = "] agent-1 dns lookup denied for github.qkg1.top (A, not in the allowlist)"
+    assert line.endswith(expected)
+    (hostile,) = cli_approvals.render({"type": "dns.denied", "message": "x\x1b]0;t\x07"})
+    assert "\x1b" not in hostile and "\x07" not in hostile
+
+
 def test_render_caps_payload() -> None:
     lines = cli_approvals.render({"type": "approval.pending", "payload": "x" * 50_000})
     assert len(lines[1]) < cli_approvals.PAYLOAD_CAP + 100
