@@ -158,8 +158,35 @@ def generate() -> str:
     return "\n".join(lines)
 
 
+README_BEGIN = (
+    "<!-- BEGIN profile-reference (generated: python -m linpodx.profile.reference --readme) -->"
+)
+README_END = "<!-- END profile-reference -->"
+
+
+def readme_block() -> str:
+    """The reference as it stands in README.md: without its title, headings one level down."""
+    body = generate().split("\n", 1)[1]
+    return body.replace("\n## ", "\n### ")
+
+
+def update_readme(text: str) -> str:
+    """README text with the block between the markers replaced by `readme_block()`."""
+    head, sep, rest = text.partition(README_BEGIN)
+    _, sep2, tail = rest.partition(README_END)
+    if not sep or not sep2:
+        raise ValueError("README.md lacks the profile-reference markers")
+    return f"{head}{README_BEGIN}\n{readme_block()}\n{README_END}{tail}"
+
+
 def main() -> int:
-    """Print the reference on stdout."""
+    """Print the reference on stdout; with `--readme`, refresh the copy in ./README.md."""
+    if sys.argv[1:] == ["--readme"]:
+        from pathlib import Path
+
+        readme = Path("README.md")
+        readme.write_text(update_readme(readme.read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
     sys.stdout.write(generate())
     return 0
 

@@ -243,3 +243,11 @@ def test_reference_names_every_property() -> None:
                 "`mcp_policy[].decision`", "`resources.nofile`", "`cap_add`", "`env`"):
         assert key in text
     assert "An empty list is allowed" in text
+
+
+def test_readme_reference_is_current() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert reference.update_readme(readme) == readme, (
+        "README.md's configuration reference is out of date; refresh it with: "
+        "python -m linpodx.profile.reference --readme"
+    )
