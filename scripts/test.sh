@@ -85,7 +85,7 @@ setup_phase() {
     shift
     banner "$name"
     t0=$(date +%s)
-    "$@"
+    "$@" 9>&-
     rc=$?
     if ((rc != 0)); then
         record "$name" FAIL "$(($(date +%s) - t0))" "exit $rc; later phases not run"
@@ -111,13 +111,17 @@ done
 [[ $(id -u) -eq 0 ]] || die "scripts/test.sh must run as root (it installs packages and runs the \
 suite as root and as a rootless user)" "run it as root: sudo bash scripts/test.sh"
 
-# Two runs at once would copy over each other's source tree and images.
+# Two runs at once would copy over each other's source tree and images. fd 9 holds the lock;
+# every child gets it closed (9>&-) so that nothing podman leaves running (its rootless pause
+# process, conmon) could keep the lock after this run ends.
 install -d -m 0755 /run/lock
 exec 9>/run/lock/linpodx-test.lock
 if ! flock -n 9; then
-    echo "test.sh: another scripts/test.sh run holds /run/lock/linpodx-test.lock; waiting"
+    echo "test.sh: another run holds /run/lock/linpodx-test.lock" \
+        "($(cat /run/lock/linpodx-test.owner 2>/dev/null || echo 'owner unknown')); waiting"
     flock 9
 fi
+echo "pid $$ from $REPO since $(date -u +%H:%M:%SZ)" >/run/lock/linpodx-test.owner
 
 # --- setup ----------------------------------------------------------------------------------
 setup_phase setup bash "$REPO/scripts/setup-host.sh"
@@ -232,7 +236,7 @@ banner "lint: ruff check"
 t0=$(date +%s)
 lint_paths=()
 for p in linpodx tests bench; do [[ -e $SRC/$p ]] && lint_paths+=("$p"); done
-(cd "$SRC" && "$VENV/bin/ruff" check --no-cache "${lint_paths[@]}")
+(cd "$SRC" && "$VENV/bin/ruff" check --no-cache "${lint_paths[@]}") 9>&-
 rc=$?
 if ((rc == 0)); then
     record lint ok "$(($(date +%s) - t0))" "ruff check ${lint_paths[*]}"
@@ -248,7 +252,7 @@ root_log=$LOGS/pytest-root.log
     cd "$SRC" &&
         PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" \
             "$VENV/bin/python" -m pytest -p no:cacheprovider tests "${EXTRA[@]}" </dev/null
-) 2>&1 | tee "$root_log"
+) 2>&1 9>&- | tee "$root_log"
 rc=${PIPESTATUS[0]}
 tail_line=$(pytest_tail "$root_log")
 case $rc in
@@ -283,7 +287,7 @@ if ((${#user_paths[@]} == 0)); then
 else
     runuser -u "$LINPODX_TEST_USER" -- env -i --chdir="$SRC" "${user_env[@]}" \
         "$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$basetemp" \
-        -m podman "${user_paths[@]}" "${EXTRA[@]}" </dev/null 2>&1 | tee "$user_log"
+        -m podman "${user_paths[@]}" "${EXTRA[@]}" </dev/null 2>&1 9>&- | tee "$user_log"
     rc=${PIPESTATUS[0]}
 fi
 tail_line=$(pytest_tail "$user_log")
