@@ -155,9 +155,14 @@ def cleanup(name: str, tmp_path: Path) -> None:
         if line.startswith(name):
             podman("rm", "-f", "-t", "0", line, check=False)
     prefix = f"localhost/linpodx/snapshot/{name}:"
-    for _ in range(3):  # podman may still hold a lock from the container just removed
-        refs = [r for r in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-                if r.startswith(prefix)]
+    for _ in range(5):  # podman may still hold a lock from the container just removed
+        # podman 4.3's `images` fails outright ("image not known") when another image is
+        # removed while it lists (a worker cleaning up its untagged commit): list again.
+        listed = podman("images", "--format", "{{.Repository}}:{{.Tag}}", check=False)
+        if listed.returncode != 0:
+            time.sleep(0.5)
+            continue
+        refs = [r for r in listed.stdout.split() if r.startswith(prefix)]
         if not refs:
             break
         for ref in refs:
