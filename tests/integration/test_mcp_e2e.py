@@ -68,7 +68,9 @@ async def _session(name: str, mode: str, errlog: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 def test_sdk_client_through_the_bridge(tmp_path: Path, unique_name: str, mode: str) -> None:
-    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, timeout=8)
+    # The window must outlast a `linpodx approve` process starting on a loaded CI machine (the
+    # approved call), and is then waited out once (the unanswered call).
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, timeout=15)
     errpath = tmp_path / "bridge.stderr"
     with open(errpath, "w") as errlog:
         out = asyncio.run(_session(unique_name, mode, errlog))
