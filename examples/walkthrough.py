@@ -52,7 +52,7 @@ SERVER_CMD = ["python3", "/opt/demo/server.py"]
 LABEL = "before-refactor"
 # Names the local stand-in upstream answers (with this machine's address). The first two are the
 # example profile's; the third is added by the derived profile to show a local name.
-SERVED = ("registry.npmjs.org", "crates.io", "demo-mirror.test")
+SERVED = ("registry.example.com", "crates.io", "demo-mirror.test")
 DENIED_NAME = "github.com"
 WINDOW = 30  # the profile's approval window: the real default
 
@@ -367,16 +367,16 @@ def step_egress(demo: Demo) -> None:
         f"  {demo.host_ip}, where an HTTP server started by this script listens on port "
         f"{demo.http_port}. It forwards nothing."
     )
-    res = demo.in_container("getent hosts registry.npmjs.org")
+    res = demo.in_container("getent hosts registry.example.com")
     demo.check(
-        "an allowlisted name resolves (registry.npmjs.org)",
+        "an allowlisted name resolves (registry.example.com)",
         res.returncode == 0 and demo.host_ip in res.stdout,
         f"exit {res.returncode}: {res.stdout.strip()} {res.stderr.strip()[:200]}",
     )
-    res = demo.in_container(f"curl -sS --max-time 15 http://registry.npmjs.org:{demo.http_port}/")
+    res = demo.in_container(f"curl -sS --max-time 15 http://registry.example.com:{demo.http_port}/")
     demo.check(
         "an HTTP fetch from an allowlisted name works",
-        res.returncode == 0 and "local stand-in for registry.npmjs.org" in res.stdout,
+        res.returncode == 0 and "local stand-in for registry.example.com" in res.stdout,
         f"exit {res.returncode}: {res.stdout.strip()[:200]} {res.stderr.strip()[:200]}",
     )
     say(f"Now a name that is not on the list ({DENIED_NAME}): linpodx's resolver refuses it")
@@ -395,7 +395,7 @@ def step_egress(demo: Demo) -> None:
     demo.check(
         f"the denial is local: the upstream was never asked for {DENIED_NAME}",
         all(name != DENIED_NAME for name, _ in demo.asked)
-        and any(name == "registry.npmjs.org" for name, _ in demo.asked),
+        and any(name == "registry.example.com" for name, _ in demo.asked),
         f"upstream saw {sorted(set(demo.asked))}",
     )
     res = demo.run("events", "--no-follow", "--filter", "dns")

@@ -145,7 +145,7 @@ def generate() -> str:
         "  - source: ${HOME}/demo-project",
         "    target: /workspace",
         "network:",
-        "  egress_dns_allowlist: [registry.npmjs.org, crates.io]",
+        "  egress_dns_allowlist: [registry.example.com, crates.io]",
         "mcp_policy:",
         "  - {method: tools/call, tool_name: read_file, decision: auto_allow}",
         "  - {method: tools/call, tool_name: write_file, decision: prompt}",

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 DEMO_IMAGE = os.environ.get("LINPODX_DEMO_IMAGE", "localhost/linpodx-demo/agent:latest")
 SERVER = ["python3", "/opt/demo/server.py"]
-SERVED = ("registry.npmjs.org", "crates.io", "demo-mirror.test")
+SERVED = ("registry.example.com", "crates.io", "demo-mirror.test")
 WINDOW = 10
 LABEL = "before-refactor"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -289,8 +289,8 @@ def test_walkthrough_steps_1_to_7(
         t0.expect("Read-only file system")
         t0.expect(r"rc=[1-9]")
         assert not (project / "x").exists()
-        t0.sendline(f"curl -sS --max-time 20 http://registry.npmjs.org:{internet.http_port}/")
-        t0.expect_exact("local stand-in for registry.npmjs.org")
+        t0.sendline(f"curl -sS --max-time 20 http://registry.example.com:{internet.http_port}/")
+        t0.expect_exact("local stand-in for registry.example.com")
         t0.sendline("getent hosts github.com; echo getent=$?")
         t0.expect(r"getent=2")
         assert "github.com" not in internet.asked  # refused locally, never forwarded

@@ -188,7 +188,7 @@ def test_list_show_rm(cli: Cli, demo: Path) -> None:
     doc = YAML(typ="safe", pure=True).load(shown.stdout)
     assert doc["name"] == "agent-readonly"
     assert doc["mounts"][0]["read_only"] is True
-    assert doc["network"]["egress_dns_allowlist"] == ["registry.npmjs.org", "crates.io"]
+    assert doc["network"]["egress_dns_allowlist"] == ["registry.example.com", "crates.io"]
     sj = one_json(cli("sandbox", "show", "agent-readonly", "--json").stdout)["result"]
     assert sj["profile_id"] == pid and sj["profile"]["mcp_policy"][0]["decision"] == "auto_allow"
     by_id = one_json(cli("sandbox", "show", pid, "--json").stdout)["result"]

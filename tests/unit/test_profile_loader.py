@@ -69,7 +69,7 @@ def test_example_profile_loads(home: Path) -> None:
     assert p.mounts[0].source == os.path.realpath(home / "demo-project")
     assert p.mounts[0].target == "/workspace"
     assert p.mounts[0].read_only is True
-    assert p.network.egress_dns_allowlist == ("registry.npmjs.org", "crates.io")
+    assert p.network.egress_dns_allowlist == ("registry.example.com", "crates.io")
     assert [(r.method, r.tool_name, r.decision) for r in p.mcp_policy] == [
         ("tools/call", "read_file", Decision.AUTO_ALLOW),
         ("tools/call", "write_file", Decision.PROMPT),
