@@ -593,6 +593,31 @@ def inspect(name: str) -> dict[str, Any]:
     return managed_info(name)
 
 
+def spec_from_record(
+    doc: dict[str, Any], ref: ProfileRef, *, image: str, name: str, hostname_of: str
+) -> CreateSpec:
+    """The create spec that brings back a recorded container (its run spec `doc`) under the
+    profile revision `ref`, from `image`, as `name`; the hostname stays the recorded one (or
+    the one `hostname_of` would get). Used by recreate and by snapshot rollback."""
+    return CreateSpec(
+        profile=ref.profile,
+        profile_name=ref.name,
+        profile_id=ref.profile_id,
+        revision=ref.revision,
+        audit_hash=ref.audit_hash,
+        image=image,
+        name=name,
+        hostname=doc.get("hostname") or _hostname(hostname_of),
+        command=tuple(str(c) for c in doc.get("command") or ()),
+        interactive=bool(doc.get("interactive")),
+        tty=bool(doc.get("tty")),
+        rm=False,
+        rootless=probe.rootless(),
+        resolv_conf=doc.get("resolv_conf"),
+        host=probe.host_limits(),
+    )
+
+
 def recreate(name: str, image: str) -> ContainerInfo:
     """Recreate NAME from IMAGE with the same name, profile revision, mounts, limits and egress
     (snapshot rollback). Safe order: create the new container under a temporary name first; only
@@ -610,25 +635,7 @@ def recreate(name: str, image: str) -> ContainerInfo:
         "container.recreate",
         {"name": name, "image": image, "profile_id": ref.profile_id, "revision": ref.revision},
     )
-    spec = CreateSpec(
-        profile=ref.profile,
-        profile_name=ref.name,
-        profile_id=ref.profile_id,
-        revision=ref.revision,
-        audit_hash=ref.audit_hash,
-        image=image,
-        name=tmp_new,
-        hostname=doc.get("hostname") or None,
-        command=tuple(str(c) for c in doc.get("command") or ()),
-        interactive=bool(doc.get("interactive")),
-        tty=bool(doc.get("tty")),
-        rm=False,
-        rootless=probe.rootless(),
-        resolv_conf=doc.get("resolv_conf"),
-        host=probe.host_limits(),
-    )
-    if spec.hostname is None:
-        spec = CreateSpec(**{**_fields(spec), "hostname": _hostname(name)})
+    spec = spec_from_record(doc, ref, image=image, name=tmp_new, hostname_of=name)
     new_id = engine.create(build_create_argv(spec))
     try:
         engine.create_home(tmp_new)

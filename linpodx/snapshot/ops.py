@@ -92,29 +92,10 @@ def create_from(name: str, image: str, profile_id: str, *, start: bool) -> str:
     must keep the original until the restored workspace and the new container are both in
     place.)
     """
-    from linpodx.podman import probe
-    from linpodx.podman.argv import CreateSpec, hostname_for
-
     mod = _containers()
     doc = mod.load_spec(name)
     ref = mod.profile_by_id(profile_id)
-    spec = CreateSpec(
-        profile=ref.profile,
-        profile_name=ref.name,
-        profile_id=ref.profile_id,
-        revision=ref.revision,
-        audit_hash=ref.audit_hash,
-        image=image,
-        name=name,
-        hostname=doc.get("hostname") or hostname_for(name),
-        command=tuple(str(c) for c in doc.get("command") or ()),
-        interactive=bool(doc.get("interactive")),
-        tty=bool(doc.get("tty")),
-        rm=False,
-        rootless=probe.rootless(),
-        resolv_conf=doc.get("resolv_conf"),
-        host=probe.host_limits(),
-    )
+    spec = mod.spec_from_record(doc, ref, image=image, name=name, hostname_of=name)
     info = mod.create_and_start(spec, ref, start=True)
     if not start:
         mod.stop(name, timeout=STOP_TIMEOUT_SECONDS)
