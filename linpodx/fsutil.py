@@ -19,8 +19,8 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE) -> None:
-    """Replace `path` with `data` all at once: temp file in the same dir, fsync, rename."""
+def _durable_temp(path: Path, data: bytes, mode: int) -> str:
+    """Write `data` to a new temp file beside `path` (same filesystem), fsynced; return its name."""
     ensure_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -29,6 +29,17 @@ def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE) -> None:
+    """Replace `path` with `data` all at once: temp file in the same dir, fsync, rename."""
+    tmp = _durable_temp(path, data, mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -43,14 +54,8 @@ def create_exclusive(path: Path, data: bytes, *, mode: int = FILE_MODE) -> bool:
     Used where "the first writer wins" (approval answers): the file appears complete or not at
     all, because we write a temp file and hard-link it into place (link fails if taken).
     """
-    ensure_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _durable_temp(path, data, mode)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
