@@ -7,7 +7,7 @@
 # user), copies this checkout to a place that user can read, makes a venv from Debian's python3
 # with the project and its test extras, builds and imports the test images
 # (scripts/build-images.sh), then runs:
-#     lint       ruff check linpodx tests bench
+#     lint       ruff check linpodx tests bench; mypy (strict, on linpodx/)
 #     root       pytest tests                                    (unit, integration, e2e)
 #     rootless   pytest -m podman tests/integration tests/e2e    (as the rootless test user)
 # Each step skips what is already in place (hashes, labels, stamps), so a re-run is fast.
@@ -35,6 +35,7 @@ SRC=$LINPODX_TEST_ROOT/src
 LOGS=$LINPODX_TEST_ROOT/logs
 # Pinned so a new ruff release cannot turn a green tree red overnight; bump on purpose.
 RUFF_SPEC="ruff==0.17.6"
+MYPY_SPEC="mypy==2.4.1"
 # Bump to force a venv rebuild when the way it is built changes.
 VENV_RECIPE=1
 
@@ -164,7 +165,7 @@ sync_src() {
 # dependencies are installed (importing mcp itself takes seconds on a loaded machine).
 VENV_CHECK='
 import importlib.metadata as m, linpodx
-for dist in ("linpodx", "pytest", "pexpect", "mcp", "ruff"):
+for dist in ("linpodx", "pytest", "pexpect", "mcp", "ruff", "mypy"):
     m.version(dist)
 '
 
@@ -187,7 +188,7 @@ keep = {
 }
 print(json.dumps(keep, sort_keys=True))
 PY
-        printf '%s\n%s\n%s\n' "$pyver" "$RUFF_SPEC" "$VENV_RECIPE"
+        printf '%s\n%s\n%s\n%s\n' "$pyver" "$RUFF_SPEC" "$MYPY_SPEC" "$VENV_RECIPE"
     ) | sha256sum | cut -d' ' -f1) || return 1
     have=$(cat "$VENV/.linpodx-stamp" 2>/dev/null || true)
     if [[ $have == "$want" ]] &&
@@ -203,10 +204,10 @@ PY
         /usr/bin/python3 -m venv "$VENV" || return 1
     fi
     rm -f -- "$VENV/.linpodx-stamp"
-    echo "test.sh: pip install -e $SRC[test] $RUFF_SPEC"
+    echo "test.sh: pip install -e $SRC[test] $RUFF_SPEC $MYPY_SPEC"
     # This machine's pip configuration may name local wheel dirs that do not exist; pip warns
     # once per package about them. Drop only those lines.
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$SRC[test]" "$RUFF_SPEC" \
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$SRC[test]" "$RUFF_SPEC" "$MYPY_SPEC" \
         </dev/null 2>&1 | grep -v -E "^WARNING: Location '[^']*' is ignored" >&2
     ((PIPESTATUS[0] == 0)) || return 1
     "$VENV/bin/python" -c "$VENV_CHECK" || return 1
@@ -238,10 +239,14 @@ lint_paths=()
 for p in linpodx tests bench; do [[ -e $SRC/$p ]] && lint_paths+=("$p"); done
 (cd "$SRC" && "$VENV/bin/ruff" check --no-cache "${lint_paths[@]}") 9>&-
 rc=$?
-if ((rc == 0)); then
-    record lint ok "$(($(date +%s) - t0))" "ruff check ${lint_paths[*]}"
+# mypy strict on the package (settings in pyproject.toml); no cache, so a stale one never hides
+# an error.
+(cd "$SRC" && "$VENV/bin/mypy" --cache-dir=/dev/null) 9>&-
+mrc=$?
+if ((rc == 0 && mrc == 0)); then
+    record lint ok "$(($(date +%s) - t0))" "ruff check ${lint_paths[*]}; mypy linpodx"
 else
-    record lint FAIL "$(($(date +%s) - t0))" "ruff exit $rc"
+    record lint FAIL "$(($(date +%s) - t0))" "ruff exit $rc, mypy exit $mrc"
 fi
 
 # --- pytest as root -------------------------------------------------------------------------
