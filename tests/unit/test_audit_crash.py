@@ -151,17 +151,50 @@ def test_unwritable_location_raises_audit_error(tmp_path: Path) -> None:
     assert exc.value.hint and "nothing was done" in exc.value.hint
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file modes; see the tmpfs test")
+READONLY_CHILD = textwrap.dedent(
+    """
+    import subprocess, sys
+    from pathlib import Path
+    from linpodx.audit.chain import Chain
+    from linpodx.errors import AuditError
+    d = Path(sys.argv[1])
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(d)], check=True)
+    try:
+        Chain(d / "a.jsonl").append("test.event", {})
+        print("appended")
+    except AuditError as exc:
+        print("refused", exc.message, sep="\t")
+    """
+)
+
+
 def test_read_only_file_raises_audit_error(tmp_path: Path) -> None:
-    path = tmp_path / "a.jsonl"
+    """A log that cannot be written refuses the append and stays as it was. Root ignores file
+    modes, so as root the log's directory is made read-only by a bind mount instead (in a
+    private mount namespace)."""
+    logs = tmp_path / "logs"
+    path = logs / "a.jsonl"
     Chain(path).append("test.event", {})
     before = path.read_bytes()
-    path.chmod(0o400)
-    try:
-        with pytest.raises(AuditError, match="Permission denied"):
-            Chain(path).append("test.event", {})
-    finally:
-        path.chmod(0o600)
+    if os.geteuid() == 0:
+        out = subprocess.run(
+            ["unshare", "--mount", sys.executable, "-c", READONLY_CHILD, str(logs)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("refused\tcould not record to the audit log")
+        assert "Read-only file system" in out.stdout
+    else:
+        path.chmod(0o400)
+        try:
+            with pytest.raises(AuditError, match="Permission denied"):
+                Chain(path).append("test.event", {})
+        finally:
+            path.chmod(0o600)
     assert path.read_bytes() == before
 
 
