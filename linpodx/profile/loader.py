@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import ipaddress
 import json
 import os
@@ -25,16 +26,8 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from importlib import resources
 from pathlib import Path
-from typing import Any
-
-# No type stubs for jsonschema are installed here; its two names are used in typed wrappers.
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
-from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped,unused-ignore]
-from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from typing import TYPE_CHECKING, Any
 
 from linpodx import paths
 from linpodx.errors import ProfileError
@@ -50,6 +43,13 @@ from linpodx.profile.model import (
     Profile,
     Resources,
 )
+
+# jsonschema and ruamel.yaml are imported where they are used: together they cost about 90 ms,
+# which `linpodx run` (it only reads a stored, already validated profile) should not pay.
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
+    from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped,unused-ignore]
+    from ruamel.yaml.nodes import MappingNode, Node, ScalarNode
 
 MAX_BYTES = 1024 * 1024
 """Largest profile file accepted (checked before parsing)."""
@@ -175,13 +175,24 @@ def _show(value: Any) -> str:
 @functools.cache
 def schema() -> dict[str, Any]:
     """The profile JSON Schema shipped as package data."""
-    text = resources.files("linpodx.profile").joinpath("schema.json").read_text("utf-8")
+    # Next to this module (package data). Not importlib.resources: importing it costs ~10 ms on
+    # every `linpodx run`, and linpodx is never run from a zip archive.
+    text = Path(__file__).with_name("schema.json").read_text("utf-8")
     doc: dict[str, Any] = json.loads(text)
     return doc
 
 
 @functools.cache
+def schema_digest() -> str:
+    """sha256 of the schema file: names the schema a stored revision was validated against."""
+    data = Path(__file__).with_name("schema.json").read_bytes()
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@functools.cache
 def _validator() -> Draft202012Validator:
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
+
     Draft202012Validator.check_schema(schema())
     return Draft202012Validator(schema())
 
@@ -301,6 +312,9 @@ def read_profile_text(path: Path, display: str | None = None) -> str:
 
 
 def _compose(text: str, col: _Collector) -> Node | None:
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
     # The safe (not round-trip) parser: we need positions, not comments, and it is faster.
     yaml = YAML(typ="safe", pure=True)
     try:
@@ -417,6 +431,8 @@ class _Converter:
                     pos=pos,
                 )
             return None
+        from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
         tag = str(node.tag)
         if tag not in _ALLOWED_TAGS:
             self.structural = True
@@ -437,6 +453,8 @@ class _Converter:
         return self.scalar(node, tag, path, pos)
 
     def mapping(self, node: MappingNode, path: KeyPath) -> dict[str, Any]:
+        from ruamel.yaml.nodes import ScalarNode
+
         out: dict[str, Any] = {}
         seen: dict[str, Pos] = {}
         for knode, vnode in node.value:
@@ -1101,15 +1119,18 @@ def _check_version(data: Any, col: _Collector) -> bool:
     return False
 
 
-def _validate(data: Any, col: _Collector, *, check_paths: bool) -> Profile | None:
+def _validate(
+    data: Any, col: _Collector, *, check_paths: bool, schema_pass: bool = True
+) -> Profile | None:
     if not isinstance(data, dict):
         col.add((), f"the top level must be a mapping of keys, got {_json_type(data)}",
                 "start the file with `name: my-profile`", pos=col.pos(()) or (1, 1))
         return None
     if not _check_version(data, col):
         return None
-    for err in _validator().iter_errors(data):
-        _schema_problem(err, col)
+    if schema_pass:
+        for err in _validator().iter_errors(data):
+            _schema_problem(err, col)
     sem = _Semantics(col)
     if check_paths:
         sem.run(data)
@@ -1156,11 +1177,23 @@ def load_file(path: Path | str, env: Mapping[str, str] | None = None) -> Profile
     return load_text(read_profile_text(p, str(path)), str(path), env)
 
 
-def profile_from_dict(data: Mapping[str, Any], origin: str = "<stored profile>") -> Profile:
-    """Rebuild a Profile from its normalized dict (`Profile.to_dict()`), checking it again."""
+def profile_from_dict(
+    data: Mapping[str, Any],
+    origin: str = "<stored profile>",
+    *,
+    validated_with: str | None = None,
+) -> Profile:
+    """Rebuild a Profile from its normalized dict (`Profile.to_dict()`), checking it again.
+
+    `validated_with` is the `schema_digest()` the dict already passed (recorded by the store at
+    apply time). When it names the current schema, the JSON Schema pass is not repeated: it
+    would give the same answer, and importing and building the validator costs ~0.1 s on every
+    `linpodx run`. The semantic checks (names, resolvers, capabilities, limits) always run.
+    """
     col = _Collector(origin)
     copy = json.loads(json.dumps(data))
-    profile = _validate(copy, col, check_paths=False)
+    fresh = validated_with is not None and validated_with == schema_digest()
+    profile = _validate(copy, col, check_paths=False, schema_pass=not fresh)
     if profile is None:
         raise col.error(f"stored profile {origin} is not valid")
     return profile

@@ -34,7 +34,7 @@ from linpodx.errors import AuditError, ChainBroken, InvalidInput, NotFound, Prof
 from linpodx.fsutil import atomic_write
 from linpodx.ids import is_id, new_id
 from linpodx.output import safe_text
-from linpodx.profile.loader import load_file, profile_from_dict, schema
+from linpodx.profile.loader import load_file, profile_from_dict, schema, schema_digest
 from linpodx.profile.model import Profile
 
 APPLY_HINT = "run `linpodx sandbox apply --profile FILE` to apply it (see `linpodx sandbox list`)"
@@ -187,7 +187,12 @@ def _pointer(name: str) -> dict[str, Any] | None:
 
 def _stored_from(doc: dict[str, Any], where: Path, current: bool) -> StoredProfile:
     try:
-        profile = profile_from_dict(doc["profile"], str(where))
+        validated = doc.get("schema_digest")
+        profile = profile_from_dict(
+            doc["profile"],
+            str(where),
+            validated_with=validated if isinstance(validated, str) else None,
+        )
         digest = str(doc["digest"])
         stored = StoredProfile(
             profile=profile,
@@ -200,7 +205,9 @@ def _stored_from(doc: dict[str, Any], where: Path, current: bool) -> StoredProfi
             source=str(doc.get("source", "")),
             current=current,
         )
-    except (KeyError, TypeError, ValueError, ProfileError):
+    except (KeyError, TypeError, ValueError, AttributeError, ProfileError):
+        # AttributeError too: without the schema pass (see profile_from_dict), a hand-edited
+        # file of the wrong shape can reach the semantic checks; it is refused all the same.
         raise ChainBroken(
             f"profile store file {where} is damaged",
             "re-apply the profile with `linpodx sandbox apply --profile FILE`",
@@ -266,6 +273,7 @@ def apply(path: Path | str) -> ApplyResult:
                 "audit_hash": audit_hash,
                 "applied_at": _now(),
                 "source": source,
+                "schema_digest": schema_digest(),
                 "profile": profile.to_dict(),
             },
         )

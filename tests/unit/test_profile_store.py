@@ -182,6 +182,53 @@ def test_tampered_revision_is_detected(tmp_path: Path) -> None:
         store.get_by_id(r.profile_id)
 
 
+def test_schema_pass_is_repeated_only_for_another_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from linpodx.profile import loader
+
+    r = store.apply(profile_file(tmp_path))
+    path = paths.profiles_dir() / "revisions" / f"{r.profile_id}.json"
+    doc = json.loads(path.read_text())
+    assert doc["schema_digest"] == loader.schema_digest()
+    passes: list[int] = []
+    real = loader._validator
+
+    def counted() -> Any:
+        passes.append(1)
+        return real()
+
+    monkeypatch.setattr(loader, "_validator", counted)
+    assert store.get("demo").profile_id == r.profile_id
+    assert passes == []  # validated against this very schema at apply time
+    for marker in ("sha256:" + "0" * 64, None):
+        if marker is None:
+            del doc["schema_digest"]  # a revision stored before the marker existed
+        else:
+            doc["schema_digest"] = marker
+        path.write_text(json.dumps(doc))
+        assert store.get("demo").profile_id == r.profile_id
+    assert passes == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("network", 5), ("mcp_policy", [5]), ("resources", "x"), ("cap_add", {"a": 1}),
+     ("mounts", [{"source": 1}]), ("name", None)],
+)  # fmt: skip
+def test_wrong_shape_revision_is_refused_without_the_schema_pass(
+    tmp_path: Path, field: str, value: Any
+) -> None:
+    # A hand-edited revision that still claims this schema's marker: no traceback, refused.
+    r = store.apply(profile_file(tmp_path))
+    path = paths.profiles_dir() / "revisions" / f"{r.profile_id}.json"
+    doc = json.loads(path.read_text())
+    doc["profile"][field] = value
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ChainBroken):
+        store.get("demo")
+
+
 def test_concurrent_applies_do_not_corrupt_the_store(tmp_path: Path) -> None:
     # Two processes, each applying its own version of the same profile 15 times: every apply
     # changes the content, so every one is a new revision. Numbers must come out 1..30 with no
