@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from linpodx.cli.common import JsonOpt, run_command
-from linpodx.errors import LinpodxError, UsageError
-from linpodx.output import envelope, print_error, print_json, print_kv
+from linpodx.errors import LinpodxError
+from linpodx.output import envelope, print_error, print_json
 
 NameArg = Annotated[str, typer.Argument(help="Container name.", show_default=False)]
 
@@ -50,11 +50,10 @@ def register(app: typer.Typer) -> None:
         json_mode: JsonOpt = False,
     ) -> None:
         """Run IMAGE in a hardened container under a profile: `linpodx run --image I -- CMD…`."""
-        from linpodx import containers
-        from linpodx.output import note
-        from linpodx.podman.argv import limit_notes
+        from linpodx.cli import runcmd
+        from linpodx.containers import RunRequest
 
-        req = containers.RunRequest(
+        req = RunRequest(
             image=image,
             name=name,
             profile=profile,
@@ -64,30 +63,7 @@ def register(app: typer.Typer) -> None:
             detach=detach,
             rm=rm,
         )
-        try:
-            if json_mode and not detach:
-                raise UsageError(
-                    "--json needs --detach", "the container's own output would follow on stdout"
-                )
-            info, spec = containers.run(req)
-        except LinpodxError as err:
-            raise _fail("run", json_mode, err) from None
-        for line in limit_notes(spec):
-            note(f"note: {line}")
-        result = {"container_id": info.container_id, "name": info.name, "state": info.state}
-        if json_mode:
-            print_json(envelope("run", {**result, **info.to_dict()}))
-            return
-        print_kv(result)  # flushed before the terminal is handed over
-        if detach:
-            return
-        try:
-            rc = containers.attached_start(info.name, interactive, remove_on_failure=not rm)
-        except LinpodxError as err:
-            raise _fail("run", json_mode, err) from None
-        if rm:
-            containers.forget(info.name)
-        raise typer.Exit(rc)
+        raise typer.Exit(runcmd.execute(req, json_mode))
 
     @app.command("ps")
     def ps_cmd(

@@ -6,13 +6,14 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-
-import typer
+from typing import TYPE_CHECKING
 
 from linpodx import __version__
-from linpodx.cli.common import new_app
 from linpodx.errors import EXIT_BUG, EXIT_USAGE, LinpodxError
 from linpodx.output import print_error
+
+if TYPE_CHECKING:
+    import typer
 
 HELP = "Run an AI agent's CLI inside a rootless Podman sandbox. No daemon."
 
@@ -34,7 +35,7 @@ _TOP_LEVEL = {
 
 def version_cmd() -> None:
     """Print the linpodx version."""
-    typer.echo(f"linpodx {__version__}")
+    print(f"linpodx {__version__}")
 
 
 def _root() -> None:
@@ -46,6 +47,8 @@ def build_app(command: str | None = None) -> typer.Typer:
 
     An unknown or missing command loads everything, so help and "No such command" are complete.
     """
+    from linpodx.cli.common import new_app
+
     app = new_app(HELP)
     # A callback keeps typer in group mode even when only one command is registered (otherwise
     # `linpodx version` would be parsed as `version` being an argument of the sole command).
@@ -79,6 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args and not args[0].startswith("-") else None
     try:
+        if command == "run":
+            # typer costs ~0.2 s of start-up; the plain forms of `run` skip it (see runcmd).
+            from linpodx.cli import runcmd
+
+            req = runcmd.parse(args[1:])
+            if req is not None:
+                return runcmd.execute(req)
         app = build_app(command)
         rv = app(args=args, prog_name="linpodx", standalone_mode=False)
     except LinpodxError as exc:
