@@ -17,6 +17,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,13 @@ from linpodx.errors import (
     NotFound,
 )
 from linpodx.fsutil import atomic_write
-from linpodx.paths import containers_dir
+from linpodx.paths import containers_dir, ensure_dir
 from linpodx.podman import engine, probe
 from linpodx.podman.argv import (
     MANAGED_LABEL,
     CreateSpec,
     build_create_argv,
+    build_run_argv,
     validate_image,
     validate_name,
 )
@@ -348,24 +350,26 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
         engine.start(name)
 
 
+def _run_record(spec: CreateSpec, ref: ProfileRef) -> dict[str, Any]:
+    """The `container.run` audit record of a new container."""
+    return {
+        "name": spec.name,
+        "image": spec.image,
+        "profile": ref.name,
+        "profile_id": ref.profile_id,
+        "revision": ref.revision,
+        "audit_hash": ref.audit_hash,
+        "command": list(spec.command),
+        "interactive": spec.interactive,
+        "tty": spec.tty,
+        "rm": spec.rm,
+    }
+
+
 def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -> ContainerInfo:
     """Create a hardened container for `spec` and start it (or leave it ready for an attached
     start when `start` is False). Audited first; nothing is left behind on failure."""
-    audit(
-        "container.run",
-        {
-            "name": spec.name,
-            "image": spec.image,
-            "profile": ref.name,
-            "profile_id": ref.profile_id,
-            "revision": ref.revision,
-            "audit_hash": ref.audit_hash,
-            "command": list(spec.command),
-            "interactive": spec.interactive,
-            "tty": spec.tty,
-            "rm": spec.rm,
-        },
-    )
+    audit("container.run", _run_record(spec, ref))
     guarded = needs_guard(ref)
     if guarded:
         # prepare() writes the guard's files under this name: if the name is taken, those belong
@@ -418,6 +422,74 @@ def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
     spec = make_spec(req, ref)
     info = create_and_start(spec, ref, start=req.detach)
     return info, spec
+
+
+Announce = Callable[[ContainerInfo, CreateSpec], None]
+
+
+def one_call(spec: CreateSpec, ref: ProfileRef) -> bool:
+    """Whether a foreground run can be one `podman run`: nothing has to happen between create
+    and start (no egress guard to attach, no `$HOME` to create: --rm has a tmpfs one) and no
+    TTY (the id is printed while podman already runs; on a terminal in raw mode it would not
+    be a clean line)."""
+    return spec.rm and not spec.tty and not needs_guard(ref)
+
+
+def run_foreground(req: RunRequest, announce: Announce) -> int:
+    """`linpodx run` without --detach: create, `announce` the container, run it attached to this
+    terminal and return its exit status. Unguarded --rm runs without a TTY take one
+    `podman run` (`one_call`); the others create, announce, then `podman start --attach`."""
+    ref = resolve_profile(req.profile)
+    spec = make_spec(req, ref)
+    if one_call(spec, ref):
+        return _run_once(spec, ref, announce)
+    info = create_and_start(spec, ref, start=False)
+    announce(info, spec)
+    rc = attached_start(info.name, req.interactive, remove_on_failure=not req.rm)
+    if req.rm:
+        forget(info.name)
+    return rc
+
+
+def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
+    """Audit, then one `podman run --rm --cidfile`: once the id is known, the run spec is saved
+    and the container announced before any of its output is passed on."""
+    audit("container.run", _run_record(spec, ref))
+    where = spec_dir(spec.name)
+    made = not where.exists()
+    # The id file is named for this run: if the name is taken, podman refuses before writing
+    # it, and the other container's spec dir is left as it was.
+    cidfile = ensure_dir(where) / f"cid-{uuid.uuid4().hex[:12]}"
+
+    def created(container_id: str) -> None:
+        save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
+        _emit(
+            "container.start",
+            name=spec.name, profile=ref.name, revision=ref.revision, image=spec.image,
+        )  # fmt: skip
+        info = ContainerInfo(spec.name, container_id, "running", ref.name, ref.revision,
+                             spec.image)  # fmt: skip
+        announce(info, spec)
+
+    try:
+        rc = engine.run_announced(build_run_argv(spec, str(cidfile)), cidfile, created)
+    except BaseException as exc:
+        ours = cidfile.exists()  # podman created the container: remove it and its spec
+        cidfile.unlink(missing_ok=True)
+        if ours and isinstance(exc, LinpodxError):
+            raise _cleanup(spec.name, exc, remove_spec=True, guard_too=False) from None
+        if ours:
+            engine.remove_quietly(spec.name)
+            _remove_spec(spec.name)
+        elif made:
+            with contextlib.suppress(OSError):
+                where.rmdir()
+        raise
+    if rc < 0:
+        forget(spec.name)  # podman itself was killed: the container may still be there
+    else:
+        _remove_spec(spec.name)  # podman run --rm removed it before returning
+    return rc
 
 
 def attached_start(name: str, interactive: bool, remove_on_failure: bool) -> int:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from linpodx import proc
@@ -271,6 +273,133 @@ def run_inherited(argv: Sequence[str]) -> int:
         return child.wait()
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+HELD_STDERR_MAX = 1024 * 1024
+"""Bytes of stderr `run_announced` holds back before the container's id is announced; past it,
+the reader waits (the pipe fills and the writer blocks), so memory stays bounded."""
+CID_POLL_SECONDS = 0.002
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_cid(cidfile: Path) -> str | None:
+    try:
+        cid = cidfile.read_text("ascii").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    # podman writes the file after creating the container; a half-written id is not an id yet.
+    return cid if len(cid) == 64 and all(c in "0123456789abcdef" for c in cid) else None
+
+
+def run_announced(run_argv: Sequence[str], cidfile: Path, on_created: Callable[[str], None]) -> int:
+    """`podman run` (argv from `argv.build_run_argv`) in the foreground, with `on_created(id)`
+    called once the container exists and before any of its output is passed on.
+
+    The container's stdout and stderr reach ours through two pipes, held back until
+    `on_created` has run, so what linpodx prints about the container comes first. stdin is
+    inherited (this path is never used with a TTY). If podman exits without creating the
+    container, nothing of its stderr was shown: it becomes the EngineError, with a hint, as for
+    `podman create`. If `on_created` raises, podman (and with it the container) is ended and the
+    error passes on; the caller removes what is left. Otherwise returns podman's exit status (the
+    container's, or 125-127 when podman could not start it). SIGINT is ignored while waiting, as
+    in `run_inherited`.
+    """
+    import signal
+    import subprocess
+    import threading
+
+    argv = (podman_bin(), *run_argv)
+    try:
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except FileNotFoundError as exc:
+        raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=argv) from exc
+    out, err = child.stdout, child.stderr
+    if out is None or err is None:  # cannot happen with PIPE; keeps the types honest
+        child.kill()
+        raise EngineError("podman run: no output pipes", argv=argv)
+    out_fd, err_fd = out.fileno(), err.fileno()
+    released = threading.Event()
+    lock = threading.Lock()
+    held = bytearray()
+
+    def pump_out() -> None:
+        while chunk := os.read(out_fd, 65536):
+            released.wait()
+            _write_all(1, chunk)
+
+    def pump_err() -> None:
+        while chunk := os.read(err_fd, 65536):
+            with lock:
+                if not released.is_set():
+                    held.extend(chunk)
+                    full = len(held) >= HELD_STDERR_MAX
+                    chunk = b""
+            if chunk:
+                _write_all(2, chunk)
+            elif full:
+                released.wait()
+
+    def release(show: bool) -> bytes:
+        """Let the pumps pass output on; what stderr held so far is shown first (under the
+        lock, so nothing overtakes it) or handed back."""
+        with lock:
+            released.set()
+            said = bytes(held)
+            held.clear()
+            if show:
+                _write_all(2, said)
+        return said
+
+    pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
+    for t in pumps:
+        t.start()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        cid = None
+        while cid is None and child.poll() is None:
+            time.sleep(CID_POLL_SECONDS)
+            cid = _read_cid(cidfile)
+        cid = cid or _read_cid(cidfile)
+        if cid is None:
+            rc = child.wait()
+            for t in pumps:
+                t.join()
+            stderr = release(show=False).decode("utf-8", "replace")
+            default = "see podman's message above; `linpodx doctor` checks the host"
+            raise EngineError(
+                f"podman run failed (exit {rc})",
+                classify_hint(stderr, default),
+                argv=argv,
+                returncode=rc,
+                stderr=stderr,
+            )
+        try:
+            on_created(cid)
+        except BaseException:
+            # Whatever linpodx could not do for it (record its spec, say its id), the container
+            # must not run on without it: end podman (its --sig-proxy ends the container).
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
+        finally:
+            release(show=True)
+        rc = child.wait()
+        for t in pumps:
+            t.join()
+        return rc
+    finally:
+        signal.signal(signal.SIGINT, old)
+        out.close()
+        err.close()
 
 
 def stream_lines(argv: Sequence[str], sink: Any) -> int:

@@ -1,0 +1,197 @@
+"""`linpodx run` without typer (linpodx.cli.runcmd) and the one-`podman run` path.
+
+What these pin: for every form the fast parser accepts, typer builds the very same request (so
+the two can never disagree); every other form goes to typer; the fast path really leaves typer
+and jsonschema unimported; and a foreground --rm run without a TTY is audited first, then one
+`podman run`, and on failure removes only what it created.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from linpodx import containers
+from linpodx.cli import main as cli_main
+from linpodx.cli import runcmd
+from linpodx.errors import EngineError
+from linpodx.paths import audit_dir, containers_dir
+from linpodx.podman import engine
+
+ACCEPTED = [
+    ["--image", "img:1"],
+    ["--image=img:1", "--rm", "--", "true"],
+    ["--rm", "--profile", "p", "--image", "img:1", "--name", "a-1", "--", "sh", "-c", "x y"],
+    ["-it", "--image", "img:1", "--name=a-1"],
+    ["-i", "-t", "-d", "--image", "img:1", "--", "--rm", "-x"],
+    ["--detach", "--interactive", "--tty", "--image", "img:1", "--"],
+    ["-dit", "--image", "img:1", "--profile=p", "--", "ls", "--", "-l"],
+    ["--image", "img=1"],
+]
+
+REJECTED = [
+    [],
+    ["--help"],
+    ["--image", "img:1", "--json", "-d"],
+    ["--image", "img:1", "true"],  # a command before `--`: typer's rules decide
+    ["--image", "img:1", "--image", "img:2"],
+    ["--image"],
+    ["--image="],
+    ["--image", "-x"],
+    ["--rm", "--rm", "--image", "img:1"],
+    ["-ii", "--image", "img:1"],
+    ["-x", "--image", "img:1"],
+    ["--name", "a", "--", "true"],  # no image
+    ["--im", "img:1"],
+]
+
+
+def typer_request(args: list[str], monkeypatch: pytest.MonkeyPatch) -> containers.RunRequest:
+    seen: list[containers.RunRequest] = []
+
+    def capture(req: containers.RunRequest, json_mode: bool = False) -> int:
+        seen.append(req)
+        return 0
+
+    monkeypatch.setattr(runcmd, "execute", capture)
+    app = cli_main.build_app("run")
+    rc = app(args=["run", *args], prog_name="linpodx", standalone_mode=False)
+    assert rc == 0 and len(seen) == 1
+    return seen[0]
+
+
+@pytest.mark.parametrize("args", ACCEPTED, ids=" ".join)
+def test_fast_parser_agrees_with_typer(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = runcmd.parse(args)
+    assert fast is not None
+    assert fast == typer_request(args, monkeypatch)
+
+
+@pytest.mark.parametrize("args", REJECTED, ids=lambda a: " ".join(a) or "(nothing)")
+def test_other_forms_go_to_typer(args: list[str]) -> None:
+    assert runcmd.parse(args) is None
+
+
+def test_rejected_forms_still_get_typers_answer(cli: Any) -> None:
+    res = cli("run", "--image", "img:1", "--image", "img:2", "--json")
+    assert res.exit_code == 2 and "error:" in res.stderr and "--detach" in res.stderr
+    res = cli("run", "--help")
+    assert res.exit_code == 0 and "--interactive" in res.stdout
+
+
+def test_fast_path_imports_neither_typer_nor_jsonschema(tmp_path: Path) -> None:
+    # Structural, not timed: the start-up cost of `run` is what these imports would add.
+    script = """
+import sys
+from linpodx import containers
+from linpodx.cli.main import main
+seen = []
+containers.run_foreground = lambda req, announce: seen.append(req) or 7
+rc = main(["run", "--rm", "--image", "img:1", "--", "true"])
+print(rc, len(seen), "typer" in sys.modules, "jsonschema" in sys.modules,
+      "ruamel.yaml" in sys.modules)
+"""
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert res.stdout.split() == ["7", "1", "False", "False", "False"]
+
+
+# --- the one-call path, with a fake engine -------------------------------------------------
+
+
+class FakeRun:
+    """Stands in for engine.run_announced: writes the id file like podman, or fails first."""
+
+    def __init__(self, *, create: bool = True, fail: EngineError | None = None, rc: int = 0):
+        self.create, self.fail, self.rc = create, fail, rc
+        self.argv: tuple[str, ...] = ()
+        self.removed: list[str] = []
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(engine, "run_announced", self.run)
+        mp.setattr(engine, "remove_quietly", lambda name: self.removed.append(name))
+        mp.setattr(engine, "exists", lambda name: False)
+        mp.setattr(engine, "create", self.forbidden)
+        mp.setattr(engine, "run_inherited", self.forbidden)
+
+    @staticmethod
+    def forbidden(*args: Any) -> Any:
+        raise AssertionError("the one-call path made a second podman call")
+
+    def run(self, argv: Any, cidfile: Path, on_created: Any) -> int:
+        self.argv = tuple(argv)
+        # Audited before podman is asked for anything.
+        assert (audit_dir() / "admin.jsonl").read_text().count('"container.run"') == 1
+        if self.create:
+            cidfile.write_text("ab" * 32)
+        if self.fail is not None:
+            raise self.fail
+        on_created("ab" * 32)
+        return self.rc
+
+
+REQ = containers.RunRequest(image="localhost/img:1", name="agent-1", command=("true",), rm=True)
+
+
+def test_rm_run_is_one_podman_run_announced_then_cleaned_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeRun(rc=3)
+    fake.install(monkeypatch)
+    announced: list[tuple[str, bool]] = []
+
+    def announce(info: containers.ContainerInfo, spec: Any) -> None:
+        spec_doc = json.loads(containers.spec_path("agent-1").read_text())
+        announced.append((info.container_id, spec_doc["container_id"] == info.container_id))
+
+    assert containers.run_foreground(REQ, announce) == 3
+    assert announced == [("ab" * 32, True)]  # the spec is saved before the id is announced
+    assert fake.argv[0] == "run" and fake.argv[1].startswith("--cidfile=")
+    assert "--rm" in fake.argv and "--name=agent-1" in fake.argv
+    assert not (containers_dir() / "agent-1").exists()
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        containers.RunRequest(image="localhost/img:1", name="a", rm=False),
+        containers.RunRequest(
+            image="localhost/img:1", name="a", rm=True, interactive=True, tty=True
+        ),
+    ],
+)
+def test_other_foreground_runs_keep_create_then_start(req: containers.RunRequest) -> None:
+    ref = containers.builtin_ref()
+    assert not containers.one_call(containers.make_spec(req, ref), ref)
+
+
+def test_podman_refusing_before_create_touches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The name belongs to another container with a spec of its own: both stay as they were.
+    other = containers_dir() / "agent-1"
+    other.mkdir(parents=True)
+    (other / "spec.json").write_text("{}")
+    fake = FakeRun(create=False, fail=EngineError("podman run failed (exit 125)"))
+    fake.install(monkeypatch)
+    with pytest.raises(EngineError):
+        containers.run_foreground(REQ, lambda info, spec: None)
+    assert fake.removed == []
+    assert sorted(p.name for p in other.iterdir()) == ["spec.json"]
+
+
+def test_failure_after_create_removes_the_container(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRun()
+    fake.install(monkeypatch)
+
+    def announce(info: containers.ContainerInfo, spec: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        containers.run_foreground(REQ, announce)
+    assert fake.removed == ["agent-1"]
+    assert not (containers_dir() / "agent-1").exists()
