@@ -14,9 +14,9 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -267,7 +267,7 @@ def _remove_spec(name: str) -> None:
 
 def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
     """The CreateSpec for a run request under a profile revision on this host."""
-    name = req.name or f"linpodx-{uuid.uuid4().hex[:8]}"
+    name = req.name or f"linpodx-{secrets.token_hex(4)}"
     validate_name(name)
     validate_image(req.image)
     if req.tty and not req.interactive and not req.detach:
@@ -459,7 +459,7 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
     made = not where.exists()
     # The id file is named for this run: if the name is taken, podman refuses before writing
     # it, and the other container's spec dir is left as it was.
-    cidfile = ensure_dir(where) / f"cid-{uuid.uuid4().hex[:12]}"
+    cidfile = ensure_dir(where) / f"cid-{secrets.token_hex(6)}"
 
     def created(container_id: str) -> None:
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
@@ -701,7 +701,7 @@ def recreate(name: str, image: str) -> ContainerInfo:
     doc = load_spec(name)
     ref = _ref_for(name, info)
     was_running = engine.state(info) == "running"
-    suffix = uuid.uuid4().hex[:6]
+    suffix = secrets.token_hex(3)
     tmp_new, tmp_old = f"{name[:48]}-lpxnew-{suffix}", f"{name[:48]}-lpxold-{suffix}"
     audit(
         "container.recreate",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -83,6 +82,8 @@ def create(create_argv: Sequence[str]) -> str:
 def home_tar() -> bytes:
     """A tar holding just the `$HOME` directory entry (0700). `podman cp` (archive mode) chowns
     what it copies to the container's main user, so the agent owns its home."""
+    import tarfile  # only for containers that keep their $HOME; not on every run
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo(HOME_DIR.lstrip("/"))

@@ -13,10 +13,8 @@ again), so a "billion laughs" file costs nothing before we refuse its first anch
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
-import ipaddress
 import json
 import os
 import posixpath
@@ -25,7 +23,6 @@ import re
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +41,9 @@ from linpodx.profile.model import (
     Resources,
 )
 
-# jsonschema and ruamel.yaml are imported where they are used: together they cost about 90 ms,
-# which `linpodx run` (it only reads a stored, already validated profile) should not pay.
+# jsonschema and ruamel.yaml (and the small difflib, decimal, ipaddress) are imported where they
+# are used: together they cost about 100 ms, which `linpodx run` (it only reads a stored, already
+# validated profile) should not pay.
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
     from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped,unused-ignore]
@@ -599,6 +597,8 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
     if v == "additionalProperties" and isinstance(err.instance, dict):
         allowed = sorted(sch.get("properties", {}))
         for extra in sorted(set(err.instance) - set(allowed)):
+            import difflib
+
             close = difflib.get_close_matches(extra, allowed, n=1)
             hint = f"did you mean `{close[0]}`? " if close else ""
             col.add(
@@ -820,6 +820,8 @@ def check_mount_target(target: str) -> tuple[str | None, str | None]:
 
 def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
     """(normalized, problem) for an allowlist entry."""
+    import ipaddress
+
     name = raw.lower()
     if name.endswith(".") and not name.endswith(".."):
         name = name[:-1]
@@ -865,6 +867,8 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
 
 def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     """(normalized `IP` / `IP:PORT` / `[V6]:PORT`, problem)."""
+    import ipaddress
+
     host, port = raw, None
     m = re.fullmatch(r"\[([^\]]+)\](?::([0-9]{1,5}))?", raw)
     if m:
@@ -893,6 +897,8 @@ def _memory_bytes(value: str) -> int:
 
 
 def _cpus(value: Any) -> tuple[str | None, str | None]:
+    from decimal import Decimal, InvalidOperation
+
     if isinstance(value, bool):
         return None, "expected a number"
     try:
