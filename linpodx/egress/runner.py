@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from linpodx.egress import netns, ruleset
+from linpodx.egress import netns, nfsets, ruleset
 from linpodx.egress.denials import DenialRecorder, default_sink
 from linpodx.egress.policy import Allowlist, upstreams
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, serve_tcp, serve_udp
@@ -127,31 +127,13 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         if not policy.upstreams:
             raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
 
-        nft: netns.NftSession | None = None
-
-        def nft_run(text: str) -> None:
-            if nft is not None:
-                nft.apply(text)
-            else:
-                netns.nft_apply(pid, text)
-
-        def add(entries: list[tuple[Any, int]]) -> None:
-            nft_run(ruleset.build_add_elements(entries))
-
-        def delete(addrs: list[Any]) -> None:
-            nft_run(ruleset.build_delete_elements(addrs))
-
-        resolver = PolicyResolver(
-            policy, add_to_sets=add, delete_from_sets=delete, on_denied=recorder.deny
-        )
         log.info("loading the nft filter into the netns of pid %s", pid)
-        try:
-            nft = netns.NftSession(pid)
-        except Exception as exc:
-            # Slower but equivalent: each load runs `nsenter … nft -f -`.
-            log.warning("libnftables unavailable (%s); using the nft program", exc)
         # Filter first: from here on nothing leaves the netns except to set members.
-        nft_run(ruleset.build_ruleset())
+        netns.load_ruleset(pid, ruleset.build_ruleset())
+        sets = nfsets.NftSets(netns.netns_path(pid))
+        resolver = PolicyResolver(
+            policy, add_to_sets=sets.add, delete_from_sets=sets.delete, on_denied=recorder.deny
+        )
         log.info("binding the policy resolver")
         udp, tcp = netns.bind_resolver_sockets(pid)
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
