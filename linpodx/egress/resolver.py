@@ -1,11 +1,12 @@
 """The policy resolver: the container's only DNS server.
 
 Every query is parsed, judged and re-built: nothing the container sends is forwarded as raw
-bytes. Plain queries (what stub resolvers send) go through the strict codec in `wire`;
-anything it does not understand is parsed by dnspython (a maintained library for the odd
-cases), which answers errors and denials itself. Allowed names are asked upstream with a fresh
-query; the addresses in the answer are pushed into the nft sets BEFORE the answer is sent, so
-a client never holds an address it cannot reach, and an answer is never sent if that fails.
+bytes. Plain queries for allowed names (what stub resolvers send) go through the strict codec
+in `wire`; everything else is judged by `fallback`, through dnspython (a maintained library
+for the odd cases), which answers errors and denials itself. Allowed names are asked upstream
+with a fresh query; the addresses in the answer are pushed into the nft sets BEFORE the answer
+is sent, so a client never holds an address it cannot reach, and an answer is never sent if
+that fails.
 """
 
 from __future__ import annotations
@@ -13,29 +14,20 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import dns.exception
-import dns.flags
-import dns.message
-import dns.opcode
-import dns.rcode
-import dns.rdataclass
-import dns.rdatatype
-
 from linpodx.egress import wire
-from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl, normalize_name
+from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl
 from linpodx.egress.wire import Question, Record
 
 log = logging.getLogger(__name__)
 
-# Only what a client needs to connect. HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused:
-# each can carry arbitrary bytes back into the container or name more endpoints.
-ANSWERED_TYPES = frozenset({wire.TYPE_A, wire.TYPE_AAAA, wire.TYPE_CNAME})
+# Only what a client needs to connect: A and AAAA questions, answered with their CNAME chain.
+# HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused (by `fallback`): each can carry
+# arbitrary bytes back into the container or name more endpoints.
 ADDRESS_TYPES = frozenset({wire.TYPE_A, wire.TYPE_AAAA})
 MAX_CNAME_CHAIN = 8
 UPSTREAM_TIMEOUT = 3.0
@@ -228,43 +220,13 @@ class PolicyResolver:
         return self._answer(q, data[2:] if not q.edns else None)
 
     def _handle_other(self, data: bytes) -> bytes | None:
-        """Everything the strict codec did not take: parsed by dnspython, judged, denied."""
-        try:
-            query = dns.message.from_wire(data)
-        except dns.message.ShortHeader:
-            return None
-        except dns.exception.DNSException:
-            return _header_only(data, dns.rcode.FORMERR)
-        if query.flags & dns.flags.QR:
-            return None  # a response is never answered (no reflection loops)
-        if query.opcode() != dns.opcode.QUERY:
-            return _reply(query, dns.rcode.NOTIMP)
-        if len(query.question) != 1:
-            return _reply(query, dns.rcode.FORMERR)
-        dq = query.question[0]
-        name = normalize_name(dq.name.to_text(omit_final_dot=True))
-        tname = dns.rdatatype.to_text(dq.rdtype)
-        if dq.rdclass != dns.rdataclass.IN or not self._policy.allowlist.allows(name):
-            self._denied(name, tname, "name not in the allowlist")
-            return _reply(query, dns.rcode.NXDOMAIN)
-        if dq.rdtype not in ADDRESS_TYPES:
-            # CNAME-only questions are not needed by clients (they ask A/AAAA and get the
-            # chain); every other type can carry data: refuse.
-            self._denied(name, tname, f"record type {tname} is not answered")
-            return _reply(query, dns.rcode.REFUSED)
-        if not wire.is_host_name(name):
-            self._denied(name, tname, "not a host name (letters, digits, '-', '_')")
-            return _reply(query, dns.rcode.REFUSED)
-        q = Question(
-            qid=query.id,
-            rd=bool(query.flags & dns.flags.RD),
-            name=name,
-            qtype=int(dq.rdtype),
-            qclass=wire.CLASS_IN,
-            question=wire.encode_name(name) + struct.pack(">HH", dq.rdtype, wire.CLASS_IN),
-            edns=query.edns >= 0,
-        )
-        return self._answer(q, None)
+        """Everything the strict codec did not take: judged through dnspython."""
+        from linpodx.egress import fallback
+
+        verdict = fallback.judge(data, self._policy.allowlist, self._denied)
+        if isinstance(verdict, Question):
+            return self._answer(verdict, None)
+        return verdict
 
     def _answer(self, q: Question, wire_key: bytes | None = None) -> bytes:
         now = self._clock()
@@ -298,8 +260,8 @@ class PolicyResolver:
                 addr, allow_private=policy.allow_private, host_addrs=policy.host_addrs
             )
             if why is not None:
-                self._denied(q.name, _type_text(q.qtype), f"answer {addr}: {why}")
-                return wire.build_answer(q, dns.rcode.REFUSED)
+                self._denied(q.name, wire.TYPE_NAMES[q.qtype], f"answer {addr}: {why}")
+                return wire.build_answer(q, wire.RCODE_REFUSED)
         ttl = clamp_ttl(min_ttl) if records else 0
         with self._set_lock:
             if not self._policy.allowlist.allows(q.name):
@@ -340,10 +302,6 @@ class PolicyResolver:
         )
 
 
-def _type_text(rdtype: int) -> str:
-    return dns.rdatatype.to_text(dns.rdatatype.RdataType.make(rdtype))
-
-
 def _follow_chain(
     answer: list[Record], name: str, rdtype: int
 ) -> tuple[list[Record], list[IPAddress], int, set[str]]:
@@ -376,24 +334,6 @@ def _follow_chain(
         current = str(step.value)
         wanted.add(current)
     return kept, addrs, (ttl if kept else 0), wanted
-
-
-def _reply_msg(query: dns.message.Message, rcode: dns.rcode.Rcode) -> dns.message.Message:
-    resp = dns.message.make_response(query)
-    resp.flags |= dns.flags.RA
-    resp.set_rcode(rcode)
-    return resp
-
-
-def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode) -> bytes:
-    return _reply_msg(query, rcode).to_wire()
-
-
-def _header_only(wire: bytes, rcode: int) -> bytes:
-    """A bare header answer for a query dnspython could not parse past its header."""
-    qid = wire[:2]
-    flags = 0x8000 | 0x0080 | (rcode & 0xF)  # QR, RA, rcode
-    return qid + flags.to_bytes(2, "big") + b"\x00" * 8
 
 
 # -- servers -------------------------------------------------------------------------------
