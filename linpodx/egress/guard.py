@@ -119,6 +119,16 @@ def prepare(name: str, stored: StoredProfile) -> Path:
     return st.resolv_conf
 
 
+def init_pid(name: str) -> int | None:
+    """The init pid `podman init` wrote for `name` (containers created with the `--pidfile`
+    beside their resolv.conf), or None: the caller then asks podman."""
+    try:
+        pid = int(EgressState(name).init_pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
 def resolv_conf_path(name: str) -> Path | None:
     """The resolv.conf `prepare` wrote for `name`, or None if there is none."""
     p = EgressState(name).resolv_conf
@@ -380,6 +390,8 @@ def detach(name: str) -> None:
     if info is not None and _guard_alive(info, name):
         _stop_guard(info)
     shutil.rmtree(st.dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        st.dir.parent.rmdir()  # only if nothing else of this container's is left there
 
 
 def _containers_of(profile: str) -> list[str]:

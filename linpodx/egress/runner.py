@@ -124,6 +124,9 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             raise RuntimeError(f"the container's process {pid} is gone") from None
+        if os.stat(netns.netns_path(pid)).st_ino == os.stat(netns.netns_path(os.getpid())).st_ino:
+            # A wrong pid must never make the guard filter (and bind port 53 in) its own netns.
+            raise RuntimeError(f"process {pid} is not in a network namespace of its own")
         policy, raw = load_policy(st, host)
         if not policy.upstreams:
             raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")

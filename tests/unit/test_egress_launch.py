@@ -90,3 +90,16 @@ def test_a_launched_guard_ends_when_detached() -> None:
     finally:
         guard.detach(name)
     assert _wait_until(lambda: not _guards_of(name))
+
+
+def test_init_pid_comes_from_the_pidfile_beside_the_resolv_conf() -> None:
+    name = f"lpx-pid-{uuid.uuid4().hex[:8]}"
+    assert guard.init_pid(name) is None  # nothing written: the caller asks podman
+    st = guard.EgressState(name)
+    st.ensure()
+    st.init_pidfile.write_text("4242\n")
+    assert guard.init_pid(name) == 4242
+    st.init_pidfile.write_text("garbage")
+    assert guard.init_pid(name) is None
+    guard.detach(name)
+    assert not st.dir.parent.exists()  # nothing of the container's was left
