@@ -294,9 +294,7 @@ class PolicyResolver:
                 if len(self._cache) >= CACHE_MAX:
                     self._cache.clear()
                 if life:
-                    self._cache[key] = _CacheEntry(
-                        records, now + life, frozenset(names | {q.name})
-                    )
+                    self._cache[key] = _CacheEntry(records, now + life, frozenset(names | {q.name}))
         return wire.build_answer(
             q, wire.RCODE_NOERROR, records, min(life, min_ttl) if records else 0
         )

@@ -86,8 +86,10 @@ def test_delete_batch_adds_first_so_a_lapsed_element_cannot_fail() -> None:
 
 
 def ack(seq: int, err: int) -> bytes:
-    return struct.pack("=IHHII", 36, nfsets.NLMSG_ERROR, 0, seq, 0) + struct.pack("=i", err) + (
-        b"\0" * 16
+    return (
+        struct.pack("=IHHII", 36, nfsets.NLMSG_ERROR, 0, seq, 0)
+        + struct.pack("=i", err)
+        + (b"\0" * 16)
     )
 
 
