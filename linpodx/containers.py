@@ -333,7 +333,7 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
         # nothing has run yet, and a second failure is reported as it is.
         for attempt in (1, 2):
             engine.init(name)
-            pid = engine.container_pid(name)
+            pid = guard.init_pid(name) or engine.container_pid(name)
             try:
                 guard.attach(name, pid, ref)
                 break
@@ -374,7 +374,8 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
     if guarded:
         # prepare() writes the guard's files under this name: if the name is taken, those belong
         # to the other container, so refuse before touching them (and never detach them).
-        if engine.exists(spec.name):
+        # Without a state dir of that name there are no such files: podman alone decides.
+        if spec_dir(spec.name).exists() and engine.exists(spec.name):
             raise EngineError(
                 f"the container name {spec.name!r} is already in use",
                 "choose another --name, or remove the old container with `linpodx rm NAME`",

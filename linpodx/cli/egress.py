@@ -13,9 +13,14 @@ def register(app: typer.Typer) -> None:
     @app.command("_egress-guard", hidden=True)
     def egress_guard(
         container: Annotated[str, typer.Option("--container", help="Container name.")],
-        pid: Annotated[int, typer.Option("--pid", help="The container's init PID.")],
+        control_fd: Annotated[
+            int, typer.Option("--control-fd", help="Socket on which the container's PID comes.")
+        ],
+        wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for the PID.")] = 300.0,
     ) -> None:
         """Internal: the egress guard of one container (started by linpodx, ends with it)."""
+        import socket
+
         from linpodx.egress.runner import run_guard
 
-        raise typer.Exit(run_guard(container, pid))
+        raise typer.Exit(run_guard(container, socket.socket(fileno=control_fd), wait))

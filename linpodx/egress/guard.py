@@ -1,7 +1,8 @@
 """The egress guard API the container lifecycle calls.
 
-    prepare(name, stored)      before `podman create`: writes resolv.conf + policy file
-    attach(name, pid, stored)  after `podman init`: starts the guard, waits until it is ready
+    prepare(name, stored)      before `podman create`: writes resolv.conf + policy file and
+                               launches the guard process, which waits for the container's pid
+    attach(name, pid, stored)  after `podman init`: hands the guard the pid, waits until ready
     status(name)               "none" | "healthy" | "down" (for `linpodx ps`)
     update_profile(stored)     after a re-apply: pushes the new allowlist to running guards
     detach(name)               on removal: stops the guard, forgets the files
@@ -15,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from linpodx.profile.store import StoredProfile
 
 READY_TIMEOUT = 30.0
+WAIT_TIMEOUT = 300.0
+"""How long a launched guard waits for its container's pid before it ends by itself."""
 UPDATE_TIMEOUT = 5.0
 GUARD_COMMAND = "_egress-guard"
 GUARD_MODULE = "linpodx.egress.runner"
@@ -76,19 +81,52 @@ def _write_policy(st: EgressState, stored: StoredProfile, *, force: bool = False
             and cur["revision"] > doc["revision"]
         ):
             return
-    atomic_write(st.policy_file, json.dumps(doc, sort_keys=True).encode())
+    _write_if_changed(st.policy_file, json.dumps(doc, sort_keys=True).encode())
+
+
+def _write_if_changed(path: Path, data: bytes, mode: int | None = None) -> None:
+    """atomic_write unless `path` already holds exactly `data` (with the wanted mode).
+
+    A guarded start calls prepare() up to three times with the same content; each
+    atomic_write costs two fsyncs.
+    """
+    try:
+        same = path.read_bytes() == data
+        if same and mode is not None:
+            same = (path.stat().st_mode & 0o777) == mode
+    except OSError:
+        same = False
+    if not same:
+        if mode is None:
+            atomic_write(path, data)
+        else:
+            atomic_write(path, data, mode=mode)
 
 
 def prepare(name: str, stored: StoredProfile) -> Path:
-    """Write `name`'s resolv.conf and policy file; returns the resolv.conf to bind-mount.
+    """Write `name`'s resolv.conf and policy file and launch its guard; returns the resolv.conf
+    to bind-mount.
 
     The file must exist before `podman create` (a bind mount needs its source). It is 0644 so
-    whatever user the container runs as can read it.
+    whatever user the container runs as can read it. The guard is launched here, before
+    `podman create`/`podman init`, so its interpreter start-up and imports overlap with
+    podman's work instead of adding to it; it waits for `attach` to send the pid.
     """
     st = EgressState(name)
     _write_policy(st, stored)
-    atomic_write(st.resolv_conf, RESOLV_CONF.encode(), mode=0o644)
+    _write_if_changed(st.resolv_conf, RESOLV_CONF.encode(), mode=0o644)
+    launch(name)
     return st.resolv_conf
+
+
+def init_pid(name: str) -> int | None:
+    """The init pid `podman init` wrote for `name` (containers created with the `--pidfile`
+    beside their resolv.conf), or None: the caller then asks podman."""
+    try:
+        pid = int(EgressState(name).init_pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 else None
 
 
 def resolv_conf_path(name: str) -> Path | None:
@@ -97,17 +135,71 @@ def resolv_conf_path(name: str) -> Path | None:
     return p if p.is_file() else None
 
 
-def guard_argv(name: str, pid: int) -> list[str]:
+CONTROL_FD = 3
+"""The guard's end of its control socket (the CLI keeps the other end)."""
+
+# name -> the CLI's end of the control socket of a launched guard still waiting for its pid.
+_launched: dict[str, socket.socket] = {}
+
+
+def guard_argv(name: str) -> list[str]:
     """How the guard is started. Rootless it runs under `podman unshare`, i.e. as uid 0 of
-    the rootless user namespace, so it may join the container's netns and run nft there."""
-    argv = [sys.executable, "-m", GUARD_MODULE, "--container", name, "--pid", str(pid)]
+    the rootless user namespace, so it may join the container's netns and run nft there
+    (`podman unshare` passes the control socket through like any inherited fd)."""
+    argv = [
+        sys.executable,
+        "-m",
+        GUARD_MODULE,
+        "--container",
+        name,
+        "--control-fd",
+        str(CONTROL_FD),
+        "--wait",
+        f"{WAIT_TIMEOUT:g}",
+    ]
     if os.geteuid() != 0:
         argv = [proc.which("podman") or "podman", "unshare", *argv]
     return argv
 
 
-def _spawn_detached(argv: list[str], log: Path) -> None:
-    """Start `argv` in its own session, detached (double fork: no zombie, no parent to wait).
+def launch(name: str) -> None:
+    """Start `name`'s guard now; it waits (at most WAIT_TIMEOUT) for `attach` to send the pid.
+
+    The guard ends by itself when the control socket closes (this process ended or `detach`
+    ran) before a pid came, so a launch that is never attached leaves nothing behind.
+    """
+    old = _launched.get(name)
+    if old is not None and not _hung_up(old):
+        return
+    _forget_launch(name)
+    st = EgressState(name)
+    st.ensure()
+    ours, theirs = socket.socketpair()
+    try:
+        _spawn_detached(guard_argv(name), st.guard_log, control=theirs.fileno())
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    _launched[name] = ours
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """A waiting guard never writes before it has a pid: readable means it is gone."""
+    r, _, _ = select.select([sock], [], [], 0)
+    return bool(r)
+
+
+def _forget_launch(name: str) -> None:
+    sock = _launched.pop(name, None)
+    if sock is not None:
+        sock.close()
+
+
+def _spawn_detached(argv: list[str], log: Path, control: int | None = None) -> None:
+    """Start `argv` in its own session, detached (double fork: no zombie, no parent to wait);
+    `control` becomes its fd CONTROL_FD.
 
     Popen is not enough: the long-lived parent (a test run, a shell) would keep a zombie that
     looks alive to `status`. This module owns the guard's lifetime, hence the raw fork.
@@ -124,7 +216,12 @@ def _spawn_detached(argv: list[str], log: Path) -> None:
                 os.dup2(devnull, 0)
                 os.dup2(logfd, 1)
                 os.dup2(logfd, 2)
-                os.closerange(3, 65536)
+                keep = 3
+                if control is not None:
+                    os.dup2(control, CONTROL_FD)
+                    os.set_inheritable(CONTROL_FD, True)
+                    keep = CONTROL_FD + 1
+                os.closerange(keep, 65536)
                 # Python ignores SIGPIPE and a calling thread may block signals; both would be
                 # inherited across exec (pasta refuses to start with them).
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -186,39 +283,71 @@ def attach(name: str, pid: int, stored: StoredProfile) -> None:
         _stop_guard(old)
     with contextlib.suppress(FileNotFoundError):
         st.guard_file.unlink()
-    argv = guard_argv(name, pid)
-    _spawn_detached(argv, st.guard_log)
+    ctl = _launched.pop(name)
+    try:
+        _send_order(ctl, pid)
+        _await_ready(name, pid, st, ctl)
+    finally:
+        ctl.close()
+
+
+def _send_order(ctl: socket.socket, pid: int) -> None:
+    """Hand the waiting guard its container's pid (and the helper choice, read now)."""
+    order = {"pid": pid, "helper": os.environ.get("LINPODX_EGRESS_HELPER") or None}
+    with contextlib.suppress(OSError):  # a guard that is gone shows up as EOF below
+        ctl.sendall(json.dumps(order).encode() + b"\n")
+
+
+def _await_ready(name: str, pid: int, st: EgressState, ctl: socket.socket) -> None:
+    """Wait until the guard reports `ready` for `pid`; raise EngineError if it fails or ends.
+
+    The guard writes a line on the control socket after each state change, so this wakes at
+    once instead of polling; guard.json stays the one source of what the state is.
+    """
     deadline = time.monotonic() + READY_TIMEOUT
     pasta_started = False
-    while time.monotonic() < deadline:
+    ended = False
+    while not ended:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        r, _, _ = select.select([ctl], [], [], left)
+        if r:
+            try:
+                ended = not ctl.recv(4096)
+            except OSError:
+                ended = True
         info = _read_guard(st)
-        if info is not None:
-            state = info.get("state")
-            if state == "filtered" and info.get("helper") == "pasta" and not pasta_started:
-                # Rootless pasta must run as the plain user, outside the user namespace; the
-                # guard has loaded the filter already and adopts pasta by its pid file.
-                pasta_started = True
-                _spawn_detached(
-                    netns.external_pasta_argv(pid, st.pasta_pidfile, int(info["guard_pid"])),
-                    st.helper_log,
-                )
-            if state == "ready" and info.get("container_pid") == pid:
-                return
-            if state in ("failed", "stopped"):
-                raise EngineError(
-                    f"egress filter for {name} could not be set up: {info.get('error', state)}",
-                    "the container was not started; see `linpodx doctor` "
-                    f"and the guard log {st.guard_log.name} in the container's state dir",
-                    stderr=_log_tail(st.guard_log),
-                )
-        time.sleep(0.05)
+        if info is None:
+            continue
+        state = info.get("state")
+        if state == "filtered" and info.get("helper") == "pasta" and not pasta_started:
+            # Rootless pasta must run as the plain user, outside the user namespace; the
+            # guard has loaded the filter already and adopts pasta by its pid file.
+            pasta_started = True
+            _spawn_detached(
+                netns.external_pasta_argv(pid, st.pasta_pidfile, int(info["guard_pid"])),
+                st.helper_log,
+            )
+        if state == "ready" and info.get("container_pid") == pid:
+            return
+        if state in ("failed", "stopped"):
+            raise EngineError(
+                f"egress filter for {name} could not be set up: {info.get('error', state)}",
+                "the container was not started; see `linpodx doctor` "
+                f"and the guard log {st.guard_log.name} in the container's state dir",
+                stderr=_log_tail(st.guard_log),
+            )
     info = _read_guard(st)
     if info is not None:
         _stop_guard(info)
+    why = "ended before it was ready"
+    if not ended:
+        why = f"did not become ready within {READY_TIMEOUT:g}s"
     raise EngineError(
-        f"egress filter for {name} did not become ready within {READY_TIMEOUT:g}s",
+        f"egress filter for {name} {why}",
         "the container was not started; see `linpodx doctor`",
-        argv=argv,
+        argv=guard_argv(name),
         stderr=_log_tail(st.guard_log),
     )
 
@@ -254,12 +383,15 @@ def status(name: str) -> str:
 
 
 def detach(name: str) -> None:
-    """Stop the guard of `name` if one runs and forget its files."""
+    """Stop the guard of `name` if one runs (or waits for its pid) and forget its files."""
+    _forget_launch(name)
     st = EgressState(name)
     info = _read_guard(st)
     if info is not None and _guard_alive(info, name):
         _stop_guard(info)
     shutil.rmtree(st.dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        st.dir.parent.rmdir()  # only if nothing else of this container's is left there
 
 
 def _containers_of(profile: str) -> list[str]:

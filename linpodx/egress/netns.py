@@ -31,7 +31,8 @@ TAP = "tap0"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _setns(fd: int, nstype: int) -> None:
+def setns(fd: int, nstype: int) -> None:
+    """setns(2) for the calling thread only (raises OSError)."""
     if _libc.setns(fd, nstype) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -57,7 +58,7 @@ def bind_resolver_sockets(pid: int) -> tuple[socket.socket, socket.socket]:
         try:
             fd = os.open(netns_path(pid), os.O_RDONLY)
             try:
-                _setns(fd, CLONE_NEWNET)
+                setns(fd, CLONE_NEWNET)
             finally:
                 os.close(fd)
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -394,77 +395,57 @@ def host_addresses() -> list[str]:
     return out
 
 
-class NftSession:
-    """libnftables, loaded in a thread that lives in the container's netns.
+def load_ruleset(pid: int, text: str) -> None:
+    """Load `text` into the netns of `pid` as one nft transaction; raises EngineError.
 
-    Each set update through `nsenter … nft -f -` costs two program starts (~30 ms here); the
-    resolver must update the sets before it answers, so that cost lands on every lookup of a
-    new address. This thread joins the netns once (setns moves only itself) and runs each
-    batch through libnftables' nft_run_cmd_from_buffer: one netlink transaction, ~1 ms.
-    `apply` raises EngineError with nft's own message when a batch is refused.
+    Through libnftables in a short-lived thread that joined the netns (a few ms); where the
+    library cannot be loaded, through `nsenter … nft -f -` (two program starts, ~30 ms).
     """
+    try:
+        lib = _libnftables()
+    except OSError:
+        nft_apply(pid, text)
+        return
+    result: dict[str, str] = {}
 
-    def __init__(self, pid: int) -> None:
-        import queue
-
-        self._q: queue.Queue[tuple[str, queue.Queue[str | None]] | None] = queue.Queue()
-        ready: queue.Queue[str | None] = queue.Queue()
-        self._thread = threading.Thread(
-            target=self._loop, args=(pid, ready), name="nft-netns", daemon=True
-        )
-        self._thread.start()
-        err = ready.get(timeout=15)
-        if err is not None:
-            raise EngineError(f"could not open nftables in the container's netns: {err}")
-
-    def _loop(self, pid: int, ready: Any) -> None:
+    def work() -> None:
         try:
-            lib = ctypes.CDLL("libnftables.so.1", use_errno=True)
-            lib.nft_ctx_new.restype = ctypes.c_void_p
-            lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
-            lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
-            lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
-            lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-            lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
-            lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-            lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
             fd = os.open(netns_path(pid), os.O_RDONLY)
             try:
-                _setns(fd, CLONE_NEWNET)
+                setns(fd, CLONE_NEWNET)
             finally:
                 os.close(fd)
             ctx = lib.nft_ctx_new(0)
             if not ctx:
                 raise OSError("nft_ctx_new failed")
-            lib.nft_ctx_buffer_output(ctx)
-            lib.nft_ctx_buffer_error(ctx)
-        except Exception as exc:  # reported to the constructor, which raises
-            ready.put(str(exc))
-            return
-        ready.put(None)
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            text, reply = item
-            rc = lib.nft_run_cmd_from_buffer(ctx, text.encode())
-            msg = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode("utf-8", "replace")
-            reply.put(None if rc == 0 else (msg.strip() or f"nft returned {rc}"))
+            try:
+                lib.nft_ctx_buffer_output(ctx)
+                lib.nft_ctx_buffer_error(ctx)
+                if lib.nft_run_cmd_from_buffer(ctx, text.encode()) != 0:
+                    msg = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode("utf-8", "replace")
+                    result["error"] = msg.strip() or "nft refused the ruleset"
+            finally:
+                lib.nft_ctx_free(ctx)
+        except Exception as exc:
+            result["error"] = str(exc)
 
-    def apply(self, text: str, timeout: float = 10.0) -> None:
-        """Run one batch of nft commands in the container's netns (atomic)."""
-        import queue
+    t = threading.Thread(target=work, name="nft-netns")
+    t.start()
+    t.join()
+    if "error" in result:
+        raise EngineError("nft (egress filter) refused the ruleset", stderr=result["error"])
 
-        if not text:
-            return
-        reply: queue.Queue[str | None] = queue.Queue()
-        self._q.put((text, reply))
-        try:
-            err = reply.get(timeout=timeout)
-        except queue.Empty:
-            raise EngineError("nft (egress filter) did not answer in time") from None
-        if err is not None:
-            raise EngineError("nft (egress filter) refused an update", stderr=err)
 
-    def close(self) -> None:
-        self._q.put(None)
+def _libnftables() -> Any:
+    """libnftables through ctypes, its functions typed (OSError when it is not installed)."""
+    lib = ctypes.CDLL("libnftables.so.1", use_errno=True)
+    lib.nft_ctx_new.restype = ctypes.c_void_p
+    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+    lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    return lib

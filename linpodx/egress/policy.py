@@ -27,6 +27,8 @@ HELPER_NETWORKS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = (
     ipaddress.ip_network("fd00::/64"),
 )
 
+BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
 
 def normalize_name(name: str) -> str:
     """Lower-case, without the trailing dot."""
@@ -81,7 +83,7 @@ def answer_refusal(
         return "unspecified address"
     if addr.is_multicast:
         return "multicast address"
-    if isinstance(addr, ipaddress.IPv4Address) and addr == ipaddress.IPv4Address("255.255.255.255"):
+    if addr == BROADCAST:
         return "broadcast address"
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         # ::ffff:a.b.c.d would let a v6 set entry stand for a v4 destination; judge it as v4

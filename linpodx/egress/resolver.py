@@ -1,41 +1,34 @@
 """The policy resolver: the container's only DNS server.
 
-dnspython does the wire format (parsing hostile bytes is exactly what a maintained library is
-for; it is already a dependency). Every query is parsed, judged and re-built: nothing the
-container sends is forwarded as raw bytes. Allowed names are asked upstream with a fresh
-query; the addresses in the answer are pushed into the nft sets BEFORE the answer is sent, so
-a client never holds an address it cannot reach, and an answer is never sent if that fails.
+Every query is parsed, judged and re-built: nothing the container sends is forwarded as raw
+bytes. Plain queries for allowed names (what stub resolvers send) go through the strict codec
+in `wire`; everything else is judged by `fallback`, through dnspython (a maintained library
+for the odd cases), which answers errors and denials itself. Allowed names are asked upstream
+with a fresh query; the addresses in the answer are pushed into the nft sets BEFORE the answer
+is sent, so a client never holds an address it cannot reach, and an answer is never sent if
+that fails.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import dns.exception
-import dns.flags
-import dns.message
-import dns.name
-import dns.opcode
-import dns.query
-import dns.rcode
-import dns.rdataclass
-import dns.rdatatype
-import dns.rrset
-
-from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl, normalize_name
+from linpodx.egress import wire
+from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl
+from linpodx.egress.wire import Question, Record
 
 log = logging.getLogger(__name__)
 
-# Only what a client needs to connect. HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused:
-# each can carry arbitrary bytes back into the container or name more endpoints.
-ANSWERED_TYPES = frozenset({dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.CNAME})
+# Only what a client needs to connect: A and AAAA questions, answered with their CNAME chain.
+# HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused (by `fallback`): each can carry
+# arbitrary bytes back into the container or name more endpoints.
+ADDRESS_TYPES = frozenset({wire.TYPE_A, wire.TYPE_AAAA})
 MAX_CNAME_CHAIN = 8
 UPSTREAM_TIMEOUT = 3.0
 CACHE_MAX = 4096
@@ -44,6 +37,8 @@ SetUpdater = Callable[[list[tuple[IPAddress, int]]], None]
 SetDeleter = Callable[[list[IPAddress]], None]
 DeniedHook = Callable[[str, str, str], None]
 """(name, record type, reason)"""
+Upstream = Callable[[bytes, Sequence[tuple[str, int]]], bytes]
+"""(query bytes, upstreams) -> the matching answer's bytes; UpstreamError if none came."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,7 @@ class ResolverPolicy:
 
 @dataclass
 class _CacheEntry:
-    rrsets: list[dns.rrset.RRset]
+    records: list[Record]
     expires: float
     names: frozenset[str]
 
@@ -80,7 +75,7 @@ _pool: dict[tuple[str, int], list[socket.socket]] = {}
 _pool_lock = threading.Lock()
 
 
-def _udp_exchange(query: dns.message.Message, ip: str, port: int) -> dns.message.Message:
+def _udp_exchange(query: bytes, ip: str, port: int) -> bytes:
     """One UDP round trip on a connected socket (the kernel drops datagrams from anyone else);
     the answer must match our random id and question, or we keep waiting until the timeout.
 
@@ -99,21 +94,17 @@ def _udp_exchange(query: dns.message.Message, ip: str, port: int) -> dns.message
         sock.connect((ip, port))
     ok = False
     try:
-        sock.send(query.to_wire())
+        sock.send(query)
         deadline = time.monotonic() + UPSTREAM_TIMEOUT
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise dns.exception.Timeout()  # type: ignore[no-untyped-call]  # dnspython stub
+                raise TimeoutError("upstream did not answer in time")
             sock.settimeout(left)
             data = sock.recv(65535)
-            try:
-                resp = dns.message.from_wire(data)
-            except dns.exception.DNSException:
-                continue
-            if query.is_response(resp):
+            if wire.matches(query, data):
                 ok = True
-                return resp
+                return data
     finally:
         with _pool_lock:
             free = _pool.setdefault(key, [])
@@ -123,18 +114,30 @@ def _udp_exchange(query: dns.message.Message, ip: str, port: int) -> dns.message
                 sock.close()
 
 
-def query_upstream(
-    query: dns.message.Message, upstreams: Sequence[tuple[str, int]]
-) -> dns.message.Message:
+def _tcp_exchange(query: bytes, ip: str, port: int) -> bytes:
+    """The same question over TCP (after a truncated UDP answer)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(UPSTREAM_TIMEOUT)
+        sock.connect((ip, port))
+        sock.sendall(len(query).to_bytes(2, "big") + query)
+        head = _recv_exact(sock, 2)
+        data = _recv_exact(sock, int.from_bytes(head, "big")) if head else None
+    if data is None or not wire.matches(query, data):
+        raise OSError("no matching answer over TCP")
+    return data
+
+
+def query_upstream(query: bytes, upstreams: Sequence[tuple[str, int]]) -> bytes:
     """Ask each upstream in turn (UDP, TCP when truncated); the first answer wins."""
     last: Exception | None = None
     for ip, port in upstreams:
         try:
             resp = _udp_exchange(query, ip, port)
-            if resp.flags & dns.flags.TC:
-                resp = dns.query.tcp(query, ip, port=port, timeout=UPSTREAM_TIMEOUT)
+            if int.from_bytes(resp[2:4], "big") & wire.FLAG_TC:
+                resp = _tcp_exchange(query, ip, port)
             return resp
-        except (OSError, dns.exception.DNSException) as exc:
+        except OSError as exc:
             last = exc
     raise UpstreamError(str(last) if last else "no upstream resolver configured")
 
@@ -149,9 +152,7 @@ class PolicyResolver:
         add_to_sets: SetUpdater,
         delete_from_sets: SetDeleter,
         on_denied: DeniedHook,
-        upstream: Callable[
-            [dns.message.Message, Sequence[tuple[str, int]]], dns.message.Message
-        ] = query_upstream,
+        upstream: Upstream = query_upstream,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._policy = policy
@@ -200,86 +201,72 @@ class PolicyResolver:
             return gone
 
     # -- one query ------------------------------------------------------------------------
-    def handle(self, wire: bytes) -> bytes | None:
+    def handle(self, data: bytes) -> bytes | None:
         """Answer one query in wire format; None when not even a header could be read."""
-        if len(wire) > 12:
-            fast = self._fast.get(wire[2:])
+        if len(data) > 12:
+            fast = self._fast.get(data[2:])
             if fast is not None and self._clock() <= fast[0]:
-                return wire[:2] + fast[1]
-        try:
-            query = dns.message.from_wire(wire)
-        except dns.message.ShortHeader:
-            return None
-        except dns.exception.DNSException:
-            return _header_only(wire, dns.rcode.FORMERR)
-        if query.flags & dns.flags.QR:
-            return None  # a response is never answered (no reflection loops)
-        if query.opcode() != dns.opcode.QUERY:
-            return _reply(query, dns.rcode.NOTIMP)
-        if len(query.question) != 1:
-            return _reply(query, dns.rcode.FORMERR)
-        q = query.question[0]
-        name = normalize_name(q.name.to_text(omit_final_dot=True))
-        tname = dns.rdatatype.to_text(q.rdtype)
-        policy = self._policy
-        if q.rdclass != dns.rdataclass.IN or not policy.allowlist.allows(name):
-            self._denied(name, tname, "name not in the allowlist")
-            return _reply(query, dns.rcode.NXDOMAIN)
-        if q.rdtype not in (dns.rdatatype.A, dns.rdatatype.AAAA):
-            # CNAME-only questions are not needed by clients (they ask A/AAAA and get the
-            # chain); every other type can carry data: refuse.
-            self._denied(name, tname, f"record type {tname} is not answered")
-            return _reply(query, dns.rcode.REFUSED)
+                return data[:2] + fast[1]
+        q = wire.parse_query(data)
+        if (
+            q is None
+            or q.qclass != wire.CLASS_IN
+            or q.qtype not in ADDRESS_TYPES
+            or not self._policy.allowlist.allows(q.name)
+        ):
+            return self._handle_other(data)
         # A plain query (header + one question, nothing else) can be answered from the bytes
         # cache next time: same flags, same question bytes -> same answer bytes but the id.
-        plain = len(query.additional) == 0 and query.edns < 0 and len(wire) <= 512
-        return self._answer(query, name, q.rdtype, wire[2:] if plain else None).to_wire()
+        return self._answer(q, data[2:] if not q.edns else None)
 
-    def _answer(
-        self,
-        query: dns.message.Message,
-        name: str,
-        rdtype: dns.rdatatype.RdataType,
-        wire_key: bytes | None = None,
-    ) -> dns.message.Message:
+    def _handle_other(self, data: bytes) -> bytes | None:
+        """Everything the strict codec did not take: judged through dnspython."""
+        from linpodx.egress import fallback
+
+        verdict = fallback.judge(data, self._policy.allowlist, self._denied)
+        if isinstance(verdict, Question):
+            return self._answer(verdict, None)
+        return verdict
+
+    def _answer(self, q: Question, wire_key: bytes | None = None) -> bytes:
         now = self._clock()
-        key = (name, rdtype)
+        key = (q.name, q.qtype)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None and hit.expires > now:
                 ttl = int(hit.expires - now)
-                resp = _build(query, hit.rrsets, max(1, ttl))
+                out = wire.build_answer(q, wire.RCODE_NOERROR, hit.records, max(1, ttl))
                 if ttl >= 1 and wire_key is not None:
                     # Every TTL in these bytes is <= ttl, which stays <= the time the entry
                     # has left until `hit.expires - ttl`: until then the same bytes are exact.
-                    out = resp.to_wire()
                     if len(self._fast) >= CACHE_MAX:
                         self._fast.clear()
                     self._fast[wire_key] = (hit.expires - ttl, out[2:])
-                return resp
+                return out
         policy = self._policy
-        up = dns.message.make_query(name, rdtype)
+        up = wire.build_query(int.from_bytes(os.urandom(2), "big"), q.name, q.qtype)
         try:
-            resp = self._upstream(up, policy.upstreams)
-        except UpstreamError:
-            return _reply_msg(query, dns.rcode.SERVFAIL)
-        rcode = resp.rcode()
-        if rcode != dns.rcode.NOERROR:
+            rcode, answer = wire.parse_answer(self._upstream(up, policy.upstreams))
+        except (UpstreamError, wire.WireError):
+            return wire.build_answer(q, wire.RCODE_SERVFAIL)
+        if rcode != wire.RCODE_NOERROR:
             # NXDOMAIN passes through as itself; anything else is a server failure to us.
-            return _reply_msg(query, rcode if rcode == dns.rcode.NXDOMAIN else dns.rcode.SERVFAIL)
-        rrsets, addrs, min_ttl, names = _follow_chain(resp, name, rdtype)
+            return wire.build_answer(
+                q, rcode if rcode == wire.RCODE_NXDOMAIN else wire.RCODE_SERVFAIL
+            )
+        records, addrs, min_ttl, names = _follow_chain(answer, q.name, q.qtype)
         for addr in addrs:
             why = answer_refusal(
                 addr, allow_private=policy.allow_private, host_addrs=policy.host_addrs
             )
             if why is not None:
-                self._denied(name, dns.rdatatype.to_text(rdtype), f"answer {addr}: {why}")
-                return _reply_msg(query, dns.rcode.REFUSED)
-        ttl = clamp_ttl(min_ttl) if rrsets else 0
+                self._denied(q.name, wire.TYPE_NAMES[q.qtype], f"answer {addr}: {why}")
+                return wire.build_answer(q, wire.RCODE_REFUSED)
+        ttl = clamp_ttl(min_ttl) if records else 0
         with self._set_lock:
-            if not self._policy.allowlist.allows(name):
+            if not self._policy.allowlist.allows(q.name):
                 # The allowlist changed while we asked upstream.
-                return _reply_msg(query, dns.rcode.NXDOMAIN)
+                return wire.build_answer(q, wire.RCODE_NXDOMAIN)
             with self._lock:
                 left = {
                     a: (self._granted[a].expires - now if a in self._granted else 0.0)
@@ -296,121 +283,95 @@ class PolicyResolver:
                 try:
                     self._add(entries)
                 except Exception:
-                    return _reply_msg(query, dns.rcode.SERVFAIL)
+                    return wire.build_answer(q, wire.RCODE_SERVFAIL)
                 with self._lock:
                     for a, t in entries:
                         g = self._granted.setdefault(a, _Granted(now + t))
                         g.expires = now + t
             with self._lock:
                 for a in addrs:
-                    self._granted[a].names.add(name)
+                    self._granted[a].names.add(q.name)
                 if len(self._cache) >= CACHE_MAX:
                     self._cache.clear()
                 if life:
-                    self._cache[key] = _CacheEntry(rrsets, now + life, frozenset(names | {name}))
-        return _build(query, rrsets, min(life, min_ttl) if rrsets else 0)
+                    self._cache[key] = _CacheEntry(records, now + life, frozenset(names | {q.name}))
+        return wire.build_answer(
+            q, wire.RCODE_NOERROR, records, min(life, min_ttl) if records else 0
+        )
 
 
 def _follow_chain(
-    resp: dns.message.Message, name: str, rdtype: dns.rdatatype.RdataType
-) -> tuple[list[dns.rrset.RRset], list[IPAddress], int, set[str]]:
+    answer: list[Record], name: str, rdtype: int
+) -> tuple[list[Record], list[IPAddress], int, set[str]]:
     """Keep only the CNAME chain from `name` and the final address records.
 
     Records for other owners (an upstream stuffing extra names into the answer) are dropped:
     a CNAME target is allowed for this lookup only, because it was reached from `name`.
     """
-    wanted = {normalize_name(name)}
-    current = normalize_name(name)
-    kept: list[dns.rrset.RRset] = []
+    current = name
+    wanted = {current}
+    kept: list[Record] = []
     addrs: list[IPAddress] = []
     ttl = 2**31
     for _ in range(MAX_CNAME_CHAIN + 1):
         step = None
-        for rrset in resp.answer:
-            owner = normalize_name(rrset.name.to_text(omit_final_dot=True))
-            if owner != current or rrset.rdclass != dns.rdataclass.IN:
+        for rec in answer:
+            if rec.owner != current:
                 continue
-            if rrset.rdtype == dns.rdatatype.CNAME:
-                step = rrset
+            if rec.rtype == wire.TYPE_CNAME:
+                step = rec
                 break
-            if rrset.rdtype == rdtype:
-                kept.append(rrset)
-                ttl = min(ttl, rrset.ttl)
-                addrs.extend(ipaddress.ip_address(rd.address) for rd in rrset)
+            if rec.rtype == rdtype and not isinstance(rec.value, str):
+                kept.append(rec)
+                ttl = min(ttl, rec.ttl)
+                addrs.append(rec.value)
         if step is None:
             break
         kept.append(step)
         ttl = min(ttl, step.ttl)
-        current = normalize_name(step[0].target.to_text(omit_final_dot=True))
+        current = str(step.value)
         wanted.add(current)
     return kept, addrs, (ttl if kept else 0), wanted
-
-
-def _build(
-    query: dns.message.Message, rrsets: list[dns.rrset.RRset], ttl: int
-) -> dns.message.Message:
-    resp = dns.message.make_response(query)
-    resp.flags |= dns.flags.RA
-    for rrset in rrsets:
-        copy = dns.rrset.RRset(rrset.name, rrset.rdclass, rrset.rdtype)
-        copy.update(rrset)  # type: ignore[no-untyped-call]  # dnspython stub
-        # Never let a client keep an address longer than the set keeps it.
-        copy.ttl = max(0, min(rrset.ttl, ttl))
-        resp.answer.append(copy)
-    return resp
-
-
-def _reply_msg(query: dns.message.Message, rcode: dns.rcode.Rcode) -> dns.message.Message:
-    resp = dns.message.make_response(query)
-    resp.flags |= dns.flags.RA
-    resp.set_rcode(rcode)
-    return resp
-
-
-def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode) -> bytes:
-    return _reply_msg(query, rcode).to_wire()
-
-
-def _header_only(wire: bytes, rcode: int) -> bytes:
-    """A bare header answer for a query dnspython could not parse past its header."""
-    qid = wire[:2]
-    flags = 0x8000 | 0x0080 | (rcode & 0xF)  # QR, RA, rcode
-    return qid + flags.to_bytes(2, "big") + b"\x00" * 8
 
 
 # -- servers -------------------------------------------------------------------------------
 MAX_TCP_CLIENTS = 32
 
 
-def serve_udp(sock: socket.socket, resolver: PolicyResolver, stop: threading.Event) -> None:
-    """Answer datagrams on `sock` until `stop` is set (a few workers, bounded queue)."""
-    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dns-udp")
-    pending = threading.BoundedSemaphore(256)
-    sock.settimeout(0.5)
+UDP_WORKERS = 8
 
-    def work(data: bytes, peer: tuple[str, int]) -> None:
+
+def serve_udp(sock: socket.socket, resolver: PolicyResolver, stop: threading.Event) -> None:
+    """Answer datagrams on `sock` until `stop` is set (or the process ends: daemon threads).
+
+    UDP_WORKERS threads each block in recvfrom on the same socket and answer what they
+    receive themselves: the kernel wakes exactly one waiting thread per datagram, so there is
+    no hand-over between a receiving thread and a worker (a thread wake-up per query, which
+    cost more than the codec here). At most UDP_WORKERS lookups wait upstream at once; further
+    datagrams queue in the socket buffer, and past it the kernel drops them (clients retry).
+    """
+    sock.settimeout(None)  # blocking: a timeout would make every thread poll on each datagram
+    for i in range(1, UDP_WORKERS):
+        threading.Thread(
+            target=_udp_loop, args=(sock, resolver, stop), name=f"dns-udp-{i}", daemon=True
+        ).start()
+    _udp_loop(sock, resolver, stop)
+
+
+def _udp_loop(sock: socket.socket, resolver: PolicyResolver, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            data, peer = sock.recvfrom(65535)
+        except OSError:
+            if stop.is_set():
+                break
+            continue
         try:
             out = resolver.handle(data)
             if out is not None:
                 sock.sendto(out, peer)
         except Exception:  # one bad query must not stop the server
             log.exception("dns query failed")
-        finally:
-            pending.release()
-
-    while not stop.is_set():
-        try:
-            data, peer = sock.recvfrom(65535)
-        except TimeoutError:
-            continue
-        except OSError:
-            if stop.is_set():
-                break
-            continue
-        if not pending.acquire(blocking=False):
-            continue  # overloaded: drop, the client retries
-        pool.submit(work, data, peer)
-    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def serve_tcp(sock: socket.socket, resolver: PolicyResolver, stop: threading.Event) -> None:

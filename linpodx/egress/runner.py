@@ -1,25 +1,30 @@
-"""The egress guard process: `linpodx _egress-guard --container NAME --pid PID`.
+"""The egress guard process: `python -m linpodx.egress.runner --container NAME --control-fd 3`.
 
-Lives exactly as long as the container's init process: it watches it through a pidfd and,
-when it ends, stops the network helper and exits. No daemon, nothing shared between
-containers. Its state file (`guard.json`) says `starting`, `ready`, `failed` or `stopped`.
+Launched before the container exists, it waits on its control socket for the container's
+init pid (ending by itself if the socket closes or no pid comes in time), then lives exactly
+as long as that process: it watches it through a pidfd and, when it ends, stops the network
+helper and exits. No daemon, nothing shared between containers. Its state file (`guard.json`)
+says `filtered`, `ready`, `failed` or `stopped`; each change is also signalled as one line on
+the control socket so the CLI wakes at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import ipaddress
 import json
 import logging
 import os
 import select
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from linpodx.egress import netns, ruleset
+from linpodx.egress import netns, nfsets, ruleset
 from linpodx.egress.denials import DenialRecorder, default_sink
 from linpodx.egress.policy import Allowlist, upstreams
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, serve_tcp, serve_udp
@@ -29,13 +34,48 @@ from linpodx.fsutil import atomic_write
 log = logging.getLogger("linpodx.egress.guard")
 
 
-def _write_state(st: EgressState, **data: Any) -> None:
-    data.setdefault("guard_pid", os.getpid())
-    data.setdefault("ts", time.time())
-    atomic_write(st.guard_file, json.dumps(data, sort_keys=True).encode())
+class Reporter:
+    """Writes guard.json and, until the start-up ends, tells the CLI on the control socket."""
+
+    def __init__(self, st: EgressState, control: socket.socket | None) -> None:
+        self.st = st
+        self.control = control
+
+    def write(self, **data: Any) -> None:
+        data.setdefault("guard_pid", os.getpid())
+        data.setdefault("ts", time.time())
+        atomic_write(self.st.guard_file, json.dumps(data, sort_keys=True).encode())
+        if self.control is not None:
+            with contextlib.suppress(OSError):  # the CLI gave up: guard.json still says it
+                self.control.sendall(f"{data.get('state')}\n".encode())
+            if data.get("state") != "filtered":
+                self.control.close()
+                self.control = None
 
 
-def load_policy(st: EgressState) -> tuple[ResolverPolicy, dict[str, Any]]:
+def await_order(control: socket.socket, timeout: float) -> tuple[int, str | None] | None:
+    """The container pid (and helper choice) the CLI sends; None if it closed or never sent."""
+    control.settimeout(timeout)
+    buf = b""
+    try:
+        while not buf.endswith(b"\n") and len(buf) < 4096:
+            chunk = control.recv(4096)
+            if not chunk:
+                return None
+            buf += chunk
+    except TimeoutError:
+        return None
+    order = json.loads(buf)
+    pid = order.get("pid") if isinstance(order, dict) else None
+    helper = order.get("helper") if isinstance(order, dict) else None
+    if not isinstance(pid, int) or pid <= 0 or not (helper is None or isinstance(helper, str)):
+        raise ValueError(f"bad order from the CLI: {buf[:200]!r}")
+    return pid, helper
+
+
+def load_policy(
+    st: EgressState, host_addrs: frozenset[Any] | None = None
+) -> tuple[ResolverPolicy, dict[str, Any]]:
     """Read the policy file the CLI wrote (fail closed on anything odd)."""
     raw = json.loads(st.policy_file.read_text(encoding="utf-8"))
     allow = Allowlist.from_entries(raw["allowlist"])
@@ -44,19 +84,37 @@ def load_policy(st: EgressState) -> tuple[ResolverPolicy, dict[str, Any]]:
     except OSError:
         host_conf = ""
     ups = tuple(upstreams(raw.get("upstream_dns", []), host_conf))
-    host = frozenset(ipaddress.ip_address(a) for a in netns.host_addresses())
+    host = host_addrs if host_addrs is not None else current_host_addresses()
     return (
         ResolverPolicy(allow, ups, bool(raw.get("allow_private_answers", False)), host),
         raw,
     )
 
 
-def run_guard(name: str, pid: int) -> int:
-    """Set up the filter, resolver and helper for container `name`; serve until it ends."""
+def current_host_addresses() -> frozenset[Any]:
+    """This host's addresses, parsed (answers naming them are refused)."""
+    return frozenset(ipaddress.ip_address(a) for a in netns.host_addresses())
+
+
+def run_guard(name: str, control: socket.socket, wait: float) -> int:
+    """Wait for container `name`'s pid on `control`, set up the filter, resolver and helper;
+    serve until the container ends."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     st = EgressState(name)
+    # Before the pid comes (podman is still creating the container): nothing here needs it.
+    host = current_host_addresses()
+    try:
+        order = await_order(control, wait)
+    except (OSError, ValueError) as exc:
+        log.error("egress guard for %s got no usable order: %s", name, exc)
+        order = None
+    if order is None:
+        log.info("egress guard for %s: no container pid came; nothing to do", name)
+        return 0
+    pid, preferred = order
+    report = Reporter(st, control)
     helper: netns.Helper | None = None
     stop = threading.Event()
     recorder = DenialRecorder(name, default_sink)
@@ -66,52 +124,36 @@ def run_guard(name: str, pid: int) -> int:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             raise RuntimeError(f"the container's process {pid} is gone") from None
-        policy, raw = load_policy(st)
+        if os.stat(netns.netns_path(pid)).st_ino == os.stat(netns.netns_path(os.getpid())).st_ino:
+            # A wrong pid must never make the guard filter (and bind port 53 in) its own netns.
+            raise RuntimeError(f"process {pid} is not in a network namespace of its own")
+        policy, raw = load_policy(st, host)
         if not policy.upstreams:
             raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
 
-        nft: netns.NftSession | None = None
-
-        def nft_run(text: str) -> None:
-            if nft is not None:
-                nft.apply(text)
-            else:
-                netns.nft_apply(pid, text)
-
-        def add(entries: list[tuple[Any, int]]) -> None:
-            nft_run(ruleset.build_add_elements(entries))
-
-        def delete(addrs: list[Any]) -> None:
-            nft_run(ruleset.build_delete_elements(addrs))
-
-        resolver = PolicyResolver(
-            policy, add_to_sets=add, delete_from_sets=delete, on_denied=recorder.deny
-        )
         log.info("loading the nft filter into the netns of pid %s", pid)
         # Filter first: from here on nothing leaves the netns except to set members.
-        netns.nft_apply(pid, ruleset.build_ruleset())
-        try:
-            nft = netns.NftSession(pid)
-        except Exception as exc:
-            # Slower but equivalent: each set update runs `nsenter … nft -f -`.
-            log.warning("libnftables unavailable (%s); using the nft program", exc)
+        netns.load_ruleset(pid, ruleset.build_ruleset())
+        sets = nfsets.NftSets(netns.netns_path(pid))
+        resolver = PolicyResolver(
+            policy, add_to_sets=sets.add, delete_from_sets=sets.delete, on_denied=recorder.deny
+        )
         log.info("binding the policy resolver")
         udp, tcp = netns.bind_resolver_sockets(pid)
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
-        kind = netns.choose_helper(os.environ.get("LINPODX_EGRESS_HELPER") or None)
+        kind = netns.choose_helper(preferred)
         log.info("starting %s", kind)
         if kind == "pasta" and netns.in_user_namespace():
             # The CLI starts it from outside the user namespace when it sees this state.
             with contextlib.suppress(FileNotFoundError):
                 st.pasta_pidfile.unlink()
-            _write_state(st, state="filtered", container=name, container_pid=pid, helper=kind)
+            report.write(state="filtered", container=name, container_pid=pid, helper=kind)
             helper = netns.wait_external_pasta(pid, st.pasta_pidfile)
         else:
             helper = netns.start_helper(kind, pid, st.helper_log)
         applied = int(raw.get("revision", 0))
-        _write_state(
-            st,
+        report.write(
             state="ready",
             container=name,
             container_pid=pid,
@@ -121,12 +163,17 @@ def run_guard(name: str, pid: int) -> int:
             policy_mtime=st.policy_file.stat().st_mtime_ns,
         )
         log.info("egress guard ready: container=%s pid=%s helper=%s", name, pid, kind)
+        # The dnspython path for odd and denied queries, imported now rather than at start-up
+        # (where it would compete with podman for the CPU) or on the first denied lookup.
+        threading.Thread(
+            target=importlib.import_module, args=("linpodx.egress.fallback",), daemon=True
+        ).start()
     except Exception as exc:
         log.exception("egress guard failed to start")
         stop.set()
         if helper is not None:
             helper.stop()
-        _write_state(st, state="failed", container=name, container_pid=pid, error=str(exc))
+        report.write(state="failed", container=name, container_pid=pid, error=str(exc))
         return 1
 
     wake_r, wake_w = os.pipe()
@@ -176,8 +223,7 @@ def run_guard(name: str, pid: int) -> int:
                     raw.get("revision"),
                     len(gone),
                 )
-                _write_state(
-                    st,
+                report.write(
                     state="ready",
                     container=name,
                     container_pid=pid,
@@ -193,23 +239,24 @@ def run_guard(name: str, pid: int) -> int:
     stop.set()
     helper.stop()
     recorder.flush()
-    _write_state(st, state="stopped", container=name, container_pid=pid)
+    report.write(state="stopped", container=name, container_pid=pid)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m linpodx.egress.runner --container NAME --pid PID`.
+    """`python -m linpodx.egress.runner --container NAME --control-fd FD [--wait SECONDS]`.
 
-    How `attach` starts the guard: the same as the hidden `linpodx _egress-guard` command, but
+    How `launch` starts the guard: the same as the hidden `linpodx _egress-guard` command, but
     without importing the CLI stack (typer, rich), which halves the guard's start-up time.
     """
     import argparse
 
     parser = argparse.ArgumentParser(prog="linpodx-egress-guard")
     parser.add_argument("--container", required=True)
-    parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--wait", type=float, default=300.0)
     args = parser.parse_args(argv)
-    return run_guard(args.container, args.pid)
+    return run_guard(args.container, socket.socket(fileno=args.control_fd), args.wait)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ from pathlib import Path
 
 from linpodx.paths import containers_dir, ensure_dir
 
+INIT_PIDFILE = "init.pid"
+"""Beside the resolv.conf: `podman create --pidfile` makes `podman init` write the container's
+init pid there, so the guard's pid needs no `podman inspect`."""
+
 
 @dataclass(frozen=True)
 class EgressState:
@@ -31,6 +35,11 @@ class EgressState:
     def policy_file(self) -> Path:
         """What the guard enforces; rewritten atomically by a re-apply."""
         return self.dir / "policy.json"
+
+    @property
+    def init_pidfile(self) -> Path:
+        """The container's init pid, written by `podman init` (see INIT_PIDFILE)."""
+        return self.dir / INIT_PIDFILE
 
     @property
     def guard_file(self) -> Path:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from linpodx.egress.state import INIT_PIDFILE
 from linpodx.errors import InvalidInput
 from linpodx.profile.model import Profile
 
@@ -217,6 +218,8 @@ def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
         argv.append(_mount_arg(m.source, m.target, m.read_only))
     if spec.resolv_conf is not None:
         argv.append(_mount_arg(spec.resolv_conf, "/etc/resolv.conf", True))
+        # The egress guard needs the init pid after `podman init`; this saves a podman inspect.
+        argv.append(f"--pidfile={spec.resolv_conf.rsplit('/', 1)[0]}/{INIT_PIDFILE}")
     if spec.rm:
         argv.append(
             f"--mount=type=tmpfs,destination={HOME_DIR},tmpfs-mode=0700,"

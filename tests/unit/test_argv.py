@@ -168,6 +168,7 @@ def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
         "--mount=type=bind,source=/srv/out,destination=/out,ro=false,bind-propagation=rprivate",
         "--mount=type=bind,source=/run/linpodx/agent-1/resolv.conf,destination=/etc/resolv.conf,"
         "ro=true,bind-propagation=rprivate",
+        "--pidfile=/run/linpodx/agent-1/init.pid",
         "localhost/linpodx-test/busybox:latest",
     )
 

@@ -154,9 +154,13 @@ def test_create_failure_removes_nothing(fake: FakeEngine) -> None:
 
 
 class FakeGuard:
-    def __init__(self, fail_attach: bool) -> None:
+    def __init__(self, fail_attach: bool, pidfile_pid: int | None = None) -> None:
         self.fail_attach = fail_attach
+        self.pidfile_pid = pidfile_pid
         self.calls: list[str] = []
+
+    def init_pid(self, name: str) -> int | None:
+        return self.pidfile_pid
 
     def prepare(self, name: str, stored: Any) -> Path:
         self.calls.append("prepare")
@@ -190,6 +194,21 @@ def test_guard_sequence_create_init_attach_start(
     # prepare before create (the bind mount needs its source) and again at bring-up (it must
     # hand back the same path), then attach with the init PID.
     assert guard.calls == ["prepare", "prepare", "attach:42"]
+
+
+def test_init_pid_from_the_pidfile_needs_no_inspect(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = FakeGuard(fail_attach=False, pidfile_pid=77)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+
+    def no_inspect(name: str) -> int:
+        raise AssertionError("podman inspect for the pid")
+
+    monkeypatch.setattr(engine, "container_pid", no_inspect)
+    spec = containers.make_spec(REQ, guarded_ref())
+    containers.create_and_start(spec, guarded_ref())
+    assert guard.calls[-1] == "attach:77"
 
 
 def test_guard_failure_fails_closed(fake: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -298,13 +317,30 @@ def test_guarded_run_with_a_taken_name_leaves_the_other_guard_alone(
 ) -> None:
     guard = FakeGuard(fail_attach=False)
     monkeypatch.setattr(containers, "_guard", lambda: guard)
-    fake.present.add("agent-1")  # someone else's container already has the name
+    fake.present.add("agent-1")  # another linpodx container already has the name
+    containers.spec_dir("agent-1").mkdir(parents=True)  # ... and its files
     spec = containers.make_spec(REQ, guarded_ref())
     with pytest.raises(EngineError) as ei:
         containers.create_and_start(spec, guarded_ref())
     assert "already in use" in ei.value.message
     assert guard.calls == []  # neither prepare (would overwrite its files) nor detach
     assert "create" not in fake.names() and "remove" not in fake.names()
+
+
+def test_guarded_run_with_a_name_taken_outside_linpodx_cleans_only_its_own_files(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No state dir of that name: nothing of another container's to overwrite, so no
+    `podman container exists` first; podman refuses the create and our files go again."""
+    guard = FakeGuard(fail_attach=False)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    fake.present.add("agent-1")
+    fake.fail["create"] = EngineError("podman create failed", stderr="name is already in use")
+    spec = containers.make_spec(REQ, guarded_ref())
+    with pytest.raises(EngineError):
+        containers.create_and_start(spec, guarded_ref())
+    assert guard.calls == ["prepare", "detach"]
+    assert "remove" not in fake.names()
 
 
 def test_start_refuses_a_moved_resolv_conf(

@@ -29,9 +29,10 @@ class FakeUpstream:
         self.table = table
         self.asked: list[tuple[str, str]] = []
 
-    def __call__(
-        self, query: dns.message.Message, ups: Sequence[tuple[str, int]]
-    ) -> dns.message.Message:
+    def __call__(self, wire: bytes, ups: Sequence[tuple[str, int]]) -> bytes:
+        return self.answer(dns.message.from_wire(wire)).to_wire()
+
+    def answer(self, query: dns.message.Message) -> dns.message.Message:
         q = query.question[0]
         name = q.name.to_text(omit_final_dot=True)
         self.asked.append((name, dns.rdatatype.to_text(q.rdtype)))
@@ -311,3 +312,36 @@ def test_policy_change_empties_the_bytes_cache() -> None:
         ResolverPolicy(Allowlist.from_entries(["*.example.com"]), (("127.0.0.1", 53),), False)
     )
     assert ask(r, "crates.io").rcode() == dns.rcode.NXDOMAIN
+
+
+def test_edns_query_is_answered_with_edns() -> None:
+    r, _up, sets, _, _ = make()
+    q = dns.message.make_query("crates.io", "A", use_edns=0)
+    out = r.handle(q.to_wire())
+    assert out is not None
+    resp = dns.message.from_wire(out)
+    assert resp.edns == 0 and addrs(resp) == ["9.9.9.10"] and sets.added
+
+
+def test_allowed_wildcard_name_with_odd_bytes_is_refused_and_recorded() -> None:
+    r, up, _, records, _ = make()
+    resp = ask(r, "a\\032b.example.com")
+    assert resp.rcode() == dns.rcode.REFUSED and up.asked == []
+    assert "host name" in records[0][1]["reason"]
+
+
+def test_odd_but_valid_query_still_answered_through_dnspython() -> None:
+    r, *_ = make()
+    q = dns.message.make_query("crates.io", "A")
+    q.flags |= dns.flags.AA  # no stub sets it: the strict codec leaves it to dnspython
+    out = r.handle(q.to_wire())
+    assert out is not None
+    resp = dns.message.from_wire(out)
+    assert resp.id == q.id and resp.rcode() == dns.rcode.NOERROR
+    assert addrs(resp) == ["9.9.9.10"]
+
+
+def test_garbled_upstream_answer_is_servfail() -> None:
+    r, _up, sets, _, _ = make()
+    r._upstream = lambda q, ups: q[:2] + b"\x81\x80\x00\x01\x00\x05"  # type: ignore[method-assign]
+    assert ask(r, "crates.io").rcode() == dns.rcode.SERVFAIL and sets.added == []

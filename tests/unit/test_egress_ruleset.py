@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import shutil
 import subprocess
 
 import pytest
 
-from linpodx.egress.ruleset import (
-    build_add_elements,
-    build_delete_elements,
-    build_flush_sets,
-    build_ruleset,
-)
+from linpodx.egress.ruleset import build_ruleset
 
 EXPECTED = """\
 table inet linpodx_egress
@@ -54,36 +48,6 @@ def test_ruleset_is_exactly_the_expected_text() -> None:
     assert build_ruleset() == EXPECTED
 
 
-def test_add_elements_refreshes_timeout_atomically_per_family() -> None:
-    text = build_add_elements(
-        [
-            (ipaddress.ip_address("203.0.113.7"), 60),
-            (ipaddress.ip_address("2001:db8::1"), 3600),
-            (ipaddress.ip_address("203.0.113.7"), 60),  # duplicate: once only
-        ]
-    )
-    assert text == (
-        "add element inet linpodx_egress allowed4 { 203.0.113.7 timeout 60s }\n"
-        "delete element inet linpodx_egress allowed4 { 203.0.113.7 }\n"
-        "add element inet linpodx_egress allowed4 { 203.0.113.7 timeout 60s }\n"
-        "add element inet linpodx_egress allowed6 { 2001:db8::1 timeout 3600s }\n"
-        "delete element inet linpodx_egress allowed6 { 2001:db8::1 }\n"
-        "add element inet linpodx_egress allowed6 { 2001:db8::1 timeout 3600s }\n"
-    )
-
-
-def test_delete_elements_never_fails_on_a_lapsed_element() -> None:
-    text = build_delete_elements([ipaddress.ip_address("203.0.113.7")])
-    assert text == (
-        "add element inet linpodx_egress allowed4 { 203.0.113.7 timeout 1s }\n"
-        "delete element inet linpodx_egress allowed4 { 203.0.113.7 }\n"
-    )
-    assert build_add_elements([]) == ""
-    assert build_flush_sets() == (
-        "flush set inet linpodx_egress allowed4\nflush set inet linpodx_egress allowed6\n"
-    )
-
-
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
 def test_ruleset_and_updates_are_accepted_by_nft_check_mode() -> None:
     """nft itself parses the text (check mode, in a throwaway netns when we may make one)."""
@@ -91,7 +55,7 @@ def test_ruleset_and_updates_are_accepted_by_nft_check_mode() -> None:
     probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10)
     if probe.returncode != 0:
         pytest.skip("cannot create a user+net namespace here")
-    text = build_ruleset() + build_add_elements([(ipaddress.ip_address("203.0.113.7"), 30)])
+    text = build_ruleset()
     res = subprocess.run(
         ["unshare", "-rn", nft, "-c", "-f", "-"],
         input=text,

@@ -1,0 +1,105 @@
+"""The guard's launch protocol: started before the container exists, it waits for the pid on
+its control socket and ends by itself when nobody sends one.
+
+No container and no podman here: a launched guard that never gets a pid touches nothing.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from linpodx.egress import guard
+from linpodx.egress.runner import await_order
+
+_open_peers: list[socket.socket] = []
+
+
+def _pair_with(data: bytes, *, close: bool) -> socket.socket:
+    ours, theirs = socket.socketpair()
+    ours.sendall(data)
+    if close:
+        ours.close()
+    else:
+        _open_peers.append(ours)  # the CLI's end stays open: no EOF
+    return theirs
+
+
+def test_order_carries_pid_and_helper() -> None:
+    sock = _pair_with(b'{"pid": 42, "helper": "pasta"}\n', close=False)
+    assert await_order(sock, 5) == (42, "pasta")
+
+
+def test_order_without_helper() -> None:
+    sock = _pair_with(b'{"pid": 7, "helper": null}\n', close=True)
+    assert await_order(sock, 5) == (7, None)
+
+
+def test_closed_socket_means_no_order() -> None:
+    assert await_order(_pair_with(b"", close=True), 5) is None
+    assert await_order(_pair_with(b'{"pid": 4', close=True), 5) is None
+
+
+def test_no_order_in_time() -> None:
+    assert await_order(_pair_with(b"", close=False), 0.05) is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b'{"pid": 0}\n', b'{"pid": "1"}\n', b'{"pid": 3, "helper": 5}\n', b"[1]\n", b"nope\n"],
+)
+def test_bad_orders_are_refused(line: bytes) -> None:
+    with pytest.raises(ValueError):
+        await_order(_pair_with(line, close=True), 5)
+
+
+def _guards_of(name: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if guard.GUARD_MODULE.encode() in cmd and name.encode() in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def _wait_until(cond: object, limit: float = 20.0) -> bool:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_launched_guard_ends_when_detached() -> None:
+    name = f"lpx-launch-{uuid.uuid4().hex[:8]}"
+    guard.launch(name)
+    try:
+        assert _wait_until(lambda: _guards_of(name))
+        guard.launch(name)  # already waiting: no second guard
+        assert len(_guards_of(name)) == 1
+    finally:
+        guard.detach(name)
+    assert _wait_until(lambda: not _guards_of(name))
+
+
+def test_init_pid_comes_from_the_pidfile_beside_the_resolv_conf() -> None:
+    name = f"lpx-pid-{uuid.uuid4().hex[:8]}"
+    assert guard.init_pid(name) is None  # nothing written: the caller asks podman
+    st = guard.EgressState(name)
+    st.ensure()
+    st.init_pidfile.write_text("4242\n")
+    assert guard.init_pid(name) == 4242
+    st.init_pidfile.write_text("garbage")
+    assert guard.init_pid(name) is None
+    guard.detach(name)
+    assert not st.dir.parent.exists()  # nothing of the container's was left

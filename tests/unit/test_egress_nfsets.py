@@ -1,0 +1,146 @@
+"""The allowed sets' netlink batches: their layout, and (as root) what the kernel makes of them
+in a throwaway network namespace.
+
+Addresses are data only: nothing here sends a packet anywhere.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from linpodx.egress import nfsets
+from linpodx.egress.netns import load_ruleset, netns_path
+from linpodx.egress.ruleset import build_ruleset
+
+V4 = ipaddress.ip_address("203.0.113.7")
+V6 = ipaddress.ip_address("2001:db8::1")
+
+
+def messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, seq, payload after the nfgenmsg) of each netlink message."""
+    out = []
+    off = 0
+    while off < len(data):
+        size, kind, flags, seq, _pid = struct.unpack_from("=IHHII", data, off)
+        out.append((kind, flags, seq, data[off + 20 : off + size]))
+        off += (size + 3) & ~3
+    return out
+
+
+def attrs(payload: bytes) -> list[tuple[int, bytes]]:
+    out = []
+    off = 0
+    while off + 4 <= len(payload):
+        size, kind = struct.unpack_from("=HH", payload, off)
+        out.append((kind & ~nfsets.NLA_F_NESTED, payload[off + 4 : off + size]))
+        off += (size + 3) & ~3
+    return out
+
+
+def elements(payload: bytes) -> list[tuple[bytes, int | None]]:
+    """(key bytes, timeout ms) of each element in a set-element message."""
+    top = dict(attrs(payload))
+    out = []
+    for _kind, elem in attrs(top[nfsets.NFTA_SET_ELEM_LIST_ELEMENTS]):
+        fields = dict(attrs(elem))
+        key = dict(attrs(fields[nfsets.NFTA_SET_ELEM_KEY]))[nfsets.NFTA_DATA_VALUE]
+        tmo = fields.get(nfsets.NFTA_SET_ELEM_TIMEOUT)
+        out.append((key, struct.unpack("!Q", tmo)[0] if tmo else None))
+    return out
+
+
+def test_add_batch_readds_each_address_with_its_timeout_per_family() -> None:
+    data, acked = nfsets.add_batch([(V4, 60), (V6, 3600), (V4, 60)], seq=100)
+    msgs = messages(data)
+    assert msgs[0][0] == nfsets.NFNL_MSG_BATCH_BEGIN and msgs[0][2] == 100
+    assert msgs[-1][0] == nfsets.NFNL_MSG_BATCH_END and msgs[-1][2] == 107
+    body = msgs[1:-1]
+    assert [m[2] for m in body] == acked == list(range(101, 107))
+    kinds = [m[0] & 0xFF for m in body]
+    new, dele = nfsets.NFT_MSG_NEWSETELEM, nfsets.NFT_MSG_DELSETELEM
+    assert kinds == [new, dele, new, new, dele, new]
+    assert all(m[0] >> 8 == nfsets.NFNL_SUBSYS_NFTABLES for m in body)
+    assert all(m[1] & nfsets.NLM_F_ACK for m in body)
+    sets = [dict(attrs(m[3]))[nfsets.NFTA_SET_ELEM_LIST_SET] for m in body]
+    assert sets == [b"allowed4\0"] * 3 + [b"allowed6\0"] * 3
+    assert elements(body[0][3]) == [(V4.packed, 60_000)]  # the duplicate went once
+    assert elements(body[1][3]) == [(V4.packed, None)]
+    assert elements(body[5][3]) == [(V6.packed, 3_600_000)]
+
+
+def test_delete_batch_adds_first_so_a_lapsed_element_cannot_fail() -> None:
+    data, acked = nfsets.delete_batch([V4], seq=7)
+    body = messages(data)[1:-1]
+    assert [m[0] & 0xFF for m in body] == [nfsets.NFT_MSG_NEWSETELEM, nfsets.NFT_MSG_DELSETELEM]
+    assert elements(body[0][3]) == [(V4.packed, 1000)]
+    assert acked == [8, 9]
+    assert nfsets.add_batch([], seq=1) == (b"", [])
+
+
+def ack(seq: int, err: int) -> bytes:
+    return (
+        struct.pack("=IHHII", 36, nfsets.NLMSG_ERROR, 0, seq, 0)
+        + struct.pack("=i", err)
+        + (b"\0" * 16)
+    )
+
+
+def test_acks_and_refusals() -> None:
+    waiting = {5, 6}
+    nfsets.check_acks(ack(5, 0) + ack(99, -2), waiting)  # 99: an older batch, ignored
+    assert waiting == {6}
+    with pytest.raises(OSError) as err:
+        nfsets.check_acks(ack(6, -2), waiting)
+    assert err.value.errno == 2
+
+
+@pytest.fixture
+def netns_pid() -> Iterator[int]:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and util-linux unshare")
+    proc = subprocess.Popen(["unshare", "-n", "sleep", "60"])
+    try:
+        for _ in range(100):
+            if os.readlink(f"/proc/{proc.pid}/ns/net") != os.readlink("/proc/self/ns/net"):
+                break
+            time.sleep(0.02)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def listed(pid: int) -> str:
+    nft = shutil.which("nft") or "/usr/sbin/nft"
+    return subprocess.run(
+        ["nsenter", f"--net={netns_path(pid)}", nft, "list", "table", "inet", "linpodx_egress"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=20,
+    ).stdout
+
+
+def test_the_kernel_takes_the_batches(netns_pid: int) -> None:
+    load_ruleset(netns_pid, build_ruleset())
+    sets = nfsets.NftSets(netns_path(netns_pid))
+    try:
+        sets.add([(V4, 60), (V6, 3600)])
+        sets.add([(V4, 1000)])  # refreshed: the timeout is the new one
+        text = listed(netns_pid)
+        assert "203.0.113.7 timeout 16m40s" in text and "2001:db8::1 timeout 1h" in text
+        sets.delete([V4, ipaddress.ip_address("198.51.100.1")])  # the second was never there
+        assert "203.0.113.7" not in listed(netns_pid)
+        load_ruleset(netns_pid, "delete table inet linpodx_egress\n")
+        with pytest.raises(OSError):
+            sets.add([(V4, 60)])  # no set: refused, never silently ignored
+    finally:
+        sets.close()
