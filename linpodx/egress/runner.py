@@ -29,6 +29,7 @@ from linpodx.egress.denials import DenialRecorder, default_sink
 from linpodx.egress.policy import Allowlist, upstreams
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, serve_tcp, serve_udp
 from linpodx.egress.state import EgressState
+from linpodx.errors import LinpodxError
 from linpodx.fsutil import atomic_write
 
 log = logging.getLogger("linpodx.egress.guard")
@@ -169,7 +170,12 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             target=importlib.import_module, args=("linpodx.egress.fallback",), daemon=True
         ).start()
     except Exception as exc:
-        log.exception("egress guard failed to start")
+        if isinstance(exc, LinpodxError):
+            # An expected refusal (no helper, nft refused, …): its message says it all, and
+            # the CLI shows this log's tail to the person, who must not get a traceback.
+            log.error("egress guard failed to start: %s", exc)
+        else:
+            log.exception("egress guard failed to start")  # a bug: keep where it happened
         stop.set()
         if helper is not None:
             helper.stop()
