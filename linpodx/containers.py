@@ -428,21 +428,21 @@ def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
 Announce = Callable[[ContainerInfo, CreateSpec], None]
 
 
-def one_call(spec: CreateSpec, ref: ProfileRef) -> bool:
-    """Whether a foreground run can be one `podman run`: nothing has to happen between create
-    and start (no egress guard to attach, no `$HOME` to create: --rm has a tmpfs one) and no
-    TTY (the id is printed while podman already runs; on a terminal in raw mode it would not
-    be a clean line)."""
-    return spec.rm and not spec.tty and not needs_guard(ref)
+def one_call(spec: CreateSpec) -> bool:
+    """Whether a foreground run can be one `podman run`: a --rm container (its `$HOME` is a
+    tmpfs, nothing to create first) without a TTY (the id is printed while podman already
+    runs; on a terminal in raw mode it would not be a clean line). An egress guard is attached
+    by an OCI hook inside that one call (see `_run_once`)."""
+    return spec.rm and not spec.tty
 
 
 def run_foreground(req: RunRequest, announce: Announce) -> int:
     """`linpodx run` without --detach: create, `announce` the container, run it attached to this
-    terminal and return its exit status. Unguarded --rm runs without a TTY take one
-    `podman run` (`one_call`); the others create, announce, then `podman start --attach`."""
+    terminal and return its exit status. --rm runs without a TTY take one `podman run`
+    (`one_call`); the others create, announce, then `podman start --attach`."""
     ref = resolve_profile(req.profile)
     spec = make_spec(req, ref)
-    if one_call(spec, ref):
+    if one_call(spec):
         return _run_once(spec, ref, announce)
     info = create_and_start(spec, ref, start=False)
     announce(info, spec)
@@ -454,15 +454,42 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
 
 def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
     """Audit, then one `podman run --rm --cidfile`: once the id is known, the run spec is saved
-    and the container announced before any of its output is passed on."""
+    and the container announced before any of its output is passed on.
+
+    With an allowlist, the guard is launched first (`guard.prepare`) and podman gets a hooks
+    dir whose `createRuntime` hook hands the container's pid over and holds its command back
+    until the guard is ready; the id is announced only after that. If the guard fails, the hook
+    fails, runc never starts the command, and everything is removed.
+    """
     audit("container.run", _run_record(spec, ref))
     where = spec_dir(spec.name)
     made = not where.exists()
+    guarded = needs_guard(ref)
+    global_flags: tuple[str, ...] = ()
+    if guarded:
+        # prepare() writes the guard's files under this name: refuse a taken name first.
+        if not made and engine.exists(spec.name):
+            raise EngineError(
+                f"the container name {spec.name!r} is already in use",
+                "choose another --name, or remove the old container with `linpodx rm NAME`",
+            )
+        guard = _guard()
+        try:
+            resolv = guard.prepare(spec.name, ref)
+            hooks = guard.hook_setup(spec.name)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                guard.detach(spec.name)
+            raise
+        spec = CreateSpec(**{**_fields(spec), "resolv_conf": str(resolv)})
+        global_flags = (f"--hooks-dir={hooks}",)
     # The id file is named for this run: if the name is taken, podman refuses before writing
     # it, and the other container's spec dir is left as it was.
     cidfile = ensure_dir(where) / f"cid-{secrets.token_hex(6)}"
 
-    def created(container_id: str) -> None:
+    def created(container_id: str, running: Callable[[], bool]) -> None:
+        if guarded:
+            _guard().attach(spec.name, _guard().hook_pid(spec.name, running), ref)
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
         _emit(
             "container.start",
@@ -472,24 +499,28 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
                              spec.image)  # fmt: skip
         announce(info, spec)
 
+    argv = (*global_flags, *build_run_argv(spec, str(cidfile)))
     try:
-        rc = engine.run_announced(build_run_argv(spec, str(cidfile)), cidfile, created)
+        rc = engine.run_announced(argv, cidfile, created)
     except BaseException as exc:
         ours = cidfile.exists()  # podman created the container: remove it and its spec
         cidfile.unlink(missing_ok=True)
         if ours and isinstance(exc, LinpodxError):
-            raise _cleanup(spec.name, exc, remove_spec=True, guard_too=False) from None
+            raise _cleanup(spec.name, exc, remove_spec=True, guard_too=guarded) from None
+        if guarded:
+            with contextlib.suppress(Exception):
+                _guard().detach(spec.name)
         if ours:
             engine.remove_quietly(spec.name)
+        if ours or made:
             _remove_spec(spec.name)
-        elif made:
-            with contextlib.suppress(OSError):
-                where.rmdir()
         raise
     if rc < 0:
         forget(spec.name)  # podman itself was killed: the container may still be there
     else:
-        _remove_spec(spec.name)  # podman run --rm removed it before returning
+        # podman run --rm removed the container before returning; its guard, if any, ends by
+        # itself with the container's network namespace.
+        _remove_spec(spec.name)
     return rc
 
 

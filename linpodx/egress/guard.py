@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from linpodx.egress.netns import RESOLVER_ADDR
 from linpodx.egress.state import EgressState
 from linpodx.errors import AuditError, EngineError
 from linpodx.fsutil import atomic_write
+from linpodx.paths import ensure_dir
 
 if TYPE_CHECKING:
     from linpodx.profile.store import StoredProfile
@@ -183,6 +185,66 @@ def launch(name: str) -> None:
     finally:
         theirs.close()
     _launched[name] = ours
+
+
+HOOK_SCRIPT = Path(__file__).with_name("hook.py")
+HOOK_FILE = "linpodx-egress.json"
+
+
+def hook_setup(name: str) -> Path:
+    """Make `name`'s OCI hooks dir (for `podman --hooks-dir=DIR run`) and the FIFO through
+    which its `createRuntime` hook (hook.py) hands over the container's pid; returns the dir.
+
+    For one-call runs (`containers._run_once`): the hook holds the container's command back
+    until the guard is ready, so create, init, attach and start need no separate podman calls.
+    """
+    st = EgressState(name)
+    hooks = ensure_dir(st.hooks_dir)
+    with contextlib.suppress(FileNotFoundError):
+        st.hook_fifo.unlink()
+    os.mkfifo(st.hook_fifo, 0o600)
+    hook = {
+        "version": "1.0.0",
+        "hook": {
+            "path": sys.executable,
+            "args": [
+                sys.executable, "-I", "-S", str(HOOK_SCRIPT),
+                str(st.hook_fifo), str(st.guard_file), f"{READY_TIMEOUT:g}",
+            ],
+            # runc ends a hook that outlives this, and the container does not start.
+            "timeout": int(READY_TIMEOUT) + 10,
+        },
+        "when": {"always": True},
+        "stages": ["createRuntime"],
+    }  # fmt: skip
+    atomic_write(hooks / HOOK_FILE, json.dumps(hook).encode())
+    return hooks
+
+
+def hook_pid(name: str, running: Callable[[], bool]) -> int:
+    """The container pid `name`'s hook hands over; EngineError if podman ends first or none
+    comes within READY_TIMEOUT."""
+    st = EgressState(name)
+    fd = os.open(st.hook_fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        data = b""
+        while b"\n" not in data and time.monotonic() < deadline and running():
+            r, _, _ = select.select([fd], [], [], 0.05)
+            if r:
+                chunk = os.read(fd, 64)
+                if not chunk:  # the hook came and went (readable at EOF only after a writer)
+                    break
+                data += chunk
+    finally:
+        os.close(fd)
+    line = data.split(b"\n", 1)[0]
+    if not line.isdigit() or int(line) <= 0:
+        raise EngineError(
+            f"the egress hook of {name} did not hand over the container's pid",
+            "the container was not started; see `linpodx doctor`",
+        )
+    return int(line)
 
 
 def _hung_up(sock: socket.socket) -> bool:

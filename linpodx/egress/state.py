@@ -42,6 +42,16 @@ class EgressState:
         return self.dir / INIT_PIDFILE
 
     @property
+    def hooks_dir(self) -> Path:
+        """OCI hooks dir of a one-call run (`podman --hooks-dir`); see guard.hook_setup."""
+        return self.dir / "hooks"
+
+    @property
+    def hook_fifo(self) -> Path:
+        """FIFO through which the createRuntime hook hands over the container's pid."""
+        return self.dir / "hook.pid"
+
+    @property
     def guard_file(self) -> Path:
         """The guard's own state: pid, container pid, helper, applied revision."""
         return self.dir / "guard.json"

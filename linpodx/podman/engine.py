@@ -297,9 +297,14 @@ def _read_cid(cidfile: Path) -> str | None:
     return cid if len(cid) == 64 and all(c in "0123456789abcdef" for c in cid) else None
 
 
-def run_announced(run_argv: Sequence[str], cidfile: Path, on_created: Callable[[str], None]) -> int:
-    """`podman run` (argv from `argv.build_run_argv`) in the foreground, with `on_created(id)`
-    called once the container exists and before any of its output is passed on.
+def run_announced(
+    run_argv: Sequence[str],
+    cidfile: Path,
+    on_created: Callable[[str, Callable[[], bool]], None],
+) -> int:
+    """`podman run` (argv from `argv.build_run_argv`, global flags first) in the foreground,
+    with `on_created(id, running)` called once the container exists and before any of its
+    output is passed on; `running()` says whether podman is still at work (for waits there).
 
     The container's stdout and stderr reach ours through two pipes, held back until
     `on_created` has run, so what linpodx prints about the container comes first. stdin is
@@ -380,7 +385,7 @@ def run_announced(run_argv: Sequence[str], cidfile: Path, on_created: Callable[[
                 stderr=stderr,
             )
         try:
-            on_created(cid)
+            on_created(cid, lambda: child.poll() is None)
         except BaseException:
             # Whatever linpodx could not do for it (record its spec, say its id), the container
             # must not run on without it: end podman (its --sig-proxy ends the container).

@@ -696,3 +696,68 @@ def test_killed_guard_takes_the_network_with_it(servers: Servers, container: str
     assert guard.status(container) == "down"
     assert wait_for(lambda: links(container) == ["lo"])
     assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
+
+
+def _apply_cli_profile(servers: Servers, tmp_path: Path, name: str) -> None:
+    prof = tmp_path / f"{name}.yml"
+    prof.write_text(
+        f"version: 1\nname: {name}\nnetwork:\n"
+        "  egress_dns_allowlist: [allowed.test]\n"
+        f"  upstream_dns: ['127.0.0.1:{servers.upstream.port}']\n"
+        "  allow_private_answers: true\n"
+    )
+    applied = run_linpodx("sandbox", "apply", "--profile", str(prof))
+    assert applied.returncode == 0, applied.stderr
+
+
+def _guard_processes(name: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "egress" in line and name in line]
+
+
+def test_one_call_rm_run_is_filtered_from_its_first_instruction(
+    servers: Servers, unique_name: str, tmp_path: Path
+) -> None:
+    """`run --rm` without a TTY is one `podman run` whose createRuntime hook holds the command
+    back until the guard is ready: the very first thing the command does is already filtered."""
+    _apply_cli_profile(servers, tmp_path, "egress-once")
+    script = (
+        f"curl -s -m 3 http://{HOST}:{servers.http_port}/ >/dev/null; echo direct=$?; "
+        f"curl -s -m 5 http://allowed.test:{servers.http_port}/; echo; "
+        "getent hosts denied.test >/dev/null; echo denied=$?"
+    )
+    res = run_linpodx(
+        "run", "--rm", "--profile", "egress-once", "--image", DEBIAN_IMAGE,
+        "--name", unique_name, "--", "sh", "-c", script, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("container_id: ") and lines[2].split() == ["state:", "running"]
+    # Before any allowed name resolved to it, the host's address is refused (curl: not 0).
+    assert lines[3].startswith("direct=") and lines[3] != "direct=0"
+    assert lines[4] == BODY.decode()
+    assert lines[5] == "denied=2"
+    assert ("denied.test", "A") not in servers.upstream.asked
+    # Gone with the container: the guard, its files, the run spec.
+    assert wait_for(lambda: not _guard_processes(unique_name))
+    assert not EgressState(unique_name).dir.parent.exists()
+
+
+def test_one_call_rm_run_fails_closed_when_the_guard_fails(
+    servers: Servers, unique_name: str, tmp_path: Path
+) -> None:
+    _apply_cli_profile(servers, tmp_path, "egress-once-fail")
+    env = {**os.environ, "LINPODX_EGRESS_HELPER": "no-such-helper-" + uuid.uuid4().hex[:6]}
+    res = run_linpodx(
+        "run", "--rm", "--profile", "egress-once-fail", "--image", DEBIAN_IMAGE,
+        "--name", unique_name, "--", "sh", "-c", "echo SHOULD-NOT-RUN",
+        timeout=120, env=env,
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert "SHOULD-NOT-RUN" not in res.stdout
+    assert "container_id" not in res.stdout  # never announced: it never ran
+    assert "egress filter" in res.stderr and "hint:" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert subprocess.run(["podman", "container", "exists", unique_name]).returncode == 1
+    assert wait_for(lambda: not _guard_processes(unique_name))
+    assert not EgressState(unique_name).dir.parent.exists()

@@ -132,7 +132,7 @@ class FakeRun:
             cidfile.write_text("ab" * 32)
         if self.fail is not None:
             raise self.fail
-        on_created("ab" * 32)
+        on_created("ab" * 32, lambda: True)
         return self.rc
 
 
@@ -157,6 +157,78 @@ def test_rm_run_is_one_podman_run_announced_then_cleaned_up(
     assert not (containers_dir() / "agent-1").exists()
 
 
+class FakeGuard:
+    """Records the guard calls of a guarded one-call run; fails where told to."""
+
+    def __init__(self, fail_attach: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail_attach = fail_attach
+
+    def prepare(self, name: str, stored: Any) -> Path:
+        self.calls.append("prepare")
+        return Path("/run/fake/resolv.conf")
+
+    def hook_setup(self, name: str) -> Path:
+        self.calls.append("hook_setup")
+        return Path("/run/fake/hooks")
+
+    def hook_pid(self, name: str, running: Any) -> int:
+        self.calls.append("hook_pid")
+        return 4242
+
+    def attach(self, name: str, pid: int, stored: Any) -> None:
+        self.calls.append(f"attach:{pid}")
+        if self.fail_attach:
+            raise EngineError("egress filter for agent-1 could not be set up: nft said no")
+
+    def detach(self, name: str) -> None:
+        self.calls.append("detach")
+
+
+def guarded(monkeypatch: pytest.MonkeyPatch, guard: FakeGuard) -> containers.ProfileRef:
+    from linpodx.profile.model import Network, Profile
+
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    prof = Profile(name="net", network=Network(egress_dns_allowlist=("crates.io",)))
+    ref = containers.ProfileRef(prof, "net", "prof_X", 2, "cd" * 32)
+    monkeypatch.setattr(containers, "resolve_profile", lambda name: ref)
+    return ref
+
+
+def test_guarded_rm_run_attaches_through_the_hook_before_announcing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    guard = FakeGuard()
+    guarded(monkeypatch, guard)
+    fake = FakeRun()
+    fake.install(monkeypatch)
+    seen: list[list[str]] = []
+    req = containers.RunRequest(image="localhost/img:1", name="agent-1", rm=True, profile="net")
+    assert containers.run_foreground(req, lambda info, spec: seen.append(list(guard.calls))) == 0
+    # Global flag first, then `run`; the resolv.conf the guard wrote is mounted.
+    assert fake.argv[0] == "--hooks-dir=/run/fake/hooks" and fake.argv[1] == "run"
+    assert any("/run/fake/resolv.conf" in a and "/etc/resolv.conf" in a for a in fake.argv)
+    assert guard.calls == ["prepare", "hook_setup", "hook_pid", "attach:4242"]
+    assert seen == [guard.calls]  # announced only once the guard was ready
+
+
+def test_guarded_rm_run_fails_closed_and_removes_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    guard = FakeGuard(fail_attach=True)
+    guarded(monkeypatch, guard)
+    fake = FakeRun()
+    fake.install(monkeypatch)
+    announced: list[str] = []
+    req = containers.RunRequest(image="localhost/img:1", name="agent-1", rm=True, profile="net")
+    with pytest.raises(EngineError) as ei:
+        containers.run_foreground(req, lambda info, spec: announced.append(info.name))
+    assert announced == []
+    assert fake.removed == ["agent-1"] and "detach" in guard.calls
+    assert ei.value.hint and "removed again" in ei.value.hint
+    assert not (containers_dir() / "agent-1").exists()
+
+
 @pytest.mark.parametrize(
     "req",
     [
@@ -168,7 +240,7 @@ def test_rm_run_is_one_podman_run_announced_then_cleaned_up(
 )
 def test_other_foreground_runs_keep_create_then_start(req: containers.RunRequest) -> None:
     ref = containers.builtin_ref()
-    assert not containers.one_call(containers.make_spec(req, ref), ref)
+    assert not containers.one_call(containers.make_spec(req, ref))
 
 
 def test_podman_refusing_before_create_touches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
