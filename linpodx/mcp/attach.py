@@ -197,6 +197,7 @@ def attach(
         reason = why["reason"]
         # Pending approvals are denied first: nothing waits for a person past the session.
         bridge.shutdown(reason)
+        bridge.settle_client()
         close_server_input()
         code = _wait_child(child, SERVER_EXIT_GRACE)
         threads[1].join(2.0)  # let the last server messages through

@@ -102,12 +102,18 @@ class _Lane:
         with self.cv:
             return not self.queue and not self.busy
 
-    def drain(self, timeout: float) -> None:
-        """Wait until every queued step ran, then stop the thread."""
+    def settle(self, timeout: float) -> None:
+        """Wait until every step queued so far ran (the thread keeps running)."""
         deadline = time.monotonic() + timeout
         with self.cv:
             while (self.queue or self.busy) and time.monotonic() < deadline:
                 self.cv.wait(0.05)
+
+    def drain(self, timeout: float) -> None:
+        """Wait until every queued step ran, then stop the thread."""
+        deadline = time.monotonic() + timeout
+        self.settle(timeout)
+        with self.cv:
             self.closed = True
             self.cv.notify_all()
         self.thread.join(max(0.0, deadline - time.monotonic()))
@@ -252,6 +258,13 @@ class Bridge:
         with self._lock:
             self.records += 1
         target.put(ticket, ok, fail)
+
+    def settle_client(self, timeout: float = 10.0) -> None:
+        """Let the client's queued steps finish (before the server's input is closed: a request
+        the client sent just before its EOF is still forwarded)."""
+        lane = self._lanes.get("client")
+        if lane is not None:
+            lane.settle(timeout)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Let every queued "record, then act" step finish (before the session's last record)."""
