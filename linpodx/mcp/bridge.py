@@ -3,7 +3,10 @@
 `Bridge` owns no file descriptors and spawns no process: it gets frames (from `framing`) and
 writes bytes through two callables, which keeps it testable in-process and lets `attach` own the
 `podman exec` child. Per frame it parses strictly, decides (policy engine or approval), records
-the decision in the session chain, and only then forwards the re-serialized message or answers.
+the decision in the session chain (written and fsync'd), and only then forwards the
+re-serialized message or answers. An answer's outcome record (`mcp.response`) is written before
+the answer is passed on and fsync'd with the next record: the durability rule is spelled out in
+`mcp.auditlog`.
 
 Threads: one reader per direction calls `on_client_frame` / `on_server_frame`; each `prompt`
 decision waits in its own thread so other traffic (and other approvals) keep flowing. Shared
@@ -53,8 +56,9 @@ class _Lane:
     """Runs "record, then act" steps of one direction in arrival order, off the reader thread.
 
     The reader submits each record at once and goes on parsing; this thread waits for each
-    record to be durable and then performs its action. Records of many in-flight messages thus
-    share one fsync (group commit), and no action ever runs before its record is on disk.
+    record to be durable (only written, for an outcome record) and then performs its action.
+    Records of many in-flight messages thus share one fsync (group commit), and no action ever
+    runs before its record is on disk.
     """
 
     def __init__(self, chain: Any, name: str, log: Callable[[str], None]) -> None:
@@ -218,13 +222,16 @@ class Bridge:
 
     # ---- plumbing -------------------------------------------------------------------------
 
-    def _audit(self, type_: str, data: Mapping[str, Any]) -> None:
+    def _audit(self, type_: str, data: Mapping[str, Any], durable: bool = True) -> None:
         """Append to the session chain (raises AuditError: the caller must not act).
 
+        `durable=False` is for outcome records only: with a chain that can defer (see
+        `mcp.auditlog`), the record is written now and fsync'd with the next one.
         No lock here: the chain serializes appends itself, and concurrent callers must reach
         it together for group commit to batch them.
         """
-        rec = self.chain.append(type_, data)
+        deferred = None if durable else getattr(self.chain, "append_deferred", None)
+        rec = self.chain.append(type_, data) if deferred is None else deferred(type_, data)
         with self._lock:
             self.records += 1
             self.last_record = rec
@@ -236,25 +243,28 @@ class Bridge:
         data: Mapping[str, Any],
         ok: Callable[[], None],
         fail: Callable[[AuditError], None],
+        durable: bool = True,
     ) -> None:
         """Record `data`, then run `ok` (or `fail` if it could not be recorded).
 
         Synchronous without lanes; with lanes the record is queued now and the action runs in
-        the lane's thread once the record is durable, in arrival order.
+        the lane's thread once the record is durable (only written, for `durable=False`), in
+        arrival order.
         """
         target = self._lanes.get(lane)
-        if target is not None and not self._backlog.get(lane) and target.idle():
-            # Nothing else is waiting: doing it here saves two thread hand-offs per call.
+        if target is not None and target.idle() and not (durable and self._backlog.get(lane)):
+            # Nothing queued before it, and either nothing else waiting or no fsync to wait
+            # for: doing it here saves two thread hand-offs.
             target = None
         if target is None:
             try:
-                self._audit(type_, data)
+                self._audit(type_, data, durable)
             except AuditError as exc:
                 fail(exc)
                 return
             ok()
             return
-        ticket = self.chain.submit(type_, data)  # type: ignore[attr-defined]
+        ticket = self.chain.submit(type_, data, durable)  # type: ignore[attr-defined]
         with self._lock:
             self.records += 1
         target.put(ticket, ok, fail)
@@ -553,6 +563,7 @@ class Bridge:
             record,
             lambda: self.send_server(msg.raw),
             lambda _exc: self.send_server(refusal),
+            durable=False,
         )
 
     # ---- approvals ------------------------------------------------------------------------
@@ -812,7 +823,7 @@ class Bridge:
                 )
             )
 
-        self._then("server", "mcp.response", record, deliver, withhold)
+        self._then("server", "mcp.response", record, deliver, withhold, durable=False)
 
     # ---- drops and the end ----------------------------------------------------------------
 

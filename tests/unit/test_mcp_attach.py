@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from linpodx.audit import chain as audit_chain
 from linpodx.mcp import attach as attach_mod
+from linpodx.mcp.bridge import Bridge
 
 RESPONDER = """
 import json, sys
@@ -34,13 +36,14 @@ def fake_podman(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attach_mod.subprocess, "Popen", responder)
 
 
-def run(lines: bytes) -> tuple[list[dict[str, Any]], list[str]]:
-    """attach() with `lines` then EOF on its stdin; (what it wrote to stdout, what it said)."""
+def run(lines: bytes, said: list[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """attach() with `lines` then EOF on its stdin; (what it wrote to stdout, what it said:
+    also appended to `said` as it goes)."""
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     os.write(in_w, lines)
     os.close(in_w)
-    said: list[str] = []
+    said = [] if said is None else said
     try:
         attach_mod.attach("c", ["server"], stdin_fd=in_r, stdout_fd=out_w, log=said.append)
     finally:
@@ -57,3 +60,39 @@ def test_request_just_before_eof_is_still_forwarded(monkeypatch: pytest.MonkeyPa
     fake_podman(monkeypatch)
     got, _said = run(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
     assert got == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
+
+
+class Syncs:
+    """Stands in for os.fsync and remembers the file size each call covered."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        self.real(fd)
+        self.sizes.append(os.fstat(fd).st_size)
+
+
+def test_deferred_outcome_is_durable_when_attach_fails_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error after the last answer (here in drain) skips the closing record, yet the
+    answer's deferred outcome record is fsync'd before attach() gives up."""
+    fake_podman(monkeypatch)
+
+    def boom(_self: Bridge, _timeout: float = 10.0) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Bridge, "drain", boom)
+    monkeypatch.setattr("linpodx.mcp.auditlog.FLUSH_DELAY", 3600.0)  # only an exit path syncs
+    syncs = Syncs()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", syncs)
+    said: list[str] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        run(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n', said)
+    sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
+    path = audit_chain.session_path(sid)
+    types = [r.type for r in audit_chain.read_records(path)]
+    assert types[-2:] == ["mcp.request", "mcp.response"]
+    assert syncs.sizes[-1] == path.stat().st_size
