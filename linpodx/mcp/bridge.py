@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +43,9 @@ PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 
 AUDIT_TEXT_CAP = 256
 """Longer ids/method/tool names are recorded by digest (an audit line has a size bound)."""
+
+EVENT_LINGER = 0.02
+"""Seconds the event writer lets a burst of `mcp.decision` events gather into one write."""
 
 
 class Appender(Protocol):
@@ -121,6 +123,65 @@ class _Lane:
             self.closed = True
             self.cv.notify_all()
         self.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class _Notices:
+    """`mcp.decision` events, written off the call's path by one thread.
+
+    The first event of a burst wakes the thread, which lets the burst gather for `linger`
+    seconds and writes it at once: busy sessions pay one wake-up and one write per burst, not
+    per call. Events are notices for people, never records: a failed write is only logged.
+    """
+
+    def __init__(
+        self, emit: Callable[..., Any], log: Callable[[str], None], linger: float = EVENT_LINGER
+    ) -> None:
+        self.emit = emit
+        self.log = log
+        self.linger = linger
+        self.cv = threading.Condition()
+        self.pending: list[dict[str, Any]] = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="events", daemon=True)
+        self.thread.start()
+
+    def put(self, data: dict[str, Any]) -> None:
+        with self.cv:
+            self.pending.append(data)
+            if len(self.pending) == 1:
+                self.cv.notify()
+
+    def close(self, timeout: float) -> None:
+        """Write what is pending, then stop the thread."""
+        with self.cv:
+            self.stopping = True
+            self.cv.notify()
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.pending and not self.stopping:
+                    self.cv.wait()
+                if not self.pending:
+                    return
+                stopping = self.stopping
+            if not stopping:
+                time.sleep(self.linger)
+            with self.cv:
+                batch, self.pending = self.pending, []
+            self._write(batch)
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        items = [("mcp.decision", d) for d in batch]
+        try:
+            if self.emit is events.emit:
+                events.emit_many(items)
+            else:
+                for t, d in items:
+                    self.emit(t, **d)
+        except OSError as exc:
+            self.log(f"bridge: could not emit mcp.decision: {exc}")
 
 
 Writer = Callable[[bytes], None]
@@ -213,12 +274,7 @@ class Bridge:
         self._backlog: dict[str, bool] = {"client": False, "server": False}
         if pipeline and hasattr(chain, "submit") and hasattr(chain, "wait"):
             self._lanes = {d: _Lane(chain, d, log) for d in ("client", "server")}
-        self._events: queue.Queue[dict[str, Any] | None] | None = None
-        self._emitter: threading.Thread | None = None
-        if pipeline:
-            self._events = queue.Queue()
-            self._emitter = threading.Thread(target=self._emit_loop, name="events", daemon=True)
-            self._emitter.start()
+        self._notices = _Notices(emit, log) if pipeline else None
 
     # ---- plumbing -------------------------------------------------------------------------
 
@@ -280,9 +336,8 @@ class Bridge:
         """Let every queued "record, then act" step finish (before the session's last record)."""
         for lane in self._lanes.values():
             lane.drain(timeout)
-        if self._events is not None and self._emitter is not None:
-            self._events.put(None)
-            self._emitter.join(timeout)
+        if self._notices is not None:
+            self._notices.close(timeout)
 
     def _event(self, event_type: str, **data: Any) -> None:
         # Events are notifications for people; failing to emit one must not stop the bridge.
@@ -293,35 +348,10 @@ class Bridge:
 
     def _decision_event(self, **data: Any) -> None:
         """`mcp.decision`: off the call's path when pipelined (it is a notice, not a record)."""
-        if self._events is None:
+        if self._notices is None:
             self._event("mcp.decision", **data)
             return
-        self._events.put(data)
-
-    def _emit_loop(self) -> None:
-        q = self._events
-        if q is None:  # only started with a queue
-            return
-        while True:
-            first = q.get()
-            batch = [first]
-            while True:  # whatever queued meanwhile goes in the same write
-                try:
-                    batch.append(q.get_nowait())
-                except queue.Empty:
-                    break
-            stop = None in batch
-            items = [("mcp.decision", d) for d in batch if d is not None]
-            try:
-                if self._emit is events.emit:
-                    events.emit_many(items)
-                else:
-                    for t, d in items:
-                        self._emit(t, **d)
-            except OSError as exc:
-                self._log(f"bridge: could not emit mcp.decision: {exc}")
-            if stop:
-                return
+        self._notices.put(data)
 
     def send_client(self, obj: Any) -> None:
         """Write one message to the client (stdout carries protocol messages only)."""
@@ -451,7 +481,10 @@ class Bridge:
         }
 
         def act() -> None:
-            if decision.rule_index is not None or decision.action is not Action.AUTO_ALLOW:
+            allow = decision.action is Action.AUTO_ALLOW
+            if allow:
+                self._forward(msg)  # the event is a notice: the call does not wait for it
+            if decision.rule_index is not None or not allow:
                 self._decision_event(
                     session=self.session_id,
                     method=_short(msg.method),
@@ -459,11 +492,9 @@ class Bridge:
                     decision=decision.action.value,
                     rule=decision.rule_index,
                 )
-            if decision.action is Action.AUTO_ALLOW:
-                self._forward(msg)
-            elif decision.action is Action.PROMPT:
+            if decision.action is Action.PROMPT:
                 self._prompt(msg)
-            else:
+            elif not allow:
                 self._deny(msg, decision.reason)
 
         def unrecorded(exc: AuditError) -> None:
