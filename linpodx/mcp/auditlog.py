@@ -87,7 +87,10 @@ class GroupCommitChain:
         self.chain = chain
         self.path = chain.path
         self.flush_delay = FLUSH_DELAY if flush_delay is None else flush_delay
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)  # writers and syncers wait here
+        self._flush_cv = threading.Condition(self._lock)  # the flusher waits here
+        self._flusher_idle = False  # the flusher waits with no deadline
         self._queue: list[_Item] = []
         self._writing = False
         self._syncing = False
@@ -161,7 +164,7 @@ class GroupCommitChain:
         finally:
             with self._cv:
                 self._closed = True
-                self._cv.notify_all()
+                self._flush_cv.notify()
                 flusher = self._flusher
             if flusher is not None and flusher is not threading.current_thread():
                 flusher.join()
@@ -254,18 +257,23 @@ class GroupCommitChain:
                 target=self._flush_loop, name="audit-flush", daemon=True
             )
             self._flusher.start()
-        self._cv.notify_all()
+        elif self._flusher_idle:
+            # A flusher already waiting for a deadline will look again then: only wake an idle
+            # one (a wake-up per answer would cost a thread switch per call).
+            self._flush_cv.notify()
 
     def _flush_loop(self) -> None:
         """The flusher: syncs deferred records nobody else's fsync covered in time."""
         with self._cv:
             while not self._closed:
                 if self.failure is not None or self._deferred_gen <= self._synced_gen:
-                    self._cv.wait()
+                    self._flusher_idle = True
+                    self._flush_cv.wait()
+                    self._flusher_idle = False
                     continue
                 left = self._dirty_since + self.flush_delay - time.monotonic()
                 if left > 0:
-                    self._cv.wait(left)
+                    self._flush_cv.wait(left)
                     continue
                 self._sync_through(self._deferred_gen)
 
