@@ -150,6 +150,22 @@ def _check_tree(value: Any, depth: int, allow_floats: bool) -> None:
             _check_tree(v, depth + 1, allow_floats)
 
 
+# Built once: json.loads with hooks builds a decoder per call. A decoder keeps no state between
+# calls that could leak from one to another, so threads share them.
+_DECODE = json.JSONDecoder(
+    object_pairs_hook=_no_dupes,
+    parse_constant=_no_constant,
+    parse_int=_safe_int,
+    parse_float=_no_float,
+).decode
+_DECODE_FLOATS = json.JSONDecoder(
+    object_pairs_hook=_no_dupes,
+    parse_constant=_no_constant,
+    parse_int=_safe_int,
+    parse_float=_finite_float,
+).decode
+
+
 def _check_depth(text: str) -> None:
     """Refuse nesting deeper than MAX_DEPTH (brackets inside strings do not count)."""
     depth = 0
@@ -194,13 +210,7 @@ def strict_loads(text: str | bytes, *, allow_floats: bool = False) -> Any:
     if text.count("[") + text.count("{") > MAX_DEPTH:
         _check_depth(text)
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_dupes,
-            parse_constant=_no_constant,
-            parse_int=_safe_int,
-            parse_float=_finite_float if allow_floats else _no_float,
-        )
+        value = (_DECODE_FLOATS if allow_floats else _DECODE)(text)
     except CanonicalError:
         raise
     except (ValueError, RecursionError) as exc:
