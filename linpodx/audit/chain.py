@@ -149,11 +149,19 @@ def record_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(DOMAIN + canonical_bytes(body)).hexdigest()
 
 
+_second: tuple[int, str] = (-1, "")
+"""The last second formatted by now_ts (formatting is most of its cost; busy logs reuse it)."""
+
+
 def now_ts() -> str:
     """The current UTC time in the record format (microseconds, `Z`)."""
-    ns = time.time_ns()
-    secs, micros = divmod(ns // 1000, 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{micros:06d}Z"
+    global _second
+    secs, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    cached, text = _second
+    if cached != secs:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+        _second = (secs, text)
+    return f"{text}.{micros:06d}Z"
 
 
 def encode_record(
