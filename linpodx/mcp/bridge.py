@@ -130,7 +130,9 @@ class _Notices:
 
     The first event of a burst wakes the thread, which lets the burst gather for `linger`
     seconds and writes it at once: busy sessions pay one wake-up and one write per burst, not
-    per call. Events are notices for people, never records: a failed write is only logged.
+    per call. A `prompt` or `deny` is written at once by the caller (`put_now`), after whatever
+    is pending, so a person watching sees it before the approval it leads to, in call order.
+    Events are notices for people, never records: a failed write is only logged.
     """
 
     def __init__(
@@ -140,6 +142,7 @@ class _Notices:
         self.log = log
         self.linger = linger
         self.cv = threading.Condition()
+        self.writing = threading.Lock()  # batches are taken and written in order
         self.pending: list[dict[str, Any]] = []
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="events", daemon=True)
@@ -150,6 +153,13 @@ class _Notices:
             self.pending.append(data)
             if len(self.pending) == 1:
                 self.cv.notify()
+
+    def put_now(self, data: dict[str, Any]) -> None:
+        """Write what is pending and `data` now, on the caller's thread."""
+        with self.writing:
+            with self.cv:
+                batch, self.pending = [*self.pending, data], []
+            self._write(batch)
 
     def close(self, timeout: float) -> None:
         """Write what is pending, then stop the thread."""
@@ -168,9 +178,11 @@ class _Notices:
                 stopping = self.stopping
             if not stopping:
                 time.sleep(self.linger)
-            with self.cv:
-                batch, self.pending = self.pending, []
-            self._write(batch)
+            with self.writing:
+                with self.cv:
+                    batch, self.pending = self.pending, []
+                if batch:
+                    self._write(batch)
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
         items = [("mcp.decision", d) for d in batch]
@@ -348,11 +360,14 @@ class Bridge:
             self._log(f"bridge: could not emit {event_type}: {exc}")
 
     def _decision_event(self, **data: Any) -> None:
-        """`mcp.decision`: off the call's path when pipelined (it is a notice, not a record)."""
+        """`mcp.decision`: off the call's path when pipelined (it is a notice, not a record),
+        except for a refusal or a prompt, which a person may be waiting to see."""
         if self._notices is None:
             self._event("mcp.decision", **data)
-            return
-        self._notices.put(data)
+        elif data.get("decision") == Action.AUTO_ALLOW.value:
+            self._notices.put(data)
+        else:
+            self._notices.put_now(data)
 
     def send_client(self, obj: Any) -> None:
         """Write one message to the client (stdout carries protocol messages only)."""

@@ -213,3 +213,31 @@ def test_pipelined_bridge_writes_the_outcome_before_delivering() -> None:
     g.close()
     assert seen == [["mcp.request", "mcp.response"]]
     assert audit_chain.verify_file(ch.path, GENESIS).ok
+
+
+def test_pipelined_events_keep_call_order_and_refusals_go_out_at_once() -> None:
+    seen: list[str] = []
+    profile = Profile(
+        name="p",
+        mcp_policy=(
+            McpRule("tools/call", A.AUTO_ALLOW, "echo"),
+            McpRule("tools/call", A.DENY, "run_shell"),
+        ),
+    )
+    g = GroupCommitChain(audit_chain.session_chain("sess_events", GENESIS))
+    bridge = Bridge(
+        profile=profile,
+        session_id="sess_events",
+        chain=g,
+        to_client=lambda _b: None,
+        to_server=lambda _b: None,
+        emit=lambda _t, **d: seen.append(f"{d['tool']} {d['decision']}"),
+        pipeline=True,
+    )
+    for i, tool in enumerate(("echo", "run_shell")):
+        call = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool}}
+        bridge.on_client_frame(Line(json.dumps(call).encode()))
+    # The refusal was written before on_client_frame returned, after the allow queued before it.
+    assert seen == ["echo auto_allow", "run_shell deny"]
+    bridge.drain()
+    g.close()
