@@ -157,25 +157,24 @@ class GroupCommitChain:
     def close(self) -> None:
         """Flush, stop the flusher and close the file (appends after this reopen it). A failed
         flush stays in `failure` for the caller to report."""
-        try:
+        with contextlib.suppress(AuditError):  # kept in self.failure
             self.flush()
-        except AuditError:
-            pass  # kept in self.failure
-        finally:
-            with self._cv:
-                self._closed = True
-                self._flush_cv.notify()
-                flusher = self._flusher
-            if flusher is not None and flusher is not threading.current_thread():
-                flusher.join()
-            with self._cv:
-                self._flusher = None
-                self._closed = False
-                if self._fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(self._fd)
-                    self._fd = None
-                    self._size = None
+        with self._cv:
+            self._closed = True
+            self._flush_cv.notify()
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.join()
+        with self._cv:
+            while self._writing or self._syncing:  # never close the fd under a write
+                self._cv.wait()
+            self._flusher = None
+            self._closed = False
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
+                self._size = None
 
     # ---- the two roles (called with self._cv held) -----------------------------------------
 
