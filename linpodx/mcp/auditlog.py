@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import re
 import threading
@@ -49,20 +48,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpodx.audit import chain as audit_chain
-from linpodx.canonical import CanonicalError, canonical_bytes
+from linpodx.canonical import CanonicalError
 from linpodx.errors import AuditError
 from linpodx.paths import FILE_MODE, ensure_dir
 
 FLUSH_DELAY = 0.05
 """Seconds a deferred record may wait for its fsync (if no decision record comes first)."""
-
-
-def _encode_data(data: Any) -> tuple[bytes, Any]:
-    encode = getattr(audit_chain, "encode_data", None)
-    if encode is not None:
-        return encode(data)  # type: ignore[no-any-return]
-    raw = canonical_bytes(data)
-    return raw, json.loads(raw)
 
 
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
@@ -408,7 +399,7 @@ class GroupCommitChain:
         ts = max(audit_chain.now_ts(), last_ts)
         try:
             # The chain module's encoder: canonical bytes, C-accelerated when provably equal.
-            data_bytes, stored = _encode_data(data)
+            data_bytes, stored = audit_chain.encode_data(data)
         except (CanonicalError, RecursionError) as exc:
             raise AuditError(
                 f"could not record to the audit log: the event data cannot be recorded: {exc}"
