@@ -333,6 +333,23 @@ def _fast_record(line: bytes) -> Record | None:
     )
 
 
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _flat(data: Any) -> bool:
+    """A dict (exactly) of str keys to str, bool, None or int values within +-(2^53-1), each of
+    exactly those types (no subclass, whose encoding could differ)."""
+    if type(data) is not dict:
+        return False
+    for k, v in data.items():
+        t = type(v)
+        if type(k) is not str or t not in _SCALARS:
+            return False
+        if t is int and not -SAFE_INT <= v <= SAFE_INT:
+            return False
+    return True
+
+
 def encode_data(data: Any) -> tuple[bytes, Any]:
     """(canonical_bytes(data), a fresh copy of data as parsed back from those bytes).
 
@@ -342,10 +359,16 @@ def encode_data(data: Any) -> tuple[bytes, Any]:
     container a dict or list), encodes to UTF-8 (no lone surrogates), has no character beyond
     the BMP (json's key order is RFC 8785's) and at most MAX_DEPTH brackets. Otherwise the
     reference encoder decides, and raises CanonicalError for what it refuses.
+
+    A flat record (`_flat`: most audit records are) needs no parsing back: its types are checked
+    directly, and a copy of the dict is the parsed-back value (its values are immutable). The
+    UTF-8 and BMP conditions are checked as above.
     """
     try:
         text = _encode_sorted(data)
         raw = text.encode("utf-8")
+        if _flat(data) and (raw.isascii() or not _ASTRAL.search(raw)):
+            return raw, dict(data)
         back = _FAST_DECODER.decode(text)
         if (
             back == data
