@@ -226,7 +226,7 @@ class GroupCommitChain:
         """A sync failed: cut what is not known durable, refuse every append from now on."""
         self.failure = AuditError(
             f"could not record to the audit log {self.path}: fsync failed "
-            f"({exc.strerror or exc}); this session records (and so does) nothing more",
+            f"({exc.strerror or exc}); this session can record, and so do, nothing more",
             audit_chain.HINT_WRITE,
         )
         while self._writing:
