@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -88,12 +89,37 @@ def canonical_bytes(value: Any) -> bytes:
 
 
 def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in obj:
-            raise CanonicalError(f"duplicate key {k!r}")
-        obj[k] = v
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # the common case costs one C-level dict build
+        seen: set[str] = set()
+        for k, _v in pairs:
+            if k in seen:
+                raise CanonicalError(f"duplicate key {k!r}")
+            seen.add(k)
     return obj
+
+
+def _safe_int(text: str) -> int:
+    value = int(text)
+    if not -SAFE_INT <= value <= SAFE_INT:
+        raise CanonicalError("integer outside the range -(2^53-1)..2^53-1")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise CanonicalError("non-finite number")
+    return value
+
+
+def _no_float(_text: str) -> Any:
+    raise CanonicalError("floating-point numbers are not allowed here")
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""An escaped UTF-16 surrogate (or what looks like one): the only way JSON text decoded from
+valid UTF-8 can produce a lone surrogate."""
 
 
 def _no_constant(name: str) -> Any:
@@ -124,16 +150,24 @@ def _check_tree(value: Any, depth: int, allow_floats: bool) -> None:
             _check_tree(v, depth + 1, allow_floats)
 
 
-def strict_loads(text: str | bytes, *, allow_floats: bool = False) -> Any:
-    """Parse JSON, refusing duplicate keys, NaN/Infinity, invalid UTF-8, lone surrogates,
-    integers beyond 2^53, nesting deeper than MAX_DEPTH, and (unless allowed) floats."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CanonicalError("invalid UTF-8") from exc
-    # Bound nesting before json's recursive parser sees it (a deep document would otherwise
-    # hit RecursionError deep inside the stdlib).
+# Built once: json.loads with hooks builds a decoder per call. A decoder keeps no state between
+# calls that could leak from one to another, so threads share them.
+_DECODE = json.JSONDecoder(
+    object_pairs_hook=_no_dupes,
+    parse_constant=_no_constant,
+    parse_int=_safe_int,
+    parse_float=_no_float,
+).decode
+_DECODE_FLOATS = json.JSONDecoder(
+    object_pairs_hook=_no_dupes,
+    parse_constant=_no_constant,
+    parse_int=_safe_int,
+    parse_float=_finite_float,
+).decode
+
+
+def _check_depth(text: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH (brackets inside strings do not count)."""
     depth = 0
     in_str = False
     esc = False
@@ -153,11 +187,34 @@ def strict_loads(text: str | bytes, *, allow_floats: bool = False) -> Any:
                 raise CanonicalError(f"nesting deeper than {MAX_DEPTH}")
         elif ch in "]}":
             depth -= 1
+
+
+def strict_loads(text: str | bytes, *, allow_floats: bool = False) -> Any:
+    """Parse JSON, refusing duplicate keys, NaN/Infinity, invalid UTF-8, lone surrogates,
+    integers beyond 2^53, nesting deeper than MAX_DEPTH, and (unless allowed) floats.
+
+    Numbers, constants and duplicate keys are checked by the json parser's hooks as it reads;
+    the character-level depth scan runs only when the text has more brackets than MAX_DEPTH, and
+    the tree walk for lone surrogates only when the text has a surrogate escape (decoded UTF-8
+    cannot hold one otherwise), so a small message costs about one C-level parse.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CanonicalError("invalid UTF-8") from exc
+    else:
+        _check_str(text)  # a str may hold a raw lone surrogate; decoded bytes cannot
+    # Bound nesting before json's recursive parser sees it (a deep document would otherwise
+    # hit RecursionError deep inside the stdlib).
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        _check_depth(text)
     try:
-        value = json.loads(text, object_pairs_hook=_no_dupes, parse_constant=_no_constant)
+        value = (_DECODE_FLOATS if allow_floats else _DECODE)(text)
     except CanonicalError:
         raise
     except (ValueError, RecursionError) as exc:
         raise CanonicalError(f"invalid JSON: {exc}") from exc
-    _check_tree(value, 0, allow_floats)
+    if _SURROGATE_ESCAPE.search(text):
+        _check_tree(value, 0, allow_floats)
     return value

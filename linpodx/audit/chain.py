@@ -149,11 +149,19 @@ def record_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(DOMAIN + canonical_bytes(body)).hexdigest()
 
 
+_second: tuple[int, str] = (-1, "")
+"""The last second formatted by now_ts (formatting is most of its cost; busy logs reuse it)."""
+
+
 def now_ts() -> str:
     """The current UTC time in the record format (microseconds, `Z`)."""
-    ns = time.time_ns()
-    secs, micros = divmod(ns // 1000, 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{micros:06d}Z"
+    global _second
+    secs, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    cached, text = _second
+    if cached != secs:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+        _second = (secs, text)
+    return f"{text}.{micros:06d}Z"
 
 
 def encode_record(
@@ -325,6 +333,23 @@ def _fast_record(line: bytes) -> Record | None:
     )
 
 
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _flat(data: Any) -> bool:
+    """A dict (exactly) of str keys to str, bool, None or int values within +-(2^53-1), each of
+    exactly those types (no subclass, whose encoding could differ)."""
+    if type(data) is not dict:
+        return False
+    for k, v in data.items():
+        t = type(v)
+        if type(k) is not str or t not in _SCALARS:
+            return False
+        if t is int and not -SAFE_INT <= v <= SAFE_INT:
+            return False
+    return True
+
+
 def encode_data(data: Any) -> tuple[bytes, Any]:
     """(canonical_bytes(data), a fresh copy of data as parsed back from those bytes).
 
@@ -334,10 +359,16 @@ def encode_data(data: Any) -> tuple[bytes, Any]:
     container a dict or list), encodes to UTF-8 (no lone surrogates), has no character beyond
     the BMP (json's key order is RFC 8785's) and at most MAX_DEPTH brackets. Otherwise the
     reference encoder decides, and raises CanonicalError for what it refuses.
+
+    A flat record (`_flat`: most audit records are) needs no parsing back: its types are checked
+    directly, and a copy of the dict is the parsed-back value (its values are immutable). The
+    UTF-8 and BMP conditions are checked as above.
     """
     try:
         text = _encode_sorted(data)
         raw = text.encode("utf-8")
+        if _flat(data) and (raw.isascii() or not _ASTRAL.search(raw)):
+            return raw, dict(data)
         back = _FAST_DECODER.decode(text)
         if (
             back == data

@@ -191,25 +191,34 @@ def attach(
     ]
     for t in threads:
         t.start()
+    closed = False
     try:
-        while not done.wait(0.2):
-            pass
-        reason = why["reason"]
-        # Pending approvals are denied first: nothing waits for a person past the session.
-        bridge.shutdown(reason)
-        close_server_input()
-        code = _wait_child(child, SERVER_EXIT_GRACE)
-        threads[1].join(2.0)  # let the last server messages through
-        bridge.drain()
+        try:
+            while not done.wait(0.2):
+                pass
+            reason = why["reason"]
+            # Pending approvals are denied first: nothing waits for a person past the session.
+            bridge.shutdown(reason)
+            bridge.settle_client()
+            close_server_input()
+            code = _wait_child(child, SERVER_EXIT_GRACE)
+            threads[1].join(2.0)  # let the last server messages through
+            bridge.drain()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        if reason.startswith("signal"):
+            exit_code = 130 if "SIGINT" in reason else 143
+        else:
+            exit_code = code if code >= 0 else 128 - code
+        _close(group, audit_chain, session_id, reason, code, bridge.summary(), bridge)
+        closed = True  # (_close says itself when it could not record)
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if reason.startswith("signal"):
-        exit_code = 130 if "SIGINT" in reason else 143
-    else:
-        exit_code = code if code >= 0 else 128 - code
-    _close(group, audit_chain, session_id, reason, code, bridge.summary(), bridge)
-    group.close()
+        # Whatever happened above: every record written (deferred outcomes too) is made durable
+        # before the bridge exits, and a failure to do so is said.
+        group.close()
+        if group.failure is not None and not closed:
+            say(f"error: {group.failure.message}")
     say(f"bridge: session {session_id} ended ({reason}; server exit {code})")
     return exit_code
 

@@ -1,15 +1,34 @@
-"""Group commit for a session's audit chain.
+"""Group commit for a session's audit chain, and the one kind of record whose fsync may wait.
 
 The bridge must not act before its record is on disk, and an fsync costs what the disk says it
-costs (from ~0.1 ms idle to several ms under load). With many calls in flight, paying one fsync
-per record caps throughput at the disk's fsync rate; so records that arrive while a write is
-in progress are written together, with one write and one fsync, and every caller returns only
-after the fsync that covers its record (leader/follower: no extra thread, no extra latency for a
-lone caller).
+costs (from ~0.1 ms idle to several ms under load). Writing and syncing are therefore two steps
+with two roles: one thread at a time *writes* every record queued so far (one `write`), and one
+thread at a time *syncs* (one `fsync` covering everything written before it started). Records
+written while an fsync runs are covered together by the next one; a lone caller pays one write
+and one fsync and no thread hand-off.
+
+Durability rule (docs/mcp.md says the same):
+
+- `append` returns only once its record is written *and* fsync'd. Every decision goes through
+  it (requests in both directions, notifications, approvals, refusals, drops, session start and
+  close): the bridge acts only after it returns and denies when it raises.
+- `append_deferred` returns once its record is written to the log file, before its fsync. Only
+  outcome records (`mcp.response`: status and duration of an answered request) use it: the
+  answer is passed on after the write. The record is then in the kernel's page cache, so it
+  survives the bridge being killed, even with SIGKILL; it is made durable by the next fsync of
+  the file: the next decision's, or the flusher thread's at most `FLUSH_DELAY` seconds later,
+  and always by `flush`/`close`, which every exit path of `mcp attach` runs. Only a crash of the
+  whole machine before it reached the disk can lose it (never a decision record), and then the
+  session also lacks its `session.close` record and its admin-chain anchor, which
+  `audit verify --session` reports.
+- A failed fsync may have lost anything it should have covered (Linux reports a writeback error
+  once, later fsyncs succeed). The chain is then *failed*: the part not known to be durable is
+  cut off (best effort), every waiting and later append raises AuditError (so the bridge denies
+  every call from then on) and `failure` says why. Nothing is dropped without a trace.
 
 The file stays open for the whole session and the chain's tail (seq, hash, ts, size) is kept in
-memory, so an append does not re-read the file. Before each batch the file is locked and its size
-compared with what this process last wrote: if anyone else touched it (or on the first batch),
+memory, so an append does not re-read the file. Before each write the file is locked and its size
+compared with what this process last wrote: if anyone else touched it (or on the first write),
 the first record goes through `Chain.append`, which reads the tail and repairs a torn line, and
 the in-memory tail is taken from its result. Records are encoded with the chain's own
 `encode_record`, so the format is the chain module's, not ours.
@@ -20,26 +39,21 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import re
 import threading
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from linpodx.audit import chain as audit_chain
-from linpodx.canonical import CanonicalError, canonical_bytes
+from linpodx.canonical import CanonicalError
 from linpodx.errors import AuditError
 from linpodx.paths import FILE_MODE, ensure_dir
 
-
-def _encode_data(data: Any) -> tuple[bytes, Any]:
-    encode = getattr(audit_chain, "encode_data", None)
-    if encode is not None:
-        return encode(data)  # type: ignore[no-any-return]
-    raw = canonical_bytes(data)
-    return raw, json.loads(raw)
+FLUSH_DELAY = 0.05
+"""Seconds a deferred record may wait for its fsync (if no decision record comes first)."""
 
 
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
@@ -49,68 +63,209 @@ _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
 class _Item:
     type: str
     data: Mapping[str, Any]
-    done: bool = False
+    durable: bool = True
+    written: bool = False
+    gen: int = 0
+    """The write generation that carried this record (durable once a sync covers it)."""
     record: Any = None
     error: AuditError | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class GroupCommitChain:
     """`append(type, data) -> Record` like `Chain.append`, batching concurrent callers."""
 
-    def __init__(self, chain: audit_chain.Chain) -> None:
+    def __init__(self, chain: audit_chain.Chain, flush_delay: float | None = None) -> None:
         self.chain = chain
         self.path = chain.path
-        self._cv = threading.Condition()
+        self.flush_delay = FLUSH_DELAY if flush_delay is None else flush_delay
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)  # writers and syncers wait here
+        self._flush_cv = threading.Condition(self._lock)  # the flusher waits here
+        self._flusher_idle = False  # the flusher waits with no deadline
         self._queue: list[_Item] = []
         self._writing = False
+        self._syncing = False
         self._fd: int | None = None
         self._tail: tuple[int, str, str] | None = None  # (next seq, prev hash, last ts)
-        self._size: int | None = None
+        self._size: int | None = None  # the file's size after our last write (writer's view)
+        self._written_size: int | None = None  # the same, as of the last finished generation
+        self._gen = 0  # write generations done
+        self._synced_gen = 0  # every generation up to this one is durable
+        self._synced_size: int | None = None  # the file's size when that sync started
+        self._deferred_gen = 0  # the last generation that carried a deferred record
+        self._dirty_since = 0.0  # when the oldest deferred record not yet durable was written
+        self._flusher: threading.Thread | None = None
+        self._closed = False
+        self.failure: AuditError | None = None
         self.batches = 0
         self.records = 0
+        self.syncs = 0
 
     def append(self, type: str, data: Mapping[str, Any]) -> Any:
         """Record one event durably (possibly with others in one fsync), or raise AuditError."""
         return self.wait(self.submit(type, data))
 
-    def submit(self, type: str, data: Mapping[str, Any]) -> _Item:
-        """Queue a record without waiting; `wait(ticket)` returns once it is on disk."""
-        item = _Item(type, data)
+    def append_deferred(self, type: str, data: Mapping[str, Any]) -> Any:
+        """Write one outcome record now and fsync it later (see the module's durability rule)."""
+        return self.wait(self.submit(type, data, durable=False))
+
+    def submit(self, type: str, data: Mapping[str, Any], durable: bool = True) -> _Item:
+        """Queue a record without waiting; `wait(ticket)` returns once it is on disk (written
+        and fsync'd; only written for `durable=False`)."""
+        item = _Item(type, data, durable)
         with self._cv:
             self._queue.append(item)
         return item
 
     def wait(self, item: _Item) -> Any:
-        """Block until `item` is durable (writing the queue ourselves if nobody is); its Record."""
+        """Block until `item` is written (writing the queue ourselves if nobody is) and, unless
+        deferred, durable (syncing ourselves if nobody is); its Record, or raise AuditError."""
         with self._cv:
-            while not item.done:
+            while not item.written:
                 if self._writing:
                     self._cv.wait()
-                    continue
-                self._writing = True
-                batch, self._queue = self._queue, []
-                self._cv.release()
-                try:
-                    self._commit(batch)
-                finally:
-                    self._cv.acquire()
-                    self._writing = False
-                    for b in batch:
-                        b.done = True
-                    self._cv.notify_all()
+                else:
+                    self._write_queue()
+            if item.error is None and item.durable:
+                self._sync_through(item.gen)
+                if self._synced_gen < item.gen:
+                    item.error = self.failure
+            elif item.error is None and self._synced_gen < item.gen:
+                self._defer(item.gen)
         if item.error is not None:
             raise item.error
         return item.record
 
-    def close(self) -> None:
-        """Close the file (appends after this reopen it)."""
+    def flush(self) -> None:
+        """Make every record written so far durable; raise AuditError if that failed."""
         with self._cv:
+            while self._writing:
+                self._cv.wait()
+            self._sync_through(self._gen)
+            if self.failure is not None:
+                raise self.failure
+
+    def close(self) -> None:
+        """Flush, stop the flusher and close the file (appends after this reopen it). A failed
+        flush stays in `failure` for the caller to report."""
+        with contextlib.suppress(AuditError):  # kept in self.failure
+            self.flush()
+        with self._cv:
+            self._closed = True
+            self._flush_cv.notify()
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.join()
+        with self._cv:
+            while self._writing or self._syncing:  # never close the fd under a write
+                self._cv.wait()
+            self._flusher = None
+            self._closed = False
             if self._fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(self._fd)
                 self._fd = None
                 self._size = None
+
+    # ---- the two roles (called with self._cv held) -----------------------------------------
+
+    def _write_queue(self) -> None:
+        """Take the writer role and write everything queued (the lock is dropped meanwhile)."""
+        self._writing = True
+        batch, self._queue = self._queue, []
+        failure = self.failure
+        durable_upto: int | None = None
+        self._cv.release()
+        try:
+            if failure is not None:
+                for b in batch:
+                    b.error = failure
+            else:
+                durable_upto = self._commit(batch)
+        finally:
+            self._cv.acquire()
+            self._writing = False
+            self._gen += 1
+            self._written_size = self._size
+            if durable_upto is not None:
+                self._synced_size = max(self._synced_size or 0, durable_upto)
+            for b in batch:
+                b.written = True
+                b.gen = self._gen
+            self._cv.notify_all()
+
+    def _sync_through(self, gen: int) -> None:
+        """Return once generation `gen` is durable or the chain failed (fsync'ing ourselves if
+        nobody is: one fsync covers every generation written before it started)."""
+        while self._synced_gen < gen and self.failure is None:
+            if self._syncing:
+                self._cv.wait()
+                continue
+            self._syncing = True
+            target, size, fd = self._gen, self._written_size, self._fd
+            self._cv.release()
+            error: OSError | None = None
+            try:
+                if fd is not None:
+                    os.fsync(fd)
+            except OSError as exc:
+                error = exc
+            finally:
+                self._cv.acquire()
+                self._syncing = False
+            if error is None:
+                self._synced_gen = max(self._synced_gen, target)
+                if size is not None:
+                    self._synced_size = max(self._synced_size or 0, size)
+                self.syncs += 1
+            else:
+                self._fail(error)
+            self._cv.notify_all()
+
+    def _fail(self, exc: OSError) -> None:
+        """A sync failed: cut what is not known durable, refuse every append from now on."""
+        self.failure = AuditError(
+            f"could not record to the audit log {self.path}: fsync failed "
+            f"({exc.strerror or exc}); this session can record, and so do, nothing more",
+            audit_chain.HINT_WRITE,
+        )
+        while self._writing:
+            self._cv.wait()
+        if self._fd is not None and self._synced_size is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._synced_size)
+                os.fsync(self._fd)
+        self._tail = None
+
+    def _defer(self, gen: int) -> None:
+        """Generation `gen` carries a deferred record: a sync must come within `flush_delay`."""
+        if self._deferred_gen <= self._synced_gen:
+            self._dirty_since = time.monotonic()  # the oldest one not yet durable
+        self._deferred_gen = max(self._deferred_gen, gen)
+        if self._flusher is None:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="audit-flush", daemon=True
+            )
+            self._flusher.start()
+        elif self._flusher_idle:
+            # A flusher already waiting for a deadline will look again then: only wake an idle
+            # one (a wake-up per answer would cost a thread switch per call).
+            self._flush_cv.notify()
+
+    def _flush_loop(self) -> None:
+        """The flusher: syncs deferred records nobody else's fsync covered in time."""
+        with self._cv:
+            while not self._closed:
+                if self.failure is not None or self._deferred_gen <= self._synced_gen:
+                    self._flusher_idle = True
+                    self._flush_cv.wait()
+                    self._flusher_idle = False
+                    continue
+                left = self._dirty_since + self.flush_delay - time.monotonic()
+                if left > 0:
+                    self._flush_cv.wait(left)
+                    continue
+                self._sync_through(self._deferred_gen)
 
     # ---- one batch ------------------------------------------------------------------------
 
@@ -130,14 +285,17 @@ class GroupCommitChain:
                 ) from None
         return self._fd
 
-    def _commit(self, batch: list[_Item]) -> None:
+    def _commit(self, batch: list[_Item]) -> int | None:
+        """Write `batch` (no fsync); the file size up to which it is durable if it went
+        through `Chain.append` (which fsyncs), else None."""
+        durable_upto: int | None = None
         try:
             fd = self._open()
             fcntl.flock(fd, fcntl.LOCK_EX)
         except AuditError as exc:
             for b in batch:
                 b.error = exc
-            return
+            return None
         except OSError as exc:
             err = AuditError(
                 f"could not record to the audit log {self.path}: lock failed: "
@@ -146,7 +304,7 @@ class GroupCommitChain:
             )
             for b in batch:
                 b.error = err
-            return
+            return None
         try:
             size = os.fstat(fd).st_size
             rest = batch
@@ -159,12 +317,12 @@ class GroupCommitChain:
                 except AuditError as exc:
                     for b in batch:
                         b.error = exc
-                    return
+                    return None
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_EX)
                 rec = first.record
                 self._tail = (rec.seq + 1, rec.hash, rec.ts)
-                self._size = os.fstat(fd).st_size
+                self._size = durable_upto = os.fstat(fd).st_size
                 self.records += 1
                 rest = batch[1:]
                 if self._size != os.fstat(fd).st_size:  # pragma: no cover - raced again
@@ -182,8 +340,10 @@ class GroupCommitChain:
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
+        return durable_upto
 
     def _write(self, fd: int, items: list[_Item]) -> None:
+        """Append the records with one write (their fsync is the sync role's business)."""
         if self._tail is None or self._size is None:
             err = AuditError(
                 "could not record to the audit log: its tail is unknown", audit_chain.HINT_VERIFY
@@ -211,9 +371,8 @@ class GroupCommitChain:
             view = memoryview(payload)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
         except OSError as exc:
-            # Nothing of a failed batch may remain: none of its actions will happen.
+            # Nothing of a failed write may remain: none of its actions will happen.
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, base)
                 os.fsync(fd)
@@ -240,7 +399,7 @@ class GroupCommitChain:
         ts = max(audit_chain.now_ts(), last_ts)
         try:
             # The chain module's encoder: canonical bytes, C-accelerated when provably equal.
-            data_bytes, stored = _encode_data(data)
+            data_bytes, stored = audit_chain.encode_data(data)
         except (CanonicalError, RecursionError) as exc:
             raise AuditError(
                 f"could not record to the audit log: the event data cannot be recorded: {exc}"

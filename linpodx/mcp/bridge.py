@@ -3,7 +3,10 @@
 `Bridge` owns no file descriptors and spawns no process: it gets frames (from `framing`) and
 writes bytes through two callables, which keeps it testable in-process and lets `attach` own the
 `podman exec` child. Per frame it parses strictly, decides (policy engine or approval), records
-the decision in the session chain, and only then forwards the re-serialized message or answers.
+the decision in the session chain (written and fsync'd), and only then forwards the
+re-serialized message or answers. An answer's outcome record (`mcp.response`) is written before
+the answer is passed on and fsync'd with the next record: the durability rule is spelled out in
+`mcp.auditlog`.
 
 Threads: one reader per direction calls `on_client_frame` / `on_server_frame`; each `prompt`
 decision waits in its own thread so other traffic (and other approvals) keep flowing. Shared
@@ -15,7 +18,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +44,9 @@ PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 AUDIT_TEXT_CAP = 256
 """Longer ids/method/tool names are recorded by digest (an audit line has a size bound)."""
 
+EVENT_LINGER = 0.02
+"""Seconds the event writer lets a burst of `mcp.decision` events gather into one write."""
+
 
 class Appender(Protocol):
     """What the bridge needs from an audit chain."""
@@ -53,8 +58,9 @@ class _Lane:
     """Runs "record, then act" steps of one direction in arrival order, off the reader thread.
 
     The reader submits each record at once and goes on parsing; this thread waits for each
-    record to be durable and then performs its action. Records of many in-flight messages thus
-    share one fsync (group commit), and no action ever runs before its record is on disk.
+    record to be durable (only written, for an outcome record) and then performs its action.
+    Records of many in-flight messages thus share one fsync (group commit), and no action ever
+    runs before its record is on disk.
     """
 
     def __init__(self, chain: Any, name: str, log: Callable[[str], None]) -> None:
@@ -102,15 +108,92 @@ class _Lane:
         with self.cv:
             return not self.queue and not self.busy
 
-    def drain(self, timeout: float) -> None:
-        """Wait until every queued step ran, then stop the thread."""
+    def settle(self, timeout: float) -> None:
+        """Wait until every step queued so far ran (the thread keeps running)."""
         deadline = time.monotonic() + timeout
         with self.cv:
             while (self.queue or self.busy) and time.monotonic() < deadline:
                 self.cv.wait(0.05)
+
+    def drain(self, timeout: float) -> None:
+        """Wait until every queued step ran, then stop the thread."""
+        deadline = time.monotonic() + timeout
+        self.settle(timeout)
+        with self.cv:
             self.closed = True
             self.cv.notify_all()
         self.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class _Notices:
+    """`mcp.decision` events, written off the call's path by one thread.
+
+    The first event of a burst wakes the thread, which lets the burst gather for `linger`
+    seconds and writes it at once: busy sessions pay one wake-up and one write per burst, not
+    per call. A `prompt` or `deny` is written at once by the caller (`put_now`), after whatever
+    is pending, so a person watching sees it before the approval it leads to, in call order.
+    Events are notices for people, never records: a failed write is only logged.
+    """
+
+    def __init__(
+        self, emit: Callable[..., Any], log: Callable[[str], None], linger: float = EVENT_LINGER
+    ) -> None:
+        self.emit = emit
+        self.log = log
+        self.linger = linger
+        self.cv = threading.Condition()
+        self.writing = threading.Lock()  # batches are taken and written in order
+        self.pending: list[dict[str, Any]] = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="events", daemon=True)
+        self.thread.start()
+
+    def put(self, data: dict[str, Any]) -> None:
+        with self.cv:
+            self.pending.append(data)
+            if len(self.pending) == 1:
+                self.cv.notify()
+
+    def put_now(self, data: dict[str, Any]) -> None:
+        """Write what is pending and `data` now, on the caller's thread."""
+        with self.writing:
+            with self.cv:
+                batch, self.pending = [*self.pending, data], []
+            self._write(batch)
+
+    def close(self, timeout: float) -> None:
+        """Write what is pending, then stop the thread."""
+        with self.cv:
+            self.stopping = True
+            self.cv.notify()
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.pending and not self.stopping:
+                    self.cv.wait()
+                if not self.pending:
+                    return
+                stopping = self.stopping
+            if not stopping:
+                time.sleep(self.linger)
+            with self.writing:
+                with self.cv:
+                    batch, self.pending = self.pending, []
+                if batch:
+                    self._write(batch)
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        items = [("mcp.decision", d) for d in batch]
+        try:
+            if self.emit is events.emit:
+                events.emit_many(items)
+            else:
+                for t, d in items:
+                    self.emit(t, **d)
+        except OSError as exc:
+            self.log(f"bridge: could not emit mcp.decision: {exc}")
 
 
 Writer = Callable[[bytes], None]
@@ -203,22 +286,20 @@ class Bridge:
         self._backlog: dict[str, bool] = {"client": False, "server": False}
         if pipeline and hasattr(chain, "submit") and hasattr(chain, "wait"):
             self._lanes = {d: _Lane(chain, d, log) for d in ("client", "server")}
-        self._events: queue.Queue[dict[str, Any] | None] | None = None
-        self._emitter: threading.Thread | None = None
-        if pipeline:
-            self._events = queue.Queue()
-            self._emitter = threading.Thread(target=self._emit_loop, name="events", daemon=True)
-            self._emitter.start()
+        self._notices = _Notices(emit, log) if pipeline else None
 
     # ---- plumbing -------------------------------------------------------------------------
 
-    def _audit(self, type_: str, data: Mapping[str, Any]) -> None:
+    def _audit(self, type_: str, data: Mapping[str, Any], durable: bool = True) -> None:
         """Append to the session chain (raises AuditError: the caller must not act).
 
+        `durable=False` is for outcome records only: with a chain that can defer (see
+        `mcp.auditlog`), the record is written now and fsync'd with the next one.
         No lock here: the chain serializes appends itself, and concurrent callers must reach
         it together for group commit to batch them.
         """
-        rec = self.chain.append(type_, data)
+        deferred = None if durable else getattr(self.chain, "append_deferred", None)
+        rec = self.chain.append(type_, data) if deferred is None else deferred(type_, data)
         with self._lock:
             self.records += 1
             self.last_record = rec
@@ -230,36 +311,46 @@ class Bridge:
         data: Mapping[str, Any],
         ok: Callable[[], None],
         fail: Callable[[AuditError], None],
+        durable: bool = True,
     ) -> None:
         """Record `data`, then run `ok` (or `fail` if it could not be recorded).
 
         Synchronous without lanes; with lanes the record is queued now and the action runs in
-        the lane's thread once the record is durable, in arrival order.
+        the lane's thread once the record is durable (only written, for `durable=False`), in
+        arrival order.
         """
         target = self._lanes.get(lane)
-        if target is not None and not self._backlog.get(lane) and target.idle():
-            # Nothing else is waiting: doing it here saves two thread hand-offs per call.
+        if target is not None and target.idle() and not self._backlog.get(lane):
+            # Nothing queued before it and nothing else waiting: doing it here saves two thread
+            # hand-offs. With a backlog the lane is faster even for a record that is only
+            # written: the reader goes on parsing and queued records share one write.
             target = None
         if target is None:
             try:
-                self._audit(type_, data)
+                self._audit(type_, data, durable)
             except AuditError as exc:
                 fail(exc)
                 return
             ok()
             return
-        ticket = self.chain.submit(type_, data)  # type: ignore[attr-defined]
+        ticket = self.chain.submit(type_, data, durable)  # type: ignore[attr-defined]
         with self._lock:
             self.records += 1
         target.put(ticket, ok, fail)
+
+    def settle_client(self, timeout: float = 10.0) -> None:
+        """Let the client's queued steps finish (before the server's input is closed: a request
+        the client sent just before its EOF is still forwarded)."""
+        lane = self._lanes.get("client")
+        if lane is not None:
+            lane.settle(timeout)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Let every queued "record, then act" step finish (before the session's last record)."""
         for lane in self._lanes.values():
             lane.drain(timeout)
-        if self._events is not None and self._emitter is not None:
-            self._events.put(None)
-            self._emitter.join(timeout)
+        if self._notices is not None:
+            self._notices.close(timeout)
 
     def _event(self, event_type: str, **data: Any) -> None:
         # Events are notifications for people; failing to emit one must not stop the bridge.
@@ -269,36 +360,14 @@ class Bridge:
             self._log(f"bridge: could not emit {event_type}: {exc}")
 
     def _decision_event(self, **data: Any) -> None:
-        """`mcp.decision`: off the call's path when pipelined (it is a notice, not a record)."""
-        if self._events is None:
+        """`mcp.decision`: off the call's path when pipelined (it is a notice, not a record),
+        except for a refusal or a prompt, which a person may be waiting to see."""
+        if self._notices is None:
             self._event("mcp.decision", **data)
-            return
-        self._events.put(data)
-
-    def _emit_loop(self) -> None:
-        q = self._events
-        if q is None:  # only started with a queue
-            return
-        while True:
-            first = q.get()
-            batch = [first]
-            while True:  # whatever queued meanwhile goes in the same write
-                try:
-                    batch.append(q.get_nowait())
-                except queue.Empty:
-                    break
-            stop = None in batch
-            items = [("mcp.decision", d) for d in batch if d is not None]
-            try:
-                if self._emit is events.emit:
-                    events.emit_many(items)
-                else:
-                    for t, d in items:
-                        self._emit(t, **d)
-            except OSError as exc:
-                self._log(f"bridge: could not emit mcp.decision: {exc}")
-            if stop:
-                return
+        elif data.get("decision") == Action.AUTO_ALLOW.value:
+            self._notices.put(data)
+        else:
+            self._notices.put_now(data)
 
     def send_client(self, obj: Any) -> None:
         """Write one message to the client (stdout carries protocol messages only)."""
@@ -428,7 +497,10 @@ class Bridge:
         }
 
         def act() -> None:
-            if decision.rule_index is not None or decision.action is not Action.AUTO_ALLOW:
+            allow = decision.action is Action.AUTO_ALLOW
+            if allow:
+                self._forward(msg)  # the event is a notice: the call does not wait for it
+            if decision.rule_index is not None or not allow:
                 self._decision_event(
                     session=self.session_id,
                     method=_short(msg.method),
@@ -436,11 +508,9 @@ class Bridge:
                     decision=decision.action.value,
                     rule=decision.rule_index,
                 )
-            if decision.action is Action.AUTO_ALLOW:
-                self._forward(msg)
-            elif decision.action is Action.PROMPT:
+            if decision.action is Action.PROMPT:
                 self._prompt(msg)
-            else:
+            elif not allow:
                 self._deny(msg, decision.reason)
 
         def unrecorded(exc: AuditError) -> None:
@@ -540,6 +610,7 @@ class Bridge:
             record,
             lambda: self.send_server(msg.raw),
             lambda _exc: self.send_server(refusal),
+            durable=False,
         )
 
     # ---- approvals ------------------------------------------------------------------------
@@ -799,7 +870,7 @@ class Bridge:
                 )
             )
 
-        self._then("server", "mcp.response", record, deliver, withhold)
+        self._then("server", "mcp.response", record, deliver, withhold, durable=False)
 
     # ---- drops and the end ----------------------------------------------------------------
 

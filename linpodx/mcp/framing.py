@@ -61,6 +61,11 @@ class LineSplitter:
         n = len(data)
         while start < n:
             nl = data.find(b"\n", start)
+            if 0 <= nl - start <= self.max_line_bytes and not self._buf and not self._discarding:
+                # A whole line inside this chunk: one slice, no copy through the buffer.
+                frames.append(Line(data[start:nl]))
+                start = nl + 1
+                continue
             end = n if nl < 0 else nl
             piece = data[start:end]
             if self._discarding:

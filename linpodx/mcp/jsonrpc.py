@@ -14,7 +14,9 @@ that were read.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from linpodx.canonical import CanonicalError, strict_loads
@@ -171,11 +173,28 @@ def parse(data: bytes) -> Message | Batch:
     return check_shape(value)
 
 
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def _compact_encoder() -> Callable[[Any], str]:
+    """`json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False)`, with the C
+    encoder built once instead of per call. It skips the cycle check: what it encodes is parsed
+    JSON or built by the bridge, never cyclic."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    string = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or string is None:  # pragma: no cover - CPython has the C encoder
+        return partial(json.dumps, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    encode = make(None, _refuse, string, None, ":", ",", False, False, False)
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode_compact = _compact_encoder()
+
+
 def serialize(obj: Any) -> bytes:
     """Compact JSON of an evaluated value plus the frame's `\\n`."""
-    return (
-        json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
-    ).encode()
+    return (_encode_compact(obj) + "\n").encode()
 
 
 def error_response(msg_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import os
@@ -390,6 +391,10 @@ class _Color(str):
     pass
 
 
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -401,6 +406,10 @@ class _Color(str):
         {"s": _Color("red")},
         {"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]},
         {"brackets": "[" * 100},
+        # flat records (encoded without parsing back)
+        {"id": 2**53 - 1, "neg": -(2**53 - 1), "ok": True, "no": None, "s": "é\u2028\x00"},
+        {"\U0001f600": "x", "\uffff": "y", "a": 1},
+        {"e": _Level.HIGH, "s": _Color("red")},
     ],
 )
 def test_encode_data_equals_canonical_bytes(data: dict[str, object]) -> None:
@@ -417,6 +426,7 @@ def test_encode_data_equals_canonical_bytes(data: dict[str, object]) -> None:
         {"f": 1.0},
         {"n": float("inf")},
         {"b": 2**53},
+        {"b": -(2**53)},
         {"s": "\udc80"},
         {"k\ud800": 1},
         {"o": object()},

@@ -49,6 +49,9 @@ class TestStrictLoads:
             "[-Infinity]",
             '{"a":9007199254740992}',
             '"\\ud800"',
+            '["ok", "\\uDC00"]',
+            '{"\\ud83d":1}',
+            '"\ud800"',
             "[" * 100 + "]" * 100,
             "{",
         ],
@@ -65,6 +68,12 @@ class TestStrictLoads:
         with pytest.raises(CanonicalError):
             strict_loads("1.5")
         assert strict_loads("1.5", allow_floats=True) == 1.5
+        with pytest.raises(CanonicalError, match="non-finite"):
+            strict_loads("[1e999]", allow_floats=True)
+
+    def test_surrogate_pairs_and_escaped_backslashes_pass(self) -> None:
+        assert strict_loads('"\\ud83d\\ude00"') == "\U0001f600"
+        assert strict_loads('"\\\\ud800"') == "\\ud800"  # a backslash, then text
 
     def test_escaped_names_decode(self) -> None:
         assert strict_loads('{"m":"tools\\u002fcall"}') == {"m": "tools/call"}

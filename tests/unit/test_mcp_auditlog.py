@@ -1,9 +1,11 @@
-"""Group commit on the real session chain, and the bridge's pipelined lanes."""
+"""Group commit on the real session chain, deferred outcome records, and the bridge's lanes."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -107,3 +109,135 @@ def test_pipelined_bridge_records_before_acting() -> None:
     assert [m["id"] for m in sent] == list(range(50))  # arrival order kept
     assert all(n >= k + 1 for k, n in enumerate(seen_at_send))
     assert audit_chain.verify_file(ch.path, GENESIS).ok
+
+
+class Syncs:
+    """Stands in for os.fsync: counts calls and remembers the file size each one covered."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.sizes: list[int] = []
+        self.fail = fail
+        self.real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        if self.fail:
+            raise OSError(5, "Input/output error")
+        self.real(fd)
+        self.sizes.append(os.fstat(fd).st_size)
+
+
+def test_deferred_record_is_written_at_once_and_synced_by_the_next_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    g = GroupCommitChain(audit_chain.session_chain("sess_defer", GENESIS), flush_delay=3600)
+    g.append("mcp.request", {"i": 0})
+    syncs = Syncs()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", syncs)
+    g.append_deferred("mcp.response", {"i": 0})
+    # Written (readable, survives the process) before append_deferred returned; not yet synced.
+    assert [r.type for r in audit_chain.read_records(g.path)][-1] == "mcp.response"
+    assert syncs.sizes == []
+    g.append("mcp.request", {"i": 1})
+    assert syncs.sizes == [g.path.stat().st_size]  # one fsync covered both records
+    g.close()
+    assert audit_chain.verify_file(g.path, GENESIS).events == 3
+
+
+def test_flusher_syncs_a_lone_deferred_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = GroupCommitChain(audit_chain.session_chain("sess_flusher", GENESIS), flush_delay=0.01)
+    g.append("mcp.request", {"i": 0})
+    syncs = Syncs()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", syncs)
+    g.append_deferred("mcp.response", {"i": 0})
+    size = g.path.stat().st_size
+    deadline = time.monotonic() + 30  # a bound for a stuck flusher, not a timing claim
+    while size not in syncs.sizes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert size in syncs.sizes  # nobody else appended: the flusher made it durable
+    g.close()
+
+
+def test_close_makes_deferred_records_durable(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = GroupCommitChain(audit_chain.session_chain("sess_closing", GENESIS), flush_delay=3600)
+    g.append("mcp.request", {"i": 0})
+    syncs = Syncs()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", syncs)
+    for i in range(3):
+        g.append_deferred("mcp.response", {"i": i})
+    assert syncs.sizes == []
+    g.close()
+    assert syncs.sizes == [g.path.stat().st_size]
+    assert g.failure is None
+
+
+def test_failed_sync_fails_the_chain_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = GroupCommitChain(audit_chain.session_chain("sess_eio", GENESIS), flush_delay=3600)
+    g.append("mcp.request", {"i": 0})
+    durable = g.path.stat().st_size
+    g.append_deferred("mcp.response", {"i": 0})
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", Syncs(fail=True))
+    with pytest.raises(AuditError, match="fsync failed"):
+        g.append("mcp.request", {"i": 1})
+    monkeypatch.undo()
+    # Later writes might succeed, but what the failed fsync covered may be gone: refuse all.
+    with pytest.raises(AuditError, match="fsync failed"):
+        g.append("mcp.request", {"i": 2})
+    with pytest.raises(AuditError, match="fsync failed"):
+        g.append_deferred("mcp.response", {"i": 2})
+    assert g.failure is not None
+    g.close()
+    # What was not known durable is cut off; the chain still verifies.
+    assert g.path.stat().st_size == durable
+    assert audit_chain.verify_file(g.path, GENESIS).events == 1
+
+
+def test_pipelined_bridge_writes_the_outcome_before_delivering() -> None:
+    ch = audit_chain.session_chain("sess_outcome", GENESIS)
+    g = GroupCommitChain(ch, flush_delay=3600)
+    seen: list[list[str]] = []
+    profile = Profile(name="p", mcp_policy=(McpRule("tools/call", A.AUTO_ALLOW, "echo"),))
+    bridge = Bridge(
+        profile=profile,
+        session_id="sess_outcome",
+        chain=g,
+        to_client=lambda _b: seen.append([r.type for r in audit_chain.read_records(ch.path)]),
+        to_server=lambda _b: None,
+        emit=lambda *_a, **_k: None,
+        pipeline=True,
+    )
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo"}}
+    bridge.on_client_frame(Line(json.dumps(call).encode()))
+    answer = {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}
+    bridge.on_server_frame(Line(json.dumps(answer).encode()))
+    bridge.drain()
+    g.close()
+    assert seen == [["mcp.request", "mcp.response"]]
+    assert audit_chain.verify_file(ch.path, GENESIS).ok
+
+
+def test_pipelined_events_keep_call_order_and_refusals_go_out_at_once() -> None:
+    seen: list[str] = []
+    profile = Profile(
+        name="p",
+        mcp_policy=(
+            McpRule("tools/call", A.AUTO_ALLOW, "echo"),
+            McpRule("tools/call", A.DENY, "run_shell"),
+        ),
+    )
+    g = GroupCommitChain(audit_chain.session_chain("sess_events", GENESIS))
+    bridge = Bridge(
+        profile=profile,
+        session_id="sess_events",
+        chain=g,
+        to_client=lambda _b: None,
+        to_server=lambda _b: None,
+        emit=lambda _t, **d: seen.append(f"{d['tool']} {d['decision']}"),
+        pipeline=True,
+    )
+    for i, tool in enumerate(("echo", "run_shell")):
+        call = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool}}
+        bridge.on_client_frame(Line(json.dumps(call).encode()))
+    # The refusal was written before on_client_frame returned, after the allow queued before it.
+    assert seen == ["echo auto_allow", "run_shell deny"]
+    bridge.drain()
+    g.close()

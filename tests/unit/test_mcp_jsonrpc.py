@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,28 @@ def test_forward_is_reserialized_not_raw() -> None:
 def test_floats_allowed_in_params() -> None:
     msg = parse(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"x":1.5}}}')
     assert not isinstance(msg, Batch) and msg.params == {"arguments": {"x": 1.5}}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "result": {"content": [{"type": "text", "text": "é\u2028\x00"}]},
+        },
+        {"b": [1, -2, 9007199254740991, 1.5, -0.0, 1e300, True, False, None], "a": "\U0001f600"},
+        {"z": {"y": {"x": []}}, "q": '"\\/\b\f\n\r\t'},
+    ],
+)
+def test_serialize_is_compact_json_dumps(value: Any) -> None:
+    """The encoder built once writes exactly what json.dumps with the same options writes."""
+    expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    assert jsonrpc.serialize(value) == (expected + "\n").encode()
+
+
+def test_serialize_refuses_nan_and_unknown_types() -> None:
+    with pytest.raises(ValueError):
+        jsonrpc.serialize({"x": float("nan")})
+    with pytest.raises(TypeError):
+        jsonrpc.serialize({"x": {1, 2}})

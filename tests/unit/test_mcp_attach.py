@@ -1,0 +1,98 @@
+"""`mcp attach` end to end without podman: a local responder stands in for `podman exec -i`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from linpodx.audit import chain as audit_chain
+from linpodx.mcp import attach as attach_mod
+from linpodx.mcp.bridge import Bridge
+
+RESPONDER = """
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {}}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def fake_podman(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The container is found and `podman exec -i` runs RESPONDER on this host instead."""
+    real_popen = subprocess.Popen
+
+    def responder(_argv: list[str], **kw: Any) -> Any:
+        return real_popen([sys.executable, "-c", RESPONDER], **kw)
+
+    monkeypatch.setattr(
+        attach_mod, "find_container", lambda name: attach_mod.Target(name, "0" * 64, "builtin")
+    )
+    monkeypatch.setattr(attach_mod.subprocess, "Popen", responder)
+
+
+def run(lines: bytes, said: list[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """attach() with `lines` then EOF on its stdin; (what it wrote to stdout, what it said:
+    also appended to `said` as it goes)."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    os.write(in_w, lines)
+    os.close(in_w)
+    said = [] if said is None else said
+    try:
+        attach_mod.attach("c", ["server"], stdin_fd=in_r, stdout_fd=out_w, log=said.append)
+    finally:
+        os.close(in_r)
+        os.close(out_w)
+        with os.fdopen(out_r, "rb") as out:
+            got = [json.loads(line) for line in out]
+    return got, said
+
+
+def test_request_just_before_eof_is_still_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request and the EOF arrive together: it is forwarded before the server's input is
+    closed, and its answer reaches the client."""
+    fake_podman(monkeypatch)
+    got, _said = run(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+    assert got == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
+
+
+class Syncs:
+    """Stands in for os.fsync and remembers the file size each call covered."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        self.real(fd)
+        self.sizes.append(os.fstat(fd).st_size)
+
+
+def test_deferred_outcome_is_durable_when_attach_fails_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error after the last answer (here in drain) skips the closing record, yet the
+    answer's deferred outcome record is fsync'd before attach() gives up."""
+    fake_podman(monkeypatch)
+
+    def boom(_self: Bridge, _timeout: float = 10.0) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Bridge, "drain", boom)
+    monkeypatch.setattr("linpodx.mcp.auditlog.FLUSH_DELAY", 3600.0)  # only an exit path syncs
+    syncs = Syncs()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", syncs)
+    said: list[str] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        run(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n', said)
+    sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
+    path = audit_chain.session_path(sid)
+    types = [r.type for r in audit_chain.read_records(path)]
+    assert types[-2:] == ["mcp.request", "mcp.response"]
+    assert syncs.sizes[-1] == path.stat().st_size
