@@ -22,12 +22,14 @@ from types import FrameType
 from typing import Any
 
 from linpodx import ids, proc
-from linpodx.errors import InvalidInput, LinpodxError, NotFound, UsageError
+from linpodx.errors import EXIT_BUG, InvalidInput, LinpodxError, NotFound, UsageError
 from linpodx.mcp.auditlog import GroupCommitChain
 from linpodx.mcp.bridge import Bridge
-from linpodx.mcp.framing import FrameReader
+from linpodx.mcp.framing import Frame, FrameReader
 
 SERVER_EXIT_GRACE = 5.0
+INTERNAL_ERROR = "internal error"
+"""How a session-ending bug in a reader thread starts its reason (exit status EXIT_BUG)."""
 """Seconds the server gets to exit after its stdin closes before it is terminated."""
 
 
@@ -169,17 +171,23 @@ def attach(
         why.setdefault("reason", reason)
         done.set()
 
+    def pump(fd: int, on_frame: Callable[[Frame, bool], None], at_eof: str, side: str) -> None:
+        # An unexpected exception here is a bug; it must end the session (every pending call
+        # denied, the log closed) rather than leave this direction dead and the session hanging.
+        try:
+            reader = FrameReader(fd, profile.mcp.max_line_bytes)
+            while (frame := reader.read_frame()) is not None:
+                on_frame(frame, reader.has_more())
+        except Exception as exc:
+            finish(f"{INTERNAL_ERROR} reading the {side}: {type(exc).__name__}: {exc}")
+            return
+        finish(at_eof)
+
     def client_loop() -> None:
-        reader = FrameReader(stdin_fd, profile.mcp.max_line_bytes)
-        while (frame := reader.read_frame()) is not None:
-            bridge.on_client_frame(frame, reader.has_more())
-        finish("client closed its input")
+        pump(stdin_fd, bridge.on_client_frame, "client closed its input", "client")
 
     def server_loop() -> None:
-        reader = FrameReader(server_out, profile.mcp.max_line_bytes)
-        while (frame := reader.read_frame()) is not None:
-            bridge.on_server_frame(frame, reader.has_more())
-        finish("server exited")
+        pump(server_out, bridge.on_server_frame, "server exited", "server")
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         finish(f"signal {signal.Signals(signum).name}")
@@ -209,6 +217,10 @@ def attach(
                 signal.signal(s, h)
         if reason.startswith("signal"):
             exit_code = 130 if "SIGINT" in reason else 143
+        elif reason.startswith(INTERNAL_ERROR):
+            say(f"error: {reason}")
+            say("hint: this is a bug in linpodx; the session was ended and is in the audit log")
+            exit_code = EXIT_BUG
         else:
             exit_code = code if code >= 0 else 128 - code
         _close(group, audit_chain, session_id, reason, code, bridge.summary(), bridge)

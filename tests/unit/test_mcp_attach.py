@@ -96,3 +96,30 @@ def test_deferred_outcome_is_durable_when_attach_fails_late(
     types = [r.type for r in audit_chain.read_records(path)]
     assert types[-2:] == ["mcp.request", "mcp.response"]
     assert syncs.sizes[-1] == path.stat().st_size
+
+
+def test_a_bug_in_a_reader_ends_the_session_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unexpected exception while handling a client message: the session ends at once
+    (exit status 70, said on stderr, closed in the audit log), it does not hang."""
+    fake_podman(monkeypatch)
+
+    def broken(_self: Bridge, _frame: Any, _more: bool) -> None:
+        raise KeyError("oops")
+
+    monkeypatch.setattr(Bridge, "on_client_frame", broken)
+    in_r, in_w = os.pipe()  # stays open: only the bug can end this session
+    out_r, out_w = os.pipe()
+    os.write(in_w, b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+    said: list[str] = []
+    try:
+        code = attach_mod.attach("c", ["server"], stdin_fd=in_r, stdout_fd=out_w, log=said.append)
+    finally:
+        for fd in (in_r, in_w, out_r, out_w):
+            os.close(fd)
+    assert code == 70
+    assert any(m.startswith("error: internal error reading the client: KeyError") for m in said)
+    sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
+    types = [r.type for r in audit_chain.read_records(audit_chain.session_path(sid))]
+    assert types[-1] == "session.close"
