@@ -136,6 +136,8 @@ def _render(
     ttl: int = 0,
 ) -> bytes:
     flags = dns.flags.QR | dns.flags.RA | (msg.flags & _ECHOED_FLAGS) | rcode
+    if q is None:  # an error reply: it names the opcode it refuses (QUERY is 0)
+        flags |= dns.opcode.to_flags(msg.opcode())
     out = _renderer(msg.id, flags)
     if q is not None:
         out.add_question(q.qname, q.rdtype, q.rdclass)

@@ -259,6 +259,12 @@ def test_response_packets_and_other_opcodes_are_not_answered_as_queries() -> Non
     out = r.handle(q2.to_wire())
     assert out is not None
     assert dns.message.from_wire(out).rcode() in (dns.rcode.NOTIMP, dns.rcode.FORMERR)
+    q3 = dns.message.make_query("crates.io", "A")
+    q3.set_opcode(dns.opcode.NOTIFY)
+    out = r.handle(q3.to_wire())
+    assert out is not None
+    reply = dns.message.from_wire(out)
+    assert reply.rcode() == dns.rcode.NOTIMP and reply.opcode() == dns.opcode.NOTIFY
     assert up.asked == []
 
 
