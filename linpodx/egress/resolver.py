@@ -1,12 +1,11 @@
 """The policy resolver: the container's only DNS server.
 
 Every query is parsed, judged and re-built: nothing the container sends is forwarded as raw
-bytes. Plain queries for allowed names (what stub resolvers send) go through the strict codec
-in `wire`; everything else is judged by `fallback`, through dnspython (a maintained library
-for the odd cases), which answers errors and denials itself. Allowed names are asked upstream
-with a fresh query; the addresses in the answer are pushed into the nft sets BEFORE the answer
-is sent, so a client never holds an address it cannot reach, and an answer is never sent if
-that fails.
+bytes, and nothing an upstream sends is passed on as raw bytes. dnspython reads and writes
+every message (`linpodx.egress.dnsmsg`, imported on first use); this module decides. Allowed
+names are asked upstream with a fresh query; the addresses in the answer are pushed into the
+nft sets BEFORE the answer is sent, so a client never holds an address it cannot reach, and
+an answer is never sent if that fails.
 """
 
 from __future__ import annotations
@@ -18,17 +17,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from linpodx.egress import wire
 from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl
-from linpodx.egress.wire import Question, Record
+
+if TYPE_CHECKING:
+    import dns.message
+    import dns.rrset
+
+    from linpodx.egress.dnsmsg import Outgoing, Query
 
 log = logging.getLogger(__name__)
 
-# Only what a client needs to connect: A and AAAA questions, answered with their CNAME chain.
-# HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused (by `fallback`): each can carry
-# arbitrary bytes back into the container or name more endpoints.
-ADDRESS_TYPES = frozenset({wire.TYPE_A, wire.TYPE_AAAA})
+# Only what a client needs to connect: A and AAAA questions (dns.rdatatype.A, AAAA), answered
+# with their CNAME chain. HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused: each can
+# carry arbitrary bytes back into the container or name more endpoints.
+ADDRESS_TYPES = frozenset({1, 28})
 MAX_CNAME_CHAIN = 8
 UPSTREAM_TIMEOUT = 3.0
 CACHE_MAX = 4096
@@ -37,8 +41,8 @@ SetUpdater = Callable[[list[tuple[IPAddress, int]]], None]
 SetDeleter = Callable[[list[IPAddress]], None]
 DeniedHook = Callable[[str, str, str], None]
 """(name, record type, reason)"""
-Upstream = Callable[[bytes, Sequence[tuple[str, int]]], bytes]
-"""(query bytes, upstreams) -> the matching answer's bytes; UpstreamError if none came."""
+Upstream = Callable[["Outgoing", Sequence[tuple[str, int]]], "dns.message.Message"]
+"""(our query, upstreams) -> the parsed answer to it; UpstreamError if none came."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class ResolverPolicy:
 
 @dataclass
 class _CacheEntry:
-    records: list[Record]
+    rrsets: list[dns.rrset.RRset]
     expires: float
     names: frozenset[str]
 
@@ -75,9 +79,10 @@ _pool: dict[tuple[str, int], list[socket.socket]] = {}
 _pool_lock = threading.Lock()
 
 
-def _udp_exchange(query: bytes, ip: str, port: int) -> bytes:
+def _udp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
     """One UDP round trip on a connected socket (the kernel drops datagrams from anyone else);
-    the answer must match our random id and question, or we keep waiting until the timeout.
+    the answer must parse and match our random id and question, or we keep waiting until the
+    timeout.
 
     Connected sockets are kept in a small pool per upstream and reused one query at a time:
     opening a fresh socket per query cost several ms here (dns.query.udp ~10 ms per call).
@@ -85,6 +90,8 @@ def _udp_exchange(query: bytes, ip: str, port: int) -> bytes:
     is closed, never reused, and a late answer to an old query on a reused one is skipped
     because it does not match the current id and question.
     """
+    from linpodx.egress.dnsmsg import read_reply
+
     key = (ip, port)
     with _pool_lock:
         free = _pool.setdefault(key, [])
@@ -94,17 +101,17 @@ def _udp_exchange(query: bytes, ip: str, port: int) -> bytes:
         sock.connect((ip, port))
     ok = False
     try:
-        sock.send(query)
+        sock.send(sent.wire)
         deadline = time.monotonic() + UPSTREAM_TIMEOUT
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("upstream did not answer in time")
             sock.settimeout(left)
-            data = sock.recv(65535)
-            if wire.matches(query, data):
+            resp = read_reply(sent, sock.recv(65535))
+            if resp is not None:
                 ok = True
-                return data
+                return resp
     finally:
         with _pool_lock:
             free = _pool.setdefault(key, [])
@@ -114,28 +121,33 @@ def _udp_exchange(query: bytes, ip: str, port: int) -> bytes:
                 sock.close()
 
 
-def _tcp_exchange(query: bytes, ip: str, port: int) -> bytes:
+def _tcp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
     """The same question over TCP (after a truncated UDP answer)."""
+    from linpodx.egress.dnsmsg import read_reply
+
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.settimeout(UPSTREAM_TIMEOUT)
         sock.connect((ip, port))
-        sock.sendall(len(query).to_bytes(2, "big") + query)
+        sock.sendall(len(sent.wire).to_bytes(2, "big") + sent.wire)
         head = _recv_exact(sock, 2)
         data = _recv_exact(sock, int.from_bytes(head, "big")) if head else None
-    if data is None or not wire.matches(query, data):
+    resp = read_reply(sent, data) if data is not None else None
+    if resp is None:
         raise OSError("no matching answer over TCP")
-    return data
+    return resp
 
 
-def query_upstream(query: bytes, upstreams: Sequence[tuple[str, int]]) -> bytes:
+def query_upstream(sent: Outgoing, upstreams: Sequence[tuple[str, int]]) -> dns.message.Message:
     """Ask each upstream in turn (UDP, TCP when truncated); the first answer wins."""
+    from linpodx.egress.dnsmsg import truncated
+
     last: Exception | None = None
     for ip, port in upstreams:
         try:
-            resp = _udp_exchange(query, ip, port)
-            if int.from_bytes(resp[2:4], "big") & wire.FLAG_TC:
-                resp = _tcp_exchange(query, ip, port)
+            resp = _udp_exchange(sent, ip, port)
+            if truncated(resp):
+                resp = _tcp_exchange(sent, ip, port)
             return resp
         except OSError as exc:
             last = exc
@@ -207,35 +219,39 @@ class PolicyResolver:
             fast = self._fast.get(data[2:])
             if fast is not None and self._clock() <= fast[0]:
                 return data[:2] + fast[1]
-        q = wire.parse_query(data)
-        if (
-            q is None
-            or q.qclass != wire.CLASS_IN
-            or q.qtype not in ADDRESS_TYPES
-            or not self._policy.allowlist.allows(q.name)
-        ):
-            return self._handle_other(data)
+        from linpodx.egress import dnsmsg
+
+        q = dnsmsg.read_query(data)
+        if not isinstance(q, dnsmsg.Query):
+            return q
+        if q.rdclass != dnsmsg.IN or not self._policy.allowlist.allows(q.name):
+            self._denied(q.name, q.type_text, "name not in the allowlist")
+            return dnsmsg.answer(q, dnsmsg.NXDOMAIN)
+        if q.rdtype not in ADDRESS_TYPES:
+            # CNAME-only questions are not needed by clients (they ask A/AAAA and get the
+            # chain); every other type can carry data: refuse.
+            self._denied(q.name, q.type_text, f"record type {q.type_text} is not answered")
+            return dnsmsg.answer(q, dnsmsg.REFUSED)
+        if not q.is_host_name:
+            # Allowed by a wildcard, but no host has such a name (an escaped space, a dot or
+            # a NUL inside a label): never asked upstream, never echoed into a CNAME chain.
+            self._denied(q.name, q.type_text, "not a host name (letters, digits, '-', '_')")
+            return dnsmsg.answer(q, dnsmsg.REFUSED)
         # A plain query (header + one question, nothing else) can be answered from the bytes
         # cache next time: same flags, same question bytes -> same answer bytes but the id.
-        return self._answer(q, data[2:] if not q.edns else None)
+        plain = q.plain and len(data) <= 512
+        return self._answer(q, data[2:] if plain else None)
 
-    def _handle_other(self, data: bytes) -> bytes | None:
-        """Everything the strict codec did not take: judged through dnspython."""
-        from linpodx.egress import fallback
+    def _answer(self, q: Query, wire_key: bytes | None) -> bytes:
+        from linpodx.egress import dnsmsg
 
-        verdict = fallback.judge(data, self._policy.allowlist, self._denied)
-        if isinstance(verdict, Question):
-            return self._answer(verdict, None)
-        return verdict
-
-    def _answer(self, q: Question, wire_key: bytes | None = None) -> bytes:
         now = self._clock()
-        key = (q.name, q.qtype)
+        key = (q.name, q.rdtype)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None and hit.expires > now:
                 ttl = int(hit.expires - now)
-                out = wire.build_answer(q, wire.RCODE_NOERROR, hit.records, max(1, ttl))
+                out = dnsmsg.answer(q, dnsmsg.NOERROR, hit.rrsets, max(1, ttl))
                 if ttl >= 1 and wire_key is not None:
                     # Every TTL in these bytes is <= ttl, which stays <= the time the entry
                     # has left until `hit.expires - ttl`: until then the same bytes are exact.
@@ -244,94 +260,60 @@ class PolicyResolver:
                     self._fast[wire_key] = (hit.expires - ttl, out[2:])
                 return out
         policy = self._policy
-        up = wire.build_query(int.from_bytes(os.urandom(2), "big"), q.name, q.qtype)
+        sent = dnsmsg.upstream_query(int.from_bytes(os.urandom(2), "big"), q.qname, q.rdtype)
         try:
-            rcode, answer = wire.parse_answer(self._upstream(up, policy.upstreams))
-        except (UpstreamError, wire.WireError):
-            return wire.build_answer(q, wire.RCODE_SERVFAIL)
-        if rcode != wire.RCODE_NOERROR:
+            resp = self._upstream(sent, policy.upstreams)
+        except UpstreamError:
+            return dnsmsg.answer(q, dnsmsg.SERVFAIL)
+        rcode = resp.rcode()
+        if rcode != dnsmsg.NOERROR:
             # NXDOMAIN passes through as itself; anything else is a server failure to us.
-            return wire.build_answer(
-                q, rcode if rcode == wire.RCODE_NXDOMAIN else wire.RCODE_SERVFAIL
+            return dnsmsg.answer(
+                q, dnsmsg.NXDOMAIN if rcode == dnsmsg.NXDOMAIN else dnsmsg.SERVFAIL
             )
-        records, addrs, min_ttl, names = _follow_chain(answer, q.name, q.qtype)
-        for addr in addrs:
+        chain = dnsmsg.follow_chain(resp, q.name, q.rdtype, MAX_CNAME_CHAIN)
+        for addr in chain.addrs:
             why = answer_refusal(
                 addr, allow_private=policy.allow_private, host_addrs=policy.host_addrs
             )
             if why is not None:
-                self._denied(q.name, wire.TYPE_NAMES[q.qtype], f"answer {addr}: {why}")
-                return wire.build_answer(q, wire.RCODE_REFUSED)
-        ttl = clamp_ttl(min_ttl) if records else 0
+                self._denied(q.name, q.type_text, f"answer {addr}: {why}")
+                return dnsmsg.answer(q, dnsmsg.REFUSED)
+        ttl = clamp_ttl(chain.ttl) if chain.rrsets else 0
         with self._set_lock:
             if not self._policy.allowlist.allows(q.name):
                 # The allowlist changed while we asked upstream.
-                return wire.build_answer(q, wire.RCODE_NXDOMAIN)
+                return dnsmsg.answer(q, dnsmsg.NXDOMAIN)
             with self._lock:
                 left = {
                     a: (self._granted[a].expires - now if a in self._granted else 0.0)
-                    for a in addrs
+                    for a in chain.addrs
                 }
             life = ttl
-            if addrs and min(left.values()) >= ttl / 2:
+            if chain.addrs and min(left.values()) >= ttl / 2:
                 # Every address is already in the sets for at least half the TTL: no nft call.
                 # The answer and its cache line never outlive the shortest remaining entry.
                 life = int(min(left.values()))
-            elif addrs:
+            elif chain.addrs:
                 # Re-adding resets an element's timeout, so never shorten a longer one.
-                entries = [(a, max(ttl, int(left[a]) + 1)) for a in addrs]
+                entries = [(a, max(ttl, int(left[a]) + 1)) for a in chain.addrs]
                 try:
                     self._add(entries)
                 except Exception:
-                    return wire.build_answer(q, wire.RCODE_SERVFAIL)
+                    return dnsmsg.answer(q, dnsmsg.SERVFAIL)
                 with self._lock:
                     for a, t in entries:
                         g = self._granted.setdefault(a, _Granted(now + t))
                         g.expires = now + t
             with self._lock:
-                for a in addrs:
+                for a in chain.addrs:
                     self._granted[a].names.add(q.name)
                 if len(self._cache) >= CACHE_MAX:
                     self._cache.clear()
                 if life:
-                    self._cache[key] = _CacheEntry(records, now + life, frozenset(names | {q.name}))
-        return wire.build_answer(
-            q, wire.RCODE_NOERROR, records, min(life, min_ttl) if records else 0
-        )
-
-
-def _follow_chain(
-    answer: list[Record], name: str, rdtype: int
-) -> tuple[list[Record], list[IPAddress], int, set[str]]:
-    """Keep only the CNAME chain from `name` and the final address records.
-
-    Records for other owners (an upstream stuffing extra names into the answer) are dropped:
-    a CNAME target is allowed for this lookup only, because it was reached from `name`.
-    """
-    current = name
-    wanted = {current}
-    kept: list[Record] = []
-    addrs: list[IPAddress] = []
-    ttl = 2**31
-    for _ in range(MAX_CNAME_CHAIN + 1):
-        step = None
-        for rec in answer:
-            if rec.owner != current:
-                continue
-            if rec.rtype == wire.TYPE_CNAME:
-                step = rec
-                break
-            if rec.rtype == rdtype and not isinstance(rec.value, str):
-                kept.append(rec)
-                ttl = min(ttl, rec.ttl)
-                addrs.append(rec.value)
-        if step is None:
-            break
-        kept.append(step)
-        ttl = min(ttl, step.ttl)
-        current = str(step.value)
-        wanted.add(current)
-    return kept, addrs, (ttl if kept else 0), wanted
+                    self._cache[key] = _CacheEntry(chain.rrsets, now + life, chain.names)
+        ttl = min(life, chain.ttl) if chain.rrsets else 0
+        return dnsmsg.answer(q, dnsmsg.NOERROR, chain.rrsets, ttl)
 
 
 # -- servers -------------------------------------------------------------------------------
@@ -346,9 +328,9 @@ def serve_udp(sock: socket.socket, resolver: PolicyResolver, stop: threading.Eve
 
     UDP_WORKERS threads each block in recvfrom on the same socket and answer what they
     receive themselves: the kernel wakes exactly one waiting thread per datagram, so there is
-    no hand-over between a receiving thread and a worker (a thread wake-up per query, which
-    cost more than the codec here). At most UDP_WORKERS lookups wait upstream at once; further
-    datagrams queue in the socket buffer, and past it the kernel drops them (clients retry).
+    no hand-over between a receiving thread and a worker (one more thread wake-up per query).
+    At most UDP_WORKERS lookups wait upstream at once; further datagrams queue in the socket
+    buffer, and past it the kernel drops them (clients retry).
     """
     sock.settimeout(None)  # blocking: a timeout would make every thread poll on each datagram
     for i in range(1, UDP_WORKERS):

@@ -164,10 +164,10 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             policy_mtime=st.policy_file.stat().st_mtime_ns,
         )
         log.info("egress guard ready: container=%s pid=%s helper=%s", name, pid, kind)
-        # The dnspython path for odd and denied queries, imported now rather than at start-up
-        # (where it would compete with podman for the CPU) or on the first denied lookup.
+        # dnspython (every DNS message goes through it), imported now rather than at start-up
+        # (where it would compete with podman for the CPU) or by the first query.
         threading.Thread(
-            target=importlib.import_module, args=("linpodx.egress.fallback",), daemon=True
+            target=importlib.import_module, args=("linpodx.egress.dnsmsg",), daemon=True
         ).start()
     except Exception as exc:
         if isinstance(exc, LinpodxError):

@@ -6,7 +6,9 @@ Addresses in the fake answers are data only: nothing here sends a packet anywher
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+import socket
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dns.flags
@@ -17,7 +19,9 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
+from linpodx.egress import resolver
 from linpodx.egress.denials import DenialRecorder
+from linpodx.egress.dnsmsg import Outgoing
 from linpodx.egress.policy import Allowlist
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, UpstreamError
 
@@ -29,12 +33,13 @@ class FakeUpstream:
         self.table = table
         self.asked: list[tuple[str, str]] = []
 
-    def __call__(self, wire: bytes, ups: Sequence[tuple[str, int]]) -> bytes:
-        return self.answer(dns.message.from_wire(wire)).to_wire()
+    def __call__(self, sent: Outgoing, ups: Sequence[tuple[str, int]]) -> dns.message.Message:
+        # Through the wire both ways, as the real exchange sees it.
+        return dns.message.from_wire(self.answer(dns.message.from_wire(sent.wire)).to_wire())
 
     def answer(self, query: dns.message.Message) -> dns.message.Message:
         q = query.question[0]
-        name = q.name.to_text(omit_final_dot=True)
+        name = q.name.to_text(omit_final_dot=True).lower()  # names are case-insensitive
         self.asked.append((name, dns.rdatatype.to_text(q.rdtype)))
         entry = self.table.get(name)
         if entry == "down":
@@ -254,6 +259,12 @@ def test_response_packets_and_other_opcodes_are_not_answered_as_queries() -> Non
     out = r.handle(q2.to_wire())
     assert out is not None
     assert dns.message.from_wire(out).rcode() in (dns.rcode.NOTIMP, dns.rcode.FORMERR)
+    q3 = dns.message.make_query("crates.io", "A")
+    q3.set_opcode(dns.opcode.NOTIFY)
+    out = r.handle(q3.to_wire())
+    assert out is not None
+    reply = dns.message.from_wire(out)
+    assert reply.rcode() == dns.rcode.NOTIMP and reply.opcode() == dns.opcode.NOTIFY
     assert up.asked == []
 
 
@@ -330,10 +341,10 @@ def test_allowed_wildcard_name_with_odd_bytes_is_refused_and_recorded() -> None:
     assert "host name" in records[0][1]["reason"]
 
 
-def test_odd_but_valid_query_still_answered_through_dnspython() -> None:
+def test_query_with_unusual_flags_is_answered() -> None:
     r, *_ = make()
     q = dns.message.make_query("crates.io", "A")
-    q.flags |= dns.flags.AA  # no stub sets it: the strict codec leaves it to dnspython
+    q.flags |= dns.flags.AA  # no stub sets it in a query; still a query
     out = r.handle(q.to_wire())
     assert out is not None
     resp = dns.message.from_wire(out)
@@ -341,7 +352,92 @@ def test_odd_but_valid_query_still_answered_through_dnspython() -> None:
     assert addrs(resp) == ["9.9.9.10"]
 
 
-def test_garbled_upstream_answer_is_servfail() -> None:
-    r, _up, sets, _, _ = make()
-    r._upstream = lambda q, ups: q[:2] + b"\x81\x80\x00\x01\x00\x05"  # type: ignore[method-assign]
-    assert ask(r, "crates.io").rcode() == dns.rcode.SERVFAIL and sets.added == []
+class ScriptedUpstream:
+    """A UDP server on 127.0.0.1 that answers each query with `script(query_bytes)` datagrams."""
+
+    def __init__(self, script: Callable[[bytes], list[bytes]]) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.addr = ("127.0.0.1", self.sock.getsockname()[1])
+        self.script = script
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            for out in self.script(data):
+                self.sock.sendto(out, peer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _real_answer(data: bytes) -> bytes:
+    return FakeUpstream(TABLE).answer(dns.message.from_wire(data)).to_wire()
+
+
+def test_upstream_exchange_skips_garbled_and_foreign_datagrams() -> None:
+    def script(data: bytes) -> list[bytes]:
+        good = _real_answer(data)
+        other_id = bytes([data[0] ^ 0xFF]) + good[1:]
+        return [data[:2] + b"\x81\x80\x00\x01\x00\x05", other_id, good]
+
+    up = ScriptedUpstream(script)
+    try:
+        r, _up, sets, _, _ = make()
+        r._upstream = resolver.query_upstream  # type: ignore[method-assign]
+        r._policy = ResolverPolicy(r.policy.allowlist, (up.addr,), False)
+        assert addrs(ask(r, "crates.io")) == ["9.9.9.10"] and sets.added
+    finally:
+        up.close()
+
+
+def test_garbled_upstream_answer_is_servfail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resolver, "UPSTREAM_TIMEOUT", 0.3)
+    up = ScriptedUpstream(lambda data: [data[:2] + b"\x81\x80\x00\x01\x00\x05"])
+    try:
+        r, _up, sets, _, _ = make()
+        r._upstream = resolver.query_upstream  # type: ignore[method-assign]
+        r._policy = ResolverPolicy(r.policy.allowlist, (up.addr,), False)
+        assert ask(r, "crates.io").rcode() == dns.rcode.SERVFAIL and sets.added == []
+    finally:
+        up.close()
+
+
+def test_chain_through_a_name_no_host_has_is_not_followed() -> None:
+    table = dict(TABLE)
+    table["odd.example.com"] = [
+        ("odd.example.com", "CNAME", 60, "a\\032b.provider.test."),
+        ("a\\032b.provider.test", "A", 60, "9.9.9.50"),
+    ]
+    r, up, sets, _, _ = make()
+    up.table = table
+    resp = ask(r, "odd.example.com")
+    assert resp.rcode() == dns.rcode.NOERROR and resp.answer == [] and sets.added == []
+
+
+def test_only_the_followed_cname_target_is_passed_on() -> None:
+    table = dict(TABLE)
+    table["two.example.com"] = [
+        ("two.example.com", "CNAME", 60, "cdn.provider.test."),
+        ("two.example.com", "CNAME", 60, "evil.test."),
+        ("cdn.provider.test", "A", 60, "9.9.9.20"),
+        ("evil.test", "A", 60, "9.9.9.66"),
+    ]
+    r, up, sets, _, _ = make()
+    up.table = table
+    resp = ask(r, "two.example.com")
+    # Which of the two (invalid) CNAME records comes first is up to the upstream's order.
+    targets = [rd.target.to_text() for rr in resp.answer if rr.rdtype == 5 for rd in rr]
+    assert len(targets) == 1
+    reached = {"cdn.provider.test.": "9.9.9.20", "evil.test.": "9.9.9.66"}[targets[0]]
+    assert addrs(resp) == [reached] and [a for a, _ in sets.added] == [reached]
+
+
+def test_answer_echoes_the_question_as_asked() -> None:
+    r, *_ = make()
+    resp = ask(r, "CrAtEs.Io")
+    assert resp.question[0].name.to_text() == "CrAtEs.Io." and addrs(resp) == ["9.9.9.10"]
