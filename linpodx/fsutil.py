@@ -19,8 +19,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _durable_temp(path: Path, data: bytes, mode: int) -> str:
-    """Write `data` to a new temp file beside `path` (same filesystem), fsynced; return its name."""
+def _durable_temp(path: Path, data: bytes, mode: int, *, sync: bool = True) -> str:
+    """Write `data` to a new temp file beside `path` (same filesystem), fsynced unless `sync` is
+    False; return its name."""
     ensure_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -28,7 +29,8 @@ def _durable_temp(path: Path, data: bytes, mode: int) -> str:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -36,16 +38,22 @@ def _durable_temp(path: Path, data: bytes, mode: int) -> str:
     return tmp
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE) -> None:
-    """Replace `path` with `data` all at once: temp file in the same dir, fsync, rename."""
-    tmp = _durable_temp(path, data, mode)
+def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE, durable: bool = True) -> None:
+    """Replace `path` with `data` all at once: temp file in the same dir, fsync, rename.
+
+    `durable=False` keeps the all-at-once replace but skips both fsyncs: for runtime files that
+    are rewritten before every use and mean nothing after a crash (a guard's resolv.conf, the
+    OCI hooks file of one `podman run`), where two fsyncs would sit on a container's start-up.
+    """
+    tmp = _durable_temp(path, data, mode, sync=durable)
     try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def create_exclusive(path: Path, data: bytes, *, mode: int = FILE_MODE) -> bool:

@@ -86,7 +86,9 @@ def _write_policy(st: EgressState, stored: StoredProfile, *, force: bool = False
     _write_if_changed(st.policy_file, json.dumps(doc, sort_keys=True).encode())
 
 
-def _write_if_changed(path: Path, data: bytes, mode: int | None = None) -> None:
+def _write_if_changed(
+    path: Path, data: bytes, mode: int | None = None, *, durable: bool = True
+) -> None:
     """atomic_write unless `path` already holds exactly `data` (with the wanted mode).
 
     A guarded start calls prepare() up to three times with the same content; each
@@ -100,9 +102,9 @@ def _write_if_changed(path: Path, data: bytes, mode: int | None = None) -> None:
         same = False
     if not same:
         if mode is None:
-            atomic_write(path, data)
+            atomic_write(path, data, durable=durable)
         else:
-            atomic_write(path, data, mode=mode)
+            atomic_write(path, data, mode=mode, durable=durable)
 
 
 def prepare(name: str, stored: StoredProfile) -> Path:
@@ -116,7 +118,9 @@ def prepare(name: str, stored: StoredProfile) -> Path:
     """
     st = EgressState(name)
     _write_policy(st, stored)
-    _write_if_changed(st.resolv_conf, RESOLV_CONF.encode(), mode=0o644)
+    # Not fsynced: constant content, rewritten at every bring-up. The policy file is (a
+    # re-apply's revision in it must survive a crash).
+    _write_if_changed(st.resolv_conf, RESOLV_CONF.encode(), mode=0o644, durable=False)
     launch(name)
     return st.resolv_conf
 
@@ -217,7 +221,7 @@ def hook_setup(name: str) -> Path:
         "when": {"always": True},
         "stages": ["createRuntime"],
     }  # fmt: skip
-    atomic_write(hooks / HOOK_FILE, json.dumps(hook).encode())
+    atomic_write(hooks / HOOK_FILE, json.dumps(hook).encode(), durable=False)  # one run's
     return hooks
 
 
