@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -235,13 +236,16 @@ def bench_run(image: str, runs: int, up_port: int) -> tuple[float, float, float]
         ],
     }
     times: dict[str, list[float]] = {k: [] for k in argvs}
-    for argv in argvs.values():  # warm-up
-        sh(*argv)
-    for _ in range(runs):
-        for k, argv in argvs.items():
-            t = time.perf_counter()
+    try:
+        for argv in argvs.values():  # warm-up
             sh(*argv)
-            times[k].append(time.perf_counter() - t)
+        for _ in range(runs):
+            for k, argv in argvs.items():
+                t = time.perf_counter()
+                sh(*argv)
+                times[k].append(time.perf_counter() - t)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return (
         statistics.median(times["podman"]),
         statistics.median(times["filtered"]),
@@ -284,6 +288,7 @@ def main() -> int:
     finally:
         up.terminate()
         up.wait()
+        shutil.rmtree(state, ignore_errors=True)
     return 0
 
 

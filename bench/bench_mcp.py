@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -307,6 +308,9 @@ def main() -> int:
     ap.add_argument(
         "--image", default=os.environ.get("LINPODX_TEST_IMAGE", "localhost/linpodx-test/debian:12")
     )
+    ap.add_argument(
+        "--keep-state", action="store_true", help="keep the state dir (to `audit verify` it)"
+    )
     args = ap.parse_args()
     state = Path(tempfile.mkdtemp(prefix="linpodx-bench-mcp-", dir=os.environ.get("BENCH_DIR")))
     os.environ["LINPODX_STATE_DIR"] = str(state)
@@ -354,6 +358,10 @@ def main() -> int:
         )
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+        if args.keep_state:
+            print(f"state kept (audit chains of the sessions): {state}")
+        else:
+            shutil.rmtree(state, ignore_errors=True)
     return 0
 
 
