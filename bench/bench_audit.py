@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from linpodx.audit import chain as chain_mod
-from linpodx.audit.chain import DOMAIN, Chain, encode_data, encode_record, verify_file
+from linpodx.audit.chain import Chain, verify_file
+from linpodx.audit.core import DOMAIN, encode_data, encode_record
 from linpodx.ids import new_id
 
 TARGET_APPEND = 5_000

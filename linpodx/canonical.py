@@ -12,7 +12,10 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: this module is on the fast run path (linpodx/fastrun.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 SAFE_INT = 2**53 - 1
 MAX_DEPTH = 64

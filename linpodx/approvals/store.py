@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import canonical, fsutil, ids
-from linpodx.audit.chain import encode_data
+from linpodx.audit.core import encode_data
 from linpodx.errors import InvalidInput, NotFound
 from linpodx.paths import approvals_dir, ensure_dir
 

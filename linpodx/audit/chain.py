@@ -27,24 +27,18 @@ import hashlib
 import json
 import os
 import re
-import stat
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from json import encoder as json_encoder
 from pathlib import Path
 from typing import Any
 
-from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes, strict_loads
+from linpodx.audit import core
+from linpodx.audit.core import DOMAIN, HINT_VERIFY, HINT_WRITE, MAX_LINE, ZERO_HASH
+from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import AuditError
 from linpodx.fsutil import fsync_dir
 from linpodx.ids import new_id
-from linpodx.paths import FILE_MODE, audit_dir, ensure_dir, sessions_audit_dir
-
-DOMAIN = b"linpodx-audit-v1\n"
-ZERO_HASH = "0" * 64
-MAX_LINE = 1024 * 1024
-"""Longest record line we write or read (bytes, without the newline)."""
+from linpodx.paths import audit_dir, sessions_audit_dir
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
@@ -53,13 +47,6 @@ _LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}$")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
 _KEYS_FIRST = _KEYS | {"log"}
-_TAIL_CHUNK = 8 * 1024
-
-HINT_WRITE = (
-    "check that the state dir is writable and the disk is not full (df -h); "
-    "nothing was done because it could not be recorded"
-)
-HINT_VERIFY = "run `linpodx audit verify` to see what is wrong with the log"
 
 
 @dataclass(frozen=True)
@@ -149,48 +136,6 @@ def record_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(DOMAIN + canonical_bytes(body)).hexdigest()
 
 
-_second: tuple[int, str] = (-1, "")
-"""The last second formatted by now_ts (formatting is most of its cost; busy logs reuse it)."""
-
-
-def now_ts() -> str:
-    """The current UTC time in the record format (microseconds, `Z`)."""
-    global _second
-    secs, micros = divmod(time.time_ns() // 1000, 1_000_000)
-    cached, text = _second
-    if cached != secs:
-        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
-        _second = (secs, text)
-    return f"{text}.{micros:06d}Z"
-
-
-def encode_record(
-    seq: int, ts: str, typ: str, prev: str, data_bytes: bytes, log_id: str | None
-) -> tuple[bytes, bytes]:
-    """The canonical record without hash, split where the `hash` pair goes: (head, after).
-
-    head + after is canonical_bytes of the record without `hash`; the stored line is head +
-    `,"hash":"H"` + after. Assembled by hand so the data is encoded once: the keys in RFC 8785
-    order are data, hash, log, prev, seq, ts, type, and every field but data is pattern-checked
-    ASCII needing no escapes (a unit test holds this equal to canonical_bytes).
-    """
-    after = b"".join(
-        (
-            b',"log":"' + log_id.encode("ascii") + b'"' if log_id is not None else b"",
-            b',"prev":"',
-            prev.encode("ascii"),
-            b'","seq":',
-            str(seq).encode("ascii"),
-            b',"ts":"',
-            ts.encode("ascii"),
-            b'","type":"',
-            typ.encode("ascii"),
-            b'"}',
-        )
-    )
-    return b'{"data":' + data_bytes, after
-
-
 def torn_reason(offset: int, length: int) -> str:
     """The words used everywhere for a torn last line."""
     return (
@@ -225,161 +170,12 @@ def parse_line(line: bytes) -> Record:
     return rec
 
 
-def _refuse_number(text: str) -> Any:
-    raise ValueError(f"non-integer number {text}")
-
-
-def _safe_int(text: str) -> int:
-    value = int(text)
-    if not -SAFE_INT <= value <= SAFE_INT:
-        raise ValueError("integer outside the I-JSON range")
-    return value
-
-
-def _no_default(value: Any) -> Any:  # pragma: no cover - json.loads output is always encodable
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
-# The C-accelerated json codec, configured so that its output for the values we allow is
-# byte-identical to canonical_bytes (same string escaping: canonical.py uses json.dumps for
-# strings; same integers; keys sorted by code point, which equals UTF-16 order as long as no
-# character lies outside the BMP; see _fast_record for the conditions).
-_FAST_DECODER = json.JSONDecoder(
-    parse_float=_refuse_number, parse_constant=_refuse_number, parse_int=_safe_int
-)
-_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-_c_make_encoder = getattr(json_encoder, "c_make_encoder", None)
-_c_encode_basestring = getattr(json_encoder, "c_encode_basestring", None)
-_encode_sorted: Callable[[Any], str] = _FAST_ENCODER.encode
-if _c_make_encoder is not None and _c_encode_basestring is not None:
-    # One C encoder built once (json.JSONEncoder.encode builds a new one per call). Same
-    # arguments JSONEncoder passes: markers, default, string encoder, indent, separators,
-    # sort_keys, skipkeys, allow_nan.
-    _c_encode = _c_make_encoder(
-        None, _no_default, _c_encode_basestring, None, ":", ",", True, False, False
-    )
-
-    def _encode_c(value: Any) -> str:
-        return "".join(_c_encode(value, 0))
-
-    _encode_sorted = _encode_c
-
-_ASTRAL = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8 sequences (> U+FFFF)
-_HASH_KEY = b',"hash":"'
-_SUFFIX = re.compile(
-    rb',"hash":"(?P<hash>[0-9a-f]{64})"'
-    rb'(?:,"log":"(?P<log>log_[0-9A-HJKMNP-TV-Z]{26})")?'
-    rb',"prev":"(?P<prev>[0-9a-f]{64})"'
-    rb',"seq":(?P<seq>0|[1-9][0-9]{0,14})'
-    rb',"ts":"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)"'
-    rb',"type":"(?P<type>[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+)"\}'
-)
-
-
 def _fast_record(line: bytes) -> Record | None:
-    """The Record `parse_line` would return, computed at C speed, or None if unsure.
+    """The Record `parse_line` would return, computed at C speed, or None if unsure (then the
+    strict parser decides). See `core.fast_fields` for why the two agree."""
+    fields = core.fast_fields(line)
+    return None if fields is None else Record(*fields)
 
-    None never means "bad": the caller then runs the strict reference parser, which gives the
-    exact verdict and reason. A Record is only returned when it is provably what parse_line
-    returns:
-    - the line decodes as strict UTF-8 (no encoded surrogates) and json parses it with floats,
-      NaN and Infinity refused and every integer checked to be within +-(2^53-1);
-    - re-encoding the parsed value with sorted keys and no whitespace gives back the line
-      exactly. That implies no duplicate keys (the parsed value would have lost one and could
-      not re-encode to the same text), no escaped lone surrogates (they re-encode raw, not as
-      a `\\udXXX` escape), and the minimal escapes of canonical_bytes;
-    - the line is ASCII, or no byte of it starts a 4-byte UTF-8 sequence: every key is in the
-      BMP, where code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
-    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH;
-    - it starts with `{"data":{` and, from its last `,"hash":"`, ends with exactly the fields
-      hash, optional log, prev, seq, ts, type in the patterns _record_from_obj enforces, and
-      the object has no other key. Those fields hold no quote or backslash, so they are the
-      top-level members (read back from the final `}`, every token is structural).
-    Then the line IS canonical_bytes(record), and removing that `,"hash":"H"` pair gives
-    canonical_bytes(record without hash): the bytes that were hashed.
-    """
-    if (
-        len(line) > MAX_LINE
-        or not line.startswith(b'{"data":{')
-        or line.count(b"{") + line.count(b"[") > MAX_DEPTH
-        or (not line.isascii() and _ASTRAL.search(line))
-    ):
-        return None
-    i = line.rfind(_HASH_KEY)
-    m = _SUFFIX.fullmatch(line, i) if i > 0 else None
-    if m is None:
-        return None
-    try:
-        text = line.decode("utf-8")
-        obj = _FAST_DECODER.decode(text)
-        if _encode_sorted(obj) != text:
-            return None
-    except (ValueError, RecursionError):
-        return None
-    log = m.group("log")
-    if len(obj) != (6 if log is None else 7):
-        return None
-    h = m.group("hash")
-    if hashlib.sha256(DOMAIN + line[:i] + line[m.end("hash") + 1 :]).hexdigest().encode() != h:
-        return None
-    return Record(
-        seq=int(m.group("seq")),
-        ts=m.group("ts").decode("ascii"),
-        type=m.group("type").decode("ascii"),
-        prev=m.group("prev").decode("ascii"),
-        hash=h.decode("ascii"),
-        data=obj["data"],
-        log_id=log.decode("ascii") if log is not None else None,
-    )
-
-
-_SCALARS = frozenset({str, int, bool, type(None)})
-
-
-def _flat(data: Any) -> bool:
-    """A dict (exactly) of str keys to str, bool, None or int values within +-(2^53-1), each of
-    exactly those types (no subclass, whose encoding could differ)."""
-    if type(data) is not dict:
-        return False
-    for k, v in data.items():
-        t = type(v)
-        if type(k) is not str or t not in _SCALARS:
-            return False
-        if t is int and not -SAFE_INT <= v <= SAFE_INT:
-            return False
-    return True
-
-
-def encode_data(data: Any) -> tuple[bytes, Any]:
-    """(canonical_bytes(data), a fresh copy of data as parsed back from those bytes).
-
-    Tries the C json encoder first and keeps its output only when it provably equals
-    canonical_bytes (the same argument as _fast_record): it parses back, with floats refused
-    and integers range-checked, to a value equal to `data` (so every key was a string and every
-    container a dict or list), encodes to UTF-8 (no lone surrogates), has no character beyond
-    the BMP (json's key order is RFC 8785's) and at most MAX_DEPTH brackets. Otherwise the
-    reference encoder decides, and raises CanonicalError for what it refuses.
-
-    A flat record (`_flat`: most audit records are) needs no parsing back: its types are checked
-    directly, and a copy of the dict is the parsed-back value (its values are immutable). The
-    UTF-8 and BMP conditions are checked as above.
-    """
-    try:
-        text = _encode_sorted(data)
-        raw = text.encode("utf-8")
-        if _flat(data) and (raw.isascii() or not _ASTRAL.search(raw)):
-            return raw, dict(data)
-        back = _FAST_DECODER.decode(text)
-        if (
-            back == data
-            and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH
-            and (raw.isascii() or not _ASTRAL.search(raw))
-        ):
-            return raw, back
-    except (ValueError, TypeError, RecursionError):
-        pass
-    raw = canonical_bytes(data)
-    return raw, json.loads(raw)
 
 
 def check_line(line: bytes) -> Record:
@@ -806,41 +602,16 @@ class Chain:
                 f"could not record to the audit log: invalid event type {type!r}",
                 "event types are dotted lower-case names such as profile.apply",
             )
-        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = core.open_locked(str(self.path))
         try:
-            try:
-                fd = os.open(self.path, flags, FILE_MODE)
-            except FileNotFoundError:
-                ensure_dir(self.path.parent)  # first record of this log: dirs are 0700
-                fd = os.open(self.path, flags, FILE_MODE)
-        except OSError as exc:
-            raise AuditError(
-                f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
-            ) from None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as exc:
-                raise AuditError(
-                    f"could not record to the audit log {self.path}: lock failed: "
-                    f"{exc.strerror or exc}",
-                    HINT_WRITE,
-                ) from None
             return self._append_locked(fd, type, data)
         finally:
             os.close(fd)  # closing releases the flock
 
     def _append_locked(self, fd: int, typ: str, data: Mapping[str, Any]) -> Record:
+        where = str(self.path)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise AuditError(
-                    f"could not record to the audit log {self.path}: not a regular file",
-                    "move it away; linpodx creates the log itself",
-                )
-            if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
-                os.fchmod(fd, FILE_MODE)
-            size = st.st_size
+            size = core.checked_size(fd, where)
             last, torn_at = _read_tail(fd, size)
         except AuditError:
             raise
@@ -856,7 +627,7 @@ class Chain:
         else:
             seq, prev, last_ts = last.seq + 1, last.hash, last.ts
         if torn_at is not None:
-            removed = _pread_all(fd, torn_at, size - torn_at)
+            removed = core.pread_all(fd, torn_at, size - torn_at)
             repair = {
                 "reason": "torn last line removed (crash during an earlier append)",
                 "offset": torn_at,
@@ -870,23 +641,8 @@ class Chain:
         rec, line = self._build(seq, prev, last_ts, typ, data)
         out.append(line)
         records.append(rec)
-        payload = b"".join(out)
-
         base = torn_at if torn_at is not None else size
-        try:
-            if torn_at is not None:
-                os.ftruncate(fd, torn_at)
-            _write_all(fd, payload)
-            os.fsync(fd)
-        except OSError as exc:
-            # Leave no partial line behind: the action is not going to happen, so no record of
-            # it may remain either. (A torn tail we cut off stays cut: it was never a record.)
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, base)
-                os.fsync(fd)
-            raise AuditError(
-                f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
-            ) from None
+        core.commit(fd, b"".join(out), base, where, cut_to=torn_at)
         if base == 0:
             with contextlib.suppress(OSError):
                 fsync_dir(self.path.parent)
@@ -895,36 +651,9 @@ class Chain:
     def _build(
         self, seq: int, prev: str, last_ts: str, typ: str, data: Mapping[str, Any]
     ) -> tuple[Record, bytes]:
-        # A clock stepping back must not make the chain look reordered: never go below the tail.
-        ts = max(now_ts(), last_ts)
         log_id = new_id("log") if seq == 0 else None
-        try:
-            if not isinstance(data, Mapping):
-                raise CanonicalError("event data must be an object")
-            data_bytes, stored = encode_data(data)
-        except (CanonicalError, RecursionError) as exc:
-            raise AuditError(
-                f"could not record to the audit log: the event data cannot be recorded: {exc}",
-                "this is a bug in linpodx: event data must be canonical JSON (no floats)",
-            ) from None
-        head, after = encode_record(seq, ts, typ, prev, data_bytes, log_id)
-        h = hashlib.sha256(DOMAIN + head + after).hexdigest()
-        line = head + b',"hash":"' + h.encode("ascii") + b'"' + after
-        if len(line) > MAX_LINE:
-            raise AuditError(
-                f"could not record to the audit log: record larger than {MAX_LINE} bytes",
-                "this is a bug in linpodx: record a digest of large data instead",
-            )
-        rec = Record(
-            seq=seq,
-            ts=ts,
-            type=typ,
-            prev=prev,
-            hash=h,
-            data=stored,
-            log_id=log_id,
-        )
-        return rec, line + b"\n"
+        h, ts, line, stored = core.build_line(seq, prev, last_ts, typ, data, log_id)
+        return Record(seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=stored, log_id=log_id), line
 
     def verify(self) -> VerifyReport:
         """Verify this chain against its genesis."""
@@ -945,61 +674,11 @@ class Chain:
             os.close(fd)
 
 
-def _pread_all(fd: int, offset: int, length: int) -> bytes:
-    parts = []
-    while length > 0:
-        chunk = os.pread(fd, min(length, 1 << 20), offset)
-        if not chunk:
-            break
-        parts.append(chunk)
-        offset += len(chunk)
-        length -= len(chunk)
-    return b"".join(parts)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:  # pragma: no cover - write(2) reports errors by raising
-            raise OSError(28, "short write")
-        view = view[n:]
-
-
 def _read_tail(fd: int, size: int) -> tuple[Record | None, int | None]:
-    """The last complete record and, if the file ends in a torn line, where that line starts.
-
-    Reads backwards from the end in chunks; never more than the last line plus one chunk.
-    """
-    if size == 0:
-        return None, None
-    buf = b""
-    pos = size
-    # Find the end of the last complete line (the last newline) and the line before it.
-    end_nl: int | None = None  # offset of the newline ending the last complete line
-    while pos > 0:
-        step = min(_TAIL_CHUNK, pos)
-        pos -= step
-        buf = os.pread(fd, step, pos) + buf
-        if end_nl is None:
-            i = buf.rfind(b"\n")
-            if i >= 0:
-                end_nl = pos + i
-        if end_nl is not None:
-            j = buf.rfind(b"\n", 0, end_nl - pos)
-            if j >= 0 or pos == 0:
-                start = pos + j + 1 if j >= 0 else 0
-                line = buf[start - pos : end_nl - pos]
-                break
-        if size - pos > 2 * MAX_LINE + 2 * _TAIL_CHUNK:
-            raise AuditError(
-                "the audit log's last line is longer than any record we write", HINT_VERIFY
-            )
-    torn_at: int | None
-    if end_nl is None:
-        # No newline at all: the whole file is one torn line (the very first append crashed).
-        return None, 0
-    torn_at = end_nl + 1 if end_nl + 1 < size else None
+    """The last complete record and, if the file ends in a torn line, where that line starts."""
+    line, torn_at = core.tail_line(fd, size)
+    if line is None:
+        return None, torn_at
     try:
         rec = check_line(line)
     except BadRecord as exc:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from linpodx.audit.chain import (
-    ZERO_HASH,
     Record,
     VerifyReport,
     admin_chain,
@@ -36,6 +35,7 @@ from linpodx.audit.chain import (
     session_path,
     verify_file,
 )
+from linpodx.audit.core import ZERO_HASH
 from linpodx.errors import AuditError, ChainBroken, LinpodxError, NotFound, UsageError
 from linpodx.paths import sessions_audit_dir
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpodx.audit import chain as audit_chain
+from linpodx.audit import core as audit_core
 from linpodx.canonical import CanonicalError
 from linpodx.errors import AuditError
 from linpodx.paths import FILE_MODE, ensure_dir
@@ -227,7 +228,7 @@ class GroupCommitChain:
         self.failure = AuditError(
             f"could not record to the audit log {self.path}: fsync failed "
             f"({exc.strerror or exc}); this session can record, and so do, nothing more",
-            audit_chain.HINT_WRITE,
+            audit_core.HINT_WRITE,
         )
         while self._writing:
             self._cv.wait()
@@ -281,7 +282,7 @@ class GroupCommitChain:
             except OSError as exc:
                 raise AuditError(
                     f"could not record to the audit log {self.path}: {exc.strerror or exc}",
-                    audit_chain.HINT_WRITE,
+                    audit_core.HINT_WRITE,
                 ) from None
         return self._fd
 
@@ -300,7 +301,7 @@ class GroupCommitChain:
             err = AuditError(
                 f"could not record to the audit log {self.path}: lock failed: "
                 f"{exc.strerror or exc}",
-                audit_chain.HINT_WRITE,
+                audit_core.HINT_WRITE,
             )
             for b in batch:
                 b.error = err
@@ -332,7 +333,7 @@ class GroupCommitChain:
         except OSError as exc:
             err = AuditError(
                 f"could not record to the audit log {self.path}: {exc.strerror or exc}",
-                audit_chain.HINT_WRITE,
+                audit_core.HINT_WRITE,
             )
             for b in batch:
                 if b.record is None:
@@ -346,7 +347,7 @@ class GroupCommitChain:
         """Append the records with one write (their fsync is the sync role's business)."""
         if self._tail is None or self._size is None:
             err = AuditError(
-                "could not record to the audit log: its tail is unknown", audit_chain.HINT_VERIFY
+                "could not record to the audit log: its tail is unknown", audit_core.HINT_VERIFY
             )
             for b in items:
                 b.error = err
@@ -378,7 +379,7 @@ class GroupCommitChain:
                 os.fsync(fd)
             err = AuditError(
                 f"could not record to the audit log {self.path}: {exc.strerror or exc}",
-                audit_chain.HINT_WRITE,
+                audit_core.HINT_WRITE,
             )
             for item, _rec in built:
                 item.error = err
@@ -396,21 +397,21 @@ class GroupCommitChain:
     ) -> tuple[Any, bytes]:
         if not _TYPE_RE.fullmatch(typ):
             raise AuditError(f"could not record to the audit log: invalid event type {typ!r}")
-        ts = max(audit_chain.now_ts(), last_ts)
+        ts = max(audit_core.now_ts(), last_ts)
         try:
             # The chain module's encoder: canonical bytes, C-accelerated when provably equal.
-            data_bytes, stored = audit_chain.encode_data(data)
+            data_bytes, stored = audit_core.encode_data(data)
         except (CanonicalError, RecursionError) as exc:
             raise AuditError(
                 f"could not record to the audit log: the event data cannot be recorded: {exc}"
             ) from None
-        head, after = audit_chain.encode_record(seq, ts, typ, prev, data_bytes, None)
-        h = hashlib.sha256(audit_chain.DOMAIN + head + after).hexdigest()
+        head, after = audit_core.encode_record(seq, ts, typ, prev, data_bytes, None)
+        h = hashlib.sha256(audit_core.DOMAIN + head + after).hexdigest()
         line = head + b',"hash":"' + h.encode("ascii") + b'"' + after + b"\n"
-        if len(line) > audit_chain.MAX_LINE:
+        if len(line) > audit_core.MAX_LINE:
             raise AuditError(
                 "could not record to the audit log: record larger than "
-                f"{audit_chain.MAX_LINE} bytes"
+                f"{audit_core.MAX_LINE} bytes"
             )
         rec = audit_chain.Record(
             seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=stored, log_id=None

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from linpodx.audit import chain as ch
+from linpodx.audit import core
 from linpodx.audit.chain import (
     DOMAIN,
     ZERO_HASH,
@@ -67,7 +68,7 @@ def test_hash_is_domain_separated_sha256_of_canonical_record(tmp_path: Path) -> 
 def test_encode_record_equals_canonical_bytes() -> None:
     data = {"z": 1, "a": ["x", {"q": None}], "é": '\u2028\n"\\'}
     for log in (None, "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"):
-        head, after = ch.encode_record(
+        head, after = core.encode_record(
             7, "2026-01-01T00:00:00.000001Z", "a.b", "f" * 64, canonical_bytes(data), log
         )
         rec: dict[str, object] = {
@@ -180,9 +181,9 @@ def test_clock_going_back_keeps_timestamps_monotonic(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = Chain(tmp_path / "a.jsonl")
-    monkeypatch.setattr(ch, "now_ts", lambda: "2030-01-01T00:00:00.000000Z")
+    monkeypatch.setattr(core, "now_ts", lambda: "2030-01-01T00:00:00.000000Z")
     c.append("a.b", {})
-    monkeypatch.setattr(ch, "now_ts", lambda: "2020-01-01T00:00:00.000000Z")
+    monkeypatch.setattr(core, "now_ts", lambda: "2020-01-01T00:00:00.000000Z")
     r = c.append("a.b", {})
     assert r.ts == "2030-01-01T00:00:00.000000Z"
     assert verify_file(c.path).ok
@@ -190,7 +191,7 @@ def test_clock_going_back_keeps_timestamps_monotonic(
 
 def test_tail_read_handles_records_longer_than_a_chunk(tmp_path: Path) -> None:
     c = Chain(tmp_path / "a.jsonl")
-    big = "x" * (3 * ch._TAIL_CHUNK + 17)
+    big = "x" * (3 * core.TAIL_CHUNK + 17)
     c.append("a.b", {"big": big})
     c.append("a.b", {"big": big})
     r = c.append("a.b", {"small": 1})
@@ -357,7 +358,7 @@ def test_append_in_flight_is_not_reported_as_a_crash(tmp_path: Path) -> None:
 
     c = Chain(tmp_path / "a.jsonl")
     first = c.append("a.b", {})
-    head, after = ch.encode_record(1, first.ts, "a.b", first.hash, b"{}", None)
+    head, after = core.encode_record(1, first.ts, "a.b", first.hash, b"{}", None)
     h = hashlib.sha256(DOMAIN + head + after).hexdigest().encode()
     line = head + b',"hash":"' + h + b'"' + after
     fd = os.open(c.path, os.O_WRONLY | os.O_APPEND)
@@ -413,7 +414,7 @@ class _Level(enum.IntEnum):
     ],
 )
 def test_encode_data_equals_canonical_bytes(data: dict[str, object]) -> None:
-    raw, back = ch.encode_data(data)
+    raw, back = core.encode_data(data)
     assert raw == canonical_bytes(data)
     assert back == json.loads(raw)
 
@@ -445,7 +446,7 @@ def _refused(data: object) -> None:
     with pytest.raises(CanonicalError):
         canonical_bytes(data)
     with pytest.raises(CanonicalError):
-        ch.encode_data(data)
+        core.encode_data(data)
 
 
 def test_read_records(tmp_path: Path) -> None:

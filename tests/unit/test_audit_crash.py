@@ -255,16 +255,16 @@ HALF_WRITE_CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from linpodx.audit import chain
+    from linpodx.audit import chain, core
     path = Path(sys.argv[1])
-    real_write = chain._write_all
+    real_write = core.write_all
 
     def half_then_die(fd, data):
         # What a kill -9 inside write(2) leaves: the first part of the line, then nothing.
         real_write(fd, data[: len(data) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
 
-    chain._write_all = half_then_die
+    core.write_all = half_then_die
     chain.Chain(path).append("test.event", {"i": "dies mid-write", "pad": "q" * 500})
     """
 )
