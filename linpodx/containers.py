@@ -40,9 +40,8 @@ from linpodx.podman.argv import (
     CreateSpec,
     build_create_argv,
     build_run_argv,
-    validate_image,
-    validate_name,
 )
+from linpodx.podman.runline import validate_image, validate_name
 from linpodx.profile.model import Profile, default_profile
 
 SPEC_VERSION = 1
@@ -781,7 +780,7 @@ def recreate(name: str, image: str) -> ContainerInfo:
 
 
 def _hostname(name: str) -> str:
-    from linpodx.podman.argv import hostname_for
+    from linpodx.podman.runline import hostname_for
 
     return hostname_for(name)
 

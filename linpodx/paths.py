@@ -4,47 +4,64 @@ XDG base dirs are honoured: `$XDG_STATE_HOME/linpodx` (default `~/.local/state/l
 profiles, audit logs, approvals, events and snapshots; `$XDG_CONFIG_HOME/linpodx` is user config;
 `$XDG_RUNTIME_DIR/linpodx` (falling back under the state dir) holds per-container runtime files.
 `LINPODX_STATE_DIR` overrides the state dir outright (tests and CI use it).
+
+The fast run path (`linpodx.fastrun`) uses the string forms (`state_root`, `ensure_dir_str`)
+before it starts podman, so pathlib is imported only when a Path is asked for.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
 
-def _home() -> Path:
-    return Path(os.environ.get("HOME") or Path.home())
+def _path(text: str) -> Path:
+    from pathlib import Path
+
+    return Path(text)
 
 
-def _xdg(var: str, default: str) -> Path:
+def _home() -> str:
+    return os.environ.get("HOME") or os.path.expanduser("~")
+
+
+def _xdg(var: str, default: str) -> str:
     value = os.environ.get(var, "")
     # The XDG spec says relative values are invalid and must be ignored.
     if value and os.path.isabs(value):
-        return Path(value)
-    return _home() / default
+        return value
+    return os.path.join(_home(), default)
+
+
+def state_root() -> str:
+    """`state_dir()` as a string."""
+    override = os.environ.get("LINPODX_STATE_DIR", "")
+    if override and os.path.isabs(override):
+        return override
+    return os.path.join(_xdg("XDG_STATE_HOME", ".local/state"), "linpodx")
 
 
 def state_dir() -> Path:
     """Root of everything linpodx persists."""
-    override = os.environ.get("LINPODX_STATE_DIR", "")
-    if override and os.path.isabs(override):
-        return Path(override)
-    return _xdg("XDG_STATE_HOME", ".local/state") / "linpodx"
+    return _path(state_root())
 
 
 def config_dir() -> Path:
     """User configuration (nothing required lives here yet)."""
-    return _xdg("XDG_CONFIG_HOME", ".config") / "linpodx"
+    return _path(os.path.join(_xdg("XDG_CONFIG_HOME", ".config"), "linpodx"))
 
 
 def runtime_dir() -> Path:
     """Per-boot runtime files (pid files, sockets of per-container helpers)."""
     base = os.environ.get("XDG_RUNTIME_DIR", "")
     if base and os.path.isabs(base) and os.access(base, os.W_OK):
-        return Path(base) / "linpodx"
+        return _path(base) / "linpodx"
     return state_dir() / "run"
 
 
@@ -84,18 +101,24 @@ def protected_dirs() -> tuple[Path, ...]:
 
 def ensure_dir(path: Path) -> Path:
     """Create `path` (and any missing parents) as 0700; tighten an existing one we own."""
-    # mkdir(parents=True) would give missing parents the umask's mode, not 0700.
+    ensure_dir_str(os.fspath(path))
+    return path
+
+
+def ensure_dir_str(path: str) -> str:
+    """`ensure_dir` for a path given as a string."""
+    # os.makedirs would give missing parents the umask's mode, not 0700.
     missing = []
     p = path
-    while not p.exists() and p != p.parent:
+    while not os.path.exists(p) and p != os.path.dirname(p):
         missing.append(p)
-        p = p.parent
+        p = os.path.dirname(p)
     for d in reversed(missing):
         try:
-            d.mkdir(mode=DIR_MODE)
+            os.mkdir(d, DIR_MODE)
         except FileExistsError:
             pass  # another process made it meanwhile
-    st = path.stat()
+    st = os.stat(path)
     if st.st_uid == os.getuid() and (st.st_mode & 0o077):
-        path.chmod(DIR_MODE)
+        os.chmod(path, DIR_MODE)
     return path

@@ -24,22 +24,15 @@ from dataclasses import dataclass, field
 
 from linpodx.egress.state import INIT_PIDFILE
 from linpodx.errors import InvalidInput
+from linpodx.podman import runline
+from linpodx.podman.runline import HOME_DIR
 from linpodx.profile.model import Profile
-
-HOME_DIR = "/home/agent"
-"""The agent's `$HOME` inside every linpodx container."""
-HOME_TMPFS_SIZE = "512m"
-"""Size bound of the tmpfs `$HOME` of `--rm` containers (counted against the memory limit)."""
 
 LABEL_PREFIX = "linpodx."
 MANAGED_LABEL = "linpodx.managed"
 
-# podman's own rule for container names, capped so the name also fits as a hostname.
-_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-# podman splits --mount on commas and key=value on '='; a path with those cannot be expressed.
-_MOUNT_BAD = (",", "\n", "\x00")
 # Podman's --memory: a number with an optional b/k/m/g unit; --cpus: a decimal.
 _MEMORY_RE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
 _CPUS_RE = re.compile(r"^[0-9]+(\.[0-9]+)?$")
@@ -93,24 +86,8 @@ class CreateSpec:
     """Hostname inside; defaults to `name` (rollback creates under a temp name, same hostname)."""
 
 
-def validate_name(name: str) -> str:
-    """Refuse names podman would refuse, or that could be read as an option."""
-    if not _NAME_RE.match(name):
-        raise InvalidInput(
-            f"invalid container name: {name!r}",
-            "use 1-63 characters: letters, digits, '_', '.', '-', starting with a letter or digit",
-        )
-    return name
 
 
-def validate_image(image: str) -> str:
-    """Refuse an image reference that is empty, has whitespace, or could be read as an option."""
-    if not image or image.startswith("-") or any(c.isspace() or ord(c) < 0x20 for c in image):
-        raise InvalidInput(
-            f"invalid image reference: {image!r}",
-            "give an image like localhost/NAME:TAG (see `podman images`)",
-        )
-    return image
 
 
 def clamp_limit(name: str, wanted: int, hard: int | None) -> tuple[int, str | None]:
@@ -124,10 +101,6 @@ def clamp_limit(name: str, wanted: int, hard: int | None) -> tuple[int, str | No
     return wanted, None
 
 
-def hostname_for(name: str) -> str:
-    """A valid hostname (RFC 1123 label) derived from a container name."""
-    label = re.sub(r"[^a-zA-Z0-9-]", "-", name).strip("-")[:63]
-    return label or "linpodx"
 
 
 def labels(spec: CreateSpec) -> tuple[tuple[str, str], ...]:
@@ -141,17 +114,6 @@ def labels(spec: CreateSpec) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _mount_arg(source: str, target: str, read_only: bool) -> str:
-    for part in (source, target):
-        if any(b in part for b in _MOUNT_BAD) or not part.startswith("/"):
-            raise InvalidInput(
-                f"mount path cannot be passed to podman: {part!r}",
-                "use absolute paths without commas or control characters",
-            )
-    ro = "true" if read_only else "false"
-    return (
-        f"--mount=type=bind,source={source},destination={target},ro={ro},bind-propagation=rprivate"
-    )
 
 
 def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
@@ -159,13 +121,35 @@ def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
 
     Raises InvalidInput for values podman could misread (never passes them through).
     """
+    pidfile = None
+    if spec.resolv_conf is not None:
+        pidfile = f"{spec.resolv_conf.rsplit('/', 1)[0]}/{INIT_PIDFILE}"
+    return (
+        *runline.head(spec.name, spec.hostname),
+        *profile_flags(spec),
+        *runline.tail(
+            resolv_conf=spec.resolv_conf,
+            pidfile=pidfile,
+            rm=spec.rm,
+            interactive=spec.interactive,
+            tty=spec.tty,
+            image=spec.image,
+            command=spec.command,
+        ),
+    )
+
+
+def profile_flags(spec: CreateSpec) -> list[str]:
+    """The flags between `runline.head` and `runline.tail`: everything the profile revision and
+    this host decide (labels, privileges, limits, environment, workdir, the profile's mounts).
+
+    Depends on nothing of the spec but `profile`, `profile_name`, `profile_id`, `revision`,
+    `audit_hash`, `rootless` and `host`: `linpodx.runplan` stores it for the fast run path,
+    keyed by exactly those (tests/unit/test_runplan.py holds them equal).
+    """
     p = spec.profile
     res = p.resources
-    validate_name(spec.name)
-    validate_image(spec.image)
-    argv: list[str] = ["create", f"--name={spec.name}"]
-    argv.append(f"--hostname={spec.hostname or hostname_for(spec.name)}")
-    argv.extend(f"--label={k}={v}" for k, v in labels(spec))
+    argv: list[str] = [f"--label={k}={v}" for k, v in labels(spec)]
     # Privileges: nothing the profile did not name.
     argv.append("--cap-drop=all")
     for cap in p.cap_add:
@@ -215,24 +199,8 @@ def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
         argv.append(f"--env={key}={value}")
     argv.append(f"--workdir={p.workdir or HOME_DIR}")
     for m in p.mounts:
-        argv.append(_mount_arg(m.source, m.target, m.read_only))
-    if spec.resolv_conf is not None:
-        argv.append(_mount_arg(spec.resolv_conf, "/etc/resolv.conf", True))
-        # The egress guard needs the init pid after `podman init`; this saves a podman inspect.
-        argv.append(f"--pidfile={spec.resolv_conf.rsplit('/', 1)[0]}/{INIT_PIDFILE}")
-    if spec.rm:
-        argv.append(
-            f"--mount=type=tmpfs,destination={HOME_DIR},tmpfs-mode=0700,"
-            f"tmpfs-size={HOME_TMPFS_SIZE},chown=true"
-        )
-        argv.append("--rm")
-    if spec.interactive:
-        argv.append("--interactive")
-    if spec.tty:
-        argv.append("--tty")
-    argv.append(spec.image)
-    argv.extend(spec.command)
-    return tuple(argv)
+        argv.append(runline.mount_arg(m.source, m.target, m.read_only))
+    return argv
 
 
 def build_run_argv(spec: CreateSpec, cidfile: str) -> tuple[str, ...]:
@@ -241,8 +209,7 @@ def build_run_argv(spec: CreateSpec, cidfile: str) -> tuple[str, ...]:
     For foreground runs that need nothing between create and start (see
     `containers.run_foreground`): one podman process instead of two.
     """
-    create = build_create_argv(spec)
-    return ("run", f"--cidfile={cidfile}", *create[1:])
+    return tuple(runline.run_form(list(build_create_argv(spec)), cidfile))
 
 
 def limit_notes(spec: CreateSpec) -> list[str]:

@@ -16,7 +16,8 @@ from typing import Any
 
 from linpodx import proc
 from linpodx.errors import EngineError, NotFound
-from linpodx.podman.argv import HOME_DIR, MANAGED_LABEL
+from linpodx.podman.argv import MANAGED_LABEL
+from linpodx.podman.runline import HOME_DIR
 
 PODMAN_HINT = "install podman (4.3 or newer) and check it with `linpodx doctor`"
 

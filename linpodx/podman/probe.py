@@ -1,5 +1,9 @@
 """Host facts the argv builder and `linpodx doctor` need, read cheaply (no `podman info` on the
-run path: it costs a podman start-up)."""
+run path: it costs a podman start-up).
+
+Imports only the standard library's cheapest modules: `linpodx.fastrun` reads these facts
+before it starts podman (see there), so this module must not pull in the argv builder.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,12 @@ import os
 import resource
 from functools import lru_cache
 
-from linpodx.podman.argv import HostLimits
+TYPE_CHECKING = False  # not typing's: importing typing costs the fast run path ~4 ms
+if TYPE_CHECKING:
+    from linpodx.podman.argv import HostLimits
+
+HostFacts = tuple[bool, int | None, int | None, bool, bool]
+"""(rootless, nofile_hard, nproc_hard, cgroup_limits, init): what `host_limits` is made of."""
 
 MIN_PODMAN = (4, 3)
 """The oldest podman linpodx is tested with."""
@@ -51,15 +60,26 @@ def init_binary() -> str | None:
     return None
 
 
+def host_facts() -> HostFacts:
+    """Everything about this host and caller that shapes the argv, as plain values."""
+    is_rootless = rootless()
+    return (
+        is_rootless,
+        _hard(resource.RLIMIT_NOFILE),
+        _hard(resource.RLIMIT_NPROC),
+        not (is_rootless and cgroup_version() == 1),
+        init_binary() is not None,
+    )
+
+
 @lru_cache(maxsize=1)
 def host_limits() -> HostLimits:
     """Hard rlimits, whether cgroup limits apply, whether `--init` is available."""
-    cg_ok = not (rootless() and cgroup_version() == 1)
+    from linpodx.podman.argv import HostLimits
+
+    _, nofile, nproc, cgroup_limits, init = host_facts()
     return HostLimits(
-        nofile_hard=_hard(resource.RLIMIT_NOFILE),
-        nproc_hard=_hard(resource.RLIMIT_NPROC),
-        cgroup_limits=cg_ok,
-        init=init_binary() is not None,
+        nofile_hard=nofile, nproc_hard=nproc, cgroup_limits=cgroup_limits, init=init
     )
 
 

@@ -10,9 +10,9 @@ from linpodx.podman.argv import (
     HostLimits,
     build_create_argv,
     clamp_limit,
-    hostname_for,
     limit_notes,
 )
+from linpodx.podman.runline import hostname_for
 from linpodx.profile.model import Mount, Profile, Resources, default_profile
 
 ROOTFUL = HostLimits(nofile_hard=20000, nproc_hard=96364, cgroup_limits=True, init=True)

@@ -1,0 +1,109 @@
+"""The parts of a podman argv that belong to one run rather than to a profile: the container's
+name and hostname in front, and its mounts for that run, flags, image and command at the end.
+
+`linpodx.podman.argv` puts a profile's flags between these two; `linpodx.fastrun` puts a stored
+copy of those flags there (see `linpodx.runplan`). Both take these parts from here, so a plain
+`linpodx run` and its fast path build the same argv. Standard library only, and only what the
+`json` module imports anyway (`re`): this module is on the fast run path.
+"""
+
+from __future__ import annotations
+
+import re
+
+from linpodx.errors import InvalidInput
+
+HOME_DIR = "/home/agent"
+"""The agent's `$HOME` inside every linpodx container."""
+HOME_TMPFS_SIZE = "512m"
+"""Size bound of the tmpfs `$HOME` of `--rm` containers (counted against the memory limit)."""
+
+# podman's own rule for container names, capped so the name also fits as a hostname.
+_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+# podman splits --mount on commas and key=value on '='; a path with those cannot be expressed.
+_MOUNT_BAD = (",", "\n", "\x00")
+
+
+def validate_name(name: str) -> str:
+    """Refuse names podman would refuse, or that could be read as an option."""
+    if not _NAME_RE.match(name):
+        raise InvalidInput(
+            f"invalid container name: {name!r}",
+            "use 1-63 characters: letters, digits, '_', '.', '-', starting with a letter or digit",
+        )
+    return name
+
+
+def validate_image(image: str) -> str:
+    """Refuse an image reference that is empty, has whitespace, or could be read as an option."""
+    if not image or image.startswith("-") or any(c.isspace() or ord(c) < 0x20 for c in image):
+        raise InvalidInput(
+            f"invalid image reference: {image!r}",
+            "give an image like localhost/NAME:TAG (see `podman images`)",
+        )
+    return image
+
+
+def hostname_for(name: str) -> str:
+    """A valid hostname (RFC 1123 label) derived from a container name."""
+    label = re.sub(r"[^a-zA-Z0-9-]", "-", name).strip("-")[:63]
+    return label or "linpodx"
+
+
+def mount_arg(source: str, target: str, read_only: bool) -> str:
+    """`--mount=type=bind,…` for one host path; InvalidInput for paths podman would misread."""
+    for part in (source, target):
+        if any(b in part for b in _MOUNT_BAD) or not part.startswith("/"):
+            raise InvalidInput(
+                f"mount path cannot be passed to podman: {part!r}",
+                "use absolute paths without commas or control characters",
+            )
+    ro = "true" if read_only else "false"
+    return (
+        f"--mount=type=bind,source={source},destination={target},ro={ro},bind-propagation=rprivate"
+    )
+
+
+def head(name: str, hostname: str | None) -> list[str]:
+    """`create --name=… --hostname=…` (hostname defaults to one derived from the name)."""
+    validate_name(name)
+    return ["create", f"--name={name}", f"--hostname={hostname or hostname_for(name)}"]
+
+
+def tail(
+    *,
+    resolv_conf: str | None,
+    pidfile: str | None,
+    rm: bool,
+    interactive: bool,
+    tty: bool,
+    image: str,
+    command: tuple[str, ...],
+) -> list[str]:
+    """What follows the profile's flags: the guard's resolv.conf and pid file, the `--rm`
+    container's tmpfs `$HOME`, the terminal flags, the image and the command."""
+    validate_image(image)
+    argv: list[str] = []
+    if resolv_conf is not None:
+        argv.append(mount_arg(resolv_conf, "/etc/resolv.conf", True))
+    if pidfile is not None:
+        # The egress guard needs the init pid after `podman init`; this saves a podman inspect.
+        argv.append(f"--pidfile={pidfile}")
+    if rm:
+        argv.append(
+            f"--mount=type=tmpfs,destination={HOME_DIR},tmpfs-mode=0700,"
+            f"tmpfs-size={HOME_TMPFS_SIZE},chown=true"
+        )
+        argv.append("--rm")
+    if interactive:
+        argv.append("--interactive")
+    if tty:
+        argv.append("--tty")
+    argv.append(image)
+    argv.extend(command)
+    return argv
+
+
+def run_form(create_argv: list[str], cidfile: str) -> list[str]:
+    """The `podman run` argv with exactly a create argv's flags, writing the new id to `cidfile`."""
+    return ["run", f"--cidfile={cidfile}", *create_argv[1:]]
