@@ -7,7 +7,6 @@ argv lists only (never a shell string), a timeout on every call, and failures ra
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,14 +32,9 @@ class Result:
 
 def which(program: str) -> str | None:
     """Full path of `program`, also looking in the sbin dirs a normal user's PATH lacks."""
-    found = shutil.which(program)
-    if found:
-        return found
-    for d in ("/usr/local/sbin", "/usr/sbin", "/sbin"):
-        cand = os.path.join(d, program)
-        if os.access(cand, os.X_OK):
-            return cand
-    return None
+    from linpodx.podman.spawn import which as find
+
+    return find(program)
 
 
 def run(

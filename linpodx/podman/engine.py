@@ -18,6 +18,7 @@ from linpodx import proc
 from linpodx.errors import EngineError, NotFound
 from linpodx.podman.argv import MANAGED_LABEL
 from linpodx.podman.runline import HOME_DIR
+from linpodx.podman.spawn import Child
 
 PODMAN_HINT = "install podman (4.3 or newer) and check it with `linpodx doctor`"
 
@@ -316,20 +317,32 @@ def run_announced(
     container's, or 125-127 when podman could not start it). SIGINT is ignored while waiting, as
     in `run_inherited`.
     """
-    import signal
-    import subprocess
-    import threading
+    return relay_announced(start_run((podman_bin(), *run_argv)), cidfile, on_created)
 
-    argv = (podman_bin(), *run_argv)
+
+def start_run(argv: Sequence[str]) -> Child:
+    """Start `podman run` (argv[0] the full path of podman) with stdout/stderr in pipes."""
     try:
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return Child(argv)
     except FileNotFoundError as exc:
         raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=argv) from exc
-    out, err = child.stdout, child.stderr
-    if out is None or err is None:  # cannot happen with PIPE; keeps the types honest
-        child.kill()
-        raise EngineError("podman run: no output pipes", argv=argv)
-    out_fd, err_fd = out.fileno(), err.fileno()
+    except OSError as exc:
+        raise EngineError(
+            f"{argv[0]} could not be started: {exc.strerror or exc}", PODMAN_HINT, argv=argv
+        ) from exc
+
+
+def relay_announced(
+    child: Child,
+    cidfile: Path,
+    on_created: Callable[[str, Callable[[], bool]], None],
+) -> int:
+    """The rest of `run_announced` for a `podman run` already started (`start_run`)."""
+    import signal
+    import threading
+
+    argv = child.argv
+    out_fd, err_fd = child.out_fd, child.err_fd
     released = threading.Event()
     lock = threading.Lock()
     held = bytearray()
@@ -393,7 +406,7 @@ def run_announced(
             child.terminate()
             try:
                 child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            except TimeoutError:
                 child.kill()
                 child.wait()
             raise
@@ -405,8 +418,7 @@ def run_announced(
         return rc
     finally:
         signal.signal(signal.SIGINT, old)
-        out.close()
-        err.close()
+        child.close()
 
 
 def stream_lines(argv: Sequence[str], sink: Any) -> int:

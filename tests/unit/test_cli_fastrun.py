@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -106,7 +107,8 @@ print(rc, len(seen), "typer" in sys.modules, "jsonschema" in sys.modules,
 
 
 class FakeRun:
-    """Stands in for engine.run_announced: writes the id file like podman, or fails first."""
+    """Stands in for starting and relaying `podman run`: writes the id file like podman, or
+    fails first."""
 
     def __init__(self, *, create: bool = True, fail: EngineError | None = None, rc: int = 0):
         self.create, self.fail, self.rc = create, fail, rc
@@ -114,7 +116,13 @@ class FakeRun:
         self.removed: list[str] = []
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
-        mp.setattr(engine, "run_announced", self.run)
+        mp.setattr(engine, "podman_bin", lambda: "/usr/bin/podman")
+        mp.setattr(engine, "start_run", lambda argv: SimpleNamespace(argv=tuple(argv)))
+        mp.setattr(
+            engine,
+            "relay_announced",
+            lambda child, cidfile, on_created: self.run(child.argv[1:], cidfile, on_created),
+        )
         mp.setattr(engine, "remove_quietly", lambda name: self.removed.append(name))
         mp.setattr(engine, "exists", lambda name: False)
         mp.setattr(engine, "create", self.forbidden)
