@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from linpodx import events
+from linpodx import events, runplan
 from linpodx.canonical import canonical_bytes, strict_loads
 from linpodx.errors import (
     AuditError,
@@ -40,8 +40,10 @@ from linpodx.podman.argv import (
     CreateSpec,
     build_create_argv,
     build_run_argv,
+    profile_flags,
 )
 from linpodx.podman.runline import validate_image, validate_name
+from linpodx.podman.spawn import Child
 from linpodx.profile.model import Profile, default_profile
 
 SPEC_VERSION = 1
@@ -342,18 +344,35 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
 
 def _run_record(spec: CreateSpec, ref: ProfileRef) -> dict[str, Any]:
     """The `container.run` audit record of a new container."""
-    return {
-        "name": spec.name,
-        "image": spec.image,
-        "profile": ref.name,
-        "profile_id": ref.profile_id,
-        "revision": ref.revision,
-        "audit_hash": ref.audit_hash,
-        "command": list(spec.command),
-        "interactive": spec.interactive,
-        "tty": spec.tty,
-        "rm": spec.rm,
-    }
+    return runplan.run_record(
+        name=spec.name,
+        image=spec.image,
+        profile=ref.name,
+        profile_id=ref.profile_id,
+        revision=ref.revision,
+        audit_hash=ref.audit_hash,
+        command=spec.command,
+        interactive=spec.interactive,
+        tty=spec.tty,
+        rm=spec.rm,
+    )
+
+
+def save_plan(ref: ProfileRef) -> None:
+    """Store this revision's flags on this host for `linpodx.fastrun` (see `linpodx.runplan`).
+    Best effort: without a plan, runs take the full path."""
+    if ref.profile_id == BUILTIN_ID:
+        return
+    with contextlib.suppress(LinpodxError, OSError):
+        spec = make_spec(RunRequest(image="plan", name="plan", rm=True), ref)
+        runplan.save(
+            profile=ref.name,
+            profile_id=ref.profile_id,
+            revision=ref.revision,
+            audit_hash=ref.audit_hash,
+            guarded=needs_guard(ref),
+            flags=profile_flags(spec),
+        )
 
 
 def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -> ContainerInfo:
@@ -476,6 +495,59 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
     # The id file is named for this run: if the name is taken, podman refuses before writing
     # it, and the other container's spec dir is left as it was.
     cidfile = ensure_dir(where) / f"cid-{secrets.token_hex(6)}"
+    argv = (*global_flags, *build_run_argv(spec, str(cidfile)))
+    rc = _relay_run(
+        spec, ref, announce, lambda: engine.start_run((engine.podman_bin(), *argv)), cidfile,
+        made=made, guarded=guarded,
+    )  # fmt: skip
+    if not guarded:
+        save_plan(ref)  # the next run of this revision can take the fast path
+    return rc
+
+
+def run_started(
+    req: RunRequest,
+    profile_id: str,
+    start: Callable[[], Child],
+    cidfile: Path,
+    *,
+    made: bool,
+    announce: Announce,
+) -> int:
+    """The second half of a run `linpodx.fastrun` began: it recorded `container.run` and started
+    `podman run` (`start` hands over that process, or raises what starting it raised) from a
+    stored plan of revision `profile_id`. Loads that revision fully and goes on as `_run_once`."""
+    try:
+        ref = profile_by_id(profile_id)
+        spec = make_spec(req, ref)
+    except BaseException:
+        # The plan matched this revision byte for byte, so this is not expected; the container
+        # must not run on without its spec all the same.
+        with contextlib.suppress(Exception):
+            child = start()
+            child.terminate()
+            child.wait()
+            child.close()
+        if cidfile.exists():
+            cidfile.unlink(missing_ok=True)
+            engine.remove_quietly(req.name or "")
+        if made:
+            _remove_spec(req.name or "")
+        raise
+    return _relay_run(spec, ref, announce, start, cidfile, made=made, guarded=False)
+
+
+def _relay_run(
+    spec: CreateSpec,
+    ref: ProfileRef,
+    announce: Announce,
+    start: Callable[[], Child],
+    cidfile: Path,
+    *,
+    made: bool,
+    guarded: bool,
+) -> int:
+    """Relay a `podman run --cidfile` that `start` starts (see `_run_once`), then clean up."""
 
     def created(container_id: str, running: Callable[[], bool]) -> None:
         if guarded:
@@ -489,9 +561,8 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
                              spec.image)  # fmt: skip
         announce(info, spec)
 
-    argv = (*global_flags, *build_run_argv(spec, str(cidfile)))
     try:
-        rc = engine.run_announced(argv, cidfile, created)
+        rc = engine.relay_announced(start(), cidfile, created)
     except BaseException as exc:
         ours = cidfile.exists()  # podman created the container: remove it and its spec
         cidfile.unlink(missing_ok=True)

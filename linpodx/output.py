@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any, TextIO
 
 from linpodx.errors import LinpodxError
+
+TYPE_CHECKING = False  # not typing's: `linpodx run` prints through here (linpodx/fastrun.py)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 ENVELOPE_SCHEMA = "linpodx/v1"
 KEY_WIDTH = 8  # `status:  ok`, `mcp:     3 rules`: values line up after 9 columns

@@ -65,12 +65,27 @@ def runtime_dir() -> Path:
     return state_dir() / "run"
 
 
+def profiles_root() -> str:
+    """`profiles_dir()` as a string."""
+    return os.path.join(state_root(), "profiles")
+
+
 def profiles_dir() -> Path:
-    return state_dir() / "profiles"
+    return _path(profiles_root())
+
+
+def audit_root() -> str:
+    """`audit_dir()` as a string."""
+    return os.path.join(state_root(), "audit")
 
 
 def audit_dir() -> Path:
-    return state_dir() / "audit"
+    return _path(audit_root())
+
+
+def admin_log() -> str:
+    """The administrative audit chain's file (`linpodx.audit.chain.admin_chain`)."""
+    return os.path.join(audit_root(), "admin.jsonl")
 
 
 def sessions_audit_dir() -> Path:
@@ -89,9 +104,14 @@ def snapshots_dir() -> Path:
     return state_dir() / "snapshots"
 
 
+def containers_root() -> str:
+    """`containers_dir()` as a string."""
+    return os.path.join(state_root(), "containers")
+
+
 def containers_dir() -> Path:
     """Per-container state linpodx keeps (home volume name, egress helper state, …)."""
-    return state_dir() / "containers"
+    return _path(containers_root())
 
 
 def protected_dirs() -> tuple[Path, ...]:

@@ -1,25 +1,6 @@
-"""Hash-chained audit logs: one admin chain, one chain per MCP session (see chain.py)."""
+"""Hash-chained audit logs: one admin chain, one chain per MCP session.
 
-from __future__ import annotations
-
-from linpodx.audit.chain import (
-    Chain,
-    Record,
-    VerifyReport,
-    admin_chain,
-    anchor_session,
-    open_session,
-    session_chain,
-    verify_file,
-)
-
-__all__ = [
-    "Chain",
-    "Record",
-    "VerifyReport",
-    "admin_chain",
-    "anchor_session",
-    "open_session",
-    "session_chain",
-    "verify_file",
-]
+The API is in `linpodx.audit.chain` (import it from there); `linpodx.audit.core` is the
+byte-level append it builds on. This package imports neither, so that importing `core` alone
+stays cheap (`linpodx.fastrun`).
+"""

@@ -38,7 +38,7 @@ from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import AuditError
 from linpodx.fsutil import fsync_dir
 from linpodx.ids import new_id
-from linpodx.paths import audit_dir, sessions_audit_dir
+from linpodx.paths import admin_log, sessions_audit_dir
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
@@ -691,7 +691,7 @@ def _read_tail(fd: int, size: int) -> tuple[Record | None, int | None]:
 
 def admin_chain() -> Chain:
     """The chain of administrative actions (profile.apply, container.run, …)."""
-    return Chain(audit_dir() / "admin.jsonl")
+    return Chain(Path(admin_log()))
 
 
 def session_path(session_id: str) -> Path:

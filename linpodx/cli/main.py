@@ -5,14 +5,15 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from linpodx import __version__
 from linpodx.errors import EXIT_BUG, EXIT_USAGE, LinpodxError
 from linpodx.output import print_error
 
+TYPE_CHECKING = False  # not typing's: `linpodx run` starts here (see linpodx/fastrun.py)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import typer
 
 HELP = "Run an AI agent's CLI inside a rootless Podman sandbox. No daemon."
@@ -86,9 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # typer costs ~0.2 s of start-up; the plain forms of `run` skip it (see runcmd).
             from linpodx.cli import runcmd
 
-            req = runcmd.parse(args[1:])
-            if req is not None:
-                return runcmd.execute(req)
+            fields = runcmd.parse_fields(args[1:])
+            if fields is not None:
+                return runcmd.run_fields(fields)
         app = build_app(command)
         rv = app(args=args, prog_name="linpodx", standalone_mode=False)
     except LinpodxError as exc:

@@ -9,18 +9,21 @@ which stays the one place for help texts and usage errors. tests/unit/test_cli_f
 that both parsers build the same request for every form this one accepts.
 
 The typer command in `linpodx.cli.containers` calls `execute` too, so there is one body.
+A `--rm` run without a terminal under a named profile first tries `linpodx.fastrun`, so this
+module imports only what that needs until it knows the full path must run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from linpodx.containers import ContainerInfo, RunRequest
 from linpodx.errors import LinpodxError, UsageError
 from linpodx.output import envelope, note, print_error, print_json, print_kv
 
+TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from linpodx.containers import ContainerInfo, RunRequest
     from linpodx.podman.argv import CreateSpec
 
 _VALUE_OPTIONS = {"--image": "image", "--profile": "profile", "--name": "name"}
@@ -49,6 +52,14 @@ def _flag_names(arg: str) -> list[str] | None:
 
 def parse(args: Sequence[str]) -> RunRequest | None:
     """The request for `run ARGS…` (ARGS after the word `run`), or None to let typer parse it."""
+    from linpodx.containers import RunRequest
+
+    fields = parse_fields(args)
+    return None if fields is None else RunRequest(**fields)
+
+
+def parse_fields(args: Sequence[str]) -> dict[str, Any] | None:
+    """`parse`, as the fields of the RunRequest."""
     values: dict[str, str] = {}
     flags: set[str] = set()
     command: tuple[str, ...] = ()
@@ -79,16 +90,31 @@ def parse(args: Sequence[str]) -> RunRequest | None:
         i += 1
     if "image" not in values:
         return None
-    return RunRequest(
-        image=values["image"],
-        name=values.get("name"),
-        profile=values.get("profile"),
-        command=command,
-        interactive="interactive" in flags,
-        tty="tty" in flags,
-        detach="detach" in flags,
-        rm="rm" in flags,
-    )
+    return {
+        "image": values["image"],
+        "name": values.get("name"),
+        "profile": values.get("profile"),
+        "command": command,
+        "interactive": "interactive" in flags,
+        "tty": "tty" in flags,
+        "detach": "detach" in flags,
+        "rm": "rm" in flags,
+    }
+
+
+def run_fields(fields: dict[str, Any]) -> int:
+    """Run a request parsed by `parse_fields`: the fast path if it takes it, else `execute`."""
+    from linpodx import fastrun
+
+    try:
+        rc = fastrun.run(fields, lambda info, spec: _announce(info, spec, False))
+    except LinpodxError as err:
+        return _fail(False, err)
+    if rc is not None:
+        return rc
+    from linpodx.containers import RunRequest
+
+    return execute(RunRequest(**fields))
 
 
 def _fail(json_mode: bool, err: LinpodxError) -> int:

@@ -95,6 +95,10 @@ def apply_cmd(
     def run() -> dict[str, Any]:
         result = store.apply(profile).to_dict()
         result["egress_updated"] = _push_egress(result) if result["changed"] else []
+        from linpodx import containers
+
+        # The revision's podman flags on this host, so its first `run` can take the fast path.
+        containers.save_plan(containers.profile_by_id(str(result["profile_id"])))
         return result
 
     def render(r: dict[str, Any]) -> None:

@@ -1,0 +1,201 @@
+"""Run plans: a stored copy of the podman flags one profile revision gives on this host.
+
+Building a container's argv needs the validated profile, and loading that means the profile
+model, its loader and the argv builder: ~40 ms of imports before podman could start, on a
+command (`linpodx run --rm … true`) that podman itself runs in ~0.3 s. So whenever linpodx
+builds those flags (`sandbox apply`, a full `run`), it also writes them here, and the fast path
+(`linpodx.fastrun`) uses them instead, if and only if everything they were made from is the
+same now:
+
+- the profile's current revision (the pointer names it) is the plan's, and the revision file
+  holds exactly the bytes it held (sha256);
+- linpodx's code that makes the flags is byte for byte the same (`code_digest`: the argv
+  builder, the profile model, loader and schema, and this module);
+- the host facts the flags depend on are the same (`probe.host_facts`: root or rootless, hard
+  rlimits, cgroup limits, podman's init binary);
+- the profile needs no egress guard (those runs take the full path).
+
+Anything else, and any doubt (a missing, damaged or foreign file), means "no plan": the full
+path runs, decides everything afresh and writes a new plan. A plan holds no secret and grants
+nothing: it lives in the same 0700 state dir as the revisions it is checked against.
+
+Standard library only, and only cheap modules: this is on the fast path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from linpodx import paths
+from linpodx.ids import is_id
+from linpodx.podman import probe
+
+TYPE_CHECKING = False  # not typing's: see the module docstring
+if TYPE_CHECKING:
+    from typing import Any
+
+FORMAT = 1
+MAX_PLAN_BYTES = 1 << 20
+# Files whose code decides the flags a revision gives (relative to the linpodx package).
+_CODE = (
+    "runplan.py",
+    "podman/argv.py",
+    "podman/runline.py",
+    "podman/probe.py",
+    "profile/model.py",
+    "profile/loader.py",
+    "profile/schema.json",
+)
+# A filter, not the rule: names with other characters are not looked up here (the full path
+# applies the schema's rule and says what is wrong).
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+_code_digest: str | None = None
+
+
+def code_digest() -> str:
+    """sha256 over the source of the modules that turn a revision into flags."""
+    global _code_digest
+    if _code_digest is None:
+        base = os.path.dirname(os.path.abspath(__file__))
+        h = hashlib.sha256()
+        for rel in _CODE:
+            with open(os.path.join(base, rel), "rb") as f:
+                data = f.read()
+            h.update(f"{rel}\0{len(data)}\0".encode())
+            h.update(data)
+        _code_digest = h.hexdigest()
+    return _code_digest
+
+
+def revision_file(profile_id: str) -> str:
+    """Where the profile store keeps a revision (`linpodx.profile.store`)."""
+    return os.path.join(paths.profiles_root(), "revisions", f"{profile_id}.json")
+
+
+def plan_file(profile_id: str) -> str:
+    return os.path.join(paths.profiles_root(), "plans", f"{profile_id}.json")
+
+
+def _read(path: str, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
+def run_record(
+    *,
+    name: str,
+    image: str,
+    profile: str,
+    profile_id: str,
+    revision: int,
+    audit_hash: str,
+    command: tuple[str, ...],
+    interactive: bool,
+    tty: bool,
+    rm: bool,
+) -> dict[str, Any]:
+    """The `container.run` audit record of a new container (the full and the fast path)."""
+    return {
+        "name": name,
+        "image": image,
+        "profile": profile,
+        "profile_id": profile_id,
+        "revision": revision,
+        "audit_hash": audit_hash,
+        "command": list(command),
+        "interactive": interactive,
+        "tty": tty,
+        "rm": rm,
+    }
+
+
+def save(
+    *,
+    profile: str,
+    profile_id: str,
+    revision: int,
+    audit_hash: str,
+    guarded: bool,
+    flags: list[str],
+) -> None:
+    """Store the flags of a revision as built on this host just now (best effort: a plan that
+    cannot be written only means the next run takes the full path)."""
+    raw = _read(revision_file(profile_id), MAX_PLAN_BYTES * 4)
+    if raw is None:
+        return
+    doc = {
+        "format": FORMAT,
+        "profile": profile,
+        "profile_id": profile_id,
+        "revision": revision,
+        "audit_hash": audit_hash,
+        "revision_sha256": hashlib.sha256(raw).hexdigest(),
+        "code": code_digest(),
+        "host": list(probe.host_facts()),
+        "guarded": guarded,
+        "flags": flags,
+    }
+    data = json.dumps(doc, sort_keys=True).encode()
+    if len(data) > MAX_PLAN_BYTES:
+        return
+    where = plan_file(profile_id)
+    tmp = f"{where}.{os.getpid()}.tmp"
+    try:
+        paths.ensure_dir_str(os.path.dirname(where))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, paths.FILE_MODE)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        # Not fsynced: after a crash a plan is either whole or fails to parse (then: no plan).
+        os.replace(tmp, where)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def load(name: str) -> dict[str, Any] | None:
+    """The plan for the current revision of the profile NAME, or None if there is no plan that
+    is certainly right for it on this host now (see the module docstring)."""
+    if not name or len(name) > 63 or name[0] in "._-" or not _NAME_CHARS.issuperset(name):
+        return None
+    try:
+        pointer_file = os.path.join(paths.profiles_root(), "names", f"{name}.json")
+        pointer = json.loads(_read(pointer_file, 65536) or b"")
+        current = pointer["current"]
+        if not isinstance(current, str) or not is_id(current, "prof"):
+            return None
+        plan = json.loads(_read(plan_file(current), MAX_PLAN_BYTES) or b"")
+        raw = _read(revision_file(current), MAX_PLAN_BYTES * 4)
+        if (
+            raw is None
+            or type(plan) is not dict
+            or plan.get("format") != FORMAT
+            or plan.get("profile") != name
+            or plan.get("profile_id") != current
+            or plan.get("guarded") is not False
+            or plan.get("revision_sha256") != hashlib.sha256(raw).hexdigest()
+            or plan.get("code") != code_digest()
+            or plan.get("host") != list(probe.host_facts())
+        ):
+            return None
+        flags, revision, audit_hash = plan["flags"], plan["revision"], plan["audit_hash"]
+        if (
+            type(flags) is not list
+            or not all(type(f) is str and f.startswith("--") for f in flags)
+            or type(revision) is not int
+            or type(audit_hash) is not str
+        ):
+            return None
+    except (ValueError, TypeError, KeyError, OSError):
+        return None
+    return plan

@@ -1,0 +1,331 @@
+"""The fast run path (linpodx.fastrun, linpodx.runplan) against a stand-in `podman` on PATH.
+
+What these pin: a `--rm` run without a terminal under an applied profile starts podman with the
+very argv the full path builds, after the very `container.run` record the full path writes,
+having imported none of the heavy modules; a plan is used only when everything it was made from
+is unchanged, and in every other case nothing at all is done before the full path takes over.
+The real podman runs the same path in tests/integration/test_run_once.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from linpodx import containers, fastrun, runplan
+from linpodx.audit import core
+from linpodx.cli.main import main
+from linpodx.paths import admin_log, containers_dir
+from linpodx.podman import argv as argv_mod
+from linpodx.podman import probe, spawn
+from linpodx.profile import store
+
+PROFILE = """\
+version: 1
+name: fast
+description: fast path test
+mounts:
+  - source: {project}
+    target: /workspace
+  - source: {project}
+    target: /rw
+    read_only: false
+env:
+  LANG: C.UTF-8
+cap_add: [CHOWN]
+resources:
+  memory: 256m
+  cpus: "1.5"
+  pids_limit: 128
+"""
+
+FAKE_PODMAN = """\
+#!{python}
+# Stands in for podman: logs its argv, writes the id file like `podman run --cidfile`, says
+# something on both streams and exits with FAKE_PODMAN_RC.
+import json, os, sys
+with open(os.environ["FAKE_PODMAN_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+for a in sys.argv[1:]:
+    if a.startswith("--cidfile="):
+        with open(a[len("--cidfile="):], "w") as f:
+            f.write("ab" * 32)
+sys.stdout.write("out from the container\\n")
+sys.stderr.write("err from the container\\n")
+sys.exit(int(os.environ.get("FAKE_PODMAN_RC", "0")))
+"""
+
+
+@pytest.fixture
+def fake_podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `podman` first on PATH; returns the file its calls are logged to."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "podman"
+    exe.write_text(FAKE_PODMAN.format(python=sys.executable))
+    exe.chmod(0o755)
+    log = tmp_path / "podman.log"
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_PODMAN_LOG", str(log))
+    return log
+
+
+@pytest.fixture
+def applied(tmp_path: Path) -> containers.ProfileRef:
+    project = tmp_path / "project"
+    project.mkdir()
+    path = tmp_path / "fast.yml"
+    path.write_text(PROFILE.format(project=project))
+    res = store.apply(path)
+    ref = containers.profile_by_id(res.profile_id)
+    containers.save_plan(ref)  # what `sandbox apply` does after storing
+    return ref
+
+
+def fields(**kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "image": "localhost/img:1",
+        "name": "agent-1",
+        "profile": "fast",
+        "command": ("sh", "-c", "echo hi"),
+        "interactive": False,
+        "tty": False,
+        "detach": False,
+        "rm": True,
+    }
+    return {**base, **kw}
+
+
+def calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def admin_records() -> list[dict[str, Any]]:
+    with open(admin_log(), "rb") as f:
+        return [json.loads(line) for line in f]
+
+
+def not_announced(info: Any, spec: Any) -> None:
+    raise AssertionError("announced")
+
+
+def test_fast_run_starts_the_full_paths_argv_after_the_full_paths_record(
+    applied: containers.ProfileRef, fake_podman: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_path(*a: Any) -> int:
+        raise AssertionError("the full path ran")
+
+    monkeypatch.setattr(containers, "run_foreground", full_path)
+    before = len(admin_records())
+    rc = main(["run", "--rm", "--profile", "fast", "--image", "localhost/img:1",
+               "--name", "agent-1", "--", "sh", "-c", "echo hi"])  # fmt: skip
+    assert rc == 0
+    [argv] = calls(fake_podman)
+    cidfile = argv[1].removeprefix("--cidfile=")
+    req = containers.RunRequest(**fields())
+    spec = containers.make_spec(req, applied)
+    assert argv == list(argv_mod.build_run_argv(spec, cidfile))
+    records = admin_records()[before:]
+    assert [r["type"] for r in records] == ["container.run"]
+    assert records[0]["data"] == containers._run_record(spec, applied)
+    assert not (containers_dir() / "agent-1").exists()  # --rm: the spec dir went with it
+
+
+def test_fast_run_returns_podmans_status_and_saves_the_spec_before_announcing(
+    applied: containers.ProfileRef, fake_podman: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_PODMAN_RC", "3")
+    seen: list[tuple[str, bool]] = []
+
+    def announce(info: containers.ContainerInfo, spec: Any) -> None:
+        doc = json.loads(containers.spec_path("agent-1").read_text())
+        seen.append((info.container_id, doc["container_id"] == info.container_id))
+
+    assert fastrun.run(fields(), announce) == 3
+    assert seen == [("ab" * 32, True)]
+
+
+def test_no_heavy_module_is_imported_before_podman_starts(
+    applied: containers.ProfileRef, fake_podman: Path
+) -> None:
+    # Structural, not timed: these imports are what the fast path exists to keep off podman's
+    # start. Modules the interpreter had before linpodx was imported do not count (an editable
+    # install's import hook brings pathlib with `site`).
+    script = textwrap.dedent(
+        """
+        import sys
+        before = set(sys.modules)
+        from linpodx.podman import spawn
+        real = spawn.Child.__init__
+        def spy(self, argv):
+            new = sorted(set(sys.modules) - before)
+            print("MODULES " + " ".join(new), file=sys.stderr)
+            real(self, argv)
+        spawn.Child.__init__ = spy
+        from linpodx.cli.main import main
+        sys.exit(main(["run", "--rm", "--profile", "fast", "--image", "localhost/img:1",
+                       "--", "true"]))
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    [line] = [x for x in res.stderr.splitlines() if x.startswith("MODULES ")]
+    loaded = set(line.split()[1:])
+    heavy = {
+        "dataclasses", "inspect", "typing", "pathlib", "subprocess", "threading", "shutil",
+        "tempfile", "secrets", "datetime", "decimal", "ipaddress", "typer", "jsonschema",
+        "linpodx.containers", "linpodx.profile.model", "linpodx.profile.loader",
+        "linpodx.profile.store", "linpodx.podman.argv", "linpodx.podman.engine",
+        "linpodx.audit.chain", "linpodx.proc", "linpodx.events",
+    }  # fmt: skip
+    assert loaded & heavy == set()
+    assert {"linpodx.fastrun", "linpodx.runplan", "linpodx.audit.core"} <= loaded
+
+
+def stale_revision(ref: containers.ProfileRef) -> None:
+    path = Path(runplan.revision_file(ref.profile_id))
+    path.write_bytes(path.read_bytes() + b" ")
+
+
+def stale_code(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(runplan, "_code_digest", "0" * 64)
+
+
+def stale_host(mp: pytest.MonkeyPatch) -> None:
+    real = probe.host_facts()
+    mp.setattr(probe, "host_facts", lambda: (real[0], 64, *real[2:]))
+
+
+def garbage_plan(ref: containers.ProfileRef) -> None:
+    Path(runplan.plan_file(ref.profile_id)).write_text('{"format": 1, "flags": ["--privileged"')
+
+
+def foreign_flag(ref: containers.ProfileRef) -> None:
+    path = Path(runplan.plan_file(ref.profile_id))
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "flags": [*doc["flags"], "privileged"]}))
+
+
+def no_plan(ref: containers.ProfileRef) -> None:
+    os.unlink(runplan.plan_file(ref.profile_id))
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    ["revision", "code", "host", "garbage", "foreign flag", "no plan", "empty log", "torn log"],
+)
+def test_a_plan_is_used_only_when_nothing_it_came_from_changed(
+    spoil: str,
+    applied: containers.ProfileRef,
+    fake_podman: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = Path(admin_log())
+    if spoil == "revision":
+        stale_revision(applied)
+    elif spoil == "code":
+        stale_code(monkeypatch)
+    elif spoil == "host":
+        stale_host(monkeypatch)
+    elif spoil == "garbage":
+        garbage_plan(applied)
+    elif spoil == "foreign flag":
+        foreign_flag(applied)
+    elif spoil == "no plan":
+        no_plan(applied)
+    elif spoil == "empty log":
+        log.write_bytes(b"")  # a first record names its log: the full append's job
+    elif spoil == "torn log":
+        with open(log, "ab") as f:
+            f.write(b'{"data":{"half a rec')
+    before = log.read_bytes()
+    assert fastrun.run(fields(), not_announced) is None
+    assert log.read_bytes() == before  # nothing recorded: the full path does it all
+    assert calls(fake_podman) == []
+    assert not (containers_dir() / "agent-1").exists()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tty": True, "interactive": True},
+        {"detach": True},
+        {"rm": False},
+        {"profile": None},
+        {"profile": "../fast"},
+        {"name": "-bad"},
+        {"image": "--privileged"},
+    ],
+)
+def test_other_requests_go_the_full_path_untouched(
+    change: dict[str, Any], applied: containers.ProfileRef, fake_podman: Path
+) -> None:
+    before = Path(admin_log()).read_bytes()
+    assert fastrun.run(fields(**change), not_announced) is None
+    assert Path(admin_log()).read_bytes() == before
+    assert calls(fake_podman) == []
+
+
+def test_a_profile_with_an_egress_allowlist_never_takes_the_fast_path(
+    tmp_path: Path, fake_podman: Path
+) -> None:
+    path = tmp_path / "net.yml"
+    path.write_text("version: 1\nname: net\nnetwork:\n  egress_dns_allowlist: [crates.io]\n")
+    res = store.apply(path)
+    containers.save_plan(containers.profile_by_id(res.profile_id))
+    assert json.loads(Path(runplan.plan_file(res.profile_id)).read_text())["guarded"] is True
+    assert fastrun.run(fields(profile="net"), not_announced) is None
+    assert calls(fake_podman) == []
+
+
+def test_a_full_run_writes_the_plan_the_next_run_uses(
+    applied: containers.ProfileRef, fake_podman: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_plan(applied)
+    req = containers.RunRequest(**fields())
+    assert containers.run_foreground(req, lambda info, spec: None) == 0
+    assert os.path.exists(runplan.plan_file(applied.profile_id))
+    took: list[str] = []
+    real = containers.run_started
+    monkeypatch.setattr(
+        containers, "run_started", lambda *a, **k: took.append("fast") or real(*a, **k)
+    )
+    assert fastrun.run(fields(), lambda info, spec: None) == 0
+    assert took == ["fast"]
+    assert calls(fake_podman)[0] == calls(fake_podman)[1][:1] + calls(fake_podman)[0][1:]
+
+
+def test_podman_that_cannot_start_is_an_error_and_leaves_nothing(
+    applied: containers.ProfileRef, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    broken = tmp_path / "podman"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(spawn, "which", lambda program: str(broken))
+    with pytest.raises(Exception) as err:
+        fastrun.run(fields(), not_announced)
+    assert "podman run could not be started" in str(err.value)
+    assert admin_records()[-1]["type"] == "container.run"  # recorded, then refused: as a full run
+    assert not (containers_dir() / "agent-1").exists()
+
+
+def test_append_simple_chains_like_append(tmp_path: Path) -> None:
+    from linpodx.audit.chain import Chain, verify_file
+
+    path = tmp_path / "a.jsonl"
+    assert core.append_simple(str(path), "test.event", {"i": 0}) is False  # no log yet
+    chain = Chain(path)
+    chain.append("test.event", {"i": 0})
+    assert core.append_simple(str(path), "test.event", {"i": 1, "s": "é"}) is True
+    chain.append("test.event", {"i": 2})
+    report = verify_file(path)
+    assert report.ok and report.events == 3
