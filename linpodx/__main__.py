@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from linpodx.cli.main import main
+from linpodx.cli.main import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
     from linpodx.containers import Announce
 
+finished = False
+"""True once a run that took this path has ended (`cli.main.entry` then skips the interpreter's
+teardown)."""
+
 
 def run(fields: dict[str, Any], announce: Announce) -> int | None:
     """Run the request (the fields of a `containers.RunRequest`) if it can take the fast path
@@ -130,6 +134,7 @@ def _go_on(
         detach=False,
         rm=True,
     )
-    return containers.run_started(
-        req, profile_id, start, Path(cidfile), made=made, announce=announce
-    )
+    global finished
+    rc = containers.run_started(req, profile_id, start, Path(cidfile), made=made, announce=announce)
+    finished = True
+    return rc

@@ -24,11 +24,11 @@ Standard library only, and only cheap modules: this is on the fast path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 from linpodx import paths
+from linpodx.digest import sha256
 from linpodx.ids import is_id
 from linpodx.podman import probe
 
@@ -60,7 +60,7 @@ def code_digest() -> str:
     global _code_digest
     if _code_digest is None:
         base = os.path.dirname(os.path.abspath(__file__))
-        h = hashlib.sha256()
+        h = sha256()
         for rel in _CODE:
             with open(os.path.join(base, rel), "rb") as f:
                 data = f.read()
@@ -136,7 +136,7 @@ def save(
         "profile_id": profile_id,
         "revision": revision,
         "audit_hash": audit_hash,
-        "revision_sha256": hashlib.sha256(raw).hexdigest(),
+        "revision_sha256": sha256(raw).hexdigest(),
         "code": code_digest(),
         "host": list(probe.host_facts()),
         "guarded": guarded,
@@ -183,7 +183,7 @@ def load(name: str) -> dict[str, Any] | None:
             or plan.get("profile") != name
             or plan.get("profile_id") != current
             or plan.get("guarded") is not False
-            or plan.get("revision_sha256") != hashlib.sha256(raw).hexdigest()
+            or plan.get("revision_sha256") != sha256(raw).hexdigest()
             or plan.get("code") != code_digest()
             or plan.get("host") != list(probe.host_facts())
         ):

@@ -8,9 +8,7 @@ typing at run time) because `linpodx.fastrun` appends its `container.run` record
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -20,6 +18,7 @@ from collections.abc import Mapping
 from json import encoder as json_encoder
 
 from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes
+from linpodx.digest import sha256
 from linpodx.errors import AuditError
 from linpodx.paths import FILE_MODE, ensure_dir_str
 
@@ -181,7 +180,7 @@ def fast_fields(line: bytes) -> Fields | None:
     if len(obj) != (6 if log is None else 7):
         return None
     h = m.group("hash")
-    if hashlib.sha256(DOMAIN + line[:i] + line[m.end("hash") + 1 :]).hexdigest().encode() != h:
+    if sha256(DOMAIN + line[:i] + line[m.end("hash") + 1 :]).hexdigest().encode() != h:
         return None
     return (
         int(m.group("seq")),
@@ -260,7 +259,7 @@ def build_line(
             "this is a bug in linpodx: event data must be canonical JSON (no floats)",
         ) from None
     head, after = encode_record(seq, ts, typ, prev, data_bytes, log_id)
-    h = hashlib.sha256(DOMAIN + head + after).hexdigest()
+    h = sha256(DOMAIN + head + after).hexdigest()
     line = head + b',"hash":"' + h.encode("ascii") + b'"' + after
     if len(line) > MAX_LINE:
         raise AuditError(
@@ -380,9 +379,11 @@ def commit(fd: int, payload: bytes, base: int, path: str, *, cut_to: int | None 
         os.fsync(fd)
     except OSError as exc:
         # A torn tail that was cut off stays cut: it was never a record.
-        with contextlib.suppress(OSError):
+        try:
             os.ftruncate(fd, base)
             os.fsync(fd)
+        except OSError:
+            pass
         raise AuditError(
             f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
         ) from None

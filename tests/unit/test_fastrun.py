@@ -187,6 +187,10 @@ def test_no_heavy_module_is_imported_before_podman_starts(
         "linpodx.profile.store", "linpodx.podman.argv", "linpodx.podman.engine",
         "linpodx.audit.chain", "linpodx.proc", "linpodx.events",
     }  # fmt: skip
+    from linpodx import digest
+
+    if digest._builtin is not None:
+        heavy.add("hashlib")  # OpenSSL's load; see linpodx/digest.py
     assert loaded & heavy == set()
     assert {"linpodx.fastrun", "linpodx.runplan", "linpodx.audit.core"} <= loaded
 
@@ -329,3 +333,14 @@ def test_append_simple_chains_like_append(tmp_path: Path) -> None:
     chain.append("test.event", {"i": 2})
     report = verify_file(path)
     assert report.ok and report.events == 3
+
+
+def test_digest_without_hashlib_is_hashlibs_digest() -> None:
+    import hashlib
+
+    from linpodx import digest
+
+    data = b"linpodx" * 1000
+    if digest._builtin is not None:
+        assert digest._builtin(data).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert digest.sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()
