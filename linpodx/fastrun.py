@@ -92,9 +92,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     failed: BaseException | None = None
     try:
         paths.ensure_dir_str(where)
-        child = spawn.Child(
-            [podman, *runline.run_form([*head, *plan["flags"], *tail], cidfile)]
-        )
+        child = spawn.Child([podman, *runline.run_form([*head, *plan["flags"], *tail], cidfile)])
     except OSError as exc:
         failed = exc
     return _go_on(fields, name, plan["profile_id"], child, failed, cidfile, made, announce)
@@ -119,9 +117,7 @@ def _go_on(
 
     def start() -> spawn.Child:
         if child is None:
-            raise EngineError(
-                f"podman run could not be started: {failed}", PODMAN_HINT
-            ) from failed
+            raise EngineError(f"podman run could not be started: {failed}", PODMAN_HINT) from failed
         return child
 
     req = containers.RunRequest(

@@ -174,9 +174,7 @@ def test_no_heavy_module_is_imported_before_podman_starts(
                        "--", "true"]))
         """
     )
-    res = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
-    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     [line] = [x for x in res.stderr.splitlines() if x.startswith("MODULES ")]
     loaded = set(line.split()[1:])
