@@ -223,7 +223,17 @@ def no_plan(ref: containers.ProfileRef) -> None:
 
 @pytest.mark.parametrize(
     "spoil",
-    ["revision", "code", "host", "garbage", "foreign flag", "no plan", "empty log", "torn log"],
+    [
+        "revision",
+        "code",
+        "host",
+        "garbage",
+        "foreign flag",
+        "no plan",
+        "removed",
+        "empty log",
+        "torn log",
+    ],
 )
 def test_a_plan_is_used_only_when_nothing_it_came_from_changed(
     spoil: str,
@@ -244,6 +254,8 @@ def test_a_plan_is_used_only_when_nothing_it_came_from_changed(
         foreign_flag(applied)
     elif spoil == "no plan":
         no_plan(applied)
+    elif spoil == "removed":
+        store.remove("fast")  # its revision and plan stay; the name points nowhere
     elif spoil == "empty log":
         log.write_bytes(b"")  # a first record names its log: the full append's job
     elif spoil == "torn log":
