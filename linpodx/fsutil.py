@@ -1,16 +1,24 @@
-"""Small file helpers: atomic replace and private files."""
+"""Small file helpers: atomic replace and private files.
+
+Paths may be `Path`s or strings. Standard library's cheapest modules only (no tempfile or
+pathlib): a guarded `linpodx run` writes its guard's files with these before podman starts
+(`linpodx.fastrun`).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
-from pathlib import Path
 
-from linpodx.paths import FILE_MODE, ensure_dir
+from linpodx.paths import FILE_MODE, ensure_dir_str
+
+TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_TEMP_TRIES = 100
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path | str) -> None:
     """fsync a directory so a rename or create in it survives a crash."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -19,11 +27,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _durable_temp(path: Path, data: bytes, mode: int, *, sync: bool = True) -> str:
+def _durable_temp(path: Path | str, data: bytes, mode: int, *, sync: bool = True) -> str:
     """Write `data` to a new temp file beside `path` (same filesystem), fsynced unless `sync` is
     False; return its name."""
-    ensure_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    where, name = os.path.split(os.fspath(path))
+    ensure_dir_str(where)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(_TEMP_TRIES):  # as tempfile.mkstemp: a fresh random name, created exclusively
+        tmp = os.path.join(where, f".{name}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name beside {os.fspath(path)}")
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
@@ -32,13 +50,14 @@ def _durable_temp(path: Path, data: bytes, mode: int, *, sync: bool = True) -> s
             if sync:
                 os.fsync(f.fileno())
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _unlink_quietly(tmp)
         raise
     return tmp
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE, durable: bool = True) -> None:
+def atomic_write(
+    path: Path | str, data: bytes, *, mode: int = FILE_MODE, durable: bool = True
+) -> None:
     """Replace `path` with `data` all at once: temp file in the same dir, fsync, rename.
 
     `durable=False` keeps the all-at-once replace but skips both fsyncs: for runtime files that
@@ -49,14 +68,13 @@ def atomic_write(path: Path, data: bytes, *, mode: int = FILE_MODE, durable: boo
     try:
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _unlink_quietly(tmp)
         raise
     if durable:
-        fsync_dir(path.parent)
+        fsync_dir(os.path.dirname(os.fspath(path)))
 
 
-def create_exclusive(path: Path, data: bytes, *, mode: int = FILE_MODE) -> bool:
+def create_exclusive(path: Path | str, data: bytes, *, mode: int = FILE_MODE) -> bool:
     """Create `path` with `data` only if it does not exist yet. Returns False if it existed.
 
     Used where "the first writer wins" (approval answers): the file appears complete or not at
@@ -68,8 +86,14 @@ def create_exclusive(path: Path, data: bytes, *, mode: int = FILE_MODE) -> bool:
             os.link(tmp, path)
         except FileExistsError:
             return False
-        fsync_dir(path.parent)
+        fsync_dir(os.path.dirname(os.fspath(path)))
         return True
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _unlink_quietly(tmp)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

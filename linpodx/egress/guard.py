@@ -20,35 +20,30 @@ import select
 import shutil
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from linpodx import proc
+from linpodx.egress import launch as launcher
 from linpodx.egress import netns
-from linpodx.egress.netns import RESOLVER_ADDR
+from linpodx.egress.launch import (
+    GUARD_MODULE,
+    READY_TIMEOUT,
+    RESOLV_CONF,
+    guard_argv,
+    launch,
+)
 from linpodx.egress.state import EgressState
 from linpodx.errors import AuditError, EngineError
 from linpodx.fsutil import atomic_write
-from linpodx.paths import ensure_dir
 
 if TYPE_CHECKING:
     from linpodx.profile.store import StoredProfile
 
-READY_TIMEOUT = 30.0
-WAIT_TIMEOUT = 300.0
-"""How long a launched guard waits for its container's pid before it ends by itself."""
 UPDATE_TIMEOUT = 5.0
 GUARD_COMMAND = "_egress-guard"
-GUARD_MODULE = "linpodx.egress.runner"
 
-RESOLV_CONF = (
-    "# written by linpodx: the policy resolver is this container's only DNS server\n"
-    f"nameserver {RESOLVER_ADDR}\n"
-    "options timeout:2 attempts:2\n"
-)
 
 
 def _policy_doc(stored: StoredProfile) -> dict[str, Any]:
@@ -141,88 +136,9 @@ def resolv_conf_path(name: str) -> Path | None:
     return p if p.is_file() else None
 
 
-CONTROL_FD = 3
-"""The guard's end of its control socket (the CLI keeps the other end)."""
-
-# name -> the CLI's end of the control socket of a launched guard still waiting for its pid.
-_launched: dict[str, socket.socket] = {}
-
-
-def guard_argv(name: str) -> list[str]:
-    """How the guard is started. Rootless it runs under `podman unshare`, i.e. as uid 0 of
-    the rootless user namespace, so it may join the container's netns and run nft there
-    (`podman unshare` passes the control socket through like any inherited fd)."""
-    argv = [
-        sys.executable,
-        "-m",
-        GUARD_MODULE,
-        "--container",
-        name,
-        "--control-fd",
-        str(CONTROL_FD),
-        "--wait",
-        f"{WAIT_TIMEOUT:g}",
-    ]
-    if os.geteuid() != 0:
-        argv = [proc.which("podman") or "podman", "unshare", *argv]
-    return argv
-
-
-def launch(name: str) -> None:
-    """Start `name`'s guard now; it waits (at most WAIT_TIMEOUT) for `attach` to send the pid.
-
-    The guard ends by itself when the control socket closes (this process ended or `detach`
-    ran) before a pid came, so a launch that is never attached leaves nothing behind.
-    """
-    old = _launched.get(name)
-    if old is not None and not _hung_up(old):
-        return
-    _forget_launch(name)
-    st = EgressState(name)
-    st.ensure()
-    ours, theirs = socket.socketpair()
-    try:
-        _spawn_detached(guard_argv(name), st.guard_log, control=theirs.fileno())
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
-    _launched[name] = ours
-
-
-HOOK_SCRIPT = Path(__file__).with_name("hook.py")
-HOOK_FILE = "linpodx-egress.json"
-
-
 def hook_setup(name: str) -> Path:
-    """Make `name`'s OCI hooks dir (for `podman --hooks-dir=DIR run`) and the FIFO through
-    which its `createRuntime` hook (hook.py) hands over the container's pid; returns the dir.
-
-    For one-call runs (`containers._run_once`): the hook holds the container's command back
-    until the guard is ready, so create, init, attach and start need no separate podman calls.
-    """
-    st = EgressState(name)
-    hooks = ensure_dir(st.hooks_dir)
-    with contextlib.suppress(FileNotFoundError):
-        st.hook_fifo.unlink()
-    os.mkfifo(st.hook_fifo, 0o600)
-    hook = {
-        "version": "1.0.0",
-        "hook": {
-            "path": sys.executable,
-            "args": [
-                sys.executable, "-I", "-S", str(HOOK_SCRIPT),
-                str(st.hook_fifo), str(st.guard_file), f"{READY_TIMEOUT:g}",
-            ],
-            # runc ends a hook that outlives this, and the container does not start.
-            "timeout": int(READY_TIMEOUT) + 10,
-        },
-        "when": {"always": True},
-        "stages": ["createRuntime"],
-    }  # fmt: skip
-    atomic_write(hooks / HOOK_FILE, json.dumps(hook).encode(), durable=False)  # one run's
-    return hooks
+    """`launch.hook_setup`: the OCI hooks dir of `name`'s one-call run."""
+    return Path(launcher.hook_setup(name))
 
 
 def hook_pid(name: str, running: Callable[[], bool]) -> int:
@@ -249,55 +165,6 @@ def hook_pid(name: str, running: Callable[[], bool]) -> int:
             "the container was not started; see `linpodx doctor`",
         )
     return int(line)
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """A waiting guard never writes before it has a pid: readable means it is gone."""
-    r, _, _ = select.select([sock], [], [], 0)
-    return bool(r)
-
-
-def _forget_launch(name: str) -> None:
-    sock = _launched.pop(name, None)
-    if sock is not None:
-        sock.close()
-
-
-def _spawn_detached(argv: list[str], log: Path, control: int | None = None) -> None:
-    """Start `argv` in its own session, detached (double fork: no zombie, no parent to wait);
-    `control` becomes its fd CONTROL_FD.
-
-    Popen is not enough: the long-lived parent (a test run, a shell) would keep a zombie that
-    looks alive to `status`. This module owns the guard's lifetime, hence the raw fork.
-    """
-    logfd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child side
-            try:
-                os.setsid()
-                if os.fork() != 0:
-                    os._exit(0)
-                devnull = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(devnull, 0)
-                os.dup2(logfd, 1)
-                os.dup2(logfd, 2)
-                keep = 3
-                if control is not None:
-                    os.dup2(control, CONTROL_FD)
-                    os.set_inheritable(CONTROL_FD, True)
-                    keep = CONTROL_FD + 1
-                os.closerange(keep, 65536)
-                # Python ignores SIGPIPE and a calling thread may block signals; both would be
-                # inherited across exec (pasta refuses to start with them).
-                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                os.execv(argv[0], argv)  # noqa: S606 - argv list, no shell wanted
-            finally:
-                os._exit(127)
-        os.waitpid(pid, 0)
-    finally:
-        os.close(logfd)
 
 
 def _read_guard(st: EgressState) -> dict[str, Any] | None:
@@ -349,7 +216,7 @@ def attach(name: str, pid: int, stored: StoredProfile) -> None:
         _stop_guard(old)
     with contextlib.suppress(FileNotFoundError):
         st.guard_file.unlink()
-    ctl = _launched.pop(name)
+    ctl = launcher.take_launched(name)
     try:
         _send_order(ctl, pid)
         _await_ready(name, pid, st, ctl)
@@ -391,9 +258,9 @@ def _await_ready(name: str, pid: int, st: EgressState, ctl: socket.socket) -> No
             # Rootless pasta must run as the plain user, outside the user namespace; the
             # guard has loaded the filter already and adopts pasta by its pid file.
             pasta_started = True
-            _spawn_detached(
+            launcher.spawn_detached(
                 netns.external_pasta_argv(pid, st.pasta_pidfile, int(info["guard_pid"])),
-                st.helper_log,
+                str(st.helper_log),
             )
         if state == "ready" and info.get("container_pid") == pid:
             return
@@ -450,7 +317,7 @@ def status(name: str) -> str:
 
 def detach(name: str) -> None:
     """Stop the guard of `name` if one runs (or waits for its pid) and forget its files."""
-    _forget_launch(name)
+    launcher.forget_launch(name)
     st = EgressState(name)
     info = _read_guard(st)
     if info is not None and _guard_alive(info, name):

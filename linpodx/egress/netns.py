@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -21,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import proc
+from linpodx.egress.launch import RESOLVER_ADDR
 from linpodx.errors import EngineError
 
 CLONE_NEWNET = 0x40000000
-RESOLVER_ADDR = "127.0.0.1"
 RESOLVER_PORT = 53
 TAP = "tap0"
 
@@ -436,8 +437,19 @@ def load_ruleset(pid: int, text: str) -> None:
         raise EngineError("nft (egress filter) refused the ruleset", stderr=result["error"])
 
 
+def preload_nftables() -> None:
+    """Load libnftables now if it is installed (see `_libnftables`); never fails."""
+    with contextlib.suppress(OSError):
+        _libnftables()
+
+
+@functools.lru_cache(maxsize=1)
 def _libnftables() -> Any:
-    """libnftables through ctypes, its functions typed (OSError when it is not installed)."""
+    """libnftables through ctypes, its functions typed (OSError when it is not installed).
+
+    Loaded once per process; the guard loads it while it waits for its container's pid
+    (`preload_nftables`), so loading the library is not part of a container's start-up.
+    """
     lib = ctypes.CDLL("libnftables.so.1", use_errno=True)
     lib.nft_ctx_new.restype = ctypes.c_void_p
     lib.nft_ctx_new.argtypes = [ctypes.c_uint32]

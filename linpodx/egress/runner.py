@@ -45,7 +45,9 @@ class Reporter:
     def write(self, **data: Any) -> None:
         data.setdefault("guard_pid", os.getpid())
         data.setdefault("ts", time.time())
-        atomic_write(self.st.guard_file, json.dumps(data, sort_keys=True).encode())
+        # Replaced all at once, but not fsynced: it describes this guard process, which a crash
+        # ends too, and "ready" is what the container's start waits for.
+        atomic_write(self.st.guard_file, json.dumps(data, sort_keys=True).encode(), durable=False)
         if self.control is not None:
             with contextlib.suppress(OSError):  # the CLI gave up: guard.json still says it
                 self.control.sendall(f"{data.get('state')}\n".encode())
@@ -106,6 +108,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
     st = EgressState(name)
     # Before the pid comes (podman is still creating the container): nothing here needs it.
     host = current_host_addresses()
+    netns.preload_nftables()
     try:
         order = await_order(control, wait)
     except (OSError, ValueError) as exc:

@@ -5,11 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from linpodx.egress import launch as names
 from linpodx.paths import containers_dir, ensure_dir
-
-INIT_PIDFILE = "init.pid"
-"""Beside the resolv.conf: `podman create --pidfile` makes `podman init` write the container's
-init pid there, so the guard's pid needs no `podman inspect`."""
 
 
 @dataclass(frozen=True)
@@ -20,7 +17,7 @@ class EgressState:
 
     @property
     def dir(self) -> Path:
-        return containers_dir() / self.name / "egress"
+        return containers_dir() / self.name / names.EGRESS_DIR
 
     def ensure(self) -> Path:
         ensure_dir(self.dir.parent)
@@ -29,42 +26,42 @@ class EgressState:
     @property
     def resolv_conf(self) -> Path:
         """Bind-mounted over the container's /etc/resolv.conf; names only our resolver."""
-        return self.dir / "resolv.conf"
+        return self.dir / names.RESOLV_CONF_FILE
 
     @property
     def policy_file(self) -> Path:
         """What the guard enforces; rewritten atomically by a re-apply."""
-        return self.dir / "policy.json"
+        return self.dir / names.POLICY_FILE
 
     @property
     def init_pidfile(self) -> Path:
         """The container's init pid, written by `podman init` (see INIT_PIDFILE)."""
-        return self.dir / INIT_PIDFILE
+        return self.dir / names.INIT_PIDFILE
 
     @property
     def hooks_dir(self) -> Path:
         """OCI hooks dir of a one-call run (`podman --hooks-dir`); see guard.hook_setup."""
-        return self.dir / "hooks"
+        return self.dir / names.HOOKS_DIR
 
     @property
     def hook_fifo(self) -> Path:
         """FIFO through which the createRuntime hook hands over the container's pid."""
-        return self.dir / "hook.pid"
+        return self.dir / names.HOOK_FIFO
 
     @property
     def guard_file(self) -> Path:
         """The guard's own state: pid, container pid, helper, applied revision."""
-        return self.dir / "guard.json"
+        return self.dir / names.GUARD_FILE
 
     @property
     def guard_log(self) -> Path:
-        return self.dir / "guard.log"
+        return self.dir / names.GUARD_LOG
 
     @property
     def helper_log(self) -> Path:
-        return self.dir / "helper.log"
+        return self.dir / names.HELPER_LOG
 
     @property
     def pasta_pidfile(self) -> Path:
         """Rootless pasta's pid (it runs outside the user namespace the guard lives in)."""
-        return self.dir / "pasta.pid"
+        return self.dir / names.PASTA_PIDFILE

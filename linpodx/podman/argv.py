@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from linpodx.egress.state import INIT_PIDFILE
+from linpodx.egress.launch import INIT_PIDFILE
 from linpodx.errors import InvalidInput
 from linpodx.podman import runline
 from linpodx.podman.runline import HOME_DIR

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from linpodx.egress import guard
+from linpodx.egress import launch
 
 
 def run_hook(
@@ -40,7 +40,7 @@ def run_hook(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     proc = subprocess.run(
-        [sys.executable, "-I", "-S", str(guard.HOOK_SCRIPT), str(fifo), str(gfile), str(timeout)],
+        [sys.executable, "-I", "-S", launch.HOOK_SCRIPT, str(fifo), str(gfile), str(timeout)],
         input=json.dumps(state).encode() if not isinstance(state, bytes) else state,
         capture_output=True,
         timeout=30,
@@ -91,7 +91,7 @@ def test_removed_guard_stops_the_container(tmp_path: Path) -> None:
     reader = threading.Thread(target=lambda: open(fifo, "rb").read(), daemon=True)
     reader.start()
     proc = subprocess.run(
-        [sys.executable, "-I", "-S", str(guard.HOOK_SCRIPT), str(fifo), str(gone), "5"],
+        [sys.executable, "-I", "-S", launch.HOOK_SCRIPT, str(fifo), str(gone), "5"],
         input=b'{"pid": 7}', capture_output=True, timeout=30,
     )  # fmt: skip
     assert proc.returncode == 1 and b"removed" in proc.stderr
