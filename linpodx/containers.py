@@ -365,13 +365,15 @@ def save_plan(ref: ProfileRef) -> None:
         return
     with contextlib.suppress(LinpodxError, OSError):
         spec = make_spec(RunRequest(image="plan", name="plan", rm=True), ref)
+        guarded = needs_guard(ref)
         runplan.save(
             profile=ref.name,
             profile_id=ref.profile_id,
             revision=ref.revision,
             audit_hash=ref.audit_hash,
-            guarded=needs_guard(ref),
+            guarded=guarded,
             flags=profile_flags(spec),
+            egress_policy=_guard().policy_doc(ref) if guarded else None,
         )
 
 
@@ -500,8 +502,7 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
         spec, ref, announce, lambda: engine.start_run((engine.podman_bin(), *argv)), cidfile,
         made=made, guarded=guarded,
     )  # fmt: skip
-    if not guarded:
-        save_plan(ref)  # the next run of this revision can take the fast path
+    save_plan(ref)  # the next run of this revision can take the fast path
     return rc
 
 
@@ -513,13 +514,17 @@ def run_started(
     *,
     made: bool,
     announce: Announce,
+    resolv_conf: str | None = None,
 ) -> int:
     """The second half of a run `linpodx.fastrun` began: it recorded `container.run` and started
     `podman run` (`start` hands over that process, or raises what starting it raised) from a
-    stored plan of revision `profile_id`. Loads that revision fully and goes on as `_run_once`."""
+    stored plan of revision `profile_id`; with `resolv_conf`, it also launched the egress guard
+    and gave podman the OCI hook (as `_run_once` does). Loads that revision fully and goes on
+    as `_run_once`."""
+    guarded = resolv_conf is not None
     try:
         ref = profile_by_id(profile_id)
-        spec = make_spec(req, ref)
+        spec = make_spec(req, ref, resolv_conf=resolv_conf)
     except BaseException:
         # The plan matched this revision byte for byte, so this is not expected; the container
         # must not run on without its spec all the same.
@@ -531,10 +536,13 @@ def run_started(
         if cidfile.exists():
             cidfile.unlink(missing_ok=True)
             engine.remove_quietly(req.name or "")
+        if guarded:
+            with contextlib.suppress(Exception):
+                _guard().detach(req.name or "")
         if made:
             _remove_spec(req.name or "")
         raise
-    return _relay_run(spec, ref, announce, start, cidfile, made=made, guarded=False)
+    return _relay_run(spec, ref, announce, start, cidfile, made=made, guarded=guarded)
 
 
 def _relay_run(

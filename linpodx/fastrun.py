@@ -72,6 +72,9 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         return None  # the full path refuses it with the same words
     where = os.path.join(paths.containers_root(), name)
     made = not os.path.exists(where)
+    guarded = plan["guarded"]
+    if guarded and not made:
+        return None  # the guard's files would be another container's: the full path checks
     record = runplan.run_record(
         name=name,
         image=fields["image"],
@@ -90,12 +93,46 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     cidfile = os.path.join(where, f"cid-{os.urandom(6).hex()}")
     child: spawn.Child | None = None
     failed: BaseException | None = None
+    resolv: str | None = None
+    what = "the run's state dir"
     try:
         paths.ensure_dir_str(where)
-        child = spawn.Child([podman, *runline.run_form([*head, *plan["flags"], *tail], cidfile)])
-    except OSError as exc:
+        global_flags: list[str] = []
+        if guarded:
+            what = "the egress guard"
+            resolv, pidfile, global_flags = _guard_first(name, plan["egress_policy"])
+            tail = runline.tail(
+                resolv_conf=resolv,
+                pidfile=pidfile,
+                rm=True,
+                interactive=fields["interactive"],
+                tty=False,
+                image=fields["image"],
+                command=command,
+            )
+        run_argv = runline.run_form([*head, *plan["flags"], *tail], cidfile)
+        what = "podman run"
+        child = spawn.Child([podman, *global_flags, *run_argv])
+    except (OSError, LinpodxError) as exc:
         failed = exc
-    return _go_on(fields, name, plan["profile_id"], child, failed, cidfile, made, announce)
+    return _go_on(
+        fields, name, plan["profile_id"], child, (what, failed), cidfile, made, announce, resolv
+    )
+
+
+def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """What a guarded one-call run needs before podman starts (as `containers._run_once`
+    does through `guard.prepare` and `guard.hook_setup`): the guard's policy file and
+    resolv.conf, the guard itself (waiting for the container's pid), and the OCI hook that
+    holds the container's command back until the guard is ready. Returns the resolv.conf, the
+    pid file `podman run` writes for the guard, and podman's global flags."""
+    from linpodx.egress import launch
+
+    resolv = launch.write_new_run_files(name, policy)
+    launch.launch(name)
+    hooks = launch.hook_setup(name)
+    pidfile = os.path.join(os.path.dirname(resolv), launch.INIT_PIDFILE)
+    return resolv, pidfile, [f"--hooks-dir={hooks}"]
 
 
 def _go_on(
@@ -103,10 +140,11 @@ def _go_on(
     name: str,
     profile_id: str,
     child: spawn.Child | None,
-    failed: BaseException | None,
+    failure: tuple[str, BaseException | None],
     cidfile: str,
     made: bool,
     announce: Announce,
+    resolv: str | None,
 ) -> int:
     """The part that runs while podman works: the full modules, then `containers.run_started`."""
     from pathlib import Path
@@ -116,8 +154,12 @@ def _go_on(
     from linpodx.podman.engine import PODMAN_HINT
 
     def start() -> spawn.Child:
+        what, failed = failure
+        if isinstance(failed, LinpodxError):
+            raise failed
         if child is None:
-            raise EngineError(f"podman run could not be started: {failed}", PODMAN_HINT) from failed
+            hint = PODMAN_HINT if what == "podman run" else "see `linpodx doctor`"
+            raise EngineError(f"{what} could not be started: {failed}", hint) from failed
         return child
 
     req = containers.RunRequest(
@@ -131,6 +173,8 @@ def _go_on(
         rm=True,
     )
     global finished
-    rc = containers.run_started(req, profile_id, start, Path(cidfile), made=made, announce=announce)
+    rc = containers.run_started(
+        req, profile_id, start, Path(cidfile), made=made, announce=announce, resolv_conf=resolv
+    )
     finished = True
     return rc

@@ -13,7 +13,8 @@ same now:
   builder, the profile model, loader and schema, and this module);
 - the host facts the flags depend on are the same (`probe.host_facts`: root or rootless, hard
   rlimits, cgroup limits, podman's init binary);
-- the profile needs no egress guard (those runs take the full path).
+- for a profile with an egress allowlist, the policy its guard is given is stored too (it is
+  part of the revision, so the same checks cover it).
 
 Anything else, and any doubt (a missing, damaged or foreign file), means "no plan": the full
 path runs, decides everything afresh and writes a new plan. A plan holds no secret and grants
@@ -47,6 +48,8 @@ _CODE = (
     "profile/model.py",
     "profile/loader.py",
     "profile/schema.json",
+    "egress/guard.py",
+    "egress/launch.py",
 )
 # A filter, not the rule: names with other characters are not looked up here (the full path
 # applies the schema's rule and says what is wrong).
@@ -124,6 +127,7 @@ def save(
     audit_hash: str,
     guarded: bool,
     flags: list[str],
+    egress_policy: dict[str, Any] | None = None,
 ) -> None:
     """Store the flags of a revision as built on this host just now (best effort: a plan that
     cannot be written only means the next run takes the full path)."""
@@ -140,6 +144,7 @@ def save(
         "code": code_digest(),
         "host": list(probe.host_facts()),
         "guarded": guarded,
+        "egress_policy": egress_policy if guarded else None,
         "flags": flags,
     }
     data = json.dumps(doc, sort_keys=True).encode()
@@ -182,7 +187,8 @@ def load(name: str) -> dict[str, Any] | None:
             or plan.get("format") != FORMAT
             or plan.get("profile") != name
             or plan.get("profile_id") != current
-            or plan.get("guarded") is not False
+            or type(plan.get("guarded")) is not bool
+            or (plan["guarded"] and type(plan.get("egress_policy")) is not dict)
             or plan.get("revision_sha256") != sha256(raw).hexdigest()
             or plan.get("code") != code_digest()
             or plan.get("host") != list(probe.host_facts())

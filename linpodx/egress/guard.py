@@ -46,7 +46,7 @@ GUARD_COMMAND = "_egress-guard"
 
 
 
-def _policy_doc(stored: StoredProfile) -> dict[str, Any]:
+def policy_doc(stored: StoredProfile) -> dict[str, Any]:
     net = stored.profile.network
     return {
         "profile": stored.name,
@@ -65,7 +65,7 @@ def _write_policy(st: EgressState, stored: StoredProfile, *, force: bool = False
     revision the container was created with, and must not silently undo the audited update.
     """
     st.ensure()
-    doc = _policy_doc(stored)
+    doc = policy_doc(stored)
     if not force:
         try:
             cur = json.loads(st.policy_file.read_text(encoding="utf-8"))
@@ -354,7 +354,7 @@ def update_profile(stored: StoredProfile) -> list[str]:
     """
     updated: list[str] = []
     failed: list[str] = []
-    doc = _policy_doc(stored)
+    doc = policy_doc(stored)
     for name in _containers_of(stored.name):
         st = EgressState(name)
         info = _read_guard(st)

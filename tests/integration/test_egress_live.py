@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +37,7 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
+from linpodx import runplan
 from linpodx.egress import guard
 from linpodx.egress.state import EgressState
 from linpodx.errors import EngineError
@@ -698,7 +699,8 @@ def test_killed_guard_takes_the_network_with_it(servers: Servers, container: str
     assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
 
 
-def _apply_cli_profile(servers: Servers, tmp_path: Path, name: str) -> None:
+def _apply_cli_profile(servers: Servers, tmp_path: Path, name: str) -> str:
+    """Apply an allowlist profile with the CLI; returns its profile id."""
     prof = tmp_path / f"{name}.yml"
     prof.write_text(
         f"version: 1\nname: {name}\nnetwork:\n"
@@ -706,8 +708,25 @@ def _apply_cli_profile(servers: Servers, tmp_path: Path, name: str) -> None:
         f"  upstream_dns: ['127.0.0.1:{servers.upstream.port}']\n"
         "  allow_private_answers: true\n"
     )
-    applied = run_linpodx("sandbox", "apply", "--profile", str(prof))
+    applied = run_linpodx("sandbox", "apply", "--profile", str(prof), "--json")
     assert applied.returncode == 0, applied.stderr
+    return str(json.loads(applied.stdout)["result"]["profile_id"])
+
+
+def _take_path(path: str, profile_id: str) -> Callable[[], None]:
+    """Send the next run of the profile down the full or the fast path (linpodx/fastrun.py);
+    returns a check that it went there. The full path ends by writing the revision's run plan
+    afresh; the fast one only reads it (same inode)."""
+    plan = runplan.plan_file(profile_id)
+    if path == "full":
+        os.unlink(plan)
+        return lambda: None if os.path.exists(plan) else pytest.fail("no full run wrote a plan")
+    inode = os.stat(plan).st_ino
+
+    def check() -> None:
+        assert os.stat(plan).st_ino == inode, "the full path ran instead of the fast one"
+
+    return check
 
 
 def _guard_processes(name: str) -> list[str]:
@@ -715,12 +734,13 @@ def _guard_processes(name: str) -> list[str]:
     return [line for line in out.splitlines() if "egress" in line and name in line]
 
 
+@pytest.mark.parametrize("path", ["full", "fast"])
 def test_one_call_rm_run_is_filtered_from_its_first_instruction(
-    servers: Servers, unique_name: str, tmp_path: Path
+    servers: Servers, unique_name: str, tmp_path: Path, path: str
 ) -> None:
     """`run --rm` without a TTY is one `podman run` whose createRuntime hook holds the command
     back until the guard is ready: the very first thing the command does is already filtered."""
-    _apply_cli_profile(servers, tmp_path, "egress-once")
+    went = _take_path(path, _apply_cli_profile(servers, tmp_path, "egress-once"))
     script = (
         f"curl -s -m 3 http://{HOST}:{servers.http_port}/ >/dev/null; echo direct=$?; "
         f"curl -s -m 5 http://allowed.test:{servers.http_port}/; echo; "
@@ -741,12 +761,14 @@ def test_one_call_rm_run_is_filtered_from_its_first_instruction(
     # Gone with the container: the guard, its files, the run spec.
     assert wait_for(lambda: not _guard_processes(unique_name))
     assert not EgressState(unique_name).dir.parent.exists()
+    went()
 
 
+@pytest.mark.parametrize("path", ["full", "fast"])
 def test_one_call_rm_run_fails_closed_when_the_guard_fails(
-    servers: Servers, unique_name: str, tmp_path: Path
+    servers: Servers, unique_name: str, tmp_path: Path, path: str
 ) -> None:
-    _apply_cli_profile(servers, tmp_path, "egress-once-fail")
+    went = _take_path(path, _apply_cli_profile(servers, tmp_path, "egress-once-fail"))
     env = {**os.environ, "LINPODX_EGRESS_HELPER": "no-such-helper-" + uuid.uuid4().hex[:6]}
     res = run_linpodx(
         "run", "--rm", "--profile", "egress-once-fail", "--image", DEBIAN_IMAGE,
@@ -761,3 +783,5 @@ def test_one_call_rm_run_fails_closed_when_the_guard_fails(
     assert subprocess.run(["podman", "container", "exists", unique_name]).returncode == 1
     assert wait_for(lambda: not _guard_processes(unique_name))
     assert not EgressState(unique_name).dir.parent.exists()
+    if path == "fast":
+        went()  # (a failed full run writes no plan)

@@ -289,16 +289,43 @@ def test_other_requests_go_the_full_path_untouched(
     assert calls(fake_podman) == []
 
 
-def test_a_profile_with_an_egress_allowlist_never_takes_the_fast_path(
-    tmp_path: Path, fake_podman: Path
+def test_a_guarded_fast_run_starts_the_full_paths_argv_and_fails_closed(
+    tmp_path: Path, fake_podman: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With an allowlist the plan also holds the guard's policy; the fast path writes the
+    guard's files, launches it and gives podman the hook, exactly as the full path would. This
+    stand-in podman writes the id file but runs no hook: the run must fail and leave nothing,
+    not even the guard."""
     path = tmp_path / "net.yml"
-    path.write_text("version: 1\nname: net\nnetwork:\n  egress_dns_allowlist: [crates.io]\n")
+    path.write_text(
+        "version: 1\nname: net\nnetwork:\n  egress_dns_allowlist: [crates.io]\n"
+        "  upstream_dns: ['127.0.0.1:5353']\n"
+    )
     res = store.apply(path)
-    containers.save_plan(containers.profile_by_id(res.profile_id))
-    assert json.loads(Path(runplan.plan_file(res.profile_id)).read_text())["guarded"] is True
-    assert fastrun.run(fields(profile="net"), not_announced) is None
-    assert calls(fake_podman) == []
+    ref = containers.profile_by_id(res.profile_id)
+    containers.save_plan(ref)
+    from linpodx.egress import guard, launch
+
+    plan = json.loads(Path(runplan.plan_file(res.profile_id)).read_text())
+    assert plan["guarded"] is True and plan["egress_policy"] == guard.policy_doc(ref)
+    monkeypatch.setenv("FAKE_PODMAN_RC", "125")
+    monkeypatch.setattr(
+        containers, "run_foreground", lambda *a: pytest.fail("the full path ran")
+    )
+    with pytest.raises(Exception) as err:
+        fastrun.run(fields(profile="net", command=("true",)), not_announced)
+    assert "did not hand over the container's pid" in str(err.value)
+    [argv] = [c for c in calls(fake_podman) if "run" in c[:2]]
+    hooks, run_argv = argv[0], argv[1:]
+    assert hooks == f"--hooks-dir={launch.egress_dir('agent-1')}/hooks"
+    cidfile = run_argv[1].removeprefix("--cidfile=")
+    req = containers.RunRequest(**fields(profile="net", command=("true",)))
+    resolv = f"{launch.egress_dir('agent-1')}/resolv.conf"
+    spec = containers.make_spec(req, ref, resolv_conf=resolv)
+    assert run_argv == list(argv_mod.build_run_argv(spec, cidfile))
+    assert admin_records()[-1]["data"] == containers._run_record(spec, ref)
+    assert not (containers_dir() / "agent-1").exists()
+    assert launch._launched == {}  # the guard's control socket is closed: it ends by itself
 
 
 def test_a_full_run_writes_the_plan_the_next_run_uses(
