@@ -559,7 +559,13 @@ def _relay_run(
 
     def created(container_id: str, running: Callable[[], bool]) -> None:
         if guarded:
-            _guard().attach(spec.name, _guard().hook_pid(spec.name, running), ref)
+            guard = _guard()
+            try:
+                guard.attach(spec.name, guard.hook_pid(spec.name, running, container_id), ref)
+            except BaseException as exc:
+                guard.hook_release(spec.name, f"not started: {exc}", running)
+                raise
+            guard.hook_release(spec.name, "ready", running)
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
         _emit(
             "container.start",

@@ -14,6 +14,7 @@ network helper are all up, and the caller then removes the container.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -141,30 +142,74 @@ def hook_setup(name: str) -> Path:
     return Path(launcher.hook_setup(name))
 
 
-def hook_pid(name: str, running: Callable[[], bool]) -> int:
-    """The container pid `name`'s hook hands over; EngineError if podman ends first or none
-    comes within READY_TIMEOUT."""
+MAX_HOOK_STATE = 1 << 20
+"""Bytes of OCI state the hook may hand over (runc's is a few hundred)."""
+
+
+def hook_pid(name: str, running: Callable[[], bool], container_id: str | None = None) -> int:
+    """The pid of the container whose OCI state `name`'s hook hands over: the state must be
+    JSON for the container `container_id` (when given) being created, with a positive pid.
+    EngineError otherwise, or if podman ends first or nothing comes within READY_TIMEOUT (the
+    caller then answers the hook with the failure: `hook_release`)."""
     st = EgressState(name)
     fd = os.open(st.hook_fifo, os.O_RDONLY | os.O_NONBLOCK)
+    data = b""
     try:
         deadline = time.monotonic() + READY_TIMEOUT
-        data = b""
-        while b"\n" not in data and time.monotonic() < deadline and running():
+        while time.monotonic() < deadline and running() and len(data) <= MAX_HOOK_STATE:
             r, _, _ = select.select([fd], [], [], 0.05)
             if r:
-                chunk = os.read(fd, 64)
-                if not chunk:  # the hook came and went (readable at EOF only after a writer)
+                chunk = os.read(fd, 65536)
+                if not chunk:  # the hook closed its end (readable at EOF only after a writer)
                     break
                 data += chunk
     finally:
         os.close(fd)
-    line = data.split(b"\n", 1)[0]
-    if not line.isdigit() or int(line) <= 0:
+    try:
+        state = json.loads(data)
+        pid = state["pid"]
+        ok = (
+            type(pid) is int
+            and pid > 0
+            and state.get("status", "creating") == "creating"
+            and (container_id is None or state.get("id") == container_id)
+        )
+    except (ValueError, TypeError, KeyError):
+        ok = False
+    if not ok:
         raise EngineError(
-            f"the egress hook of {name} did not hand over the container's pid",
+            f"the egress hook of {name} did not hand over this container's state",
             "the container was not started; see `linpodx doctor`",
         )
-    return int(line)
+    return int(pid)
+
+
+def hook_release(name: str, answer: str, running: Callable[[], bool]) -> None:
+    """Answer `name`'s waiting hook: `ready` lets the container's command start, anything else
+    (said on its stderr) keeps it from ever starting. EngineError if `ready` cannot be told."""
+    st = EgressState(name)
+    deadline = time.monotonic() + READY_TIMEOUT
+    line = (answer.replace("\n", " ")[:4000] + "\n").encode()
+    while True:
+        try:
+            fd = os.open(st.hook_answer_fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            # ENXIO: the hook has not opened its end yet (it first writes the state out).
+            if exc.errno != errno.ENXIO or time.monotonic() >= deadline or not running():
+                if answer == "ready":
+                    raise EngineError(
+                        f"the egress hook of {name} could not be told to go on: {exc}",
+                        "the container was not started; see `linpodx doctor`",
+                    ) from None
+                return
+            time.sleep(0.001)
+            continue
+        try:
+            os.set_blocking(fd, True)
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        return
 
 
 def _read_guard(st: EgressState) -> dict[str, Any] | None:

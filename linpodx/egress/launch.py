@@ -26,7 +26,10 @@ INIT_PIDFILE = "init.pid"
 """Beside the resolv.conf: `podman create --pidfile` makes `podman init` write the container's
 init pid there, so the guard's pid needs no `podman inspect`."""
 HOOKS_DIR = "hooks"
-HOOK_FIFO = "hook.pid"
+HOOK_FIFO = "hook.state"
+"""FIFO through which the one-call hook hands the OCI state (with the container's pid) over."""
+HOOK_ANSWER_FIFO = "hook.answer"
+"""FIFO on which `linpodx run` tells the hook `ready` (or why not)."""
 GUARD_FILE = "guard.json"
 GUARD_LOG = "guard.log"
 HELPER_LOG = "helper.log"
@@ -39,7 +42,8 @@ WAIT_TIMEOUT = 300.0
 """How long a launched guard waits for its container's pid before it ends by itself."""
 CONTROL_FD = 3
 GUARD_MODULE = "linpodx.egress.runner"
-HOOK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook.py")
+HOOK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook.sh")
+HOOK_SHELL = "/bin/sh"
 HOOK_FILE = "linpodx-egress.json"
 
 RESOLV_CONF = (
@@ -180,28 +184,27 @@ def spawn_detached(argv: list[str], log: str, control: int | None = None) -> Non
 
 
 def hook_setup(name: str) -> str:
-    """Make `name`'s OCI hooks dir (for `podman --hooks-dir=DIR run`) and the FIFO through
-    which its `createRuntime` hook (hook.py) hands over the container's pid; returns the dir.
+    """Make `name`'s OCI hooks dir (for `podman --hooks-dir=DIR run`) and the two FIFOs of its
+    `createRuntime` hook (hook.sh): one hands the OCI state over, the other takes the answer.
+    Returns the dir.
 
     For one-call runs: the hook holds the container's command back until the guard is ready,
     so create, init, attach and start need no separate podman calls.
     """
     where = ensure_egress_dir(name)
     hooks = paths.ensure_dir_str(os.path.join(where, HOOKS_DIR))
-    fifo = os.path.join(where, HOOK_FIFO)
-    try:
-        os.unlink(fifo)
-    except FileNotFoundError:
-        pass
-    os.mkfifo(fifo, 0o600)
+    fifos = [os.path.join(where, HOOK_FIFO), os.path.join(where, HOOK_ANSWER_FIFO)]
+    for fifo in fifos:
+        try:
+            os.unlink(fifo)
+        except FileNotFoundError:
+            pass
+        os.mkfifo(fifo, 0o600)
     hook = {
         "version": "1.0.0",
         "hook": {
-            "path": sys.executable,
-            "args": [
-                sys.executable, "-I", "-S", HOOK_SCRIPT,
-                fifo, os.path.join(where, GUARD_FILE), f"{READY_TIMEOUT:g}",
-            ],
+            "path": HOOK_SHELL,
+            "args": [HOOK_SHELL, HOOK_SCRIPT, *fifos],
             # runc ends a hook that outlives this, and the container does not start.
             "timeout": int(READY_TIMEOUT) + 10,
         },

@@ -21,6 +21,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,34 @@ def current_host_addresses() -> frozenset[Any]:
     return frozenset(ipaddress.ip_address(a) for a in netns.host_addresses())
 
 
+class _Background:
+    """Run `fn(*args)` in a thread now; `wait` joins it and raises what it raised."""
+
+    def __init__(self, fn: Callable[..., object], *args: object) -> None:
+        self._error: BaseException | None = None
+
+        def work() -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:  # handed to wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name="nft-load", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def _import_quietly(module: str) -> None:
+    """Import `module` in this thread at nice 19 (Linux: niceness is per thread)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    importlib.import_module(module)
+
+
 def run_guard(name: str, control: socket.socket, wait: float) -> int:
     """Wait for container `name`'s pid on `control`, set up the filter, resolver and helper;
     serve until the container ends."""
@@ -135,27 +164,36 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         if not policy.upstreams:
             raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
 
+        kind = netns.choose_helper(preferred)
+        external_pasta = kind == "pasta" and netns.in_user_namespace()
         log.info("loading the nft filter into the netns of pid %s", pid)
-        # Filter first: from here on nothing leaves the netns except to set members.
-        netns.load_ruleset(pid, ruleset.build_ruleset())
+        # The filter, the resolver and the helper are independent, so the filter loads while the
+        # rest is set up. Nothing in the netns can send a packet before the filter is in: no
+        # process of the container runs until this guard reports `ready` (the one-call hook, or
+        # `attach` before `podman start`), which it does only after the filter loaded.
+        filtering = _Background(netns.load_ruleset, pid, ruleset.build_ruleset())
+        log.info("binding the policy resolver")
+        udp, tcp = netns.bind_resolver_sockets(pid)
+        if external_pasta:
+            filtering.wait()  # pasta is started by the CLI once this says "filtered"
+        else:
+            log.info("starting %s", kind)
+            helper = netns.start_helper(kind, pid, st.helper_log)
+            filtering.wait()
         sets = nfsets.NftSets(netns.netns_path(pid))
         resolver = PolicyResolver(
             policy, add_to_sets=sets.add, delete_from_sets=sets.delete, on_denied=recorder.deny
         )
-        log.info("binding the policy resolver")
-        udp, tcp = netns.bind_resolver_sockets(pid)
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
-        kind = netns.choose_helper(preferred)
-        log.info("starting %s", kind)
-        if kind == "pasta" and netns.in_user_namespace():
+        if external_pasta:
             # The CLI starts it from outside the user namespace when it sees this state.
             with contextlib.suppress(FileNotFoundError):
                 st.pasta_pidfile.unlink()
             report.write(state="filtered", container=name, container_pid=pid, helper=kind)
             helper = netns.wait_external_pasta(pid, st.pasta_pidfile)
-        else:
-            helper = netns.start_helper(kind, pid, st.helper_log)
+        if helper is None:  # pragma: no cover - both branches above set it or raise
+            raise RuntimeError("no network helper was started")
         applied = int(raw.get("revision", 0))
         report.write(
             state="ready",
@@ -168,9 +206,10 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         )
         log.info("egress guard ready: container=%s pid=%s helper=%s", name, pid, kind)
         # dnspython (every DNS message goes through it), imported now rather than at start-up
-        # (where it would compete with podman for the CPU) or by the first query.
+        # or by the first query, at the lowest CPU priority: the container is still being
+        # started by podman and runc, which need the CPU more.
         threading.Thread(
-            target=importlib.import_module, args=("linpodx.egress.dnsmsg",), daemon=True
+            target=_import_quietly, args=("linpodx.egress.dnsmsg",), daemon=True
         ).start()
     except Exception as exc:
         if isinstance(exc, LinpodxError):

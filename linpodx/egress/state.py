@@ -45,8 +45,13 @@ class EgressState:
 
     @property
     def hook_fifo(self) -> Path:
-        """FIFO through which the createRuntime hook hands over the container's pid."""
+        """FIFO through which the createRuntime hook hands over the OCI state (with the pid)."""
         return self.dir / names.HOOK_FIFO
+
+    @property
+    def hook_answer_fifo(self) -> Path:
+        """FIFO on which `linpodx run` answers the hook (see guard.hook_release)."""
+        return self.dir / names.HOOK_ANSWER_FIFO
 
     @property
     def guard_file(self) -> Path:

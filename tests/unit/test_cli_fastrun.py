@@ -180,9 +180,13 @@ class FakeGuard:
         self.calls.append("hook_setup")
         return Path("/run/fake/hooks")
 
-    def hook_pid(self, name: str, running: Any) -> int:
+    def hook_pid(self, name: str, running: Any, container_id: str | None = None) -> int:
         self.calls.append("hook_pid")
+        assert container_id == "ab" * 32  # the state must be this container's
         return 4242
+
+    def hook_release(self, name: str, answer: str, running: Any) -> None:
+        self.calls.append(f"release:{answer.split(':')[0]}")
 
     def attach(self, name: str, pid: int, stored: Any) -> None:
         self.calls.append(f"attach:{pid}")
@@ -191,6 +195,10 @@ class FakeGuard:
 
     def detach(self, name: str) -> None:
         self.calls.append("detach")
+
+    @staticmethod
+    def policy_doc(stored: Any) -> dict[str, Any]:
+        return {"profile": stored.name}
 
 
 def guarded(monkeypatch: pytest.MonkeyPatch, guard: FakeGuard) -> containers.ProfileRef:
@@ -216,7 +224,7 @@ def test_guarded_rm_run_attaches_through_the_hook_before_announcing(
     # Global flag first, then `run`; the resolv.conf the guard wrote is mounted.
     assert fake.argv[0] == "--hooks-dir=/run/fake/hooks" and fake.argv[1] == "run"
     assert any("/run/fake/resolv.conf" in a and "/etc/resolv.conf" in a for a in fake.argv)
-    assert guard.calls == ["prepare", "hook_setup", "hook_pid", "attach:4242"]
+    assert guard.calls == ["prepare", "hook_setup", "hook_pid", "attach:4242", "release:ready"]
     assert seen == [guard.calls]  # announced only once the guard was ready
 
 
@@ -232,6 +240,7 @@ def test_guarded_rm_run_fails_closed_and_removes_everything(
     with pytest.raises(EngineError) as ei:
         containers.run_foreground(req, lambda info, spec: announced.append(info.name))
     assert announced == []
+    assert "release:not started" in guard.calls  # the hook is told: the command never starts
     assert fake.removed == ["agent-1"] and "detach" in guard.calls
     assert ei.value.hint and "removed again" in ei.value.hint
     assert not (containers_dir() / "agent-1").exists()

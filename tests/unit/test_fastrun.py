@@ -314,7 +314,7 @@ def test_a_guarded_fast_run_starts_the_full_paths_argv_and_fails_closed(
     )
     with pytest.raises(Exception) as err:
         fastrun.run(fields(profile="net", command=("true",)), not_announced)
-    assert "did not hand over the container's pid" in str(err.value)
+    assert "did not hand over this container's state" in str(err.value)
     [argv] = [c for c in calls(fake_podman) if "run" in c[:2]]
     hooks, run_argv = argv[0], argv[1:]
     assert hooks == f"--hooks-dir={launch.egress_dir('agent-1')}/hooks"
