@@ -41,7 +41,7 @@ READY_TIMEOUT = 30.0
 WAIT_TIMEOUT = 300.0
 """How long a launched guard waits for its container's pid before it ends by itself."""
 CONTROL_FD = 3
-GUARD_MODULE = "linpodx.egress.runner"
+GUARD_MODULE = "linpodx.egress.guardproc"
 HOOK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook.sh")
 HOOK_SHELL = "/bin/sh"
 HOOK_FILE = "linpodx-egress.json"

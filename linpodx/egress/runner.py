@@ -1,4 +1,5 @@
-"""The egress guard process: `python -m linpodx.egress.runner --container NAME --control-fd 3`.
+"""The egress guard process (started as `python -m linpodx.egress.guardproc --container NAME
+--control-fd 3`, which imports this module at a lower CPU priority and runs `main`).
 
 Launched before the container exists, it waits on its control socket for the container's
 init pid (ending by itself if the socket closes or no pid comes in time), then lives exactly
@@ -292,7 +293,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m linpodx.egress.runner --container NAME --control-fd FD [--wait SECONDS]`.
+    """`--container NAME --control-fd FD [--wait SECONDS]` (see `linpodx.egress.guardproc`).
 
     How `launch` starts the guard: the same as the hidden `linpodx _egress-guard` command, but
     without importing the CLI stack (typer, rich), which halves the guard's start-up time.
