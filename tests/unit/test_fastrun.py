@@ -381,3 +381,26 @@ def test_digest_without_hashlib_is_hashlibs_digest() -> None:
     if digest._builtin is not None:
         assert digest._builtin(data).hexdigest() == hashlib.sha256(data).hexdigest()
     assert digest.sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_imports_yield_in_their_own_thread_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from linpodx import yielding
+
+    (tmp_path / "lpx_probe_mod.py").write_text(
+        "import os, threading\n"
+        "NICE = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n"
+        "THREAD = threading.get_native_id()\n"
+    )
+    (tmp_path / "lpx_broken_mod.py").write_text("raise ValueError('broken on purpose')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    [mod] = yielding.import_yielding(("lpx_probe_mod",))
+    assert mod.THREAD != threading.get_native_id()
+    assert mod.NICE == min(19, mine + yielding.NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # ours unchanged
+    with pytest.raises(ValueError, match="broken on purpose"):
+        yielding.import_yielding(("lpx_broken_mod",))
