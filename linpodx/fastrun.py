@@ -59,15 +59,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     command = tuple(fields["command"])
     try:
         head = runline.head(name, None)
-        tail = runline.tail(
-            resolv_conf=None,
-            pidfile=None,
-            rm=True,
-            interactive=fields["interactive"],
-            tty=False,
-            image=fields["image"],
-            command=command,
-        )
+        runline.validate_image(fields["image"])
     except LinpodxError:
         return None  # the full path refuses it with the same words
     where = os.path.join(paths.containers_root(), name)
@@ -93,7 +85,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     cidfile = os.path.join(where, f"cid-{os.urandom(6).hex()}")
     child: spawn.Child | None = None
     failed: BaseException | None = None
-    resolv: str | None = None
+    resolv = pidfile = None
     what = "the run's state dir"
     try:
         paths.ensure_dir_str(where)
@@ -101,15 +93,15 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         if guarded:
             what = "the egress guard"
             resolv, pidfile, global_flags = _guard_first(name, plan["egress_policy"])
-            tail = runline.tail(
-                resolv_conf=resolv,
-                pidfile=pidfile,
-                rm=True,
-                interactive=fields["interactive"],
-                tty=False,
-                image=fields["image"],
-                command=command,
-            )
+        tail = runline.tail(
+            resolv_conf=resolv,
+            pidfile=pidfile,
+            rm=True,
+            interactive=fields["interactive"],
+            tty=False,
+            image=fields["image"],
+            command=command,
+        )
         run_argv = runline.run_form([*head, *plan["flags"], *tail], cidfile)
         what = "podman run"
         child = spawn.Child([podman, *global_flags, *run_argv])
