@@ -13,14 +13,19 @@ before podman starts (standard library's cheapest modules plus `runplan`, `runli
      unchanged);
   2. the `container.run` record, appended to the admin chain and fsynced: audited before it
      takes effect, as always;
-  3. `podman run --cidfile` started with its output in pipes.
-then, while podman works: the full modules are imported, the revision is loaded and checked as
-the full path does, and `containers.run_started` goes on exactly like a full run: the run spec
-is saved and the container announced before any of its output is passed on.
+  3. with an egress allowlist, the guard's policy file and resolv.conf, the guard launched
+     (waiting for the container's pid) and the OCI hook that holds the command back until the
+     guard is ready (`linpodx.egress.launch`), as the full path does;
+  4. `podman run --cidfile` started with its output in pipes.
+then, while podman works: the full modules are imported (in a thread of lower CPU priority,
+`linpodx.yielding`), the revision is loaded and checked as the full path does, and
+`containers.run_started` goes on exactly like a full run: the guard is given the pid, the run
+spec is saved and the container announced before any of its output is passed on.
 
 Whenever something is not plain (no plan, or not a current one; an audit log that needs a
-first record or a repair; anything that would be an error), this returns None before doing
-anything, and the full path runs instead and says what is wrong.
+first record or a repair; with an allowlist, a name that already has a state dir; anything
+that would be an error), this returns None before doing anything, and the full path runs
+instead and says what is wrong.
 
 `TYPE_CHECKING = False` instead of typing's (here and in the modules listed above): importing
 typing costs ~4 ms, and mypy is told to treat the name as true (pyproject.toml).
