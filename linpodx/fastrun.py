@@ -34,6 +34,7 @@ typing costs ~4 ms, and mypy is told to treat the name as true (pyproject.toml).
 from __future__ import annotations
 
 import os
+import signal
 
 from linpodx import paths, runplan
 from linpodx.audit import core
@@ -90,6 +91,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     cidfile = os.path.join(where, f"cid-{os.urandom(6).hex()}")
     child: spawn.Child | None = None
     failed: BaseException | None = None
+    sigint = signal.getsignal(signal.SIGINT)
     resolv = pidfile = None
     what = "the run's state dir"
     try:
@@ -110,11 +112,18 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         run_argv = runline.run_form([*head, *plan["flags"], *tail], cidfile)
         what = "podman run"
         child = spawn.Child([podman, *global_flags, *run_argv])
+        # As `engine.relay_announced` does while it waits (until `_go_on` is done): a Ctrl-C
+        # reaches podman too (same process group), which ends the run; this process then
+        # cleans up after it instead of leaving in the middle.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     except (OSError, LinpodxError) as exc:
         failed = exc
-    return _go_on(
-        fields, name, plan["profile_id"], child, (what, failed), cidfile, made, announce, resolv
-    )
+    try:
+        return _go_on(
+            fields, name, plan["profile_id"], child, (what, failed), cidfile, made, announce, resolv
+        )
+    finally:
+        signal.signal(signal.SIGINT, sigint)
 
 
 def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]]:

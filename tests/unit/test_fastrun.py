@@ -141,15 +141,20 @@ def test_fast_run_starts_the_full_paths_argv_after_the_full_paths_record(
 def test_fast_run_returns_podmans_status_and_saves_the_spec_before_announcing(
     applied: containers.ProfileRef, fake_podman: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import signal
+
     monkeypatch.setenv("FAKE_PODMAN_RC", "3")
-    seen: list[tuple[str, bool]] = []
+    seen: list[tuple[str, bool, bool]] = []
+    before = signal.getsignal(signal.SIGINT)
 
     def announce(info: containers.ContainerInfo, spec: Any) -> None:
         doc = json.loads(containers.spec_path("agent-1").read_text())
-        seen.append((info.container_id, doc["container_id"] == info.container_id))
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # Ctrl-C is podman's now
+        seen.append((info.container_id, doc["container_id"] == info.container_id, ignored))
 
     assert fastrun.run(fields(), announce) == 3
-    assert seen == [("ab" * 32, True)]
+    assert seen == [("ab" * 32, True, True)]
+    assert signal.getsignal(signal.SIGINT) == before
 
 
 def test_no_heavy_module_is_imported_before_podman_starts(
