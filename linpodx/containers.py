@@ -592,10 +592,17 @@ def _relay_run(
         raise
     if rc < 0:
         forget(spec.name)  # podman itself was killed: the container may still be there
-    else:
-        # podman run --rm removed the container before returning; its guard, if any, ends by
-        # itself with the container's network namespace.
-        _remove_spec(spec.name)
+        return rc
+    if rc != 0:
+        # podman 4.3 interrupted (Ctrl-C) between creating and starting the container exits 1
+        # and leaves it behind, created or initialized: its command never ran. Remove it by
+        # its id (seen here; a container that did run and fail is gone already: --ignore).
+        cid = engine.read_cid(cidfile)
+        if cid is not None:
+            engine.remove_quietly(cid)
+    # podman run --rm removed the container before returning; its guard, if any, ends by
+    # itself with the container's network namespace.
+    _remove_spec(spec.name)
     return rc
 
 

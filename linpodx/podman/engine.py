@@ -282,6 +282,8 @@ HELD_STDERR_MAX = 1024 * 1024
 """Bytes of stderr `run_announced` holds back before the container's id is announced; past it,
 the reader waits (the pipe fills and the writer blocks), so memory stays bounded."""
 CID_POLL_SECONDS = 0.002
+PUMP_JOIN_SECONDS = 10.0
+"""How long `run_announced` waits, on an error, for its output relay to reach the end."""
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -290,7 +292,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _read_cid(cidfile: Path) -> str | None:
+def read_cid(cidfile: Path) -> str | None:
     try:
         cid = cidfile.read_text("ascii").strip()
     except (FileNotFoundError, UnicodeDecodeError):
@@ -383,8 +385,8 @@ def relay_announced(
         cid = None
         while cid is None and child.poll() is None:
             time.sleep(CID_POLL_SECONDS)
-            cid = _read_cid(cidfile)
-        cid = cid or _read_cid(cidfile)
+            cid = read_cid(cidfile)
+        cid = cid or read_cid(cidfile)
         if cid is None:
             rc = child.wait()
             for t in pumps:
@@ -418,7 +420,13 @@ def relay_announced(
         return rc
     finally:
         signal.signal(signal.SIGINT, old)
-        child.close()
+        # On an error too, the pumps pass on what podman wrote before it ended and stop at
+        # end of file; the pipes are closed only when they have (a descriptor closed under a
+        # reading thread could be reused by the next file this process opens).
+        for t in pumps:
+            t.join(PUMP_JOIN_SECONDS)
+        if not any(t.is_alive() for t in pumps):
+            child.close()
 
 
 def stream_lines(argv: Sequence[str], sink: Any) -> int:
