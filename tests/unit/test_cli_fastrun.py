@@ -165,6 +165,19 @@ def test_rm_run_is_one_podman_run_announced_then_cleaned_up(
     assert not (containers_dir() / "agent-1").exists()
 
 
+@pytest.mark.parametrize("rc, removed", [(0, []), (1, ["ab" * 32]), (3, ["ab" * 32])])
+def test_a_run_podman_ends_with_an_error_has_its_container_removed_by_id(
+    monkeypatch: pytest.MonkeyPatch, rc: int, removed: list[str]
+) -> None:
+    """podman 4.3 interrupted between create and start exits 1 and leaves the --rm container:
+    after any non-zero exit it is removed by the id podman wrote (--ignore: gone is fine)."""
+    fake = FakeRun(rc=rc)
+    fake.install(monkeypatch)
+    assert containers.run_foreground(REQ, lambda info, spec: None) == rc
+    assert fake.removed == removed
+    assert not (containers_dir() / "agent-1").exists()
+
+
 class FakeGuard:
     """Records the guard calls of a guarded one-call run; fails where told to."""
 
