@@ -44,6 +44,7 @@ from linpodx.podman.argv import (
 )
 from linpodx.podman.runline import validate_image, validate_name
 from linpodx.podman.spawn import Child
+from linpodx.profile import hostpaths
 from linpodx.profile.model import Profile, default_profile
 
 SPEC_VERSION = 1
@@ -257,11 +258,27 @@ def _remove_spec(name: str) -> None:
 # --- building ---------------------------------------------------------------------------------
 
 
+def check_mount_sources(ref: ProfileRef) -> None:
+    """Check every mount source of the profile on the host again, as `sandbox apply` did:
+    InvalidInput if one is now missing, sensitive, or a symlink to something sensitive (an
+    agent with a writable mount can turn a path into one between two runs)."""
+    for m in ref.profile.mounts:
+        _, problem, hint = hostpaths.check_mount_source(m.source)
+        if problem:
+            raise InvalidInput(
+                f"profile {ref.name}: {problem}",
+                f"{hint + '; ' if hint else ''}it was checked when the profile was applied and is "
+                "checked again before every start; fix the path on the host or re-apply",
+            )
+
+
 def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
-    """The CreateSpec for a run request under a profile revision on this host."""
+    """The CreateSpec for a run request under a profile revision on this host; the profile's
+    mount sources are checked again (`check_mount_sources`)."""
     name = req.name or f"linpodx-{secrets.token_hex(4)}"
     validate_name(name)
     validate_image(req.image)
+    check_mount_sources(ref)
     if req.tty and not req.interactive and not req.detach:
         # podman start --attach without -i would leave the terminal without input.
         raise InvalidInput("--tty needs --interactive (or --detach)", "use -it for a terminal")
@@ -373,6 +390,7 @@ def save_plan(ref: ProfileRef) -> None:
             audit_hash=ref.audit_hash,
             guarded=guarded,
             flags=profile_flags(spec),
+            mount_sources=[m.source for m in ref.profile.mounts],
             egress_policy=_guard().policy_doc(ref) if guarded else None,
         )
 
@@ -676,6 +694,7 @@ def start(name: str) -> ContainerInfo:
         {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},
     )
     resolv = load_spec(name).get("resolv_conf") if needs_guard(ref) else None
+    check_mount_sources(ref)  # podman start mounts the sources again, by path
     try:
         _bring_up(name, ref, start=True, resolv=resolv)
     except LinpodxError as err:
@@ -785,6 +804,7 @@ def spec_from_record(
     """The create spec that brings back a recorded container (its run spec `doc`) under the
     profile revision `ref`, from `image`, as `name`; the hostname stays the recorded one (or
     the one `hostname_of` would get). Used by recreate and by snapshot rollback."""
+    check_mount_sources(ref)
     return CreateSpec(
         profile=ref.profile,
         profile_name=ref.name,

@@ -68,6 +68,10 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         runline.validate_image(fields["image"])
     except LinpodxError:
         return None  # the full path refuses it with the same words
+    from linpodx.profile import hostpaths
+
+    if any(hostpaths.check_mount_source(src)[1] for src in plan["mount_sources"]):
+        return None  # a mount source is no longer fine: the full path refuses and says why
     where = os.path.join(paths.containers_root(), name)
     made = not os.path.exists(where)
     guarded = plan["guarded"]

@@ -114,6 +114,11 @@ def containers_dir() -> Path:
     return _path(containers_root())
 
 
+def protected_roots() -> tuple[str, str]:
+    """`protected_dirs()` as strings."""
+    return state_root(), os.path.join(_xdg("XDG_CONFIG_HOME", ".config"), "linpodx")
+
+
 def protected_dirs() -> tuple[Path, ...]:
     """Directories a profile must never mount into a container (our own state and config)."""
     return (state_dir(), config_dir())

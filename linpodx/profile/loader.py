@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import posixpath
-import pwd
 import re
 import stat
 from collections.abc import Mapping, Sequence
@@ -26,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from linpodx import paths
 from linpodx.errors import ProfileError
 from linpodx.output import safe_text
+from linpodx.profile.hostpaths import PATH_FORBIDDEN, check_mount_source, has_dotdot, inside, show
 from linpodx.profile.model import (
     SCHEMA_VERSION,
     Audit,
@@ -83,46 +82,9 @@ DANGEROUS_CAPS = frozenset(
 _TARGET_TREES = ("/proc", "/sys", "/dev")
 _TARGET_EXACT = ("/", "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/run/.containerenv")
 
-# Sensitive host paths relative to a home directory (refused as, inside, or containing a source).
-_HOME_SECRETS = (
-    ".ssh",
-    ".gnupg",
-    ".aws",
-    ".azure",
-    ".kube",
-    ".docker",
-    ".netrc",
-    ".git-credentials",
-    ".pypirc",
-    ".password-store",
-    ".config/linpodx",
-    ".config/containers",
-    ".config/gcloud",
-    ".config/gh",
-    ".local/share/containers",
-    ".local/share/keyrings",
-)
-_SYSTEM_TREES = (
-    "/etc",
-    "/proc",
-    "/sys",
-    "/dev",
-    "/run",
-    "/var/run",
-    "/boot",
-    "/var/run/docker.sock",
-    "/run/docker.sock",
-    "/run/podman",
-    "/run/containerd",
-    "/var/lib/containers",
-    "/var/lib/docker",
-)
-# Refused only as the whole thing: subdirectories are fine (`/root/project` when HOME=/root).
-_SYSTEM_EXACT = ("/", "/root", "/home")
-
 _HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|(\$))")
-_PATH_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f:,]")
+
 
 
 @dataclass(frozen=True)
@@ -159,15 +121,6 @@ def format_path(path: Sequence[str | int]) -> str:
         else:
             out += f"[{json.dumps(part, ensure_ascii=False)}]"
     return safe_text(out, 200)
-
-
-def _show(value: Any) -> str:
-    """A value quoted for a message: JSON form, control characters escaped, length capped."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return safe_text(text, 120)
 
 
 @functools.cache
@@ -475,7 +428,7 @@ class _Converter:
                 self.structural = True
                 self.col.add(
                     path,
-                    f"key {_show(knode.value)} must be a string",
+                    f"key {show(knode.value)} must be a string",
                     "quote the key",
                     pos=kpos,
                 )
@@ -489,7 +442,7 @@ class _Converter:
                 first = seen[key]
                 self.col.add(
                     (*path, key),
-                    f"duplicate key {_show(key)} (first at line {first[0]}, column {first[1]})",
+                    f"duplicate key {show(key)} (first at line {first[0]}, column {first[1]})",
                     "remove one of them: YAML keys must be unique",
                     pos=kpos,
                 )
@@ -531,7 +484,7 @@ class _Converter:
                     return int(digits, base)
                 except ValueError:
                     continue
-            self.col.add(path, f"{_show(text)} is not a valid integer", pos=pos)
+            self.col.add(path, f"{show(text)} is not a valid integer", pos=pos)
             return None
         # float
         try:
@@ -539,7 +492,7 @@ class _Converter:
         except ValueError:
             number = float("nan")
         if number != number or number in (float("inf"), float("-inf")):
-            self.col.add(path, f"{_show(text)} is not a finite number", pos=pos)
+            self.col.add(path, f"{show(text)} is not a finite number", pos=pos)
             return None
         return number
 
@@ -603,7 +556,7 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
             hint = f"did you mean `{close[0]}`? " if close else ""
             col.add(
                 (*path, extra),
-                f"unknown key {_show(extra)}",
+                f"unknown key {show(extra)}",
                 f"{hint}keys allowed here: {', '.join(allowed)}",
                 key=True,
             )
@@ -611,7 +564,7 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
     if "propertyNames" in err.schema_path and isinstance(err.instance, str):
         col.add(
             (*path, err.instance),
-            f"{_show(err.instance)} is not a valid environment variable name",
+            f"{show(err.instance)} is not a valid environment variable name",
             "use letters, digits and `_`, not starting with a digit",
             key=True,
         )
@@ -619,7 +572,7 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
     if v == "required":
         missing = [k for k in sch.get("required", []) if k not in (err.instance or {})]
         for k in missing:
-            col.add(path, f"missing required key {_show(k)}", f"add `{k}:`")
+            col.add(path, f"missing required key {show(k)}", f"add `{k}:`")
         return
     if v == "type":
         want = err.validator_value
@@ -643,17 +596,17 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
         elif path == ("version",):
             return  # reported before schema validation
         else:
-            col.add(path, f"must be {_show(err.validator_value)}, got {_show(err.instance)}")
+            col.add(path, f"must be {show(err.validator_value)}, got {show(err.instance)}")
         return
     if v == "enum":
         options = ", ".join(str(o) for o in err.validator_value)
-        col.add(path, f"{_show(err.instance)} is not one of: {options}", f"use one of: {options}")
+        col.add(path, f"{show(err.instance)} is not one of: {options}", f"use one of: {options}")
         return
     if v == "pattern":
         keys = [p for p in path if isinstance(p, str)]
         col.add(
             path,
-            f"{_show(err.instance)} is not valid here (must match {err.validator_value})",
+            f"{show(err.instance)} is not valid here (must match {err.validator_value})",
             _PATTERN_HINTS.get(keys[-1]) if keys else None,
         )
         return
@@ -663,7 +616,7 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
         rng = f"between {lo} and {hi}" if lo is not None and hi is not None else ""
         if "exclusiveMinimum" in sch:
             rng = f"greater than {lo}" + (f" and at most {hi}" if hi is not None else "")
-        col.add(path, f"{_show(err.instance)} is out of range: must be {rng}")
+        col.add(path, f"{show(err.instance)} is out of range: must be {rng}")
         return
     if v in ("maxLength", "minLength"):
         if v == "minLength":
@@ -684,135 +637,26 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
 # Semantic checks
 
 
-def _home_dirs() -> list[str]:
-    homes = []
-    for h in (os.environ.get("HOME", ""), _passwd_home(), "/root"):
-        if h and os.path.isabs(h) and h not in homes:
-            homes.append(posixpath.normpath(h))
-    return homes
-
-
-def _passwd_home() -> str:
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return ""
-
-
-def sensitive_paths() -> tuple[list[str], list[str]]:
-    """(trees, exact): sensitive host paths. A source equal to, inside or containing a tree is
-    refused; an `exact` path is refused only as the whole thing."""
-    trees = list(_SYSTEM_TREES)
-    for home in _home_dirs():
-        trees.extend(posixpath.join(home, rel) for rel in _HOME_SECRETS)
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime):
-        trees.append(posixpath.normpath(runtime))
-    trees.append(f"/run/user/{os.getuid()}")
-    agent = os.environ.get("SSH_AUTH_SOCK", "")
-    if agent and os.path.isabs(agent):
-        trees.append(posixpath.normpath(agent))
-    trees.extend(str(p) for p in paths.protected_dirs())
-    exact = list(_SYSTEM_EXACT)
-    return trees, exact
-
-
-def _forms(p: str) -> set[str]:
-    """The lexical and the symlink-resolved form of a path."""
-    return {posixpath.normpath(p), os.path.realpath(p)}
-
-
-def _inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip("/") + "/")
-
-
-def sensitive_reason(source: str) -> str | None:
-    """Why `source` must not be mounted, or None. Checks both its written and resolved forms
-    against both forms of every sensitive path."""
-    trees, exact = sensitive_paths()
-    src_forms = _forms(source)
-    for s in exact:
-        for sf in _forms(s):
-            if sf in src_forms:
-                return f"is the sensitive path {sf}"
-    for t in trees:
-        for tf in _forms(t):
-            for src in src_forms:
-                if src == tf:
-                    return f"is the sensitive path {tf}"
-                if _inside(src, tf):
-                    return f"is inside the sensitive path {tf}"
-                if _inside(tf, src):
-                    return f"contains the sensitive path {tf}"
-    return None
-
-
-def _has_dotdot(p: str) -> bool:
-    return ".." in p.split("/")
-
-
-def check_mount_source(source: str) -> tuple[str | None, str | None, str | None]:
-    """Check a host path for mounting: (resolved path, problem, hint). Exported so run time can
-    check again what was applied earlier."""
-    if _PATH_FORBIDDEN.search(source):
-        return None, "mount source must not contain control characters, `:` or `,`", (
-            "podman's mount syntax uses `:` and `,`; rename or move the directory"
-        )
-    if not os.path.isabs(source):
-        return None, f"mount source {_show(source)} must be an absolute path", (
-            "write the full path, e.g. `${HOME}/project`"
-        )
-    if _has_dotdot(source):
-        return None, f"mount source {_show(source)} must not contain `..`", (
-            "write the path without `..` components"
-        )
-    reason = sensitive_reason(source)
-    if reason is None:
-        try:
-            resolved = os.path.realpath(source, strict=True)
-        except OSError:
-            return None, f"mount source {_show(source)} does not exist", (
-                "create it first, or fix the path"
-            )
-    else:
-        resolved = os.path.realpath(source)
-    if reason is not None:
-        shown = _show(source) + (f" (resolves to {_show(resolved)})" if resolved != source else "")
-        return None, f"mount source {shown} {reason}", (
-            "mount the project subdirectory instead, never a sensitive path or a directory "
-            "that contains one"
-        )
-    try:
-        st = os.stat(resolved)
-    except OSError as exc:
-        return None, f"mount source {_show(source)} cannot be read: {exc.strerror}", None
-    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        return None, f"mount source {_show(source)} is not a directory or regular file", (
-            "sockets and devices cannot be mounted into a sandbox"
-        )
-    return resolved, None, None
-
-
 def check_mount_target(target: str) -> tuple[str | None, str | None]:
     """(problem, hint) for a container path, or (None, None)."""
-    if _PATH_FORBIDDEN.search(target):
+    if PATH_FORBIDDEN.search(target):
         return "mount target must not contain control characters, `:` or `,`", None
     if not target.startswith("/"):
-        return f"mount target {_show(target)} must be an absolute path", "e.g. `/workspace`"
-    if _has_dotdot(target):
-        return f"mount target {_show(target)} must not contain `..`", None
+        return f"mount target {show(target)} must be an absolute path", "e.g. `/workspace`"
+    if has_dotdot(target):
+        return f"mount target {show(target)} must not contain `..`", None
     norm = posixpath.normpath(target)
     if norm.startswith("//"):
         norm = "/" + norm.lstrip("/")
     if norm != target:
-        return f"mount target {_show(target)} is not normalized", f"write `{norm}`"
+        return f"mount target {show(target)} is not normalized", f"write `{norm}`"
     if target in _TARGET_EXACT:
         return f"mount target {target} is not allowed (linpodx manages it)", (
             "choose a directory such as `/workspace`"
         )
     for tree in _TARGET_TREES:
-        if _inside(target, tree):
-            return f"mount target {_show(target)} is over {tree}, which is not allowed", (
+        if inside(target, tree):
+            return f"mount target {show(target)} is over {tree}, which is not allowed", (
                 "choose a directory such as `/workspace`"
             )
     return None, None
@@ -832,36 +676,36 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
     except ValueError:
         pass
     else:
-        return None, f"{_show(raw)} is an IP address; only DNS names can be allowed"
+        return None, f"{show(raw)} is an IP address; only DNS names can be allowed"
     if not name.isascii():
-        return None, f"{_show(raw)} is not ASCII; write the name in its `xn--` (IDNA) form"
+        return None, f"{show(raw)} is not ASCII; write the name in its `xn--` (IDNA) form"
     wildcard = name.startswith("*.")
     body = name[2:] if wildcard else name
     if "*" in body:
         return None, (
-            f"{_show(raw)}: a wildcard is only allowed as a leading `*.` followed by a domain "
+            f"{show(raw)}: a wildcard is only allowed as a leading `*.` followed by a domain "
             "of at least two labels (`*.example.com`)"
         )
     if len(body) > 253:
-        return None, f"{_show(raw)} is longer than 253 characters"
+        return None, f"{show(raw)} is longer than 253 characters"
     labels = body.split(".")
     if len(labels) < 2:
         what = "a wildcard needs a domain of at least two labels" if wildcard else (
             "a host name needs at least two labels"
         )
-        return None, f"{_show(raw)}: {what} (`*.example.com`, `crates.io`)"
+        return None, f"{show(raw)}: {what} (`*.example.com`, `crates.io`)"
     for label in labels:
         if not label:
-            return None, f"{_show(raw)} has an empty label"
+            return None, f"{show(raw)} has an empty label"
         if len(label) > 63:
-            return None, f"{_show(raw)} has a label longer than 63 characters"
+            return None, f"{show(raw)} has a label longer than 63 characters"
         if not _HOST_LABEL.match(label):
             return None, (
-                f"{_show(raw)}: label {_show(label)} may only hold letters, digits and inner "
+                f"{show(raw)}: label {show(label)} may only hold letters, digits and inner "
                 "hyphens"
             )
     if labels[-1].isdigit():
-        return None, f"{_show(raw)} looks like an IP address; only DNS names can be allowed"
+        return None, f"{show(raw)} looks like an IP address; only DNS names can be allowed"
     return name, None
 
 
@@ -876,16 +720,16 @@ def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            return None, f"{_show(raw)}: not an IPv6 address in brackets"
+            return None, f"{show(raw)}: not an IPv6 address in brackets"
     elif raw.count(":") == 1:
         host, port = raw.split(":")
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
-        return None, f"{_show(raw)} is not `IP`, `IP:PORT` or `[IPV6]:PORT`"
+        return None, f"{show(raw)} is not `IP`, `IP:PORT` or `[IPV6]:PORT`"
     if port is not None:
         if not port.isdigit() or not 1 <= int(port) <= 65535:
-            return None, f"{_show(raw)}: port must be 1-65535"
+            return None, f"{show(raw)}: port must be 1-65535"
         if addr.version == 6:
             return f"[{addr.compressed}]:{int(port)}", None
         return f"{addr.compressed}:{int(port)}", None
@@ -904,11 +748,11 @@ def _cpus(value: Any) -> tuple[str | None, str | None]:
     try:
         d = Decimal(str(value))
     except InvalidOperation:
-        return None, f"{_show(value)} is not a number"
+        return None, f"{show(value)} is not a number"
     if not d.is_finite() or d <= 0 or d > 1024:
-        return None, f"{_show(value)} is out of range: must be greater than 0 and at most 1024"
+        return None, f"{show(value)} is out of range: must be greater than 0 and at most 1024"
     if d != d.quantize(Decimal("0.001")):
-        return None, f"{_show(value)} has more than 3 decimals"
+        return None, f"{show(value)} has more than 3 decimals"
     text = format(d.normalize(), "f")
     return text, None
 
@@ -929,10 +773,10 @@ class _Semantics:
         wd = data.get("workdir")
         if isinstance(wd, str) and self.ok(("workdir",)):
             norm = posixpath.normpath(wd) if wd.startswith("/") else ""
-            if not wd.startswith("/") or _has_dotdot(wd) or norm != wd or "\x00" in wd:
+            if not wd.startswith("/") or has_dotdot(wd) or norm != wd or "\x00" in wd:
                 self.col.add(
                     ("workdir",),
-                    f"workdir {_show(wd)} must be an absolute, normalized path without `..`",
+                    f"workdir {show(wd)} must be an absolute, normalized path without `..`",
                     "e.g. `/workspace`",
                 )
 
@@ -980,7 +824,7 @@ class _Semantics:
                 elif norm in seen:
                     self.col.add(
                         path,
-                        f"{_show(norm)} is listed twice (also at index {seen[norm]})",
+                        f"{show(norm)} is listed twice (also at index {seen[norm]})",
                         "remove the duplicate entry",
                     )
                 else:
@@ -1009,7 +853,7 @@ class _Semantics:
             if tool is not None and isinstance(method, str) and method not in ("tools/call", "*"):
                 self.col.add(
                     ("mcp_policy", i, "tool_name"),
-                    f"tool_name only applies to method tools/call (or `*`), not {_show(method)}",
+                    f"tool_name only applies to method tools/call (or `*`), not {show(method)}",
                     "remove tool_name or set `method: tools/call`",
                 )
             if tool == "*":
@@ -1025,7 +869,7 @@ class _Semantics:
                 continue
             name = c.upper().removeprefix("CAP_")
             if name not in ALL_CAPS:
-                self.col.add(path, f"unknown capability {_show(c)}",
+                self.col.add(path, f"unknown capability {show(c)}",
                              "use a Linux capability name such as CHOWN or NET_BIND_SERVICE")
             elif name in DANGEROUS_CAPS:
                 self.col.add(
@@ -1047,7 +891,7 @@ class _Semantics:
         if isinstance(mem, str) and self.ok(("resources", "memory")):
             n = _memory_bytes(mem)
             if not (6 << 20) <= n <= (1024 << 30):
-                self.col.add(("resources", "memory"), f"{_show(mem)} is out of range: must be "
+                self.col.add(("resources", "memory"), f"{show(mem)} is out of range: must be "
                              "between 6m and 1024g")
             else:
                 res["memory"] = mem.lower()
@@ -1118,7 +962,7 @@ def _check_version(data: Any, col: _Collector) -> bool:
         return True
     col.add(
         ("version",),
-        f"profile version {_show(v)} is not supported (this linpodx reads version "
+        f"profile version {show(v)} is not supported (this linpodx reads version "
         f"{SCHEMA_VERSION})",
         f"write `version: {SCHEMA_VERSION}` or upgrade linpodx",
     )
@@ -1142,7 +986,7 @@ def _validate(
         sem.run(data)
     else:
         # Stored profiles: same normalization, but host paths are not re-checked here (the
-        # source may be gone by now; `linpodx run` checks again with check_mount_source).
+        # source may be gone by now; `linpodx run` checks them again: linpodx.profile.hostpaths).
         sem.network(data.get("network"))
         sem.mcp_policy(data.get("mcp_policy"))
         sem.caps(data.get("cap_add"))

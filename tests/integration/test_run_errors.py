@@ -131,3 +131,42 @@ def test_bad_options_are_usage_errors(unique_name: str) -> None:
     assert res.returncode == 2
     assert json.loads(res.stdout)["ok"] is False
     assert not exists(unique_name)
+
+
+@pytest.mark.parametrize("path", ["full", "fast"])
+def test_a_mount_source_swapped_for_a_symlink_after_apply_is_refused(
+    tmp_path: Path, unique_name: str, path: str
+) -> None:
+    """A mount source that was a plain directory when the profile was applied and is now a
+    symlink to ~/.ssh (an agent with a writable mount can make one between two runs): every
+    `linpodx run` checks the sources again, on both paths, before anything is recorded or
+    started."""
+    from linpodx import runplan
+
+    home = Path(os.environ["HOME"])
+    (home / ".ssh").mkdir(exist_ok=True)
+    (home / ".ssh" / "id_test").write_text("secret\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    prof = tmp_path / "swap.yml"
+    prof.write_text(
+        f"version: 1\nname: swap\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    applied = run_linpodx("sandbox", "apply", "--profile", str(prof), "--json")
+    assert applied.returncode == 0, applied.stderr
+    if path == "full":
+        os.unlink(runplan.plan_file(json.loads(applied.stdout)["result"]["profile_id"]))
+    project.rmdir()
+    project.symlink_to(home / ".ssh")
+    admin = Path(os.environ["HOME"]) / ".local/state/linpodx/audit/admin.jsonl"
+    runs_before = admin.read_text().count('"container.run"')
+    res = run_linpodx(
+        "run", "--rm", "--profile", "swap", "--name", unique_name, "--image", BUSYBOX_IMAGE,
+        "--", "cat", "/workspace/id_test",
+    )  # fmt: skip
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "secret" not in res.stdout
+    assert "error: profile swap: mount source" in res.stderr and "sensitive path" in res.stderr
+    assert "hint:" in res.stderr and "Traceback" not in res.stderr
+    assert not exists(unique_name)
+    assert admin.read_text().count('"container.run"') == runs_before  # refused before recording

@@ -1,0 +1,179 @@
+"""Host paths a profile may mount, checked when the profile is applied and again at every run.
+
+A mount source that was fine when the profile was applied can be a symlink to `~/.ssh` by the
+next run (an agent with a writable mount can make one), so `linpodx run` checks every source
+again (`linpodx.containers.make_spec`, and `linpodx.fastrun` before podman starts). Standard
+library's cheapest modules only: the fast run path imports this before podman starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import pwd
+import re
+import stat
+
+from linpodx import paths
+from linpodx.output import safe_text
+
+TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+if TYPE_CHECKING:
+    from typing import Any
+
+# Sensitive host paths relative to a home directory (refused as, inside, or containing a source).
+_HOME_SECRETS = (
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".git-credentials",
+    ".pypirc",
+    ".password-store",
+    ".config/linpodx",
+    ".config/containers",
+    ".config/gcloud",
+    ".config/gh",
+    ".local/share/containers",
+    ".local/share/keyrings",
+)
+_SYSTEM_TREES = (
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run",
+    "/var/run",
+    "/boot",
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/run/podman",
+    "/run/containerd",
+    "/var/lib/containers",
+    "/var/lib/docker",
+)
+# Refused only as the whole thing: subdirectories are fine (`/root/project` when HOME=/root).
+_SYSTEM_EXACT = ("/", "/root", "/home")
+PATH_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f:,]")
+
+
+def show(value: Any) -> str:
+    """A value quoted for a message: JSON form, control characters escaped, length capped."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return safe_text(text, 120)
+
+
+def _home_dirs() -> list[str]:
+    homes = []
+    for h in (os.environ.get("HOME", ""), _passwd_home(), "/root"):
+        if h and os.path.isabs(h) and h not in homes:
+            homes.append(posixpath.normpath(h))
+    return homes
+
+
+def _passwd_home() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return ""
+
+
+def sensitive_paths() -> tuple[list[str], list[str]]:
+    """(trees, exact): sensitive host paths. A source equal to, inside or containing a tree is
+    refused; an `exact` path is refused only as the whole thing."""
+    trees = list(_SYSTEM_TREES)
+    for home in _home_dirs():
+        trees.extend(posixpath.join(home, rel) for rel in _HOME_SECRETS)
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        trees.append(posixpath.normpath(runtime))
+    trees.append(f"/run/user/{os.getuid()}")
+    agent = os.environ.get("SSH_AUTH_SOCK", "")
+    if agent and os.path.isabs(agent):
+        trees.append(posixpath.normpath(agent))
+    trees.extend(paths.protected_roots())
+    exact = list(_SYSTEM_EXACT)
+    return trees, exact
+
+
+def _forms(p: str) -> set[str]:
+    """The lexical and the symlink-resolved form of a path."""
+    return {posixpath.normpath(p), os.path.realpath(p)}
+
+
+def inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
+
+
+def sensitive_reason(source: str) -> str | None:
+    """Why `source` must not be mounted, or None. Checks both its written and resolved forms
+    against both forms of every sensitive path."""
+    trees, exact = sensitive_paths()
+    src_forms = _forms(source)
+    for s in exact:
+        for sf in _forms(s):
+            if sf in src_forms:
+                return f"is the sensitive path {sf}"
+    for t in trees:
+        for tf in _forms(t):
+            for src in src_forms:
+                if src == tf:
+                    return f"is the sensitive path {tf}"
+                if inside(src, tf):
+                    return f"is inside the sensitive path {tf}"
+                if inside(tf, src):
+                    return f"contains the sensitive path {tf}"
+    return None
+
+
+def has_dotdot(p: str) -> bool:
+    return ".." in p.split("/")
+
+
+def check_mount_source(source: str) -> tuple[str | None, str | None, str | None]:
+    """Check a host path for mounting: (resolved path, problem, hint). Exported so run time can
+    check again what was applied earlier."""
+    if PATH_FORBIDDEN.search(source):
+        return None, "mount source must not contain control characters, `:` or `,`", (
+            "podman's mount syntax uses `:` and `,`; rename or move the directory"
+        )
+    if not os.path.isabs(source):
+        return None, f"mount source {show(source)} must be an absolute path", (
+            "write the full path, e.g. `${HOME}/project`"
+        )
+    if has_dotdot(source):
+        return None, f"mount source {show(source)} must not contain `..`", (
+            "write the path without `..` components"
+        )
+    reason = sensitive_reason(source)
+    if reason is None:
+        try:
+            resolved = os.path.realpath(source, strict=True)
+        except OSError:
+            return None, f"mount source {show(source)} does not exist", (
+                "create it first, or fix the path"
+            )
+    else:
+        resolved = os.path.realpath(source)
+    if reason is not None:
+        shown = show(source) + (f" (resolves to {show(resolved)})" if resolved != source else "")
+        return None, f"mount source {shown} {reason}", (
+            "mount the project subdirectory instead, never a sensitive path or a directory "
+            "that contains one"
+        )
+    try:
+        st = os.stat(resolved)
+    except OSError as exc:
+        return None, f"mount source {show(source)} cannot be read: {exc.strerror}", None
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return None, f"mount source {show(source)} is not a directory or regular file", (
+            "sockets and devices cannot be mounted into a sandbox"
+        )
+    return resolved, None, None
