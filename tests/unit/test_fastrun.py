@@ -236,6 +236,7 @@ def no_plan(ref: containers.ProfileRef) -> None:
         "foreign flag",
         "no plan",
         "removed",
+        "swapped mount",
         "empty log",
         "torn log",
     ],
@@ -261,6 +262,13 @@ def test_a_plan_is_used_only_when_nothing_it_came_from_changed(
         no_plan(applied)
     elif spoil == "removed":
         store.remove("fast")  # its revision and plan stay; the name points nowhere
+    elif spoil == "swapped mount":
+        # The plan is current, but its mount source is now a symlink to ~/.ssh.
+        home = Path(os.environ["HOME"])
+        (home / ".ssh").mkdir(exist_ok=True)
+        project = Path(applied.profile.mounts[0].source)
+        project.rmdir()
+        project.symlink_to(home / ".ssh")
     elif spoil == "empty log":
         log.write_bytes(b"")  # a first record names its log: the full append's job
     elif spoil == "torn log":
@@ -409,3 +417,21 @@ def test_imports_yield_in_their_own_thread_only(
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # ours unchanged
     with pytest.raises(ValueError, match="broken on purpose"):
         yielding.import_yielding(("lpx_broken_mod",))
+
+
+def test_the_full_path_refuses_a_mount_source_that_is_no_longer_fine(
+    applied: containers.ProfileRef,
+) -> None:
+    from linpodx.errors import InvalidInput
+
+    home = Path(os.environ["HOME"])
+    (home / ".ssh").mkdir(exist_ok=True)
+    project = Path(applied.profile.mounts[0].source)
+    project.rmdir()
+    project.symlink_to(home / ".ssh")
+    with pytest.raises(InvalidInput, match="sensitive path") as err:
+        containers.make_spec(containers.RunRequest(**fields()), applied)
+    assert err.value.hint and "re-apply" in err.value.hint
+    project.unlink()  # gone altogether: refused too
+    with pytest.raises(InvalidInput, match="does not exist"):
+        containers.make_spec(containers.RunRequest(**fields()), applied)
