@@ -689,12 +689,12 @@ def start(name: str) -> ContainerInfo:
             ref.revision,
             str(info.get("ImageName", "")),
         )
+    check_mount_sources(ref)  # podman start mounts the sources again, by path
     audit(
         "container.start",
         {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},
     )
     resolv = load_spec(name).get("resolv_conf") if needs_guard(ref) else None
-    check_mount_sources(ref)  # podman start mounts the sources again, by path
     try:
         _bring_up(name, ref, start=True, resolv=resolv)
     except LinpodxError as err:

@@ -170,3 +170,31 @@ def test_a_mount_source_swapped_for_a_symlink_after_apply_is_refused(
     assert "hint:" in res.stderr and "Traceback" not in res.stderr
     assert not exists(unique_name)
     assert admin.read_text().count('"container.run"') == runs_before  # refused before recording
+
+
+def test_start_refuses_a_mount_source_swapped_after_the_container_was_made(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """`podman start` mounts the sources again by path, so `linpodx start` checks them again."""
+    home = Path(os.environ["HOME"])
+    (home / ".ssh").mkdir(exist_ok=True)
+    project = tmp_path / "project"
+    project.mkdir()
+    prof = tmp_path / "swap2.yml"
+    prof.write_text(
+        f"version: 1\nname: swap2\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    made = run_linpodx(
+        "run", "-d", "--profile", "swap2", "--name", unique_name, "--image", BUSYBOX_IMAGE,
+        "--", "sleep", "600",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert run_linpodx("stop", unique_name).returncode == 0
+    project.rmdir()
+    project.symlink_to(home / ".ssh")
+    res = run_linpodx("start", unique_name)
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "sensitive path" in res.stderr and "hint:" in res.stderr
+    state = podman("inspect", "-f", "{{.State.Status}}", unique_name).stdout.strip()
+    assert state in ("exited", "stopped", "created")
