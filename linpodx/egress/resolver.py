@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,10 +23,7 @@ from typing import TYPE_CHECKING
 from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl
 
 if TYPE_CHECKING:
-    import dns.message
-    import dns.rrset
-
-    from linpodx.egress.dnsmsg import Outgoing, Query
+    from linpodx.egress.dnsmsg import Outgoing, Query, Record, Reply
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +39,7 @@ SetUpdater = Callable[[list[tuple[IPAddress, int]]], None]
 SetDeleter = Callable[[list[IPAddress]], None]
 DeniedHook = Callable[[str, str, str], None]
 """(name, record type, reason)"""
-Upstream = Callable[["Outgoing", Sequence[tuple[str, int]]], "dns.message.Message"]
+Upstream = Callable[["Outgoing", Sequence[tuple[str, int]]], "Reply"]
 """(our query, upstreams) -> the parsed answer to it; UpstreamError if none came."""
 
 
@@ -57,7 +55,7 @@ class ResolverPolicy:
 
 @dataclass
 class _CacheEntry:
-    rrsets: list[dns.rrset.RRset]
+    records: list[Record]
     expires: float
     names: frozenset[str]
 
@@ -79,7 +77,7 @@ _pool: dict[tuple[str, int], list[socket.socket]] = {}
 _pool_lock = threading.Lock()
 
 
-def _udp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
+def _udp_exchange(sent: Outgoing, ip: str, port: int) -> Reply:
     """One UDP round trip on a connected socket (the kernel drops datagrams from anyone else);
     the answer must parse and match our random id and question, or we keep waiting until the
     timeout.
@@ -89,6 +87,9 @@ def _udp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
     Each pooled socket keeps its own random source port; a socket that timed out or failed
     is closed, never reused, and a late answer to an old query on a reused one is skipped
     because it does not match the current id and question.
+
+    The sockets block, with the kernel's receive timeout (SO_RCVTIMEO) as the deadline: a
+    Python socket timeout would cost two fcntl calls and a poll around every recv.
     """
     from linpodx.egress.dnsmsg import read_reply
 
@@ -99,19 +100,28 @@ def _udp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
     if sock is None:
         sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_DGRAM)
         sock.connect((ip, port))
+        _recv_timeout(sock, UPSTREAM_TIMEOUT)
     ok = False
+    shortened = False
     try:
         sock.send(sent.wire)
         deadline = time.monotonic() + UPSTREAM_TIMEOUT
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("upstream did not answer in time")
-            sock.settimeout(left)
-            resp = read_reply(sent, sock.recv(65535))
+            try:
+                data = sock.recv(65535)
+            except BlockingIOError:  # EAGAIN: the receive timeout ran out
+                raise TimeoutError("upstream did not answer in time") from None
+            resp = read_reply(sent, data)
             if resp is not None:
+                if shortened:
+                    _recv_timeout(sock, UPSTREAM_TIMEOUT)
                 ok = True
                 return resp
+            left = deadline - time.monotonic()  # not ours: wait out the rest of the time
+            if left <= 0:
+                raise TimeoutError("upstream did not answer in time")
+            _recv_timeout(sock, left)
+            shortened = True
     finally:
         with _pool_lock:
             free = _pool.setdefault(key, [])
@@ -121,7 +131,19 @@ def _udp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
                 sock.close()
 
 
-def _tcp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
+_TIMEVAL = struct.Struct("@ll")
+
+
+def _recv_timeout(sock: socket.socket, seconds: float) -> None:
+    """Set SO_RCVTIMEO (at least 1 µs: zero would mean wait forever)."""
+    whole = int(seconds)
+    micro = int((seconds - whole) * 1_000_000)
+    if whole == 0 and micro == 0:
+        micro = 1
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.pack(whole, micro))
+
+
+def _tcp_exchange(sent: Outgoing, ip: str, port: int) -> Reply:
     """The same question over TCP (after a truncated UDP answer)."""
     from linpodx.egress.dnsmsg import read_reply
 
@@ -138,15 +160,13 @@ def _tcp_exchange(sent: Outgoing, ip: str, port: int) -> dns.message.Message:
     return resp
 
 
-def query_upstream(sent: Outgoing, upstreams: Sequence[tuple[str, int]]) -> dns.message.Message:
+def query_upstream(sent: Outgoing, upstreams: Sequence[tuple[str, int]]) -> Reply:
     """Ask each upstream in turn (UDP, TCP when truncated); the first answer wins."""
-    from linpodx.egress.dnsmsg import truncated
-
     last: Exception | None = None
     for ip, port in upstreams:
         try:
             resp = _udp_exchange(sent, ip, port)
-            if truncated(resp):
+            if resp.truncated:
                 resp = _tcp_exchange(sent, ip, port)
             return resp
         except OSError as exc:
@@ -182,6 +202,9 @@ class PolicyResolver:
         # Query bytes without the id -> (valid until, answer bytes without the id), filled
         # from cache hits only and emptied by every policy change.
         self._fast: dict[bytes, tuple[float, bytes]] = {}
+        # Address -> why it is refused (None: fine), with the policy it was judged under: the
+        # ipaddress range checks cost ~10 us per address, and CDN answers repeat the same few.
+        self._refusals: tuple[ResolverPolicy, dict[IPAddress, str | None]] = (policy, {})
 
     @property
     def policy(self) -> ResolverPolicy:
@@ -197,6 +220,7 @@ class PolicyResolver:
             with self._lock:
                 self._policy = policy
                 self._fast = {}
+                self._refusals = (policy, {})
                 self._cache = {
                     k: v
                     for k, v in self._cache.items()
@@ -242,6 +266,18 @@ class PolicyResolver:
         plain = q.plain and len(data) <= 512
         return self._answer(q, data[2:] if plain else None)
 
+    def _refusal(self, policy: ResolverPolicy, addr: IPAddress) -> str | None:
+        judged_under, refusals = self._refusals
+        if judged_under is not policy:  # swapped while we asked upstream: judge afresh
+            refusals = {}
+        if addr in refusals:
+            return refusals[addr]
+        why = answer_refusal(addr, allow_private=policy.allow_private, host_addrs=policy.host_addrs)
+        if len(refusals) >= CACHE_MAX:
+            refusals.clear()
+        refusals[addr] = why
+        return why
+
     def _answer(self, q: Query, wire_key: bytes | None) -> bytes:
         from linpodx.egress import dnsmsg
 
@@ -251,7 +287,7 @@ class PolicyResolver:
             hit = self._cache.get(key)
             if hit is not None and hit.expires > now:
                 ttl = int(hit.expires - now)
-                out = dnsmsg.answer(q, dnsmsg.NOERROR, hit.rrsets, max(1, ttl))
+                out = dnsmsg.answer(q, dnsmsg.NOERROR, hit.records, max(1, ttl))
                 if ttl >= 1 and wire_key is not None:
                     # Every TTL in these bytes is <= ttl, which stays <= the time the entry
                     # has left until `hit.expires - ttl`: until then the same bytes are exact.
@@ -265,7 +301,7 @@ class PolicyResolver:
             resp = self._upstream(sent, policy.upstreams)
         except UpstreamError:
             return dnsmsg.answer(q, dnsmsg.SERVFAIL)
-        rcode = resp.rcode()
+        rcode = resp.rcode
         if rcode != dnsmsg.NOERROR:
             # NXDOMAIN passes through as itself; anything else is a server failure to us.
             return dnsmsg.answer(
@@ -273,13 +309,11 @@ class PolicyResolver:
             )
         chain = dnsmsg.follow_chain(resp, q.name, q.rdtype, MAX_CNAME_CHAIN)
         for addr in chain.addrs:
-            why = answer_refusal(
-                addr, allow_private=policy.allow_private, host_addrs=policy.host_addrs
-            )
+            why = self._refusal(policy, addr)
             if why is not None:
                 self._denied(q.name, q.type_text, f"answer {addr}: {why}")
                 return dnsmsg.answer(q, dnsmsg.REFUSED)
-        ttl = clamp_ttl(chain.ttl) if chain.rrsets else 0
+        ttl = clamp_ttl(chain.ttl) if chain.records else 0
         with self._set_lock:
             if not self._policy.allowlist.allows(q.name):
                 # The allowlist changed while we asked upstream.
@@ -311,9 +345,9 @@ class PolicyResolver:
                 if len(self._cache) >= CACHE_MAX:
                     self._cache.clear()
                 if life:
-                    self._cache[key] = _CacheEntry(chain.rrsets, now + life, chain.names)
-        ttl = min(life, chain.ttl) if chain.rrsets else 0
-        return dnsmsg.answer(q, dnsmsg.NOERROR, chain.rrsets, ttl)
+                    self._cache[key] = _CacheEntry(chain.records, now + life, chain.names)
+        ttl = min(life, chain.ttl) if chain.records else 0
+        return dnsmsg.answer(q, dnsmsg.NOERROR, chain.records, ttl)
 
 
 # -- servers -------------------------------------------------------------------------------

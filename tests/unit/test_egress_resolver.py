@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 
 from linpodx.egress import resolver
 from linpodx.egress.denials import DenialRecorder
-from linpodx.egress.dnsmsg import Outgoing
+from linpodx.egress.dnsmsg import Outgoing, Reply, read_reply
 from linpodx.egress.policy import Allowlist
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, UpstreamError
 
@@ -33,9 +34,11 @@ class FakeUpstream:
         self.table = table
         self.asked: list[tuple[str, str]] = []
 
-    def __call__(self, sent: Outgoing, ups: Sequence[tuple[str, int]]) -> dns.message.Message:
+    def __call__(self, sent: Outgoing, ups: Sequence[tuple[str, int]]) -> Reply:
         # Through the wire both ways, as the real exchange sees it.
-        return dns.message.from_wire(self.answer(dns.message.from_wire(sent.wire)).to_wire())
+        reply = read_reply(sent, self.answer(dns.message.from_wire(sent.wire)).to_wire())
+        assert reply is not None
+        return reply
 
     def answer(self, query: dns.message.Message) -> dns.message.Message:
         q = query.question[0]
@@ -441,3 +444,20 @@ def test_answer_echoes_the_question_as_asked() -> None:
     r, *_ = make()
     resp = ask(r, "CrAtEs.Io")
     assert resp.question[0].name.to_text() == "CrAtEs.Io." and addrs(resp) == ["9.9.9.10"]
+
+
+def test_a_silent_upstream_is_servfail_once_the_timeout_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resolver, "UPSTREAM_TIMEOUT", 0.3)
+    up = ScriptedUpstream(lambda data: [])
+    try:
+        r, _up, sets, _, _ = make()
+        r._upstream = resolver.query_upstream  # type: ignore[method-assign]
+        r._policy = ResolverPolicy(r.policy.allowlist, (up.addr,), False)
+        started = time.monotonic()
+        assert ask(r, "crates.io").rcode() == dns.rcode.SERVFAIL and sets.added == []
+        assert 0.25 <= time.monotonic() - started < 2.0
+    finally:
+        up.close()
+
