@@ -212,7 +212,9 @@ class PolicyResolver:
 
     # -- live update ----------------------------------------------------------------------
     def set_policy(self, policy: ResolverPolicy) -> list[IPAddress]:
-        """Swap the policy; drop set entries and cache lines only disallowed names justified.
+        """Swap the policy; drop the set entries and cache lines that only names it no longer
+        allows justified, and those of addresses it refuses (a private answer once
+        `allow_private_answers` is turned off, a new host address).
 
         Returns the addresses removed from the sets.
         """
@@ -225,11 +227,14 @@ class PolicyResolver:
                     k: v
                     for k, v in self._cache.items()
                     if all(policy.allowlist.allows(n) for n in v.names)
+                    and not any(
+                        self._refusal(policy, r.address) for r in v.records if r.address is not None
+                    )
                 }
                 gone: list[IPAddress] = []
                 for addr, g in list(self._granted.items()):
                     g.names = {n for n in g.names if policy.allowlist.allows(n)}
-                    if not g.names:
+                    if not g.names or self._refusal(policy, addr) is not None:
                         gone.append(addr)
                         del self._granted[addr]
             if gone:

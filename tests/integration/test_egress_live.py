@@ -560,6 +560,26 @@ def test_reapply_changes_the_allowlist_live_and_is_audited(
     assert recs[-1]["data"]["allowlist"] == ["second.test"]
 
 
+def test_reapply_that_stops_allowing_private_answers_cuts_them_off_live(
+    servers: Servers, container: str
+) -> None:
+    """Same names, but `allow_private_answers` turned off: the host address the running
+    container already reached (allowed.test answers with it) leaves the filter at once, and
+    the resolver's cache no longer hands it out."""
+    st = stored(servers, ("allowed.test",), rev=1, private=True)
+    create(container, st)
+    bring_up(container, st)
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+
+    assert guard.update_profile(stored(servers, ("allowed.test",), rev=2, private=False)) == [
+        container
+    ]
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
+    assert resolves(container, "allowed.test").returncode != 0
+    reasons = [r["data"].get("reason", "") for r in admin_records("dns.denied")]
+    assert any("own address" in r or "private" in r for r in reasons)
+
+
 def test_attach_fails_closed_and_leaves_nothing_running(
     servers: Servers, container: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

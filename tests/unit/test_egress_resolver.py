@@ -461,3 +461,16 @@ def test_a_silent_upstream_is_servfail_once_the_timeout_runs_out(
     finally:
         up.close()
 
+
+def test_an_answer_refused_before_is_judged_again_under_a_new_policy() -> None:
+    r, _up, sets, _, _ = make()
+    assert ask(r, "loop.example.com").rcode() == dns.rcode.REFUSED
+    r.set_policy(ResolverPolicy(r.policy.allowlist, r.policy.upstreams, allow_private=True))
+    assert addrs(ask(r, "loop.example.com")) == ["127.0.0.1"] and sets.added
+    # Turned off again (a live re-apply): the address leaves the sets at once, and the
+    # cached answer is not served any more.
+    gone = r.set_policy(
+        ResolverPolicy(r.policy.allowlist, r.policy.upstreams, allow_private=False)
+    )
+    assert [str(a) for a in gone] == ["127.0.0.1"] and sets.deleted == ["127.0.0.1"]
+    assert ask(r, "loop.example.com").rcode() == dns.rcode.REFUSED
