@@ -34,6 +34,7 @@ GUARD_FILE = "guard.json"
 GUARD_LOG = "guard.log"
 HELPER_LOG = "helper.log"
 PASTA_PIDFILE = "pasta.pid"
+PASTA_NETNS = "pasta.netns"
 
 RESOLVER_ADDR = "127.0.0.1"
 """Where the policy resolver listens inside the container's network namespace."""

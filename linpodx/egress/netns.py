@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,10 @@ from linpodx.egress.launch import RESOLVER_ADDR
 from linpodx.errors import EngineError
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
 RESOLVER_PORT = 53
 TAP = "tap0"
 
@@ -37,6 +42,26 @@ def setns(fd: int, nstype: int) -> None:
     if _libc.setns(fd, nstype) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def bind_netns_privately(pid: int, target: str) -> None:
+    """Give the calling process a mount namespace of its own and bind the netns of `pid` onto
+    `target` (an existing file) in it, so that it and its children can open the netns by that
+    path while nobody else sees the mount. It goes away with the last process in that mount
+    namespace; nothing is left to unmount. Call it single-threaded (raises OSError).
+    """
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        _raise_errno("unshare")
+    # Mount events must not travel back to the host's namespace: private, recursively.
+    if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        _raise_errno("mount --make-rprivate /")
+    if _libc.mount(netns_path(pid).encode(), target.encode(), None, MS_BIND, None) != 0:
+        _raise_errno("mount --bind")
+
+
+def _raise_errno(what: str) -> None:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def netns_path(pid: int) -> str:
@@ -193,8 +218,6 @@ def external_pasta_argv(pid: int, pidfile: Path, userns_pid: int) -> list[str]:
     the rootless one may not join, while the rootless namespace's root may enter every netns
     below it.
     """
-    import sys
-
     binary = proc.which("pasta") or "pasta"
     argv = pasta_argv(binary, pid)
     pasta = [argv[0], "-f", "--userns", f"/proc/{userns_pid}/ns/user", *argv[1:]]
@@ -213,18 +236,10 @@ def external_pasta_argv(pid: int, pidfile: Path, userns_pid: int) -> list[str]:
 
 
 def choose_helper(preferred: str | None = None) -> str:
-    """`slirp4netns` when installed (podman 4.x's helper), else `pasta` (rootless only: rootful
-    pasta drops to `nobody` and cannot open the namespace); EngineError if none fits."""
-    if preferred == "pasta" and not in_user_namespace():
-        raise EngineError(
-            "pasta is supported for rootless containers only",
-            "rootful pasta drops to user nobody and cannot open the container's network "
-            "namespace; install slirp4netns (podman >= 5 uses netavark for rootful anyway)",
-        )
+    """`slirp4netns` when installed (podman 4.x's helper), else `pasta` (podman >= 5's, from
+    Debian's passt); `preferred` (LINPODX_EGRESS_HELPER) picks one. EngineError if none fits."""
     order = [preferred] if preferred else ["slirp4netns", "pasta"]
     for kind in order:
-        if kind == "pasta" and not in_user_namespace():
-            continue
         if kind and proc.which(kind):
             return kind
     raise EngineError(
@@ -253,13 +268,14 @@ def slirp_argv(binary: str, pid: int, exit_fd: int, ready_fd: int) -> list[str]:
     ]
 
 
-def pasta_argv(binary: str, pid: int) -> list[str]:
-    """pasta attached to the netns of `pid`: no port forwarding, gateway not mapped to host."""
+def pasta_argv(binary: str, pid: int, netns: str | None = None) -> list[str]:
+    """pasta attached to the netns of `pid` (opened by the path `netns`, if given): no port
+    forwarding, gateway not mapped to host."""
     return [
         binary,
         "--config-net",
         "--netns",
-        netns_path(pid),
+        netns or netns_path(pid),
         # pasta copies the host's address into the namespace by default; then the host's
         # own address would be the container's (and unreachable). Use slirp4netns' layout.
         "--address",
@@ -287,8 +303,18 @@ def pasta_argv(binary: str, pid: int) -> list[str]:
     ]
 
 
-def start_helper(kind: str, pid: int, log: Path, timeout: float = 15.0) -> Helper:
-    """Start the network helper for the netns of `pid`; returns once the interface is up."""
+def start_helper(
+    kind: str,
+    pid: int,
+    log: Path,
+    timeout: float = 15.0,
+    *,
+    pasta_files: tuple[Path, Path] | None = None,
+) -> Helper:
+    """Start the network helper for the netns of `pid`; returns once the interface is up.
+
+    `pasta_files`: (pid file, netns file) for rootful pasta (see `_start_rootful_pasta`).
+    """
     binary = proc.which(kind)
     if binary is None:
         raise EngineError(f"{kind} not found", "install it or see `linpodx doctor`")
@@ -321,20 +347,55 @@ def start_helper(kind: str, pid: int, log: Path, timeout: float = 15.0) -> Helpe
         finally:
             os.close(ready_r)
         return helper
-    argv = pasta_argv(binary, pid)
-    # pasta daemonizes by default and exits on its own when the netns goes away; -f keeps it
-    # our child so the guard can stop it when the container's init process ends.
-    argv.insert(1, "-f")
+    return _start_rootful_pasta(binary, pid, log, pasta_files, timeout)
+
+
+def _start_rootful_pasta(
+    binary: str, pid: int, log: Path, files: tuple[Path, Path] | None, timeout: float
+) -> Helper:
+    """pasta for a rootful container, under the pasta keeper (as rootless pasta runs), which
+    stops it when this guard or the container's init process ends, even after a kill -9.
+
+    Two things differ from rootless. Started as root, pasta drops to `nobody` and then may not
+    enter the container's netns: `--runas 0:0` keeps it root (it still sandboxes itself:
+    seccomp, no capabilities beyond what it needs, an empty filesystem). And runc's init
+    process is not dumpable, so /proc/PID/ns/net is closed to pasta once it has dropped
+    CAP_SYS_PTRACE; the keeper therefore binds the netns onto a file in a mount namespace of
+    its own (podman >= 5 also hands pasta a bind-mounted netns file) and pasta opens that.
+    """
+    if files is None:
+        raise EngineError("pasta needs its pid and netns files", "this is a bug in linpodx")
+    pidfile, netns_file = files
+    netns_file.touch(exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        pidfile.unlink()
+    argv = pasta_argv(binary, pid, str(netns_file))
+    pasta = [argv[0], "-f", "--runas", "0:0", *argv[1:]]
+    keeper = [
+        sys.executable,
+        "-m",
+        "linpodx.egress.pastakeeper",
+        "--guard-pid",
+        str(os.getpid()),
+        "--container-pid",
+        str(pid),
+        "--pidfile",
+        str(pidfile),
+        "--bind-netns",
+        str(netns_file),
+        "--",
+        *pasta,
+    ]
     logf = open(log, "ab")  # handed to the child, closed right after
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+        # Popen: the keeper (and pasta under it) lives as long as the container.
+        p = subprocess.Popen(keeper, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
     finally:
         logf.close()
-    helper = Helper(kind, p, None)
+    helper = Helper("pasta", p, None)
     try:
-        _wait_iface(pid, helper, timeout, argv)
+        _wait_iface(pid, helper, timeout, pasta)
     except BaseException:
-        p.terminate()
         helper.stop()
         raise
     return helper

@@ -1,12 +1,16 @@
-"""Keeps rootless pasta exactly as long as its container and its guard.
+"""Keeps pasta exactly as long as its container and its guard.
 
 pasta has no exit fd (slirp4netns does) and, as packaged in Debian 12, does not quit when the
-container's netns goes away. Rootless it cannot be the guard's child either (it must run as the
-plain user, outside the user namespace the guard lives in). So the CLI starts this small
-keeper instead: it runs pasta in the foreground as its child, writes pasta's pid for the guard
-to adopt, and stops pasta as soon as the guard or the container's init process ends.
+container's netns goes away. So it runs under this small keeper: it runs pasta in the
+foreground as its child, writes pasta's pid, and stops pasta as soon as the guard or the
+container's init process ends (a guard killed with SIGKILL included). Rootless, the CLI starts
+the keeper as the plain user (pasta must run outside the user namespace the guard lives in)
+and the guard adopts pasta by its pid; rootful, the guard starts it, with `--bind-netns FILE`:
+the keeper then binds the container's netns onto FILE in a mount namespace of its own, for
+pasta to open (see `linpodx.egress.netns._start_rootful_pasta`).
 
-    python -m linpodx.egress.pastakeeper --guard-pid G --container-pid C --pidfile F -- PASTA…
+    python -m linpodx.egress.pastakeeper --guard-pid G --container-pid C --pidfile F
+        [--bind-netns FILE] -- PASTA…
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from linpodx.fsutil import atomic_write
@@ -28,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--guard-pid", type=int, required=True)
     ap.add_argument("--container-pid", type=int, required=True)
     ap.add_argument("--pidfile", required=True)
+    ap.add_argument("--bind-netns", metavar="FILE")
     ap.add_argument("pasta", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = [a for a in args.pasta if a != "--"] if args.pasta[:1] == ["--"] else args.pasta
@@ -35,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         watch = [os.pidfd_open(args.guard_pid), os.pidfd_open(args.container_pid)]
     except ProcessLookupError:
         return 1  # one of them is already gone: start nothing
+    if args.bind_netns:
+        from linpodx.egress.netns import bind_netns_privately
+
+        try:
+            bind_netns_privately(args.container_pid, args.bind_netns)
+        except OSError as exc:
+            print(f"pasta keeper: cannot bind the container's netns: {exc}", file=sys.stderr)
+            return 1
     # Popen: pasta is this keeper's one long-running child; it stops it itself.
     child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     atomic_write(Path(args.pidfile), f"{child.pid}\n".encode())

@@ -183,7 +183,9 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             filtering.wait()  # pasta is started by the CLI once this says "filtered"
         else:
             log.info("starting %s", kind)
-            helper = netns.start_helper(kind, pid, st.helper_log)
+            helper = netns.start_helper(
+                kind, pid, st.helper_log, pasta_files=(st.pasta_pidfile, st.pasta_netns)
+            )
             filtering.wait()
         sets = nfsets.NftSets(netns.netns_path(pid))
         resolver = PolicyResolver(

@@ -68,5 +68,11 @@ class EgressState:
 
     @property
     def pasta_pidfile(self) -> Path:
-        """Rootless pasta's pid (it runs outside the user namespace the guard lives in)."""
+        """pasta's pid, written by the pasta keeper it runs under."""
         return self.dir / names.PASTA_PIDFILE
+
+    @property
+    def pasta_netns(self) -> Path:
+        """Rootful pasta: an empty file the keeper binds the container's netns onto, in a
+        mount namespace only the keeper and pasta see."""
+        return self.dir / names.PASTA_NETNS

@@ -600,22 +600,11 @@ def test_attach_fails_closed_and_leaves_nothing_running(
 
 
 def test_pasta_helper(servers: Servers, container: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """pasta (podman >= 5's helper, from Debian's passt) instead of slirp4netns.
-
-    Rootless it works and filters the same way; rootful it is refused (fail closed), because
-    pasta drops to `nobody` and cannot open the container's network namespace.
-    """
+    """pasta (podman >= 5's helper, from Debian's passt) instead of slirp4netns, rootful and
+    rootless: the same filtering, and pasta ends with the container."""
     monkeypatch.setenv("LINPODX_EGRESS_HELPER", "pasta")
     st = stored(servers, ("allowed.test",))
     create(container, st)
-    if not ROOTLESS:
-        pid = init(container)
-        with pytest.raises(EngineError) as err:
-            guard.attach(container, pid, st)
-        assert "pasta is supported for rootless containers only" in err.value.message
-        podman("start", container)
-        assert links(container) == ["lo"]
-        return
     pid = bring_up(container, st)
     info = json.loads(EgressState(container).guard_file.read_text())
     assert info["helper"] == "pasta" and guard.status(container) == "healthy"
@@ -626,8 +615,11 @@ def test_pasta_helper(servers: Servers, container: str, monkeypatch: pytest.Monk
     assert resolves(container, "denied.test").returncode != 0
     assert resolves(container, "allowed.test").returncode == 0
     assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+    pasta_pid = int(EgressState(container).pasta_pidfile.read_text())  # the keeper's child
+    assert Path(f"/proc/{pasta_pid}").exists()
     podman("stop", "-t", "0", container)
     assert wait_for(lambda: not Path(f"/proc/{info['helper_pid']}").exists())
+    assert wait_for(lambda: not Path(f"/proc/{pasta_pid}").exists())
     assert wait_for(lambda: not Path(f"/proc/{info['guard_pid']}").exists())
 
 
@@ -704,16 +696,23 @@ def test_cli_run_ps_events_stop_start_rm(
     assert guard.status(name) == "none"
 
 
-def test_killed_guard_takes_the_network_with_it(servers: Servers, container: str) -> None:
+@pytest.mark.parametrize("helper", ["slirp4netns", "pasta"])
+def test_killed_guard_takes_the_network_with_it(
+    servers: Servers, container: str, helper: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """kill -9 of the guard: the helper ends too (slirp4netns through its exit fd, pasta
     through its keeper), so the container is left without network, never unfiltered."""
+    monkeypatch.setenv("LINPODX_EGRESS_HELPER", helper)
     st = stored(servers, ("allowed.test",))
     create(container, st)
     bring_up(container, st)
     assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
     info = json.loads(EgressState(container).guard_file.read_text())
+    helpers = [info["helper_pid"]]
+    if helper == "pasta":
+        helpers.append(int(EgressState(container).pasta_pidfile.read_text()))
     os.kill(info["guard_pid"], 9)
-    assert wait_for(lambda: not Path(f"/proc/{info['helper_pid']}").exists())
+    assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in helpers))
     assert guard.status(container) == "down"
     assert wait_for(lambda: links(container) == ["lo"])
     assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
