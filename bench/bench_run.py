@@ -10,7 +10,11 @@ foreground `--rm` run without a TTY is one `podman run`, like the baseline).
 Run it from a plain install (`pip install .`) as people get linpodx: an editable install adds
 an import hook to every Python start-up (~20 ms here).
 
-    python bench/bench_run.py [--rounds 15] [--image IMAGE]
+    python bench/bench_run.py [--rounds 15] [--image IMAGE] [--mount]
+
+`--mount` gives the profile a read-only project mount, as the walk-through's has: linpodx then
+pins it and runc runs the mount-check hook (linpodx/podman/mountpin.py); the baseline mounts
+the same directory without a hook.
 
 Prints each median and the median ratio (target ≤ 1.25). Not a test: nothing here asserts.
 """
@@ -55,12 +59,18 @@ def bench(state: Path) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--image", default=DEFAULT_IMAGE)
+    ap.add_argument("--mount", action="store_true", help="a read-only project mount")
     args = ap.parse_args()
 
     env = {**os.environ, "LINPODX_STATE_DIR": str(state)}
     os.environ["LINPODX_STATE_DIR"] = str(state)
     prof = state / "bench.yml"
-    prof.write_text(PROFILE)
+    text = PROFILE
+    if args.mount:
+        project = state / "project"
+        project.mkdir()
+        text += f"mounts:\n  - source: {project}\n    target: /workspace\n"
+    prof.write_text(text)
     # The `linpodx` command itself (the console script next to this interpreter), as a person
     # runs it; `python -m linpodx` where it is not installed as a script.
     script = Path(sys.executable).with_name("linpodx")
@@ -105,6 +115,8 @@ def bench(state: Path) -> int:
     )
     ratios = [a / b for a, b in zip(t_lpx, t_pod, strict=True)]
     print(f"rounds:                  {args.rounds} (alternating), image {args.image}")
+    shape = "one read-only mount (pinned)" if args.mount else "no mounts"
+    print(f"profile:                 {shape}")
     print(f"linpodx command:         {' '.join(lpx)}")
     print(f"podman run --rm (median): {m_pod:.3f} s")
     print(f"linpodx run --rm (median): {m_lpx:.3f} s")

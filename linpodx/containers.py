@@ -17,7 +17,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from linpodx.errors import (
 )
 from linpodx.fsutil import atomic_write
 from linpodx.paths import containers_dir, ensure_dir
-from linpodx.podman import engine, probe
+from linpodx.podman import engine, mountpin, probe
 from linpodx.podman.argv import (
     MANAGED_LABEL,
     CreateSpec,
@@ -272,6 +272,25 @@ def check_mount_sources(ref: ProfileRef) -> None:
             )
 
 
+def pin_mounts(name: str, ref: ProfileRef) -> tuple[str, ...]:
+    """Check every mount source again (as `check_mount_sources`) and pin what was checked: the
+    mount-check hook makes runc refuse to start the container unless each mount is that very
+    directory (`linpodx.podman.mountpin`). Returns podman's global flags for every call that
+    makes the mounts (`run`, `init`, `start`); none for a profile without mounts."""
+    pins: list[mountpin.Pin] = []
+    for m in ref.profile.mounts:
+        ident, problem, hint = hostpaths.pin_mount_source(m.source)
+        if problem or ident is None:
+            raise InvalidInput(
+                f"profile {ref.name}: {problem}",
+                f"{hint + '; ' if hint else ''}it was checked when the profile was applied and "
+                "is checked again before every start; fix the path on the host or re-apply",
+            )
+        pins.append((ident[0], ident[1], m.target))
+    hooks = mountpin.setup(str(ensure_dir(spec_dir(name))), pins)
+    return tuple(mountpin.hooks_flags(hooks))
+
+
 def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
     """The CreateSpec for a run request under a profile revision on this host; the profile's
     mount sources are checked again (`check_mount_sources`)."""
@@ -327,7 +346,11 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
 
     prepare() runs again on every bring-up: it rewrites the resolv.conf the container bind-mounts
     (a detach may have removed it) and must hand back the path the container was created with.
+
+    The mount sources are checked and pinned first (`pin_mounts`): `podman init` (or `start`)
+    makes the mounts, and the hook it is given checks them.
     """
+    mounts = pin_mounts(name, ref)
     if needs_guard(ref):
         guard = _guard()
         got = str(guard.prepare(name, ref))
@@ -341,7 +364,7 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
         # the container's process gone and fails closed. One more init after a pause is safe:
         # nothing has run yet, and a second failure is reported as it is.
         for attempt in (1, 2):
-            engine.init(name)
+            engine.init(name, mounts)
             pid = guard.init_pid(name) or engine.container_pid(name)
             try:
                 guard.attach(name, pid, ref)
@@ -356,7 +379,7 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
                     f"egress guard failed: {type(exc).__name__}: {exc}", "see `linpodx doctor`"
                 ) from exc
     if start:
-        engine.start(name)
+        engine.start(name, mounts)
 
 
 def _run_record(spec: CreateSpec, ref: ProfileRef) -> dict[str, Any]:
@@ -390,7 +413,7 @@ def save_plan(ref: ProfileRef) -> None:
             audit_hash=ref.audit_hash,
             guarded=guarded,
             flags=profile_flags(spec),
-            mount_sources=[m.source for m in ref.profile.mounts],
+            mounts=[[m.source, m.target] for m in ref.profile.mounts],
             egress_policy=_guard().policy_doc(ref) if guarded else None,
         )
 
@@ -475,7 +498,11 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
         return _run_once(spec, ref, announce)
     info = create_and_start(spec, ref, start=False)
     announce(info, spec)
-    rc = attached_start(info.name, req.interactive, remove_on_failure=not req.rm)
+    # The mounts were checked and pinned by create_and_start (`_bring_up`) just now.
+    mounts = mountpin.flags_of(str(spec_dir(info.name)))
+    rc = attached_start(
+        info.name, req.interactive, remove_on_failure=not req.rm, global_flags=mounts
+    )
     if req.rm:
         forget(info.name)
     return rc
@@ -494,14 +521,20 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
     where = spec_dir(spec.name)
     made = not where.exists()
     guarded = needs_guard(ref)
-    global_flags: tuple[str, ...] = ()
+    if not made and engine.exists(spec.name):
+        # The mount pins (and the guard's files) are written under this name: refuse a taken
+        # name first, so the other container's files are left as they are.
+        raise EngineError(
+            f"the container name {spec.name!r} is already in use",
+            "choose another --name, or remove the old container with `linpodx rm NAME`",
+        )
+    try:
+        global_flags = pin_mounts(spec.name, ref)
+    except LinpodxError:
+        if made:
+            shutil.rmtree(where, ignore_errors=True)
+        raise
     if guarded:
-        # prepare() writes the guard's files under this name: refuse a taken name first.
-        if not made and engine.exists(spec.name):
-            raise EngineError(
-                f"the container name {spec.name!r} is already in use",
-                "choose another --name, or remove the old container with `linpodx rm NAME`",
-            )
         guard = _guard()
         try:
             resolv = guard.prepare(spec.name, ref)
@@ -511,9 +544,9 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
                 guard.detach(spec.name)
             raise
         spec = CreateSpec(**{**_fields(spec), "resolv_conf": str(resolv)})
-        global_flags = (f"--hooks-dir={hooks}",)
-    # The id file is named for this run: if the name is taken, podman refuses before writing
-    # it, and the other container's spec dir is left as it was.
+        global_flags = (*global_flags, f"--hooks-dir={hooks}")
+    # The id file is named for this run: if the name was taken since, podman refuses before
+    # writing it.
     cidfile = ensure_dir(where) / f"cid-{secrets.token_hex(6)}"
     argv = (*global_flags, *build_run_argv(spec, str(cidfile)))
     rc = _relay_run(
@@ -624,13 +657,16 @@ def _relay_run(
     return rc
 
 
-def attached_start(name: str, interactive: bool, remove_on_failure: bool) -> int:
+def attached_start(
+    name: str, interactive: bool, remove_on_failure: bool, global_flags: Sequence[str] = ()
+) -> int:
     """Start NAME attached to this terminal and wait; returns the container's exit status.
+    `global_flags`: the mount-check hook's (`pin_mounts`), as `_bring_up` returned them.
 
     If podman could not start it at all (it never ran), the container and its spec are removed
     so nothing is left half-created.
     """
-    rc = engine.run_inherited(engine.start_attach_argv(name, interactive))
+    rc = engine.run_inherited(engine.start_attach_argv(name, interactive, global_flags))
     if rc != 0 and remove_on_failure:
         try:
             info = engine.inspect(name)
@@ -689,7 +725,7 @@ def start(name: str) -> ContainerInfo:
             ref.revision,
             str(info.get("ImageName", "")),
         )
-    check_mount_sources(ref)  # podman start mounts the sources again, by path
+    check_mount_sources(ref)  # before the record; `_bring_up` pins them for podman start
     audit(
         "container.start",
         {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},

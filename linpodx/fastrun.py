@@ -11,12 +11,14 @@ before podman starts (standard library's cheapest modules plus `runplan`, `runli
   1. the stored plan of the profile's current revision (`linpodx.runplan`: the podman flags
      the full path built for it on this host, used only if everything they came from is
      unchanged);
-  2. the `container.run` record, appended to the admin chain and fsynced: audited before it
+  2. the profile's mount sources checked on the host again and pinned for runc's mount-check
+     hook (`linpodx.podman.mountpin`), as the full path does;
+  3. the `container.run` record, appended to the admin chain and fsynced: audited before it
      takes effect, as always;
-  3. with an egress allowlist, the guard's policy file and resolv.conf, the guard launched
+  4. with an egress allowlist, the guard's policy file and resolv.conf, the guard launched
      (waiting for the container's pid) and the OCI hook that holds the command back until the
      guard is ready (`linpodx.egress.launch`), as the full path does;
-  4. `podman run --cidfile` started with its output in pipes.
+  5. `podman run --cidfile` started with its output in pipes.
 then, while podman works: the full modules are imported (in a thread of lower CPU priority,
 `linpodx.yielding`), the revision is loaded and checked as the full path does, and
 `containers.run_started` goes on exactly like a full run: the guard is given the pid, the run
@@ -39,7 +41,7 @@ import signal
 from linpodx import paths, runplan
 from linpodx.audit import core
 from linpodx.errors import LinpodxError
-from linpodx.podman import runline, spawn
+from linpodx.podman import mountpin, runline, spawn
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
@@ -70,13 +72,16 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         return None  # the full path refuses it with the same words
     from linpodx.profile import hostpaths
 
-    if any(hostpaths.check_mount_source(src)[1] for src in plan["mount_sources"]):
-        return None  # a mount source is no longer fine: the full path refuses and says why
+    pins: list[mountpin.Pin] = []
+    for source, target in plan["mounts"]:
+        ident = hostpaths.pin_mount_source(source)[0]
+        if ident is None:
+            return None  # a mount source is no longer fine: the full path refuses and says why
+        pins.append((ident[0], ident[1], target))
     where = os.path.join(paths.containers_root(), name)
-    made = not os.path.exists(where)
+    if os.path.exists(where):
+        return None  # the pins (and the guard's files) would be another's: the full path checks
     guarded = plan["guarded"]
-    if guarded and not made:
-        return None  # the guard's files would be another container's: the full path checks
     record = runplan.run_record(
         name=name,
         image=fields["image"],
@@ -100,10 +105,12 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     what = "the run's state dir"
     try:
         paths.ensure_dir_str(where)
-        global_flags: list[str] = []
+        # What the mount sources were just checked to be, for runc's mount-check hook.
+        global_flags = mountpin.hooks_flags(mountpin.setup(where, pins))
         if guarded:
             what = "the egress guard"
-            resolv, pidfile, global_flags = _guard_first(name, plan["egress_policy"])
+            resolv, pidfile, guard_flags = _guard_first(name, plan["egress_policy"])
+            global_flags += guard_flags
         tail = runline.tail(
             resolv_conf=resolv,
             pidfile=pidfile,
@@ -124,7 +131,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         failed = exc
     try:
         return _go_on(
-            fields, name, plan["profile_id"], child, (what, failed), cidfile, made, announce, resolv
+            fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce, resolv
         )
     finally:
         signal.signal(signal.SIGINT, sigint)

@@ -14,8 +14,9 @@ same now:
 - the host facts the flags depend on are the same (`probe.host_facts`: root or rootless, hard
   rlimits, cgroup limits, podman's init binary);
 - for a profile with an egress allowlist, the policy its guard is given is stored too (it is
-  part of the revision, so the same checks cover it); so are the profile's mount sources,
-  which `linpodx.fastrun` checks on the host again before every run, as the full path does.
+  part of the revision, so the same checks cover it); so are the profile's mounts (source,
+  destination), whose sources `linpodx.fastrun` checks and pins on the host again before
+  every run, as the full path does.
 
 Anything else, and any doubt (a missing, damaged or foreign file), means "no plan": the full
 path runs, decides everything afresh and writes a new plan. A plan holds no secret and grants
@@ -38,7 +39,7 @@ TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
     from typing import Any
 
-FORMAT = 2
+FORMAT = 3
 MAX_PLAN_BYTES = 1 << 20
 # Files whose code decides the flags a revision gives (relative to the linpodx package).
 _CODE = (
@@ -128,7 +129,7 @@ def save(
     audit_hash: str,
     guarded: bool,
     flags: list[str],
-    mount_sources: list[str],
+    mounts: list[list[str]],
     egress_policy: dict[str, Any] | None = None,
 ) -> None:
     """Store the flags of a revision as built on this host just now (best effort: a plan that
@@ -148,7 +149,7 @@ def save(
         "guarded": guarded,
         "egress_policy": egress_policy if guarded else None,
         "flags": flags,
-        "mount_sources": mount_sources,
+        "mounts": mounts,
     }
     data = json.dumps(doc, sort_keys=True).encode()
     if len(data) > MAX_PLAN_BYTES:
@@ -198,12 +199,15 @@ def load(name: str) -> dict[str, Any] | None:
         ):
             return None
         flags, revision, audit_hash = plan["flags"], plan["revision"], plan["audit_hash"]
-        sources = plan["mount_sources"]
+        mounts = plan["mounts"]
         if (
             type(flags) is not list
             or not all(type(f) is str and f.startswith("--") for f in flags)
-            or type(sources) is not list
-            or not all(type(m) is str for m in sources)
+            or type(mounts) is not list
+            or not all(
+                type(m) is list and len(m) == 2 and all(type(p) is str for p in m)
+                for m in mounts
+            )
             or type(revision) is not int
             or type(audit_hash) is not str
         ):

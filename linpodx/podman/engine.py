@@ -102,19 +102,22 @@ def create_home(name: str) -> None:
     podman("cp", "-", f"{name}:/", input=home_tar(), what="podman cp (create $HOME)")
 
 
-def init(name: str) -> None:
-    """`podman init`: namespaces exist and the container has a PID, its command not yet run."""
-    podman("init", name, what="podman init")
+def init(name: str, global_flags: Sequence[str] = ()) -> None:
+    """`podman init`: namespaces exist and the container has a PID, its command not yet run.
+    `global_flags` go before the command (`--hooks-dir=…`: the mounts are made here)."""
+    podman(*global_flags, "init", name, what="podman init")
 
 
-def start(name: str) -> None:
-    """`podman start NAME` (detached)."""
-    podman("start", name, what="podman start")
+def start(name: str, global_flags: Sequence[str] = ()) -> None:
+    """`podman start NAME` (detached), after `global_flags`."""
+    podman(*global_flags, "start", name, what="podman start")
 
 
-def start_attach_argv(name: str, interactive: bool) -> tuple[str, ...]:
+def start_attach_argv(
+    name: str, interactive: bool, global_flags: Sequence[str] = ()
+) -> tuple[str, ...]:
     """argv that starts NAME attached to this terminal (the CLI runs it with inherited stdio)."""
-    argv = [podman_bin(), "start", "--attach"]
+    argv = [podman_bin(), *global_flags, "start", "--attach"]
     if interactive:
         argv.append("--interactive")
     argv.append(name)

@@ -1,9 +1,11 @@
 """Host paths a profile may mount, checked when the profile is applied and again at every run.
 
 A mount source that was fine when the profile was applied can be a symlink to `~/.ssh` by the
-next run (an agent with a writable mount can make one), so `linpodx run` checks every source
-again (`linpodx.containers.make_spec`, and `linpodx.fastrun` before podman starts). Standard
-library's cheapest modules only: the fast run path imports this before podman starts.
+next run (an agent with a writable mount can make one), so `linpodx run` and `start` check
+every source again (`linpodx.containers.pin_mounts`, and `linpodx.fastrun` before podman
+starts), and pin what they checked: runc must mount that very directory or the container does
+not start (`linpodx.podman.mountpin`). Standard library's cheapest modules only: the fast run
+path imports this before podman starts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import stat
 
 from linpodx import paths
 from linpodx.output import safe_text
+from linpodx.podman import mountpin
 
 TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
 if TYPE_CHECKING:
@@ -103,20 +106,21 @@ def sensitive_paths() -> tuple[list[str], list[str]]:
     return trees, exact
 
 
-def _forms(p: str) -> set[str]:
-    """The lexical and the symlink-resolved form of a path."""
-    return {posixpath.normpath(p), os.path.realpath(p)}
+def _forms(p: str, resolved: str | None = None) -> set[str]:
+    """The lexical and the symlink-resolved form of a path (`resolved`, when already known)."""
+    return {posixpath.normpath(p), resolved if resolved is not None else os.path.realpath(p)}
 
 
 def inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
 
 
-def sensitive_reason(source: str) -> str | None:
+def sensitive_reason(source: str, resolved: str | None = None) -> str | None:
     """Why `source` must not be mounted, or None. Checks both its written and resolved forms
+    (`resolved`: as resolved by the caller, so that the form judged is the form it uses)
     against both forms of every sensitive path."""
     trees, exact = sensitive_paths()
-    src_forms = _forms(source)
+    src_forms = _forms(source, resolved)
     for s in exact:
         for sf in _forms(s):
             if sf in src_forms:
@@ -140,6 +144,22 @@ def has_dotdot(p: str) -> bool:
 def check_mount_source(source: str) -> tuple[str | None, str | None, str | None]:
     """Check a host path for mounting: (resolved path, problem, hint). Exported so run time can
     check again what was applied earlier."""
+    try:
+        return _check_mount_source(source)
+    except OSError:
+        # Resolving symlinks is several system calls (lstat, readlink per component): a path
+        # replaced meanwhile makes one of them fail.
+        return None, *_changed(source)
+
+
+def _changed(source: str) -> tuple[str, str]:
+    return f"mount source {show(source)} changed while it was being checked", (
+        "something replaced it (or a directory on its path) just now; if that keeps "
+        "happening, find out what does"
+    )
+
+
+def _check_mount_source(source: str) -> tuple[str | None, str | None, str | None]:
     if PATH_FORBIDDEN.search(source):
         return None, "mount source must not contain control characters, `:` or `,`", (
             "podman's mount syntax uses `:` and `,`; rename or move the directory"
@@ -152,16 +172,18 @@ def check_mount_source(source: str) -> tuple[str | None, str | None, str | None]
         return None, f"mount source {show(source)} must not contain `..`", (
             "write the path without `..` components"
         )
-    reason = sensitive_reason(source)
-    if reason is None:
-        try:
-            resolved = os.path.realpath(source, strict=True)
-        except OSError:
-            return None, f"mount source {show(source)} does not exist", (
-                "create it first, or fix the path"
-            )
-    else:
-        resolved = os.path.realpath(source)
+    # Resolved once: the form judged below is the form returned (and pinned by the caller).
+    # Resolving twice let a path swapped in between be judged as one thing and used as another.
+    try:
+        resolved = os.path.realpath(source, strict=True)
+        exists = True
+    except FileNotFoundError:
+        resolved, exists = os.path.realpath(source), False
+    reason = sensitive_reason(source, resolved)
+    if reason is None and not exists:
+        return None, f"mount source {show(source)} does not exist", (
+            "create it first, or fix the path"
+        )
     if reason is not None:
         shown = show(source) + (f" (resolves to {show(resolved)})" if resolved != source else "")
         return None, f"mount source {shown} {reason}", (
@@ -177,3 +199,15 @@ def check_mount_source(source: str) -> tuple[str | None, str | None, str | None]
             "sockets and devices cannot be mounted into a sandbox"
         )
     return resolved, None, None
+
+
+def pin_mount_source(source: str) -> tuple[tuple[int, int] | None, str | None, str | None]:
+    """`check_mount_source`, and the identity (device, inode) of what it checked, for the
+    mount-check hook (`linpodx.podman.mountpin`): (identity, problem, hint)."""
+    resolved, problem, hint = check_mount_source(source)
+    if problem is not None or resolved is None:
+        return None, problem, hint
+    ident = mountpin.identity(resolved)
+    if ident is None:
+        return None, *_changed(source)
+    return ident, None, None

@@ -719,10 +719,16 @@ def test_killed_guard_takes_the_network_with_it(
 
 
 def _apply_cli_profile(servers: Servers, tmp_path: Path, name: str) -> str:
-    """Apply an allowlist profile with the CLI; returns its profile id."""
+    """Apply an allowlist profile with the CLI, with a read-only project mount (so podman gets
+    both the egress hook and the mount-check hook); returns its profile id."""
+    project = tmp_path / f"{name}-project"
+    project.mkdir(exist_ok=True)
+    (project / "hello").write_text("from-the-project\n")
     prof = tmp_path / f"{name}.yml"
     prof.write_text(
-        f"version: 1\nname: {name}\nnetwork:\n"
+        f"version: 1\nname: {name}\n"
+        f"mounts:\n  - source: {project}\n    target: /workspace\n"
+        "network:\n"
         "  egress_dns_allowlist: [allowed.test]\n"
         f"  upstream_dns: ['127.0.0.1:{servers.upstream.port}']\n"
         "  allow_private_answers: true\n"
@@ -763,7 +769,7 @@ def test_one_call_rm_run_is_filtered_from_its_first_instruction(
     script = (
         f"curl -s -m 3 http://{HOST}:{servers.http_port}/ >/dev/null; echo direct=$?; "
         f"curl -s -m 5 http://allowed.test:{servers.http_port}/; echo; "
-        "getent hosts denied.test >/dev/null; echo denied=$?"
+        "getent hosts denied.test >/dev/null; echo denied=$?; cat /workspace/hello"
     )
     res = run_linpodx(
         "run", "--rm", "--profile", "egress-once", "--image", DEBIAN_IMAGE,
@@ -776,6 +782,7 @@ def test_one_call_rm_run_is_filtered_from_its_first_instruction(
     assert lines[3].startswith("direct=") and lines[3] != "direct=0"
     assert lines[4] == BODY.decode()
     assert lines[5] == "denied=2"
+    assert lines[6] == "from-the-project"  # the pinned mount passed runc's mount check
     assert ("denied.test", "A") not in servers.upstream.asked
     # Gone with the container: the guard, its files, the run spec.
     assert wait_for(lambda: not _guard_processes(unique_name))

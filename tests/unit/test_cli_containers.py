@@ -57,8 +57,8 @@ class FakeEngine:
 
         mp.setattr(engine, "create", create)
         mp.setattr(engine, "create_home", lambda n: self._step("create_home", n))
-        mp.setattr(engine, "init", lambda n: self._step("init", n))
-        mp.setattr(engine, "start", lambda n: self._step("start", n))
+        mp.setattr(engine, "init", lambda n, flags=(): self._step("init", *flags, n))
+        mp.setattr(engine, "start", lambda n, flags=(): self._step("start", *flags, n))
         mp.setattr(engine, "stop", lambda n, timeout=10: self._step("stop", n))
         mp.setattr(engine, "remove", lambda n, force=False: self._step("rm", n))
         mp.setattr(engine, "remove_quietly", remove_quietly)

@@ -48,12 +48,16 @@ resources:
 
 FAKE_PODMAN = """\
 #!{python}
-# Stands in for podman: logs its argv, writes the id file like `podman run --cidfile`, says
-# something on both streams and exits with FAKE_PODMAN_RC.
+# Stands in for podman: logs its argv (and the mount-check hook's expectations), writes the id
+# file like `podman run --cidfile`, says something on both streams and exits with FAKE_PODMAN_RC.
 import json, os, sys
 with open(os.environ["FAKE_PODMAN_LOG"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
 for a in sys.argv[1:]:
+    if a.startswith("--hooks-dir=") and a.endswith("/mounts/hooks"):
+        with open(a[len("--hooks-dir="):-len("hooks")] + "expect") as src:
+            with open(os.environ["FAKE_PODMAN_LOG"] + ".expect", "w") as dst:
+                dst.write(src.read())
     if a.startswith("--cidfile="):
         with open(a[len("--cidfile="):], "w") as f:
             f.write("ab" * 32)
@@ -128,10 +132,15 @@ def test_fast_run_starts_the_full_paths_argv_after_the_full_paths_record(
                "--name", "agent-1", "--", "sh", "-c", "echo hi"])  # fmt: skip
     assert rc == 0
     [argv] = calls(fake_podman)
-    cidfile = argv[1].removeprefix("--cidfile=")
+    cidfile = argv[2].removeprefix("--cidfile=")
     req = containers.RunRequest(**fields())
     spec = containers.make_spec(req, applied)
-    assert argv == list(argv_mod.build_run_argv(spec, cidfile))
+    # The full path's flag for the mount-check hook (containers.pin_mounts), then its argv.
+    hooks = containers_dir() / "agent-1" / "mounts" / "hooks"
+    assert argv == [f"--hooks-dir={hooks}", *argv_mod.build_run_argv(spec, cidfile)]
+    st = os.stat(applied.profile.mounts[0].source)
+    expect = Path(f"{fake_podman}.expect").read_text()
+    assert expect == f"{st.st_dev} {st.st_ino} /workspace\n{st.st_dev} {st.st_ino} /rw\n"
     records = admin_records()[before:]
     assert [r["type"] for r in records] == ["container.run"]
     assert records[0]["data"] == containers._run_record(spec, applied)

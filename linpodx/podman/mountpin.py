@@ -1,0 +1,105 @@
+"""Pinned bind mounts: the container gets exactly the directory (or file) linpodx checked.
+
+linpodx checks every mount source on the host before each run and start
+(`linpodx.profile.hostpaths`), but runc mounts the source again *by its path* moments later.
+An agent with a writable mount over a source's parent can swap the source for a symlink to
+`~/.ssh` in between, and a loop that keeps swapping wins that race often. So the check also
+notes the identity (device, inode) of what it checked, found by walking the resolved path one
+component at a time without following any symlink (`identity`), and an OCI `createRuntime`
+hook (`mountcheck.sh`) compares it with what runc really mounted before the container's
+command may start. A swap after the check then means the container does not start.
+
+The hook needs `podman --hooks-dir=DIR` on every podman call that makes the mounts (`run`,
+`init`, `start`); a plain `podman start` outside linpodx runs no hook (nor linpodx's check).
+
+Standard library's cheapest modules only: the fast run path uses this before podman starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from linpodx import paths
+from linpodx.fsutil import atomic_write
+
+HOOK_SHELL = "/bin/sh"
+HOOK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mountcheck.sh")
+MOUNTS_DIR = "mounts"
+"""Under the container's state dir: the hooks dir and the expectations."""
+HOOKS_DIR = "hooks"
+HOOK_FILE = "linpodx-mounts.json"
+EXPECT_FILE = "expect"
+HOOK_TIMEOUT = 30
+"""Seconds runc gives the hook (it only reads two files and runs `stat` per mount)."""
+
+_WALK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+Pin = tuple[int, int, str]
+"""(device, inode, destination in the container)"""
+
+
+def identity(resolved: str) -> tuple[int, int] | None:
+    """(device, inode) of the directory or regular file at `resolved`, an absolute path that
+    had no symlink in it when it was resolved; None if any component is a symlink now (or is
+    gone), or the end is something else. The walk opens each component relative to the last
+    one without following symlinks, so what it identifies is what is at that path now."""
+    if not os.path.isabs(resolved):
+        return None
+    fd = os.open("/", _WALK | os.O_DIRECTORY)
+    try:
+        for part in resolved.split("/"):
+            if not part:
+                continue
+            try:
+                nxt = os.open(part, _WALK, dir_fd=fd)
+            except OSError:
+                return None  # gone, or a symlink where a directory was (ENOTDIR)
+            os.close(fd)
+            fd = nxt
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return None  # a symlink as the last component, or a socket, a device …
+    return st.st_dev, st.st_ino
+
+
+def setup(container_dir: str, pins: Sequence[Pin]) -> str | None:
+    """Write the mount-check hook and its expectations under `container_dir`; returns the
+    hooks dir for `podman --hooks-dir=`, or None when there is no mount to check."""
+    if not pins:
+        return None
+    where = paths.ensure_dir_str(os.path.join(container_dir, MOUNTS_DIR))
+    hooks = paths.ensure_dir_str(os.path.join(where, HOOKS_DIR))
+    expect = os.path.join(where, EXPECT_FILE)
+    lines = "".join(f"{dev} {ino} {dest}\n" for dev, ino, dest in pins)
+    atomic_write(expect, lines.encode(), durable=False)
+    hook = {
+        "version": "1.0.0",
+        "hook": {
+            "path": HOOK_SHELL,
+            "args": [HOOK_SHELL, HOOK_SCRIPT, expect],
+            "timeout": HOOK_TIMEOUT,
+        },
+        "when": {"always": True},
+        "stages": ["createRuntime"],
+    }
+    atomic_write(os.path.join(hooks, HOOK_FILE), json.dumps(hook).encode(), durable=False)
+    return hooks
+
+
+def flags_of(container_dir: str) -> list[str]:
+    """The global flags for the hooks dir `setup` last wrote under `container_dir`, if any."""
+    hooks = os.path.join(container_dir, MOUNTS_DIR, HOOKS_DIR)
+    return hooks_flags(hooks if os.path.exists(os.path.join(hooks, HOOK_FILE)) else None)
+
+
+def hooks_flags(hooks: str | None) -> list[str]:
+    """podman's global flags for the hooks dir `setup` returned (none for None)."""
+    return [f"--hooks-dir={hooks}"] if hooks else []

@@ -1,0 +1,147 @@
+"""Mount sources swapped between linpodx's check and runc's mount (THREATS: sandbox escape
+through the host paths a profile mounts), on real podman and runc, root and rootless.
+
+linpodx checks each source before a run, but runc mounts it again by its path moments later; an
+agent with a writable mount over the source's parent can keep swapping the source for a
+symlink to `~/.ssh`. The mount-check hook (`linpodx.podman.mountpin`) makes runc refuse any
+mount that is not the very directory linpodx checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from linpodx import runplan
+from linpodx.podman import mountpin
+from tests.conftest import BUSYBOX_IMAGE, run_linpodx
+
+pytestmark = pytest.mark.podman
+
+
+def podman_run(hooks: str | None, source: Path, *cmd: str) -> subprocess.CompletedProcess[str]:
+    flags = mountpin.hooks_flags(hooks)
+    return subprocess.run(
+        ["podman", *flags, "run", "--rm", "--network=none",
+         f"--mount=type=bind,source={source},destination=/data,ro=true",
+         BUSYBOX_IMAGE, *cmd],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_runc_refuses_a_mount_that_is_not_what_was_checked(tmp_path: Path) -> None:
+    """The hook itself, without linpodx around it: pinned to directory A, a container that
+    gets B (what a swap after the check amounts to) never runs its command; one that gets A
+    does."""
+    checked, other = tmp_path / "checked", tmp_path / "other"
+    for d, word in ((checked, "checked"), (other, "other")):
+        d.mkdir()
+        (d / "marker").write_text(f"{word}\n")
+    ident = mountpin.identity(str(checked))
+    assert ident is not None
+    hooks = mountpin.setup(str(tmp_path / "state"), [(ident[0], ident[1], "/data")])
+    assert hooks is not None
+
+    swapped = podman_run(hooks, other, "cat", "/data/marker")
+    assert swapped.returncode != 0 and "other" not in swapped.stdout
+    assert "linpodx mount check" in swapped.stderr and "not the directory" in swapped.stderr
+
+    fine = podman_run(hooks, checked, "cat", "/data/marker")
+    assert fine.returncode == 0, fine.stderr
+    assert fine.stdout == "checked\n"
+
+
+class Swapper:
+    """Keeps swapping `path` between the directory it is and a symlink to `target`, as an
+    agent with a writable mount over its parent could."""
+
+    def __init__(self, path: Path, target: Path) -> None:
+        self.path, self.target = path, target
+        self.aside = path.with_name(path.name + ".real")
+        self.stop = threading.Event()
+        self.swaps = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        # About half the time each: a check may see the directory and runc the symlink.
+        while not self.stop.is_set():
+            os.rename(self.path, self.aside)
+            os.symlink(self.target, self.path)
+            time.sleep(0.002)
+            os.unlink(self.path)
+            os.rename(self.aside, self.path)
+            time.sleep(0.002)
+            self.swaps += 1
+
+    def __enter__(self) -> Swapper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def secret_home() -> Iterator[Path]:
+    home = Path(os.environ["HOME"])
+    (home / ".ssh").mkdir(exist_ok=True)
+    (home / ".ssh" / "id_test").write_text("secret-key-material\n")
+    yield home / ".ssh"
+
+
+@pytest.mark.parametrize("path", ["full", "fast"])
+def test_a_source_swapped_in_a_loop_never_reaches_the_container(
+    tmp_path: Path, secret_home: Path, unique_name: str, path: str
+) -> None:
+    """linpodx run again and again while the source keeps turning into a symlink to ~/.ssh:
+    every run either sees the project or is refused (by the check, or by runc's hook); none
+    ever sees the key."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project-file").write_text("mine\n")
+    prof = tmp_path / "race.yml"
+    prof.write_text(
+        f"version: 1\nname: race\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    applied = run_linpodx("sandbox", "apply", "--profile", str(prof), "--json")
+    assert applied.returncode == 0, applied.stderr
+    plan = runplan.plan_file(json.loads(applied.stdout)["result"]["profile_id"])
+    outcomes = {"saw the project": 0, "refused by the check": 0, "podman": 0, "hook": 0}
+    with Swapper(project, secret_home) as swapper:
+        for i in range(16):
+            if path == "full" and os.path.exists(plan):
+                os.unlink(plan)  # every full run writes it again
+            res = run_linpodx(
+                "run", "--rm", "--profile", "race", "--name", f"{unique_name}-{i}",
+                "--image", BUSYBOX_IMAGE, "--", "ls", "/workspace",
+            )  # fmt: skip
+            assert "id_test" not in res.stdout, f"run {i} saw the key: {res.stdout}"
+            assert "Traceback" not in res.stderr
+            if res.returncode == 0:
+                assert res.stdout.splitlines()[-1] == "project-file"
+                outcomes["saw the project"] += 1
+            elif "linpodx mount check" in res.stderr:
+                outcomes["hook"] += 1
+            elif "no such file or directory" in res.stderr:
+                # podman (statfs) or runc (mount) came in the middle of a swap: source gone.
+                outcomes["podman"] += 1
+            else:
+                assert "error: profile race: mount source" in res.stderr, res.stderr
+                assert "hint:" in res.stderr
+                outcomes["refused by the check"] += 1
+    assert swapper.swaps > 100, "the swapper did not run"
+    # The race was on: some runs were refused (the check or runc's hook caught a swap).
+    assert outcomes["saw the project"] < 16, outcomes
+    left = subprocess.run(
+        ["podman", "ps", "-a", "--filter", f"name={unique_name}", "--format", "{{.Names}}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert left.stdout.strip() == ""

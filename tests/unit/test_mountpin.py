@@ -1,0 +1,123 @@
+"""Pinned mount sources (`linpodx.podman.mountpin`): the identity walk and the shell hook that
+compares it with what runc mounted. The hook runs here against a stand-in OCI state and bundle
+whose `pid` is this test process (so /proc/PID/root is /); real runc runs it in
+tests/integration/test_mount_pinning.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from linpodx.podman import mountpin
+from linpodx.profile import hostpaths
+
+
+def test_identity_is_the_directory_or_file_at_a_symlink_free_path(tmp_path: Path) -> None:
+    d = tmp_path / "dir"
+    d.mkdir()
+    f = d / "file"
+    f.write_text("x")
+    for p in (d, f):
+        st = os.stat(p)
+        assert mountpin.identity(str(p)) == (st.st_dev, st.st_ino)
+
+
+def test_identity_refuses_symlinks_anywhere_and_odd_things(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "inner").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    assert mountpin.identity(str(tmp_path / "link")) is None  # last component
+    assert mountpin.identity(str(tmp_path / "link" / "inner")) is None  # on the way
+    assert mountpin.identity(str(tmp_path / "missing")) is None
+    assert mountpin.identity("relative/path") is None
+    os.mkfifo(tmp_path / "fifo")
+    assert mountpin.identity(str(tmp_path / "fifo")) is None
+
+
+def test_pin_mount_source_pins_the_resolved_directory(tmp_path: Path) -> None:
+    real = tmp_path / "project"
+    real.mkdir()
+    (tmp_path / "via").symlink_to(real)  # a symlink the person wrote is resolved, then pinned
+    ident, problem, _ = hostpaths.pin_mount_source(str(tmp_path / "via"))
+    st = os.stat(real)
+    assert problem is None and ident == (st.st_dev, st.st_ino)
+
+
+def test_no_mounts_no_hook(tmp_path: Path) -> None:
+    assert mountpin.setup(str(tmp_path), []) is None
+    assert mountpin.hooks_flags(None) == [] and mountpin.flags_of(str(tmp_path)) == []
+
+
+def _hook(
+    tmp_path: Path, pins: list[mountpin.Pin], *, state: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the hook `setup` wrote, as runc would, with a bundle whose rootfs is `tmp_path/root`."""
+    hooks = mountpin.setup(str(tmp_path / "state"), pins)
+    assert hooks is not None
+    assert mountpin.flags_of(str(tmp_path / "state")) == [f"--hooks-dir={hooks}"]
+    spec = json.loads(Path(hooks, mountpin.HOOK_FILE).read_text())
+    assert spec["stages"] == ["createRuntime"] and spec["hook"]["path"] == "/bin/sh"
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(exist_ok=True)
+    # Compact JSON, as runc (the state) and podman (config.json) write it.
+    (bundle / "config.json").write_text(
+        json.dumps(
+            {"ociVersion": "1.0.2", "root": {"path": str(tmp_path / "root")}},
+            separators=(",", ":"),
+        )
+    )
+    if state is None:
+        state = json.dumps(
+            {"ociVersion": "1.0.2", "id": "c0ffee", "status": "creating", "pid": os.getpid(),
+             "bundle": str(bundle), "annotations": {"x": '"pid":1'}},
+            separators=(",", ":"),
+        )  # fmt: skip
+    return subprocess.run(
+        spec["hook"]["args"], input=state, capture_output=True, text=True, timeout=30
+    )
+
+
+@pytest.fixture
+def rootfs(tmp_path: Path) -> Path:
+    for d in ("root/workspace", "root/data dir", "elsewhere"):
+        (tmp_path / d).mkdir(parents=True)
+    return tmp_path / "root"
+
+
+def _pin(path: Path, dest: str) -> mountpin.Pin:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, dest)
+
+
+def test_hook_passes_when_every_mount_is_what_was_checked(tmp_path: Path, rootfs: Path) -> None:
+    pins = [_pin(rootfs / "workspace", "/workspace"), _pin(rootfs / "data dir", "/data dir")]
+    res = _hook(tmp_path, pins)
+    assert res.returncode == 0, res.stderr
+
+
+def test_hook_fails_when_one_mount_is_something_else(tmp_path: Path, rootfs: Path) -> None:
+    pins = [_pin(rootfs / "workspace", "/workspace"), _pin(tmp_path / "elsewhere", "/data dir")]
+    res = _hook(tmp_path, pins)
+    assert res.returncode == 1
+    assert "linpodx mount check: the mount at /data dir is not the directory" in res.stderr
+
+
+def test_hook_fails_when_the_mount_point_is_missing(tmp_path: Path, rootfs: Path) -> None:
+    res = _hook(tmp_path, [_pin(rootfs / "workspace", "/nowhere")])
+    assert res.returncode == 1 and "cannot see the mount at /nowhere" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "state",
+    ["", "not json", '{"pid":0,"bundle":"/x"}', '{"bundle":"/nonexistent","pid":5}'],
+    ids=["empty", "garbage", "pid-0", "no-bundle-dir"],
+)
+def test_hook_fails_closed_on_a_state_it_cannot_use(
+    tmp_path: Path, rootfs: Path, state: str
+) -> None:
+    res = _hook(tmp_path, [_pin(rootfs / "workspace", "/workspace")], state=state)
+    assert res.returncode != 0 and "linpodx mount check" in res.stderr
