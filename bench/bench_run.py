@@ -53,6 +53,7 @@ def main() -> int:
         return bench(state)
     finally:
         shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(state.with_name(state.name + "-project"), ignore_errors=True)
 
 
 def bench(state: Path) -> int:
@@ -67,7 +68,8 @@ def bench(state: Path) -> int:
     prof = state / "bench.yml"
     text = PROFILE
     if args.mount:
-        project = state / "project"
+        # Beside the state dir, not in it (linpodx refuses to mount its own state).
+        project = state.with_name(state.name + "-project")
         project.mkdir()
         text += f"mounts:\n  - source: {project}\n    target: /workspace\n"
     prof.write_text(text)
