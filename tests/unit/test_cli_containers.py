@@ -361,3 +361,64 @@ def test_start_refuses_a_moved_resolv_conf(
         containers.start("agent-1")
     assert "resolv.conf moved" in ei.value.message
     assert "start" not in fake.names() and "init" not in fake.names()
+
+
+def _mounted_ref(source: Path, *, allowlist: tuple[str, ...] = ()) -> containers.ProfileRef:
+    from linpodx.profile.model import Mount
+
+    prof = Profile(
+        name="mnt",
+        mounts=(Mount(str(source), "/workspace"),),
+        network=Network(egress_dns_allowlist=allowlist),
+    )
+    return containers.ProfileRef(prof, "mnt", "prof_M", 1, "ef" * 32)
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["plain", "guarded"])
+def test_podman_calls_that_make_the_mounts_get_the_mount_check_hook(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, guarded: bool
+) -> None:
+    """`init`/`start` (run and `linpodx start`) carry `--hooks-dir` of the container's pins, and
+    the pins are the device and inode of the source as it is when the call is made."""
+    monkeypatch.setattr(containers, "_guard", lambda: FakeGuard(fail_attach=False))
+    project = tmp_path / "project"
+    project.mkdir()
+    ref = _mounted_ref(project, allowlist=("crates.io",) if guarded else ())
+    containers.create_and_start(containers.make_spec(REQ, ref), ref)
+    hooks = containers_dir() / "agent-1" / "mounts" / "hooks"
+    flag = f"--hooks-dir={hooks}"
+    mounting = [c for c in fake.calls if c[0] in ("init", "start")]
+    assert mounting and all(c[1] == flag for c in mounting), fake.calls
+    st = project.stat()
+    expect = hooks.parent / "expect"
+    assert expect.read_text() == f"{st.st_dev} {st.st_ino} /workspace\n"
+
+    # Replaced by another directory of the same name before `linpodx start`: pinned afresh.
+    project.rename(tmp_path / "old")
+    project.mkdir()
+    fake.calls.clear()
+    fake.state = "exited"
+    monkeypatch.setattr(containers, "profile_by_id", lambda pid: ref)
+    containers.start("agent-1")
+    assert next(c for c in fake.calls if c[0] in ("init", "start"))[1] == flag
+    st = project.stat()
+    assert expect.read_text() == f"{st.st_dev} {st.st_ino} /workspace\n"
+
+
+def test_a_source_that_became_a_symlink_stops_the_start_before_podman(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    ref = _mounted_ref(project)
+    containers.create_and_start(containers.make_spec(REQ, ref), ref)
+    ssh = Path.home() / ".ssh"
+    ssh.mkdir(exist_ok=True)
+    project.rmdir()
+    project.symlink_to(ssh)
+    fake.calls.clear()
+    fake.state = "exited"
+    monkeypatch.setattr(containers, "profile_by_id", lambda pid: ref)
+    with pytest.raises(containers.InvalidInput):
+        containers.start("agent-1")
+    assert "init" not in fake.names() and "start" not in fake.names()
