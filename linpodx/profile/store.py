@@ -8,10 +8,18 @@ Layout under `profiles_dir()` (dirs 0700, files 0600, every write atomic):
                              last revision number (kept, so a re-applied name continues counting)
 
 Order of an apply (under the lock): load and normalize → digest → compare with the current
-revision (equal: nothing is written or audited) → append `profile.apply` to the admin chain
-(AuditError: nothing stored) → write the revision file with the record's hash → move the
-name's pointer. A crash between the audit record and the revision file leaves an audited
-apply that was never stored; the next apply then makes the revision again under a new id.
+revision (equal: nothing is written or audited) → note the apply as *pending* in the name's
+pointer (its new id and revision number) → append `profile.apply` to the admin chain
+(AuditError: the pending note is taken back, nothing stored) → write the revision file with
+the record's hash → move the name's pointer (and drop the note).
+
+A crash (kill -9, power loss) can stop an apply between any two of those steps. The next apply
+or remove of that name finishes or closes it first (`_settle`): if the pending revision file
+was written (so its audit record was too), the pointer is moved to it, as the interrupted
+apply would have done; if not, a `profile.apply.abandoned` record says that revision (id and
+number) was never stored, whether or not its `profile.apply` record made it into the chain.
+Either way its number is never given to another revision. Until then, runs use the revision
+that was current before the interrupted apply.
 """
 
 from __future__ import annotations
@@ -233,7 +241,7 @@ def apply(path: Path | str) -> ApplyResult:
     digest = digest_of(profile)
     source = os.path.abspath(path)
     with _locked():
-        pointer = _pointer(profile.name) or {}
+        pointer = _settle(profile.name, _pointer(profile.name) or {})
         current_id = pointer.get("current")
         if isinstance(current_id, str):
             doc = _load_revision(current_id)
@@ -250,17 +258,28 @@ def apply(path: Path | str) -> ApplyResult:
         last = pointer.get("last_revision", 0)
         revision = (last if isinstance(last, int) else 0) + 1
         profile_id = new_id("prof")
+        pointer_path = _pointer_path(profile.name)
+        pending = {"profile_id": profile_id, "revision": revision}
+        _write_json(pointer_path, {**pointer, "name": profile.name, "pending": pending})
         # Audit first: if the record cannot be written, nothing is stored.
-        record = _admin_chain().append(
-            "profile.apply",
-            {
-                "name": profile.name,
-                "profile_id": profile_id,
-                "revision": revision,
-                "digest": digest,
-                "source": source,
-            },
-        )
+        try:
+            record = _admin_chain().append(
+                "profile.apply",
+                {
+                    "name": profile.name,
+                    "profile_id": profile_id,
+                    "revision": revision,
+                    "digest": digest,
+                    "source": source,
+                },
+            )
+        except AuditError:
+            # Not applied: take the pending note back (a new name gets no pointer at all).
+            if pointer:
+                _write_json(pointer_path, pointer)
+            else:
+                pointer_path.unlink(missing_ok=True)
+            raise
         audit_hash = str(record.hash)
         _write_json(
             _revisions_dir() / f"{profile_id}.json",
@@ -278,10 +297,44 @@ def apply(path: Path | str) -> ApplyResult:
             },
         )
         _write_json(
-            _pointer_path(profile.name),
-            {"name": profile.name, "current": profile_id, "last_revision": revision},
+            pointer_path, {"name": profile.name, "current": profile_id, "last_revision": revision}
         )
     return ApplyResult(profile.name, profile_id, revision, audit_hash, True, digest)
+
+
+def _settle(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
+    """Finish or close an apply of `name` that a crash interrupted (see the module doc); returns
+    the pointer as it is now. Under the lock."""
+    pending = pointer.get("pending")
+    if pending is None:
+        return pointer
+    last = pointer.get("last_revision", 0)
+    last = last if isinstance(last, int) else 0
+    settled = {k: v for k, v in pointer.items() if k != "pending"}
+    pid = pending.get("profile_id") if isinstance(pending, dict) else None
+    rev = pending.get("revision") if isinstance(pending, dict) else None
+    if not (isinstance(pid, str) and is_id(pid, "prof") and type(rev) is int and rev > 0):
+        raise ChainBroken(
+            f"profile store file {_pointer_path(name)} is damaged (its pending apply)",
+            "restore it from a backup, or remove it and re-apply the profile",
+        )
+    doc = _load_revision(pid)
+    if doc is not None and doc.get("name") == name and doc.get("revision") == rev:
+        # Stored, hence audited before: do what the interrupted apply would have done last.
+        settled = {"name": name, "current": pid, "last_revision": max(last, rev)}
+    else:
+        _admin_chain().append(
+            "profile.apply.abandoned",
+            {
+                "name": name,
+                "profile_id": pid,
+                "revision": rev,
+                "reason": "the apply was interrupted before its revision was stored",
+            },
+        )
+        settled["last_revision"] = max(last, rev)
+    _write_json(_pointer_path(name), settled)
+    return settled
 
 
 def get(name: str) -> StoredProfile:
@@ -357,6 +410,8 @@ def remove(name: str) -> RemoveResult:
     by id so containers started under them keep working."""
     with _locked():
         pointer = _pointer(name)
+        if pointer is not None:
+            pointer = _settle(name, pointer)
         current = pointer.get("current") if pointer else None
         if pointer is None or not isinstance(current, str):
             raise NotFound(f"profile not found: {name}", APPLY_HINT)

@@ -298,3 +298,184 @@ def test_readme_reference_is_current() -> None:
         "README.md's configuration reference is out of date; refresh it with: "
         "python -m linpodx.profile.reference --readme"
     )
+
+
+class Crash(BaseException):
+    """Stands for kill -9 at that point: nothing after it runs, nothing is cleaned up."""
+
+
+def _crash_apply(f: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Apply `f`, stopping dead at `where`: before the audit record, before the revision file,
+    or before the pointer is moved to the new revision."""
+    write_json = store._write_json
+
+    def crashing_write(path: Path, doc: dict[str, Any]) -> None:
+        if where == "revision file" and path.parent.name == "revisions":
+            raise Crash
+        if where == "pointer" and path.parent.name == "names" and "pending" not in doc:
+            raise Crash
+        write_json(path, doc)
+
+    class CrashingChain:
+        def append(self, type: str, data: Any) -> Any:
+            raise Crash
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "_write_json", crashing_write)
+        if where == "audit record":
+            m.setattr(store, "_admin_chain", CrashingChain)
+        with pytest.raises(Crash):
+            store.apply(f)
+
+
+def _types() -> list[str]:
+    return [rec.type for rec in read_records(admin_chain().path)]
+
+
+@pytest.mark.parametrize("where", ["audit record", "revision file"])
+def test_an_apply_killed_before_its_revision_was_stored_is_closed_as_abandoned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    f = profile_file(tmp_path)
+    one = store.apply(f)
+    f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+    _crash_apply(f, monkeypatch, where)
+    assert store.get("demo").profile_id == one.profile_id  # runs keep using revision 1
+    pending = json.loads((paths.profiles_dir() / "names" / "demo.json").read_text())["pending"]
+    assert pending["revision"] == 2
+
+    again = store.apply(f)  # the person runs it again
+    assert again.changed and again.revision == 3  # number 2 is never given to another one
+    assert again.profile_id != pending["profile_id"]
+    records = read_records(admin_chain().path)
+    abandoned = [r for r in records if r.type == "profile.apply.abandoned"]
+    assert [r.data["profile_id"] for r in abandoned] == [pending["profile_id"]]
+    assert abandoned[0].data["revision"] == 2
+    applied = [r.data["revision"] for r in records if r.type == "profile.apply"]
+    assert applied == ([1, 3] if where == "audit record" else [1, 2, 3])
+    assert [s.revision for s in store.history("demo")] == [1, 3]
+    assert "pending" not in json.loads((paths.profiles_dir() / "names" / "demo.json").read_text())
+
+
+def test_an_apply_killed_after_storing_its_revision_is_finished_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = profile_file(tmp_path)
+    store.apply(f)
+    f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+    _crash_apply(f, monkeypatch, "pointer")
+    assert store.get("demo").revision == 1
+    records_before = _types()
+
+    again = store.apply(f)  # same file: the interrupted revision is finished, nothing new
+    assert (again.changed, again.revision) == (False, 2)
+    assert _types() == records_before == ["profile.apply", "profile.apply"]
+    assert store.get("demo").profile_id == again.profile_id
+
+
+def test_remove_after_an_interrupted_apply_settles_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = profile_file(tmp_path)
+    store.apply(f)
+    f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+    _crash_apply(f, monkeypatch, "pointer")
+    removed = store.remove("demo")
+    assert removed.revision == 2  # the stored revision was made current, then removed
+    with pytest.raises(NotFound):
+        store.get("demo")
+    f.write_text("name: demo\ndescription: third\n", encoding="utf-8")
+    assert store.apply(f).revision == 3
+
+
+def test_a_new_name_whose_first_apply_could_not_be_audited_gets_no_pointer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class BrokenChain:
+        def append(self, type: str, data: Any) -> Any:
+            raise AuditError("could not record to the audit log: disk full")
+
+    monkeypatch.setattr(store, "_admin_chain", BrokenChain)
+    with pytest.raises(AuditError):
+        store.apply(profile_file(tmp_path))
+    assert not (paths.profiles_dir() / "names" / "demo.json").exists()
+
+
+def test_an_apply_refused_by_the_audit_log_leaves_no_pending_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = profile_file(tmp_path)
+    store.apply(f)
+    pointer = (paths.profiles_dir() / "names" / "demo.json").read_bytes()
+
+    class BrokenChain:
+        def append(self, type: str, data: Any) -> Any:
+            raise AuditError("could not record to the audit log: disk full")
+
+    f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+    with monkeypatch.context() as m:
+        m.setattr(store, "_admin_chain", BrokenChain)
+        with pytest.raises(AuditError):
+            store.apply(f)
+    assert json.loads((paths.profiles_dir() / "names" / "demo.json").read_bytes()) == json.loads(
+        pointer
+    )
+    assert store.apply(f).revision == 2  # nothing was abandoned: the number is free
+    assert "profile.apply.abandoned" not in _types()
+
+
+APPLIER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from linpodx.profile import store
+    f, start = Path(sys.argv[1]), int(sys.argv[2])
+    print("ready", flush=True)
+    i = start
+    while True:
+        f.write_text(f"name: demo\\ndescription: round {i}\\n", encoding="utf-8")
+        store.apply(f)
+        i += 1
+    """
+)
+
+
+def test_applies_killed_at_random_moments_never_reuse_a_revision_number(tmp_path: Path) -> None:
+    """Real kill -9 of a process applying changed profiles in a loop, at random moments, then
+    one more apply: every audited `profile.apply` has its own revision number, and each one
+    was either stored or closed by a `profile.apply.abandoned` record; the chain verifies."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(11)  # noqa: S311 - kill timing, not cryptography
+    for round_ in range(12):
+        f = tmp_path / f"p{round_}.yml"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", APPLIER, str(f), str(round_ * 1000)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    last = store.apply(profile_file(tmp_path, "description: the end\n"))
+
+    records = read_records(admin_chain().path)
+    applied = [
+        (r.data["profile_id"], r.data["revision"]) for r in records if r.type == "profile.apply"
+    ]
+    abandoned = {
+        (r.data["profile_id"], r.data["revision"])
+        for r in records
+        if r.type == "profile.apply.abandoned"
+    }
+    numbers = [rev for _, rev in applied]
+    assert len(numbers) == len(set(numbers)), numbers  # never reused
+    stored = {(s.profile_id, s.revision) for s in store.history("demo")}
+    for entry in applied:
+        assert entry in stored or entry in abandoned, entry
+    assert max(numbers) == last.revision and store.get("demo").revision == last.revision
+    assert len(applied) > 12  # the loops got somewhere before each kill
