@@ -357,13 +357,19 @@ def test_an_apply_killed_before_its_revision_was_stored_is_closed_as_abandoned(
     assert "pending" not in json.loads((paths.profiles_dir() / "names" / "demo.json").read_text())
 
 
-def test_an_apply_killed_after_storing_its_revision_is_finished_by_the_next(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _killed_after_storing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Revision 1 applied, then revision 2 stored but the kill came before the pointer moved."""
     f = profile_file(tmp_path)
     store.apply(f)
     f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
     _crash_apply(f, monkeypatch, "pointer")
+    return f
+
+
+def test_an_apply_killed_after_storing_its_revision_is_finished_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = _killed_after_storing(tmp_path, monkeypatch)
     assert store.get("demo").revision == 1
     records_before = _types()
 
@@ -376,10 +382,7 @@ def test_an_apply_killed_after_storing_its_revision_is_finished_by_the_next(
 def test_remove_after_an_interrupted_apply_settles_it_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    f = profile_file(tmp_path)
-    store.apply(f)
-    f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
-    _crash_apply(f, monkeypatch, "pointer")
+    f = _killed_after_storing(tmp_path, monkeypatch)
     removed = store.remove("demo")
     assert removed.revision == 2  # the stored revision was made current, then removed
     with pytest.raises(NotFound):
