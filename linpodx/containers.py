@@ -258,36 +258,30 @@ def _remove_spec(name: str) -> None:
 # --- building ---------------------------------------------------------------------------------
 
 
-def check_mount_sources(ref: ProfileRef) -> None:
+def check_mount_sources(ref: ProfileRef) -> list[mountpin.Pin]:
     """Check every mount source of the profile on the host again, as `sandbox apply` did:
     InvalidInput if one is now missing, sensitive, or a symlink to something sensitive (an
-    agent with a writable mount can turn a path into one between two runs)."""
-    for m in ref.profile.mounts:
-        _, problem, hint = hostpaths.check_mount_source(m.source)
-        if problem:
-            raise InvalidInput(
-                f"profile {ref.name}: {problem}",
-                f"{hint + '; ' if hint else ''}it was checked when the profile was applied and is "
-                "checked again before every start; fix the path on the host or re-apply",
-            )
-
-
-def pin_mounts(name: str, ref: ProfileRef) -> tuple[str, ...]:
-    """Check every mount source again (as `check_mount_sources`) and pin what was checked: the
-    mount-check hook makes runc refuse to start the container unless each mount is that very
-    directory (`linpodx.podman.mountpin`). Returns podman's global flags for every call that
-    makes the mounts (`run`, `init`, `start`); none for a profile without mounts."""
+    agent with a writable mount can turn a path into one between two runs). Returns what was
+    checked, pinned: (device, inode, target) per mount (`linpodx.podman.mountpin`)."""
     pins: list[mountpin.Pin] = []
     for m in ref.profile.mounts:
         ident, problem, hint = hostpaths.pin_mount_source(m.source)
         if problem or ident is None:
             raise InvalidInput(
                 f"profile {ref.name}: {problem}",
-                f"{hint + '; ' if hint else ''}it was checked when the profile was applied and "
-                "is checked again before every start; fix the path on the host or re-apply",
+                f"{hint + '; ' if hint else ''}it was checked when the profile was applied and is "
+                "checked again before every start; fix the path on the host or re-apply",
             )
         pins.append((ident[0], ident[1], m.target))
-    hooks = mountpin.setup(str(ensure_dir(spec_dir(name))), pins)
+    return pins
+
+
+def pin_mounts(name: str, ref: ProfileRef) -> tuple[str, ...]:
+    """Check every mount source again (`check_mount_sources`) and write what was checked for
+    the mount-check hook, which makes runc refuse to start the container unless each mount is
+    that very directory (`linpodx.podman.mountpin`). Returns podman's global flags for every
+    call that makes the mounts (`run`, `init`, `start`); none for a profile without mounts."""
+    hooks = mountpin.setup(str(ensure_dir(spec_dir(name))), check_mount_sources(ref))
     return tuple(mountpin.hooks_flags(hooks))
 
 
