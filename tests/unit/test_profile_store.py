@@ -40,6 +40,13 @@ def store_files() -> list[Path]:
     return sorted(p for p in base.rglob("*") if p.is_file()) if base.exists() else []
 
 
+class BrokenChain:
+    """An admin chain that refuses every record (a full disk)."""
+
+    def append(self, type: str, data: Any) -> Any:
+        raise AuditError("could not record to the audit log: disk full")
+
+
 def test_apply_stores_a_revision_audited_first(tmp_path: Path) -> None:
     f = profile_file(tmp_path, "network: {egress_dns_allowlist: [crates.io]}\n")
     r = store.apply(f)
@@ -98,10 +105,6 @@ def test_changed_apply_makes_revision_two_and_keeps_one(tmp_path: Path) -> None:
 
 
 def test_failed_audit_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    class BrokenChain:
-        def append(self, type: str, data: Any) -> Any:
-            raise AuditError("could not record to the audit log: disk full")
-
     monkeypatch.setattr(store, "_admin_chain", BrokenChain)
     with pytest.raises(AuditError):
         store.apply(profile_file(tmp_path))
@@ -394,10 +397,6 @@ def test_remove_after_an_interrupted_apply_settles_it_first(
 def test_a_new_name_whose_first_apply_could_not_be_audited_gets_no_pointer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class BrokenChain:
-        def append(self, type: str, data: Any) -> Any:
-            raise AuditError("could not record to the audit log: disk full")
-
     monkeypatch.setattr(store, "_admin_chain", BrokenChain)
     with pytest.raises(AuditError):
         store.apply(profile_file(tmp_path))
@@ -410,10 +409,6 @@ def test_an_apply_refused_by_the_audit_log_leaves_no_pending_note(
     f = profile_file(tmp_path)
     store.apply(f)
     pointer = (paths.profiles_dir() / "names" / "demo.json").read_bytes()
-
-    class BrokenChain:
-        def append(self, type: str, data: Any) -> Any:
-            raise AuditError("could not record to the audit log: disk full")
 
     f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
     with monkeypatch.context() as m:
