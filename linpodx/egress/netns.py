@@ -221,18 +221,20 @@ def external_pasta_argv(pid: int, pidfile: Path, userns_pid: int) -> list[str]:
     binary = proc.which("pasta") or "pasta"
     argv = pasta_argv(binary, pid)
     pasta = [argv[0], "-f", "--userns", f"/proc/{userns_pid}/ns/user", *argv[1:]]
-    keeper = [sys.executable, "-m", "linpodx.egress.pastakeeper"]
+    return keeper_argv(userns_pid, pid, pidfile, pasta)
+
+
+def keeper_argv(
+    guard_pid: int, pid: int, pidfile: Path, pasta: list[str], bind_netns: Path | None = None
+) -> list[str]:
+    """`python -m linpodx.egress.pastakeeper …` running `pasta` until the guard (`guard_pid`) or
+    the container's init process (`pid`) ends; see that module."""
+    bind = ["--bind-netns", str(bind_netns)] if bind_netns is not None else []
     return [
-        *keeper,
-        "--guard-pid",
-        str(userns_pid),
-        "--container-pid",
-        str(pid),
-        "--pidfile",
-        str(pidfile),
-        "--",
-        *pasta,
-    ]
+        sys.executable, "-m", "linpodx.egress.pastakeeper",
+        "--guard-pid", str(guard_pid), "--container-pid", str(pid), "--pidfile", str(pidfile),
+        *bind, "--", *pasta,
+    ]  # fmt: skip
 
 
 def choose_helper(preferred: str | None = None) -> str:
@@ -371,21 +373,7 @@ def _start_rootful_pasta(
         pidfile.unlink()
     argv = pasta_argv(binary, pid, str(netns_file))
     pasta = [argv[0], "-f", "--runas", "0:0", *argv[1:]]
-    keeper = [
-        sys.executable,
-        "-m",
-        "linpodx.egress.pastakeeper",
-        "--guard-pid",
-        str(os.getpid()),
-        "--container-pid",
-        str(pid),
-        "--pidfile",
-        str(pidfile),
-        "--bind-netns",
-        str(netns_file),
-        "--",
-        *pasta,
-    ]
+    keeper = keeper_argv(os.getpid(), pid, pidfile, pasta, bind_netns=netns_file)
     logf = open(log, "ab")  # handed to the child, closed right after
     try:
         # Popen: the keeper (and pasta under it) lives as long as the container.
