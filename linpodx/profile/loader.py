@@ -79,8 +79,12 @@ DANGEROUS_CAPS = frozenset(
 """Capabilities that let a container escape, undo the egress firewall or hide its tracks."""
 
 # Targets linpodx (or podman) manages itself, or that would hand the container the kernel.
-_TARGET_TREES = ("/proc", "/sys", "/dev")
-_TARGET_EXACT = ("/", "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/run/.containerenv")
+# `/run` and `/run/linpodx` would hold the mount gate (linpodx.podman.mountpin): runc would
+# make its mount point inside the person's directory.
+_TARGET_TREES = ("/proc", "/sys", "/dev", "/run/linpodx")
+_TARGET_EXACT = (
+    "/", "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/run", "/run/.containerenv"
+)  # fmt: skip
 
 _HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|(\$))")

@@ -263,6 +263,10 @@ def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
         ("/dev", "is over /dev"),
         ("/etc/resolv.conf", "linpodx manages it"),
         ("/etc/hosts", "linpodx manages it"),
+        # Would hold the mount gate (linpodx.podman.mountpin).
+        ("/run", "linpodx manages it"),
+        ("/run/linpodx", "is over /run/linpodx"),
+        ("/run/linpodx/mount-gate", "is over /run/linpodx"),
         ("workspace", "must be an absolute path"),
         ("/w/../proc", "must not contain `..`"),
         ("/w/./x", "is not normalized"),
