@@ -341,9 +341,18 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
     prepare() runs again on every bring-up: it rewrites the resolv.conf the container bind-mounts
     (a detach may have removed it) and must hand back the path the container was created with.
 
-    The mount sources are checked and pinned first (`pin_mounts`): `podman init` (or `start`)
-    makes the mounts, and the hook it is given checks them.
+    The mount sources are checked and pinned first (`pin_mounts`, which opens the mount
+    gate): `podman init` (or `start`) makes the mounts, and the hook it is given checks them
+    and closes the gate. It is closed here too, whatever happened, so that only linpodx's own
+    starts ever find it open.
     """
+    try:
+        _bring_up_gated(name, ref, start=start, resolv=resolv)
+    finally:
+        mountpin.close_gate(str(spec_dir(name)))
+
+
+def _bring_up_gated(name: str, ref: ProfileRef, *, start: bool, resolv: str | None) -> None:
     mounts = pin_mounts(name, ref)
     if needs_guard(ref):
         guard = _guard()
@@ -358,6 +367,8 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
         # the container's process gone and fails closed. One more init after a pause is safe:
         # nothing has run yet, and a second failure is reported as it is.
         for attempt in (1, 2):
+            if attempt == 2:
+                mounts = pin_mounts(name, ref)  # check again, and reopen the gate the hook closed
             engine.init(name, mounts)
             pid = guard.init_pid(name) or engine.container_pid(name)
             try:
@@ -417,15 +428,21 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
     start when `start` is False). Audited first; nothing is left behind on failure."""
     audit("container.run", _run_record(spec, ref))
     guarded = needs_guard(ref)
-    if guarded:
-        # prepare() writes the guard's files under this name: if the name is taken, those belong
-        # to the other container, so refuse before touching them (and never detach them).
-        # Without a state dir of that name there are no such files: podman alone decides.
+    gated = bool(ref.profile.mounts)
+    if guarded or gated:
+        # prepare() and the mount gate write files under this name: if the name is taken,
+        # those belong to the other container, so refuse before touching them (and never
+        # detach them). Without a state dir of that name there are no such files: podman
+        # alone decides.
         if spec_dir(spec.name).exists() and engine.exists(spec.name):
             raise EngineError(
                 f"the container name {spec.name!r} is already in use",
                 "choose another --name, or remove the old container with `linpodx rm NAME`",
             )
+    if gated:
+        # podman create needs the gate to exist; `_bring_up`'s start closes it again.
+        mountpin.open_gate(str(ensure_dir(spec_dir(spec.name))))
+    if guarded:
         try:
             resolv = _guard().prepare(spec.name, ref)
         except LinpodxError:
@@ -440,6 +457,8 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
         if guarded:
             with contextlib.suppress(Exception):
                 _guard().detach(spec.name)
+        if gated:
+            mountpin.close_gate(str(spec_dir(spec.name)))
         raise  # podman refused: nothing was created (a name clash leaves the other one alone)
     try:
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))

@@ -112,6 +112,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
             resolv, pidfile, guard_flags = _guard_first(name, plan["egress_policy"])
             global_flags += guard_flags
         tail = runline.tail(
+            mount_gate=mountpin.gate_path(where) if pins else None,
             resolv_conf=resolv,
             pidfile=pidfile,
             rm=True,

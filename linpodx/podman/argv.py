@@ -19,12 +19,14 @@ Every hardening choice is made here, in one place, so the unit tests can pin the
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
+from linpodx import paths
 from linpodx.egress.launch import INIT_PIDFILE
 from linpodx.errors import InvalidInput
-from linpodx.podman import runline
+from linpodx.podman import mountpin, runline
 from linpodx.podman.runline import HOME_DIR
 from linpodx.profile.model import Profile
 
@@ -124,10 +126,15 @@ def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
     pidfile = None
     if spec.resolv_conf is not None:
         pidfile = f"{spec.resolv_conf.rsplit('/', 1)[0]}/{INIT_PIDFILE}"
+    head = runline.head(spec.name, spec.hostname)  # validates the name before it makes a path
+    gate = None
+    if spec.profile.mounts:
+        gate = mountpin.gate_path(os.path.join(paths.containers_root(), spec.name))
     return (
-        *runline.head(spec.name, spec.hostname),
+        *head,
         *profile_flags(spec),
         *runline.tail(
+            mount_gate=gate,
             resolv_conf=spec.resolv_conf,
             pidfile=pidfile,
             rm=spec.rm,

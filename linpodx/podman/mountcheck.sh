@@ -2,7 +2,7 @@
 # OCI `createRuntime` hook: every bind mount of the container is the very directory (or file)
 # linpodx checked.
 #
-#     sh mountcheck.sh EXPECT_FILE     (the OCI state JSON on stdin)
+#     sh mountcheck.sh EXPECT_FILE GATE     (the OCI state JSON on stdin)
 #
 # linpodx checks each mount source on the host before a run or a start (not sensitive, not a
 # symlink into a sensitive path) and notes the device and inode of what it checked, one line
@@ -14,12 +14,19 @@
 # destination) with what was checked. Any difference, or anything it cannot read, exits 1:
 # runc then never starts the command.
 #
+# First of all it closes the gate: GATE is an empty file the container bind-mounts, which
+# linpodx creates just before each start it makes. Removed here (runc has mounted it by now),
+# it makes any later plain `podman start`/`restart` outside linpodx fail in runc before the
+# command runs, instead of mounting the sources unchecked (see linpodx/podman/mountpin.py).
+#
 # POSIX sh with `stat` only (no Python start-up on every run). The OCI state (from runc) and
 # config.json (from podman) are compact single-line JSON with `pid` and `bundle` before any
 # annotation and `"root":{"path":…}` in the config; anything else fails closed.
 PATH=/usr/local/bin:/usr/bin:/bin  # runc gives hooks an empty environment
 fail() { printf 'linpodx mount check: %s\n' "$1" >&2; exit 1; }
-[ "$#" -eq 1 ] || { echo "linpodx mount check: usage: mountcheck.sh EXPECT_FILE" >&2; exit 2; }
+[ "$#" -eq 2 ] || { echo "linpodx mount check: usage: mountcheck.sh EXPECT_FILE GATE" >&2; exit 2; }
+rm -f -- "$2" 2>/dev/null
+[ ! -e "$2" ] && [ ! -L "$2" ] || fail "cannot close the start gate $2"
 state=
 IFS= read -r state || [ -n "$state" ] || fail "no OCI state on stdin"
 case $state in *'"pid":'*'"bundle":"'*) ;; *) fail "no pid or bundle in the OCI state" ;; esac

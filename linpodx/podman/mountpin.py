@@ -10,7 +10,14 @@ hook (`mountcheck.sh`) compares it with what runc really mounted before the cont
 command may start. A swap after the check then means the container does not start.
 
 The hook needs `podman --hooks-dir=DIR` on every podman call that makes the mounts (`run`,
-`init`, `start`); a plain `podman start` outside linpodx runs no hook (nor linpodx's check).
+`init`, `start`). A plain `podman start`/`restart` outside linpodx would run no hook (nor
+linpodx's check), so a container with mounts also bind-mounts a *gate*: an empty file in its
+state dir that exists only while linpodx starts it. `setup` opens the gate (creates the file);
+the hook closes it (removes it) before it checks anything, once runc has mounted it. A plain
+start then fails in runc (as root: "error mounting …/use-linpodx-start: no such file or
+directory"; rootless: "can't get final child's PID from pipe") before the container's command
+could run with unchecked mounts; `linpodx start` opens the gate
+again after checking the sources afresh.
 
 Standard library's cheapest modules only: the fast run path uses this before podman starts.
 """
@@ -31,6 +38,8 @@ MOUNTS_DIR = "mounts"
 HOOKS_DIR = "hooks"
 HOOK_FILE = "linpodx-mounts.json"
 EXPECT_FILE = "expect"
+GATE_FILE = "use-linpodx-start"
+"""The gate's name, which is what a plain `podman start`'s error message shows."""
 HOOK_TIMEOUT = 30
 """Seconds runc gives the hook (it only reads two files and runs `stat` per mount)."""
 
@@ -70,9 +79,32 @@ def identity(resolved: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def gate_path(container_dir: str) -> str:
+    """The gate of the container whose state dir is `container_dir` (see the module doc)."""
+    return os.path.join(container_dir, MOUNTS_DIR, GATE_FILE)
+
+
+def open_gate(container_dir: str) -> str:
+    """Create the gate file (podman needs it at `create`, runc at every mount); its path."""
+    gate = gate_path(container_dir)
+    paths.ensure_dir_str(os.path.dirname(gate))
+    os.close(os.open(gate, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    return gate
+
+
+def close_gate(container_dir: str) -> None:
+    """Remove the gate file if it is there (the hook normally has; this covers a podman call
+    that failed before runc ran it)."""
+    try:
+        os.unlink(gate_path(container_dir))
+    except FileNotFoundError:
+        pass
+
+
 def setup(container_dir: str, pins: Sequence[Pin]) -> str | None:
-    """Write the mount-check hook and its expectations under `container_dir`; returns the
-    hooks dir for `podman --hooks-dir=`, or None when there is no mount to check."""
+    """Write the mount-check hook and its expectations under `container_dir` and open the
+    gate; returns the hooks dir for `podman --hooks-dir=`, or None when there is no mount to
+    check."""
     if not pins:
         return None
     where = paths.ensure_dir_str(os.path.join(container_dir, MOUNTS_DIR))
@@ -80,11 +112,12 @@ def setup(container_dir: str, pins: Sequence[Pin]) -> str | None:
     expect = os.path.join(where, EXPECT_FILE)
     lines = "".join(f"{dev} {ino} {dest}\n" for dev, ino, dest in pins)
     atomic_write(expect, lines.encode(), durable=False)
+    gate = open_gate(container_dir)
     hook = {
         "version": "1.0.0",
         "hook": {
             "path": HOOK_SHELL,
-            "args": [HOOK_SHELL, HOOK_SCRIPT, expect],
+            "args": [HOOK_SHELL, HOOK_SCRIPT, expect, gate],
             "timeout": HOOK_TIMEOUT,
         },
         "when": {"always": True},

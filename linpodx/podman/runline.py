@@ -13,6 +13,8 @@ import re
 
 from linpodx.errors import InvalidInput
 
+GATE_DEST = "/run/linpodx/mount-gate"
+"""Where a container with mounts sees its mount gate (see `linpodx.podman.mountpin`)."""
 HOME_DIR = "/home/agent"
 """The agent's `$HOME` inside every linpodx container."""
 HOME_TMPFS_SIZE = "512m"
@@ -72,6 +74,7 @@ def head(name: str, hostname: str | None) -> list[str]:
 
 def tail(
     *,
+    mount_gate: str | None,
     resolv_conf: str | None,
     pidfile: str | None,
     rm: bool,
@@ -80,10 +83,13 @@ def tail(
     image: str,
     command: tuple[str, ...],
 ) -> list[str]:
-    """What follows the profile's flags: the guard's resolv.conf and pid file, the `--rm`
-    container's tmpfs `$HOME`, the terminal flags, the image and the command."""
+    """What follows the profile's flags: the mount gate (`linpodx.podman.mountpin`, for a
+    profile with mounts), the guard's resolv.conf and pid file, the `--rm` container's tmpfs
+    `$HOME`, the terminal flags, the image and the command."""
     validate_image(image)
     argv: list[str] = []
+    if mount_gate is not None:
+        argv.append(mount_arg(mount_gate, GATE_DEST, True))
     if resolv_conf is not None:
         argv.append(mount_arg(resolv_conf, "/etc/resolv.conf", True))
     if pidfile is not None:

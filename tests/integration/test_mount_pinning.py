@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from linpodx import runplan
+from linpodx import paths, runplan
 from linpodx.podman import mountpin
 from tests.conftest import BUSYBOX_IMAGE, run_linpodx
 
@@ -148,3 +148,83 @@ def test_a_source_swapped_in_a_loop_never_reaches_the_container(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert left.stdout.strip() == ""
+
+
+def _state(name: str) -> str:
+    return subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Status}}", name],
+        capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+
+
+def _podman(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *argv], capture_output=True, text=True, timeout=120)
+
+
+def _gate_refused(stderr: str) -> bool:
+    """runc's words for the missing gate: as root it names the file; rootless, runc's init dies
+    on the mount and runc only says that it did."""
+    return "use-linpodx-start" in stderr or "can't get final child's PID from pipe" in stderr
+
+
+def test_plain_podman_start_or_restart_never_mounts_unchecked(
+    tmp_path: Path, secret_home: Path, unique_name: str
+) -> None:
+    """A plain `podman start`/`restart` runs neither linpodx's check nor its hook, so a
+    container with mounts carries a gate that only linpodx's own starts open: the plain ones
+    fail in runc before the command runs, even with the source turned into a symlink to ~/.ssh
+    meanwhile; `linpodx start` checks afresh and works again once the source is fine."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project-file").write_text("mine\n")
+    prof = tmp_path / "gate.yml"
+    prof.write_text(
+        f"version: 1\nname: gate\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    made = run_linpodx(
+        "run", "-d", "--profile", "gate", "--name", unique_name, "--image", BUSYBOX_IMAGE,
+        "--", "sleep", "600",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert _podman("exec", unique_name, "cat", "/workspace/project-file").stdout == "mine\n"
+    assert run_linpodx("stop", unique_name, "--time", "1").returncode == 0
+
+    # The plain start fails even with the source unchanged: nothing checked it.
+    plain = _podman("start", unique_name)
+    assert plain.returncode != 0 and _gate_refused(plain.stderr), plain.stderr
+    assert _state(unique_name) != "running"
+    # The gate is what stands in the way: opened by hand, the same plain start works.
+    gate = Path(mountpin.gate_path(os.path.join(paths.containers_root(), unique_name)))
+    assert not gate.exists()
+    gate.touch()
+    opened = _podman("start", unique_name)
+    assert opened.returncode == 0 and _state(unique_name) == "running", opened.stderr
+    assert _podman("stop", "-t", "1", unique_name).returncode == 0
+    gate.unlink()
+
+    # What an agent with a writable mount over the parent could do while it was stopped.
+    aside = project.with_name("project.real")
+    project.rename(aside)
+    project.symlink_to(secret_home)
+    for argv in (["start", "--attach", unique_name], ["restart", unique_name]):
+        res = _podman(*argv)
+        assert res.returncode != 0, res.stdout
+        assert "id_test" not in res.stdout and _gate_refused(res.stderr), res.stderr
+        assert _state(unique_name) != "running"
+    refused = run_linpodx("start", unique_name)
+    assert refused.returncode != 0 and "sensitive path" in refused.stderr
+    assert "hint:" in refused.stderr
+
+    project.unlink()
+    aside.rename(project)
+    again = run_linpodx("start", unique_name)
+    assert again.returncode == 0, again.stderr
+    assert _podman("exec", unique_name, "cat", "/workspace/project-file").stdout == "mine\n"
+    # A plain restart of the running container stops it and then cannot start it again.
+    res = _podman("restart", unique_name)
+    assert res.returncode != 0 and _gate_refused(res.stderr), res.stderr
+    assert _state(unique_name) != "running"
+    assert run_linpodx("start", unique_name).returncode == 0
+    assert _state(unique_name) == "running"
+    assert run_linpodx("rm", "--force", unique_name, timeout=60).returncode == 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from linpodx import paths
 from linpodx.errors import InvalidInput
 from linpodx.podman.argv import (
     CreateSpec,
@@ -134,6 +137,7 @@ def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
             resolv_conf="/run/linpodx/agent-1/resolv.conf",
         )
     )
+    gate = os.path.join(paths.containers_root(), "agent-1", "mounts", "use-linpodx-start")
     assert got == (
         "create",
         "--name=agent-1",
@@ -166,6 +170,9 @@ def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
         "--workdir=/workspace",
         "--mount=type=bind,source=/srv/src,destination=/workspace,ro=true,bind-propagation=rprivate",
         "--mount=type=bind,source=/srv/out,destination=/out,ro=false,bind-propagation=rprivate",
+        # The mount gate (linpodx.podman.mountpin): only linpodx's own starts find it open.
+        f"--mount=type=bind,source={gate},destination=/run/linpodx/mount-gate,ro=true,"
+        "bind-propagation=rprivate",
         "--mount=type=bind,source=/run/linpodx/agent-1/resolv.conf,destination=/etc/resolv.conf,"
         "ro=true,bind-propagation=rprivate",
         "--pidfile=/run/linpodx/agent-1/init.pid",

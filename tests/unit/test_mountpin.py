@@ -99,6 +99,54 @@ def test_hook_passes_when_every_mount_is_what_was_checked(tmp_path: Path, rootfs
     assert res.returncode == 0, res.stderr
 
 
+def _gate(tmp_path: Path) -> Path:
+    return Path(mountpin.gate_path(str(tmp_path / "state")))
+
+
+@pytest.mark.parametrize("fine", [True, False], ids=["check-passes", "check-fails"])
+def test_setup_opens_the_gate_and_the_hook_closes_it(
+    tmp_path: Path, rootfs: Path, fine: bool
+) -> None:
+    """Whatever the check finds, the gate is gone after the hook: a later plain `podman start`
+    cannot mount it, so it never starts the command with unchecked mounts."""
+    other = rootfs / "workspace" if fine else tmp_path / "elsewhere"
+    hooks = mountpin.setup(str(tmp_path / "state"), [_pin(other, "/workspace")])
+    assert hooks is not None and _gate(tmp_path).is_file()
+    spec = json.loads(Path(hooks, mountpin.HOOK_FILE).read_text())
+    assert spec["hook"]["args"][-1] == str(_gate(tmp_path))
+    res = _hook(tmp_path, [_pin(other, "/workspace")])
+    assert (res.returncode == 0) is fine, res.stderr
+    assert not _gate(tmp_path).exists()
+
+
+def test_hook_fails_closed_when_it_cannot_close_the_gate(tmp_path: Path, rootfs: Path) -> None:
+    """A gate that `rm -f` cannot remove (here a non-empty directory put in its place) would stay
+    open for a plain start: the hook refuses the start instead."""
+    pins = [_pin(rootfs / "workspace", "/workspace")]
+    hooks = mountpin.setup(str(tmp_path / "state"), pins)
+    assert hooks is not None
+    gate = _gate(tmp_path)
+    spec = json.loads(Path(hooks, mountpin.HOOK_FILE).read_text())
+    gate.unlink()
+    (gate / "inside").mkdir(parents=True)
+    state = json.dumps({"pid": os.getpid(), "bundle": str(tmp_path)}, separators=(",", ":"))
+    res = subprocess.run(
+        spec["hook"]["args"], input=state, capture_output=True, text=True, timeout=30
+    )
+    assert res.returncode == 1
+    assert f"linpodx mount check: cannot close the start gate {gate}" in res.stderr
+
+
+def test_close_gate_is_quiet_when_the_hook_already_closed_it(tmp_path: Path) -> None:
+    where = str(tmp_path / "state")
+    gate = Path(mountpin.open_gate(where))
+    assert gate == _gate(tmp_path) and gate.is_file()
+    mountpin.close_gate(where)
+    assert not gate.exists()
+    mountpin.close_gate(where)  # already closed: nothing to do, no error
+    assert not gate.exists()
+
+
 def test_hook_fails_when_one_mount_is_something_else(tmp_path: Path, rootfs: Path) -> None:
     pins = [_pin(rootfs / "workspace", "/workspace"), _pin(tmp_path / "elsewhere", "/data dir")]
     res = _hook(tmp_path, pins)
