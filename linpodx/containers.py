@@ -1,4 +1,4 @@
-"""The container service: run, start, stop, rm, exec, recreate, with audit before every action.
+"""The container service: run, start, stop, rm, exec, with audit before every action.
 
 Sequence for a new container (`create_and_start`):
   audit `container.run` -> [egress: guard.prepare writes resolv.conf] -> `podman create`
@@ -852,7 +852,7 @@ def spec_from_record(
 ) -> CreateSpec:
     """The create spec that brings back a recorded container (its run spec `doc`) under the
     profile revision `ref`, from `image`, as `name`; the hostname stays the recorded one (or
-    the one `hostname_of` would get). Used by recreate and by snapshot rollback."""
+    the one `hostname_of` would get). Used by snapshot rollback."""
     check_mount_sources(ref)
     return CreateSpec(
         profile=ref.profile,
@@ -871,73 +871,6 @@ def spec_from_record(
         resolv_conf=doc.get("resolv_conf"),
         host=probe.host_limits(),
     )
-
-
-def recreate(name: str, image: str) -> ContainerInfo:
-    """Recreate NAME from IMAGE with the same name, profile revision, mounts, limits and egress
-    (snapshot rollback). Safe order: create the new container under a temporary name first; only
-    when that worked is the old one stopped and renamed aside, the new one renamed into place and
-    started; the old one is removed last. Any failure puts the old container back as it was.
-    """
-    validate_image(image)
-    info = managed_info(name)
-    doc = load_spec(name)
-    ref = _ref_for(name, info)
-    was_running = engine.state(info) == "running"
-    suffix = secrets.token_hex(3)
-    tmp_new, tmp_old = f"{name[:48]}-lpxnew-{suffix}", f"{name[:48]}-lpxold-{suffix}"
-    audit(
-        "container.recreate",
-        {"name": name, "image": image, "profile_id": ref.profile_id, "revision": ref.revision},
-    )
-    spec = spec_from_record(doc, ref, image=image, name=tmp_new, hostname_of=name)
-    new_id = engine.create(build_create_argv(spec))
-    try:
-        engine.create_home(tmp_new)
-    except LinpodxError as err:
-        raise _cleanup(tmp_new, err, remove_spec=False, guard_too=False) from None
-    # Swap. From here on, every failure restores the old container under its name.
-    try:
-        if was_running:
-            engine.stop(name)
-        engine.rename(name, tmp_old)
-    except LinpodxError as err:
-        engine.remove_quietly(tmp_new)
-        with contextlib.suppress(LinpodxError):
-            if was_running and engine.state(engine.inspect(name)) != "running":
-                _bring_up(name, ref, start=True, resolv=spec.resolv_conf)
-        err.hint = (err.hint + "; " if err.hint else "") + f"{name} was left as it was"
-        raise
-    renamed = False
-    try:
-        engine.rename(tmp_new, name)
-        renamed = True
-        if was_running:
-            with contextlib.suppress(Exception):
-                if needs_guard(ref):
-                    _guard().detach(name)
-            _bring_up(name, ref, start=True, resolv=spec.resolv_conf)
-    except LinpodxError as err:
-        engine.remove_quietly(name if renamed else tmp_new)
-        restored = True
-        try:
-            engine.rename(tmp_old, name)
-            if was_running:
-                _bring_up(name, ref, start=True, resolv=spec.resolv_conf)
-        except LinpodxError:
-            restored = False
-        err.hint = (err.hint + "; " if err.hint else "") + (
-            f"the original {name} was restored"
-            if restored
-            else f"the original container is kept as {tmp_old}"
-        )
-        raise
-    engine.remove_quietly(tmp_old)
-    doc.update(image=image, container_id=new_id)
-    save_spec(name, doc)
-    _emit("container.recreate", name=name, image=image)
-    now = engine.inspect(name)
-    return ContainerInfo(name, new_id, engine.state(now), ref.name, ref.revision, image)
 
 
 def _hostname(name: str) -> str:

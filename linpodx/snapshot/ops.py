@@ -88,9 +88,6 @@ def create_from(name: str, image: str, profile_id: str, *, start: bool) -> str:
 
     The containers service's `create_and_start` builds the argv, audits `container.run`,
     prepares and attaches the egress guard and creates `$HOME`, exactly as for `linpodx run`.
-    (`containers.recreate` is not used: it removes the original container itself, and rollback
-    must keep the original until the restored workspace and the new container are both in
-    place.)
     """
     mod = _containers()
     doc = mod.load_spec(name)
