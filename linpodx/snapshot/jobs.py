@@ -196,6 +196,34 @@ def list_jobs() -> list[str]:
     return sorted(p.stem for p in d.glob("snap-*.json") if JOB_RE.match(p.stem))
 
 
+KEEP_DAYS = 7
+"""A finished job's file and worker log are removed this many days after it finished."""
+
+
+def prune(keep_days: float = KEEP_DAYS) -> list[str]:
+    """Remove the files and logs of jobs that finished more than `keep_days` ago; returns
+    their ids. Runs at every `snapshot create`. A job still running is never removed; one whose
+    worker is gone is marked failed first (`current`) and goes `keep_days` later. A file that
+    cannot be read or dated is left as it is (`snapshot job-status` reports it)."""
+    from linpodx.snapshot.names import job_log
+
+    cutoff = datetime.now(UTC).timestamp() - keep_days * 86400
+    gone = []
+    for job_id in list_jobs():
+        try:
+            job = current(job_id)
+            if job.status not in FINISHED or not job.finished:
+                continue
+            if parse_iso(job.finished).timestamp() >= cutoff:
+                continue
+            job_file(job_id).unlink(missing_ok=True)
+            job_log(job_id).unlink(missing_ok=True)
+        except (LinpodxError, OSError, ValueError):
+            continue
+        gone.append(job_id)
+    return gone
+
+
 def pid_info(pid: int) -> tuple[int, int | None]:
     """`(pid, start time)` of a process, for recording a worker."""
     return pid, proc_start_time(pid)
@@ -218,6 +246,7 @@ __all__ = [
     "now_iso",
     "pid_info",
     "proc_start_time",
+    "prune",
     "read",
     "worker_alive",
     "write",

@@ -78,7 +78,11 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
     )
     jobs.write(job)
     emit("snapshot.create", job_id=job.job_id, container=name, label=label, status=jobs.QUEUED)
-    return _spawn(job)
+    started = _spawn(job)
+    # Housekeeping, never a reason to fail: jobs that finished long ago (jobs.KEEP_DAYS).
+    with contextlib.suppress(Exception):
+        jobs.prune()
+    return started
 
 
 def _spawn(job: jobs.Job) -> jobs.Job:

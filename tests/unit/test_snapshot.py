@@ -297,3 +297,40 @@ def test_release_continues_only_the_exact_processes_recorded() -> None:
         for p in (a, b):
             p.kill()
             p.wait()
+
+
+def test_prune_removes_only_jobs_that_finished_long_ago() -> None:
+    """Finished more than KEEP_DAYS ago: file and log go. Finished lately, still running with a
+    live worker, damaged: all stay. A job whose worker died is marked failed now (and stays)."""
+    long_ago = "2026-01-01T00:00:00.000Z"
+    pid, start = jobs.pid_info(os.getpid())
+    made = {
+        "old-ok": _job(job_id="snap-01J0000000000000000000001Z", status=jobs.SUCCEEDED,
+                       finished=long_ago),
+        "old-failed": _job(job_id="snap-01J0000000000000000000002Z", status=jobs.FAILED,
+                           finished=long_ago),
+        "recent": _job(job_id="snap-01J0000000000000000000003Z", status=jobs.SUCCEEDED,
+                       finished=jobs.now_iso()),
+        "running": _job(job_id="snap-01J0000000000000000000004Z", status=jobs.RUNNING,
+                        created=long_ago, worker_pid=pid, worker_start=start),
+        "dead-worker": _job(job_id="snap-01J0000000000000000000005Z", status=jobs.RUNNING,
+                            created=long_ago, worker_pid=pid, worker_start=start + 1),
+    }  # fmt: skip
+    for job in made.values():
+        jobs.write(job)
+        names.job_log(job.job_id).write_text("worker log\n")
+    damaged = names.job_file("snap-01J0000000000000000000006Z")
+    damaged.write_text("{not json")
+
+    gone = jobs.prune()
+
+    old = {made["old-ok"].job_id, made["old-failed"].job_id}
+    assert set(gone) == old
+    for key, job in made.items():
+        kept = job.job_id not in old
+        assert names.job_file(job.job_id).exists() is kept, key
+        assert names.job_log(job.job_id).exists() is kept, key
+    assert damaged.exists()
+    assert jobs.read(made["dead-worker"].job_id).status == jobs.FAILED
+    assert jobs.read(made["running"].job_id).status == jobs.RUNNING
+    assert jobs.prune() == []
