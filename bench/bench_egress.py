@@ -5,8 +5,9 @@
    upstream). Cases: warm (same name again: the resolver answers from its cache),
    cold/same address (a new name each time whose address is already in the nft set),
    cold/new address (a new name and a new address each time: one nft update per lookup),
-   and cold with the upstream answering after 10 ms (what a real resolver's distance adds;
-   the local test upstream answers in well under a millisecond, so the extra hop dominates).
+   and cold with the upstream answering after 1 ms or 10 ms (what a real resolver's distance
+   adds: one on the LAN, the ISP's; the local test upstream answers in well under a
+   millisecond, so there the extra hop dominates).
    Target: median ratio <= 1.3. Direct and resolver queries run in alternating chunks
    (ROUNDS per case), so load from other users of the machine lands on both sides alike;
    the cold cases ask names never asked before, so every one of them really goes upstream.
@@ -49,10 +50,11 @@ UPSTREAM = textwrap.dedent(
         q = dns.message.from_wire(data)
         r = dns.message.make_response(q)
         name = q.question[0].name.to_text(omit_final_dot=True)
-        if name.endswith(".slow.test"):
-            # A resolver 10 ms away (a LAN or ISP resolver); answered from a timer thread.
+        delay = 0.010 if name.endswith(".slow.test") else 0.001 if name.endswith(".lan.test") else 0
+        if delay:
+            # A resolver 1 ms (on the LAN) or 10 ms (the ISP's) away; answered from a timer thread.
             r.answer.append(dns.rrset.from_text(name + ".", 300, "IN", "A", host))
-            threading.Timer(0.010, s.sendto, (r.to_wire(), peer)).start()
+            threading.Timer(delay, s.sendto, (r.to_wire(), peer)).start()
             continue
         if q.question[0].rdtype == 1 and name.endswith(".bench.test"):
             r.answer.append(dns.rrset.from_text(name + ".", 300, "IN", "A", host))
@@ -128,7 +130,7 @@ def bench_resolution(image: str, queries: int, up_port: int) -> list[tuple[str, 
     from linpodx.profile.model import Network, Profile
 
     net = Network(
-        egress_dns_allowlist=("*.bench.test", "*.fresh.test", "*.slow.test"),
+        egress_dns_allowlist=("*.bench.test", "*.fresh.test", "*.lan.test", "*.slow.test"),
         upstream_dns=(f"127.0.0.1:{up_port}",),
         allow_private_answers=True,
     )
@@ -161,6 +163,7 @@ def bench_resolution(image: str, queries: int, up_port: int) -> list[tuple[str, 
             "warm (cached name)": ["w.bench.test"] * queries,
             "cold, address already allowed": [f"c{i}.bench.test" for i in range(queries)],
             "cold, new address (nft update)": [f"n{i}.fresh.test" for i in range(queries)],
+            "cold, upstream 1 ms away": [f"l{i}.lan.test" for i in range(queries)],
             "cold, upstream 10 ms away": [f"s{i}.slow.test" for i in range(queries)],
         }
         rows = []
