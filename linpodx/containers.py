@@ -334,7 +334,39 @@ def _pid_alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = None) -> None:
+# A `poststop` OCI hook for `--rm` containers: podman removes such a container when it ends
+# (also when it exits on its own, long after `linpodx run -d --rm` returned), and runc runs
+# this at that removal. It removes the container's state dir (run spec, mount pins), but only
+# if the spec there is still this container's (same id): never a newer container's files.
+_RM_HOOK_SCRIPT = (
+    "PATH=/usr/bin:/bin; IFS= read -r state; id=${state#*'\"id\":\"'}; id=${id%%'\"'*}; "
+    "case $id in ''|*[!0-9a-f]*) exit 0 ;; esac; "
+    "grep -qF \"\\\"container_id\\\": \\\"$id\\\"\" \"$1/spec.json\" && rm -rf -- \"$1\"; exit 0"
+)
+
+
+def _rm_cleanup_flags(name: str) -> tuple[str, ...]:
+    """podman's global flags for the `--rm` cleanup hook of NAME (written under its state dir)."""
+    where = spec_dir(name)
+    hooks = ensure_dir(where / "rm-hooks")
+    hook = {
+        "version": "1.0.0",
+        "hook": {"path": "/bin/sh", "args": ["/bin/sh", "-c", _RM_HOOK_SCRIPT, "sh", str(where)]},
+        "when": {"always": True},
+        "stages": ["poststop"],
+    }
+    atomic_write(hooks / "linpodx-rm.json", json.dumps(hook).encode(), durable=False)
+    return (f"--hooks-dir={hooks}",)
+
+
+def _bring_up(
+    name: str,
+    ref: ProfileRef,
+    *,
+    start: bool,
+    resolv: str | None = None,
+    rm_cleanup: bool = False,
+) -> None:
     """(guard.prepare) -> init -> guard attach (when the profile has an allowlist) -> start
     (unless `start` is False, when the caller starts it attached to a terminal).
 
@@ -345,15 +377,21 @@ def _bring_up(name: str, ref: ProfileRef, *, start: bool, resolv: str | None = N
     gate): `podman init` (or `start`) makes the mounts, and the hook it is given checks them
     and closes the gate. It is closed here too, whatever happened, so that only linpodx's own
     starts ever find it open.
+
+    `rm_cleanup` (a `--rm` container): podman also gets the hook that removes the state dir
+    when podman removes the container (`_rm_cleanup_flags`).
     """
+    extra = _rm_cleanup_flags(name) if rm_cleanup else ()
     try:
-        _bring_up_gated(name, ref, start=start, resolv=resolv)
+        _bring_up_gated(name, ref, start=start, resolv=resolv, extra=extra)
     finally:
         mountpin.close_gate(str(spec_dir(name)))
 
 
-def _bring_up_gated(name: str, ref: ProfileRef, *, start: bool, resolv: str | None) -> None:
-    mounts = pin_mounts(name, ref)
+def _bring_up_gated(
+    name: str, ref: ProfileRef, *, start: bool, resolv: str | None, extra: tuple[str, ...]
+) -> None:
+    mounts = (*pin_mounts(name, ref), *extra)
     if needs_guard(ref):
         guard = _guard()
         got = str(guard.prepare(name, ref))
@@ -368,7 +406,8 @@ def _bring_up_gated(name: str, ref: ProfileRef, *, start: bool, resolv: str | No
         # nothing has run yet, and a second failure is reported as it is.
         for attempt in (1, 2):
             if attempt == 2:
-                mounts = pin_mounts(name, ref)  # check again, and reopen the gate the hook closed
+                # Check again, and reopen the gate the hook closed.
+                mounts = (*pin_mounts(name, ref), *extra)
             engine.init(name, mounts)
             pid = guard.init_pid(name) or engine.container_pid(name)
             try:
@@ -464,7 +503,7 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
         if not spec.rm:
             engine.create_home(spec.name)
-        _bring_up(spec.name, ref, start=start, resolv=spec.resolv_conf)
+        _bring_up(spec.name, ref, start=start, resolv=spec.resolv_conf, rm_cleanup=spec.rm)
     except LinpodxError as err:
         raise _cleanup(spec.name, err, remove_spec=True, guard_too=guarded) from None
     state = "running"

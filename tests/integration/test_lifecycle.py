@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,3 +145,40 @@ def test_logs_follow_ends_with_the_container(unique_name: str) -> None:
     res = run_linpodx("logs", "--follow", unique_name, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["first", "second"]
+
+
+def test_detached_rm_container_takes_its_state_dir_with_it(
+    unique_name: str, tmp_path: Path
+) -> None:
+    """`run -d --rm`: podman removes the container when it exits on its own, long after linpodx
+    returned; the state dir (run spec, mount pins) goes with it. A kept container's stays."""
+    from linpodx.containers import spec_dir
+
+    project = tmp_path / "project"
+    project.mkdir()
+    prof = tmp_path / "rmd.yml"
+    prof.write_text(
+        f"version: 1\nname: rmd\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    run_ok("sandbox", "apply", "--profile", str(prof))
+    kept = f"{unique_name}-kept"
+    try:
+        run_ok("run", "-d", "--profile", "rmd", "--image", BUSYBOX_IMAGE, "--name", kept,
+               "--", "true")  # fmt: skip
+        run_ok("run", "-d", "--rm", "--profile", "rmd", "--image", BUSYBOX_IMAGE,
+               "--name", unique_name, "--", "sleep", "1")  # fmt: skip
+        assert (spec_dir(unique_name) / "spec.json").is_file()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            podman("container", "exists", unique_name, check=False).returncode == 0
+            or spec_dir(unique_name).exists()
+        ):
+            time.sleep(0.2)
+        assert podman("container", "exists", unique_name, check=False).returncode == 1
+        assert not spec_dir(unique_name).exists()
+        # The other one exited too, but podman keeps it: so does linpodx (start needs it).
+        assert podman("wait", kept).stdout.strip() == "0"
+        assert (spec_dir(kept) / "spec.json").is_file()
+        run_ok("start", kept)
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", kept], capture_output=True, timeout=60)

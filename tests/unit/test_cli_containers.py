@@ -422,3 +422,32 @@ def test_a_source_that_became_a_symlink_stops_the_start_before_podman(
     with pytest.raises(containers.InvalidInput):
         containers.start("agent-1")
     assert "init" not in fake.names() and "start" not in fake.names()
+
+
+@pytest.mark.parametrize(
+    ("state", "removed"),
+    [
+        ('{"ociVersion":"1.0.2","id":"c0ffee","status":"stopped"}', True),
+        # A newer container of the same name: its spec names another id, its files stay.
+        ('{"ociVersion":"1.0.2","id":"beef","status":"stopped"}', False),
+        ('{"ociVersion":"1.0.2","status":"stopped"}', False),
+        ('{"ociVersion":"1.0.2","id":"c0ffee\\" x","status":"stopped"}', False),
+        ("", False),
+    ],
+    ids=["its-own", "another-id", "no-id", "odd-id", "empty"],
+)
+def test_rm_cleanup_hook_removes_only_its_own_containers_dir(state: str, removed: bool) -> None:
+    """The `--rm` poststop hook, run as runc runs it (OCI state on stdin)."""
+    import subprocess
+
+    flags = containers._rm_cleanup_flags("agent-1")
+    where = containers.spec_dir("agent-1")
+    hooks = Path(flags[0].removeprefix("--hooks-dir="))
+    assert hooks.parent == where
+    hook = json.loads((hooks / "linpodx-rm.json").read_text())
+    assert hook["stages"] == ["poststop"]
+    containers.save_spec("agent-1", {"container_id": "c0ffee", "name": "agent-1"})
+    res = subprocess.run(hook["hook"]["args"], input=state, text=True, timeout=30,
+                         capture_output=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert where.exists() is not removed
