@@ -375,22 +375,28 @@ def _bring_up(
 
     The mount sources are checked and pinned first (`pin_mounts`, which opens the mount
     gate): `podman init` (or `start`) makes the mounts, and the hook it is given checks them
-    and closes the gate. It is closed here too, whatever happened, so that only linpodx's own
-    starts ever find it open.
+    and closes the gate. It is closed here too once that call returned (or anything failed),
+    so that only linpodx's own starts ever find it open. When nothing here makes the mounts
+    (`start` False and no guard, so no `podman init`), the gate stays open for the caller's
+    `attached_start`, whose hook closes it.
 
     `rm_cleanup` (a `--rm` container): podman also gets the hook that removes the state dir
     when podman removes the container (`_rm_cleanup_flags`).
     """
     extra = _rm_cleanup_flags(name) if rm_cleanup else ()
     try:
-        _bring_up_gated(name, ref, start=start, resolv=resolv, extra=extra)
-    finally:
+        mounted = _bring_up_gated(name, ref, start=start, resolv=resolv, extra=extra)
+    except BaseException:
+        mountpin.close_gate(str(spec_dir(name)))
+        raise
+    if mounted:
         mountpin.close_gate(str(spec_dir(name)))
 
 
 def _bring_up_gated(
     name: str, ref: ProfileRef, *, start: bool, resolv: str | None, extra: tuple[str, ...]
-) -> None:
+) -> bool:
+    """`_bring_up`'s steps; whether a podman call made the mounts (`init` or `start`)."""
     mounts = (*pin_mounts(name, ref), *extra)
     if needs_guard(ref):
         guard = _guard()
@@ -424,6 +430,7 @@ def _bring_up_gated(
                 ) from exc
     if start:
         engine.start(name, mounts)
+    return start or needs_guard(ref)
 
 
 def _run_record(spec: CreateSpec, ref: ProfileRef) -> dict[str, Any]:
@@ -550,11 +557,15 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
         return _run_once(spec, ref, announce)
     info = create_and_start(spec, ref, start=False)
     announce(info, spec)
-    # The mounts were checked and pinned by create_and_start (`_bring_up`) just now.
+    # The mounts were checked and pinned by create_and_start (`_bring_up`) just now, and the
+    # gate left open for this start (its hook closes it; closed here too, whatever happened).
     mounts = mountpin.flags_of(str(spec_dir(info.name)))
-    rc = attached_start(
-        info.name, req.interactive, remove_on_failure=not req.rm, global_flags=mounts
-    )
+    try:
+        rc = attached_start(
+            info.name, req.interactive, remove_on_failure=not req.rm, global_flags=mounts
+        )
+    finally:
+        mountpin.close_gate(str(spec_dir(info.name)))
     if req.rm:
         forget(info.name)
     return rc

@@ -228,3 +228,29 @@ def test_plain_podman_start_or_restart_never_mounts_unchecked(
     assert run_linpodx("start", unique_name).returncode == 0
     assert _state(unique_name) == "running"
     assert run_linpodx("rm", "--force", unique_name, timeout=60).returncode == 0
+
+
+def test_foreground_run_started_attached_gets_its_mounts(tmp_path: Path, unique_name: str) -> None:
+    """A foreground run that is not one `podman run` (no --rm here; -t is the other case) is
+    created, then started attached: the gate stays open for that start, whose hook closes it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project-file").write_text("mine\n")
+    prof = tmp_path / "fg.yml"
+    prof.write_text(
+        f"version: 1\nname: fg\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    res = run_linpodx(
+        "run", "--profile", "fg", "--name", unique_name, "--image", BUSYBOX_IMAGE,
+        "--", "cat", "/workspace/project-file",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "mine"
+    gate = Path(mountpin.gate_path(os.path.join(paths.containers_root(), unique_name)))
+    assert gate.parent.is_dir() and not gate.exists()
+    again = run_linpodx("start", unique_name)
+    assert again.returncode == 0, again.stderr
+    assert not gate.exists()
+    assert _podman("start", unique_name).returncode != 0  # plain: no gate
+    assert run_linpodx("rm", "--force", unique_name, timeout=60).returncode == 0
