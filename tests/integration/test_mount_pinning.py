@@ -97,6 +97,21 @@ def secret_home() -> Iterator[Path]:
     yield home / ".ssh"
 
 
+def project_profile(tmp_path: Path, name: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A project dir (with `project-file`) and an applied profile NAME mounting it at
+    /workspace; returns the project and `sandbox apply --json`'s result."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project-file").write_text("mine\n")
+    prof = tmp_path / f"{name}.yml"
+    prof.write_text(
+        f"version: 1\nname: {name}\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    applied = run_linpodx("sandbox", "apply", "--profile", str(prof), "--json")
+    assert applied.returncode == 0, applied.stderr
+    return project, applied
+
+
 @pytest.mark.parametrize("path", ["full", "fast"])
 def test_a_source_swapped_in_a_loop_never_reaches_the_container(
     tmp_path: Path, secret_home: Path, unique_name: str, path: str
@@ -104,15 +119,7 @@ def test_a_source_swapped_in_a_loop_never_reaches_the_container(
     """linpodx run again and again while the source keeps turning into a symlink to ~/.ssh:
     every run either sees the project or is refused (by the check, or by runc's hook); none
     ever sees the key."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "project-file").write_text("mine\n")
-    prof = tmp_path / "race.yml"
-    prof.write_text(
-        f"version: 1\nname: race\nmounts:\n  - source: {project}\n    target: /workspace\n"
-    )
-    applied = run_linpodx("sandbox", "apply", "--profile", str(prof), "--json")
-    assert applied.returncode == 0, applied.stderr
+    project, applied = project_profile(tmp_path, "race")
     plan = runplan.plan_file(json.loads(applied.stdout)["result"]["profile_id"])
     outcomes = {"saw the project": 0, "refused by the check": 0, "podman": 0, "hook": 0}
     with Swapper(project, secret_home) as swapper:
@@ -174,14 +181,7 @@ def test_plain_podman_start_or_restart_never_mounts_unchecked(
     container with mounts carries a gate that only linpodx's own starts open: the plain ones
     fail in runc before the command runs, even with the source turned into a symlink to ~/.ssh
     meanwhile; `linpodx start` checks afresh and works again once the source is fine."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "project-file").write_text("mine\n")
-    prof = tmp_path / "gate.yml"
-    prof.write_text(
-        f"version: 1\nname: gate\nmounts:\n  - source: {project}\n    target: /workspace\n"
-    )
-    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    project, _ = project_profile(tmp_path, "gate")
     made = run_linpodx(
         "run", "-d", "--profile", "gate", "--name", unique_name, "--image", BUSYBOX_IMAGE,
         "--", "sleep", "600",
@@ -233,14 +233,7 @@ def test_plain_podman_start_or_restart_never_mounts_unchecked(
 def test_foreground_run_started_attached_gets_its_mounts(tmp_path: Path, unique_name: str) -> None:
     """A foreground run that is not one `podman run` (no --rm here; -t is the other case) is
     created, then started attached: the gate stays open for that start, whose hook closes it."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "project-file").write_text("mine\n")
-    prof = tmp_path / "fg.yml"
-    prof.write_text(
-        f"version: 1\nname: fg\nmounts:\n  - source: {project}\n    target: /workspace\n"
-    )
-    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    project_profile(tmp_path, "fg")
     res = run_linpodx(
         "run", "--profile", "fg", "--name", unique_name, "--image", BUSYBOX_IMAGE,
         "--", "cat", "/workspace/project-file",
