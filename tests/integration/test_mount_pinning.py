@@ -21,7 +21,7 @@ import pytest
 
 from linpodx import paths, runplan
 from linpodx.podman import mountpin
-from tests.conftest import BUSYBOX_IMAGE, run_linpodx
+from tests.conftest import BUSYBOX_IMAGE, linpodx_argv, run_linpodx
 
 pytestmark = pytest.mark.podman
 
@@ -230,10 +230,32 @@ def test_plain_podman_start_or_restart_never_mounts_unchecked(
     assert run_linpodx("rm", "--force", unique_name, timeout=60).returncode == 0
 
 
-def test_foreground_run_started_attached_gets_its_mounts(tmp_path: Path, unique_name: str) -> None:
-    """A foreground run that is not one `podman run` (no --rm here; -t is the other case) is
-    created, then started attached: the gate stays open for that start, whose hook closes it."""
+@pytest.mark.parametrize("tty", [False, True], ids=["no-rm", "tty-rm"])
+def test_foreground_run_started_attached_gets_its_mounts(
+    tmp_path: Path, unique_name: str, tty: bool
+) -> None:
+    """A foreground run that is not one `podman run` (no --rm, or a terminal: `run -it --rm`,
+    the walk-through's way) is created, then started attached: the gate stays open for that
+    start, whose hook closes it."""
     project_profile(tmp_path, "fg")
+    if tty:
+        pexpect = pytest.importorskip("pexpect")
+        argv = [*linpodx_argv(), "run", "-it", "--rm", "--profile", "fg", "--name", unique_name,
+                "--image", BUSYBOX_IMAGE, "--", "sh"]  # fmt: skip
+        child = pexpect.spawn(argv[0], argv[1:], env=dict(os.environ), timeout=60,
+                              encoding="utf-8")  # fmt: skip
+        try:
+            child.expect(r"state: +running")
+            child.expect(r"[#$] ")
+            child.sendline("cat /workspace/project-file; echo rc=$?")
+            child.expect(r"mine\r\nrc=0")
+            child.sendline("exit 3")
+            child.expect(pexpect.EOF)
+        finally:
+            child.close(force=True)
+        assert child.exitstatus == 3
+        assert _podman("container", "exists", unique_name).returncode == 1
+        return
     res = run_linpodx(
         "run", "--profile", "fg", "--name", unique_name, "--image", BUSYBOX_IMAGE,
         "--", "cat", "/workspace/project-file",
