@@ -16,8 +16,8 @@ state dir that exists only while linpodx starts it. `setup` opens the gate (crea
 the hook closes it (removes it) before it checks anything, once runc has mounted it. A plain
 start then fails in runc (as root: "error mounting …/use-linpodx-start: no such file or
 directory"; rootless: "can't get final child's PID from pipe") before the container's command
-could run with unchecked mounts; `linpodx start` opens the gate
-again after checking the sources afresh.
+could run with unchecked mounts; `linpodx start` opens the gate again after checking the
+sources afresh.
 
 Standard library's cheapest modules only: the fast run path uses this before podman starts.
 """
