@@ -8,6 +8,10 @@
    and cold with the upstream answering after 1 ms or 10 ms (what a real resolver's distance
    adds: one on the LAN, the ISP's; the local test upstream answers in well under a
    millisecond, so there the extra hop dominates).
+   Two floors put the target in scale: the same client asks, on the host, a relay process
+   in front of the same upstream that (a) only copies datagrams, (b) also reads and writes
+   each message with the guard's own dnspython code (`linpodx.egress.dnsmsg`), with no policy,
+   no cache and no nft sets, and no network-namespace hop.
    Target: median ratio <= 1.3. Direct and resolver queries run in alternating chunks
    (ROUNDS per case), so load from other users of the machine lands on both sides alike;
    the cold cases ask names never asked before, so every one of them really goes upstream.
@@ -188,6 +192,62 @@ def bench_resolution(image: str, queries: int, up_port: int) -> list[tuple[str, 
         guard.detach(name)
 
 
+FLOOR_RELAY = textwrap.dedent(
+    """
+    import os, socket, sys
+    mode, up = sys.argv[1], int(sys.argv[2])
+    if mode == "parse":
+        from linpodx.egress import dnsmsg
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    print(s.getsockname()[1], flush=True)
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.connect(("127.0.0.1", up))
+    while True:
+        data, peer = s.recvfrom(65535)
+        if mode == "bare":
+            u.send(data)
+            s.sendto(u.recv(65535), peer)
+            continue
+        q = dnsmsg.read_query(data)
+        sent = dnsmsg.upstream_query(int.from_bytes(os.urandom(2), "big"), q.qname, q.rdtype)
+        u.send(sent.wire)
+        reply = dnsmsg.read_reply(sent, u.recv(65535))
+        chain = dnsmsg.follow_chain(reply, q.name, q.rdtype, 8)
+        s.sendto(dnsmsg.answer(q, dnsmsg.NOERROR, chain.records, chain.ttl), peer)
+    """
+)
+"""What a relay costs with nothing of the guard's policy: only the hop, or the hop plus
+reading and writing the messages as the guard does (the issue asks for a DNS library)."""
+
+
+def bench_floors(queries: int, up_port: int) -> list[tuple[str, float, float]]:
+    """(label, direct ms, via relay ms) for each floor relay, cold names, host only."""
+    rows = []
+    for mode, label in (("bare", "floor: bare relay"), ("parse", "floor: relay + dnspython")):
+        relay = subprocess.Popen(
+            [sys.executable, "-c", FLOOR_RELAY, mode, str(up_port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert relay.stdout is not None
+            port = relay.stdout.readline().strip()
+            names = [f"f{mode}{i}.bench.test" for i in range(queries)]
+            direct: list[float] = []
+            via: list[float] = []
+            for i in range(ROUNDS):
+                chunk = ",".join(names[i::ROUNDS])
+                sides = [(direct, str(up_port)), (via, port)]
+                for out, p in sides if i % 2 == 0 else sides[::-1]:
+                    out.extend(json.loads(sh(sys.executable, "-c", CLIENT, "127.0.0.1", p, chunk)))
+            rows.append((label, median_ms(direct), median_ms(via)))
+        finally:
+            relay.kill()
+            relay.wait()
+    return rows
+
+
 def bench_run(image: str, runs: int, up_port: int) -> tuple[float, float, float]:
     tmp = Path(tempfile.mkdtemp(prefix="linpodx-bench-"))
     filtered = tmp / "filtered.yml"
@@ -279,6 +339,9 @@ def main() -> int:
             print(f"name resolution, {args.queries} queries each, median ms:")
             print(f"  {'case':34} {'direct':>8} {'resolver':>9} {'ratio':>6}  target <= 1.3")
             for label, d, r in bench_resolution(args.image, args.queries, port):
+                print(f"  {label:34} {d:8.3f} {r:9.3f} {r / d:6.2f}")
+            print("  floors: a relay on the host in front of the same upstream, cold names")
+            for label, d, r in bench_floors(args.queries, port):
                 print(f"  {label:34} {d:8.3f} {r:9.3f} {r / d:6.2f}")
         if args.part == "dns":
             return 0

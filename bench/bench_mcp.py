@@ -8,6 +8,11 @@ Printed (one run, baselines measured in the same run; this script never fails on
 1. round trip: the official SDK client calls the auto-allowed `echo` tool N times through the
    bridge and N times directly (`podman exec -i` to the same server in the same container),
    alternating call by call; median per-call latency of each and their ratio (target <= 1.2).
+   Two floors are measured in the same alternation, each a stdlib relay process in front of
+   the same `podman exec -i` with no parsing, policy or chain at all: `bare` only copies
+   lines, `fsync` also appends each request line to a file and fsyncs it before forwarding
+   (the least any bridge pays that makes a decision record durable before it acts). Their
+   ratios show how much of the target is left for the bridge's own work on this machine.
 2. bridge ceiling: the real Bridge with the real session chain (group commit; each decision
    record written and fsync'd before it acts, each outcome record written before the answer
    passes and fsync'd with the next record: the durability rule in docs/mcp.md) and the real
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -88,38 +94,66 @@ def setup(state: Path, image: str) -> str:
     return name
 
 
-async def round_trips(name: str, calls: int) -> tuple[list[float], list[float]]:
+FLOOR_RELAY = """
+import os, subprocess, sys, threading
+mode, log, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def down():
+    for line in child.stdout:
+        os.write(1, line)
+threading.Thread(target=down, daemon=True).start()
+for line in sys.stdin.buffer:
+    if mode == "fsync":
+        os.write(fd, line)
+        os.fsync(fd)
+    child.stdin.write(line)
+    child.stdin.flush()
+child.stdin.close()
+child.wait()
+"""
+"""A relay with nothing but the hop (and, in `fsync` mode, one durable write per request)."""
+
+PATHS = ("via", "direct", "bare", "fsync")
+
+
+async def round_trips(name: str, calls: int, state: Path) -> dict[str, list[float]]:
+    """Per-call seconds on each path, the paths taking turns call by call."""
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    bridged = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "linpodx", "mcp", "attach", "--container", name, "--", "python3", SERVER_PATH],
-        env=dict(os.environ),
-    )
-    direct = StdioServerParameters(
-        command="podman", args=["exec", "-i", name, "python3", SERVER_PATH], env=dict(os.environ)
-    )
+    exec_argv = ["podman", "exec", "-i", name, "python3", SERVER_PATH]
+    attach = ["-m", "linpodx", "mcp", "attach", "--container", name, "--", "python3", SERVER_PATH]
+    env = dict(os.environ)
+    params = {
+        "via": StdioServerParameters(command=sys.executable, args=attach, env=env),
+        "direct": StdioServerParameters(command=exec_argv[0], args=exec_argv[1:], env=env),
+    }
+    for mode in ("bare", "fsync"):
+        log = str(state / f"floor-{mode}.log")
+        params[mode] = StdioServerParameters(
+            command=sys.executable, args=["-c", FLOOR_RELAY, mode, log, *exec_argv], env=env
+        )
     devnull = open(os.devnull, "w")
-    via: list[float] = []
-    raw: list[float] = []
-    async with (
-        Client(stdio_client(bridged, errlog=devnull)) as a,
-        Client(stdio_client(direct, errlog=devnull)) as b,
-    ):  # type: ignore[arg-type]
-        for client in (a, b):  # warm up both paths
+    times: dict[str, list[float]] = {p: [] for p in PATHS}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            p: await stack.enter_async_context(Client(stdio_client(params[p], errlog=devnull)))
+            for p in PATHS
+        }
+        for client in clients.values():  # warm up every path
             for _ in range(5):
                 await client.call_tool("echo", {"text": "warm"})
         for i in range(calls):
-            order = ((a, via), (b, raw)) if i % 2 == 0 else ((b, raw), (a, via))
-            for client, out in order:
+            k = i % len(PATHS)  # who goes first rotates, so no path always follows another
+            for p in PATHS[k:] + PATHS[:k]:
                 t = time.perf_counter()
-                r = await client.call_tool("echo", {"text": f"call-{i}"})
-                out.append(time.perf_counter() - t)
+                r = await clients[p].call_tool("echo", {"text": f"call-{i}"})
+                times[p].append(time.perf_counter() - t)
                 if r.is_error:
-                    raise SystemExit(f"echo failed: {r}")
+                    raise SystemExit(f"echo failed on the {p} path: {r}")
     devnull.close()
-    return via, raw
+    return times
 
 
 class Relay:
@@ -317,15 +351,25 @@ def main() -> int:
     print(f"state dir: {state} (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs)")
     name = setup(state, args.image)
     try:
-        via, raw = asyncio.run(round_trips(name, args.calls))
-        mv, mr = statistics.median(via), statistics.median(raw)
+        times = asyncio.run(round_trips(name, args.calls, state))
+        med = {p: statistics.median(times[p]) for p in PATHS}
+        mv, mr = med["via"], med["direct"]
         ratio = mv / mr
-        print(f"round trip ({args.calls} SDK calls each, alternating):")
+        print(f"round trip ({args.calls} SDK calls each, taking turns):")
         print(f"  via linpodx mcp attach: median {mv * 1000:.2f} ms")
         print(f"  direct podman exec -i:  median {mr * 1000:.2f} ms")
         print(
             f"  ratio: {ratio:.2f} (target <= {TARGET_RATIO}) "
             f"{'OK' if ratio <= TARGET_RATIO else 'MISSED'}"
+        )
+        print("  floors (stdlib relay in front of the same podman exec -i, no gate at all):")
+        print(
+            f"    bare relay:              median {med['bare'] * 1000:.2f} ms, "
+            f"ratio {med['bare'] / mr:.2f}"
+        )
+        print(
+            f"    relay + fsync per call:  median {med['fsync'] * 1000:.2f} ms, "
+            f"ratio {med['fsync'] / mr:.2f}"
         )
         fs = raw_fsync_rate(state)
         seq = bridge_ceiling(max(500, args.inproc // 5), 1)
