@@ -36,7 +36,6 @@ typing costs ~4 ms, and mypy is told to treat the name as true (pyproject.toml).
 from __future__ import annotations
 
 import os
-import signal
 
 from linpodx import paths, runplan
 from linpodx.audit import core
@@ -100,7 +99,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     cidfile = os.path.join(where, f"cid-{os.urandom(6).hex()}")
     child: spawn.Child | None = None
     failed: BaseException | None = None
-    sigint = signal.getsignal(signal.SIGINT)
+    held: spawn.Handlers = {}
     resolv = pidfile = None
     what = "the run's state dir"
     try:
@@ -125,9 +124,10 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         what = "podman run"
         child = spawn.Child([podman, *global_flags, *run_argv])
         # As `engine.relay_announced` does while it waits (until `_go_on` is done): a Ctrl-C
-        # reaches podman too (same process group), which ends the run; this process then
-        # cleans up after it instead of leaving in the middle.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # reaches podman too (same process group), SIGTERM and SIGHUP are passed on to it, and
+        # either ends the run; this process then cleans up after it instead of leaving in the
+        # middle.
+        held = spawn.hold_signals(child.signal)
     except (OSError, LinpodxError) as exc:
         failed = exc
     try:
@@ -135,7 +135,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
             fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce, resolv
         )
     finally:
-        signal.signal(signal.SIGINT, sigint)
+        spawn.restore_signals(held)
 
 
 def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from linpodx import proc
 from linpodx.errors import EngineError, NotFound
+from linpodx.podman import spawn
 from linpodx.podman.argv import MANAGED_LABEL
 from linpodx.podman.runline import HOME_DIR
 from linpodx.podman.spawn import Child
@@ -264,21 +265,21 @@ def run_inherited(argv: Sequence[str]) -> int:
     in raw mode and proxies signals itself). It is a Popen with inherited stdio rather than
     os.execvp so linpodx gets control back and can clean up a container that never started.
     While waiting, SIGINT is ignored here: in a TTY session Ctrl-C is a byte for the container,
-    and otherwise podman (--sig-proxy) forwards it to the container; either way linpodx must
-    not die and leave things behind.
+    and otherwise podman (--sig-proxy) forwards it to the container; SIGTERM and SIGHUP are
+    passed on to podman (`spawn.hold_signals`). Either way linpodx must not die and leave
+    things behind.
     """
-    import signal
     import subprocess
 
     try:
         child = subprocess.Popen(list(argv))
     except FileNotFoundError as exc:
         raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = spawn.hold_signals(child.send_signal)
     try:
         return child.wait()
     finally:
-        signal.signal(signal.SIGINT, old)
+        spawn.restore_signals(old)
 
 
 HELD_STDERR_MAX = 1024 * 1024
@@ -319,8 +320,8 @@ def run_announced(
     container, nothing of its stderr was shown: it becomes the EngineError, with a hint, as for
     `podman create`. If `on_created` raises, podman (and with it the container) is ended and the
     error passes on; the caller removes what is left. Otherwise returns podman's exit status (the
-    container's, or 125-127 when podman could not start it). SIGINT is ignored while waiting, as
-    in `run_inherited`.
+    container's, or 125-127 when podman could not start it). Signals while waiting: as in
+    `run_inherited`.
     """
     return relay_announced(start_run((podman_bin(), *run_argv)), cidfile, on_created)
 
@@ -343,7 +344,6 @@ def relay_announced(
     on_created: Callable[[str, Callable[[], bool]], None],
 ) -> int:
     """The rest of `run_announced` for a `podman run` already started (`start_run`)."""
-    import signal
     import threading
 
     argv = child.argv
@@ -383,7 +383,7 @@ def relay_announced(
     pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
     for t in pumps:
         t.start()
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = spawn.hold_signals(child.signal)
     try:
         cid = None
         while cid is None and child.poll() is None:
@@ -422,7 +422,7 @@ def relay_announced(
             t.join()
         return rc
     finally:
-        signal.signal(signal.SIGINT, old)
+        spawn.restore_signals(old)
         # On an error too, the pumps pass on what podman wrote before it ended and stop at
         # end of file; the pipes are closed only when they have (a descriptor closed under a
         # reading thread could be reused by the next file this process opens).

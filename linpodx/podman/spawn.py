@@ -17,7 +17,7 @@ import time
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 
 class Child:
@@ -98,6 +98,34 @@ class Child:
                 os.close(fd)
             except OSError:
                 pass
+
+
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+"""Signals passed on to a foreground podman instead of ending linpodx: `kill`, a CI job's
+timeout and a closed terminal send them to linpodx alone. Ended by them, linpodx would leave
+podman (and the container, which podman keeps running) behind with nobody to clean up after
+the run; passed on, podman's --sig-proxy hands them to the container, which ends the run the
+usual way and linpodx cleans up as after any run."""
+
+Handlers = dict[int, "signal._HANDLER"]
+
+
+def hold_signals(send: Callable[[int], None]) -> Handlers:
+    """While linpodx waits on a foreground podman: SIGINT ignored (a Ctrl-C reaches podman
+    through the terminal's process group, or is a byte for the container in a TTY session),
+    FORWARDED signals handed to `send`. Call from the main thread; returns what
+    `restore_signals` puts back."""
+    old: Handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, *FORWARDED)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: send(signum))
+    return old
+
+
+def restore_signals(old: Handlers) -> None:
+    for sig, handler in old.items():
+        # None: a handler not set from Python; the default is the closest we can put back.
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _cloexec(fd: int) -> bool:

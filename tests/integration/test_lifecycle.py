@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 import uuid
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from linpodx.paths import audit_dir, events_file
-from tests.conftest import BUSYBOX_IMAGE, run_linpodx
+from tests.conftest import BUSYBOX_IMAGE, linpodx_argv, run_linpodx
 
 pytestmark = pytest.mark.podman
 
@@ -182,3 +183,53 @@ def test_detached_rm_container_takes_its_state_dir_with_it(
         run_ok("start", kept)
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "0", kept], capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("rm", "sig"),
+    [(True, signal.SIGTERM), (False, signal.SIGHUP)],
+    ids=["rm-one-podman-run-SIGTERM", "kept-create-then-attached-start-SIGHUP"],
+)
+def test_signalled_foreground_run_ends_its_container_and_cleans_up(
+    unique_name: str, tmp_path: Path, rm: bool, sig: signal.Signals
+) -> None:
+    """`kill` (SIGTERM) or a closed terminal (SIGHUP) sent to linpodx alone while it runs a
+    container in the foreground: the signal reaches the container through podman, the run ends,
+    and linpodx cleans up as after any run. Before, linpodx died at once and left podman
+    running the container with nobody watching it (and a `--rm` run's state behind)."""
+    from linpodx.containers import spec_dir
+
+    prof = tmp_path / "sig.yml"
+    prof.write_text("version: 1\nname: sig\n")
+    run_ok("sandbox", "apply", "--profile", str(prof))
+    argv = [*linpodx_argv(), "run", "--profile", "sig", "--image", BUSYBOX_IMAGE,
+            "--name", unique_name, *(["--rm"] if rm else []), "--", "sleep", "600"]  # fmt: skip
+    # A session of its own: the signal goes to linpodx only, as `kill PID` sends it.
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        running = ""
+        while time.monotonic() < deadline and running != "true" and proc.poll() is None:
+            time.sleep(0.2)
+            running = podman("container", "inspect", "--format", "{{.State.Running}}",
+                             unique_name, check=False).stdout.strip()  # fmt: skip
+        assert running == "true", f"never saw it running: {proc.poll()} {proc.stderr}"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + sig, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    if rm:
+        assert podman("container", "exists", unique_name, check=False).returncode == 1
+        assert not spec_dir(unique_name).exists()
+    else:
+        state = podman("container", "inspect", "--format", "{{.State.Status}}", unique_name)
+        assert state.stdout.strip() == "exited"
+        assert (spec_dir(unique_name) / "spec.json").is_file()
+        assert run_ok("start", unique_name).returncode == 0  # linpodx still knows it
