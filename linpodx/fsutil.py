@@ -74,6 +74,36 @@ def atomic_write(
         fsync_dir(os.path.dirname(os.fspath(path)))
 
 
+class Staged:
+    """A replace of `path` made ready ahead of time: `data` is already in a fsynced temp file
+    beside it, so `commit` only renames it into place.
+
+    For changes that are audited first: whatever can fail for lack of space or a read-only
+    disk runs before the record is written, and after the record only the rename is left.
+    `discard` (or a failed `commit`) removes the temp file.
+    """
+
+    def __init__(self, path: Path | str, data: bytes, *, mode: int = FILE_MODE) -> None:
+        self.path = os.fspath(path)
+        self._tmp: str | None = _durable_temp(path, data, mode)
+
+    def commit(self) -> None:
+        if self._tmp is None:
+            raise ValueError(f"nothing staged for {self.path}")
+        tmp, self._tmp = self._tmp, None
+        try:
+            os.replace(tmp, self.path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        fsync_dir(os.path.dirname(self.path))
+
+    def discard(self) -> None:
+        if self._tmp is not None:
+            _unlink_quietly(self._tmp)
+            self._tmp = None
+
+
 def create_exclusive(path: Path | str, data: bytes, *, mode: int = FILE_MODE) -> bool:
     """Create `path` with `data` only if it does not exist yet. Returns False if it existed.
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.errors import LinpodxError, NotFound
-from linpodx.fsutil import atomic_write
+from linpodx.fsutil import Staged, atomic_write
 from linpodx.snapshot.names import check_job_id, job_file
 
 QUEUED = "queued"
@@ -89,9 +89,18 @@ def parse_iso(value: str) -> datetime:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
+def _encode(job: Job) -> bytes:
+    return (json.dumps(job.to_dict(), indent=1) + "\n").encode()
+
+
 def write(job: Job) -> None:
     """Replace the job file with `job` (atomic: readers see the old or the new, never half)."""
-    atomic_write(job_file(job.job_id), (json.dumps(job.to_dict(), indent=1) + "\n").encode())
+    atomic_write(job_file(job.job_id), _encode(job))
+
+
+def stage(job: Job) -> Staged:
+    """The job file written ahead (see `fsutil.Staged`): `commit()` puts it in place."""
+    return Staged(job_file(job.job_id), _encode(job))
 
 
 def _from_mapping(data: Mapping[str, Any]) -> Job:

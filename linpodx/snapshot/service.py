@@ -64,31 +64,55 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
         replace=replace_existing,
         created=jobs.now_iso(),
     )
-    # Audited before anything happens: if this cannot be recorded, nothing is started.
-    audit(
-        "snapshot.create",
-        {
-            "job_id": job.job_id,
-            "container": name,
-            "container_id": str(info.get("Id", "")),
-            "label": label,
-            "image": job.image,
-            "replace": replace_existing,
-        },
-    )
-    jobs.write(job)
-    emit("snapshot.create", job_id=job.job_id, container=name, label=label, status=jobs.QUEUED)
-    started = _spawn(job)
+    # Audited before anything happens: if this cannot be recorded, nothing is started. The job
+    # file and the worker's log are written first, though, so that a full or read-only disk
+    # stops the command before the record: after it, only a rename is left to do (a record of
+    # a job that was then never written would name a job nobody can find).
+    staged = jobs.stage(job)
+    try:
+        log_fd = _open_log(job)
+    except BaseException:
+        staged.discard()
+        raise
+    try:
+        try:
+            audit(
+                "snapshot.create",
+                {
+                    "job_id": job.job_id,
+                    "container": name,
+                    "container_id": str(info.get("Id", "")),
+                    "label": label,
+                    "image": job.image,
+                    "replace": replace_existing,
+                },
+            )
+        except BaseException:
+            staged.discard()
+            with contextlib.suppress(OSError):
+                os.unlink(job_log(job.job_id))
+            raise
+        staged.commit()
+        emit("snapshot.create", job_id=job.job_id, container=name, label=label, status=jobs.QUEUED)
+        started = _spawn(job, log_fd)
+    finally:
+        os.close(log_fd)
     # Housekeeping, never a reason to fail: jobs that finished long ago (jobs.KEEP_DAYS).
     with contextlib.suppress(Exception):
         jobs.prune()
     return started
 
 
-def _spawn(job: jobs.Job) -> jobs.Job:
-    log = job_log(job.job_id)
+def _open_log(job: jobs.Job) -> int:
+    """The worker's log file (its stdout and stderr), created empty."""
     paths.ensure_dir(jobs_dir())
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, paths.FILE_MODE)
+    return os.open(
+        job_log(job.job_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, paths.FILE_MODE
+    )
+
+
+def _spawn(job: jobs.Job, fd: int) -> jobs.Job:
+    """Start the worker with its output in `fd` (the caller closes it)."""
     try:
         # Popen here and only here (not proc.run): the worker must outlive this command. Its
         # own session keeps it out of the terminal's job control (Ctrl-C of the CLI); it
@@ -107,8 +131,6 @@ def _spawn(job: jobs.Job) -> jobs.Job:
         )
         jobs.write(failed)
         raise LinpodxError(f"could not start the snapshot worker: {exc}") from None
-    finally:
-        os.close(fd)
     pid, start = jobs.pid_info(child.pid)
     job = replace(job, worker_pid=pid, worker_start=start)
     try:

@@ -334,3 +334,58 @@ def test_prune_removes_only_jobs_that_finished_long_ago() -> None:
     assert jobs.read(made["dead-worker"].job_id).status == jobs.FAILED
     assert jobs.read(made["running"].job_id).status == jobs.RUNNING
     assert jobs.prune() == []
+
+
+def _admin_types() -> list[str]:
+    from linpodx.paths import admin_log
+
+    log = Path(admin_log())
+    if not log.exists():
+        return []
+    return [json.loads(line)["type"] for line in log.read_text().splitlines() if line]
+
+
+@pytest.mark.parametrize("fail_at", ["stage", "log", "audit", None])
+def test_create_is_recorded_only_with_its_job_and_never_without(
+    fail_at: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`snapshot create` on a full or read-only state dir: either the command fails before its
+    `snapshot.create` record and leaves no job file or log, or the record and the job file both
+    exist. (The job file used to be written after the record: on a full disk the log then named
+    a job that did not exist.)"""
+    import errno
+
+    from linpodx.audit.chain import Chain
+    from linpodx.errors import AuditError
+    from linpodx.snapshot import service
+    from linpodx.snapshot.names import jobs_dir
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
+    monkeypatch.setattr(service, "_exists", lambda name, label: False)
+    spawned: list[jobs.Job] = []
+    monkeypatch.setattr(service, "_spawn", lambda job, fd: spawned.append(job) or job)
+    if fail_at == "stage":
+        monkeypatch.setattr(jobs, "stage", full)
+    elif fail_at == "log":
+        monkeypatch.setattr(service, "_open_log", full)
+    elif fail_at == "audit":
+        def refuse(*_a: object, **_k: object) -> None:
+            raise AuditError("the audit log could not be written")
+
+        monkeypatch.setattr(Chain, "append", refuse)
+
+    if fail_at is None:
+        job = service.start_create("box", "before")
+        assert _admin_types() == ["snapshot.create"]
+        assert jobs.read(job.job_id).status == jobs.QUEUED
+        assert spawned == [job]
+        return
+    with pytest.raises((OSError, AuditError)):
+        service.start_create("box", "before")
+    assert "snapshot.create" not in _admin_types()
+    assert spawned == []
+    left = sorted(p.name for p in jobs_dir().iterdir()) if jobs_dir().exists() else []
+    assert left == [], left
