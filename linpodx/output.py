@@ -65,11 +65,24 @@ def envelope(command: str, result: Any = None, error: LinpodxError | None = None
     return doc
 
 
-def print_json(doc: Any, stream: TextIO | None = None) -> None:
-    """Print one JSON document (pretty, UTF-8)."""
+_envelopes_printed = 0
+
+
+def print_json(doc: Any, stream: TextIO | None = None, *, compact: bool = False) -> None:
+    """Print one JSON document (pretty, UTF-8; `compact`: on one line)."""
+    global _envelopes_printed
     stream = stream or sys.stdout
-    stream.write(json.dumps(doc, ensure_ascii=False, indent=2, sort_keys=False) + "\n")
+    indent = None if compact else 2
+    stream.write(json.dumps(doc, ensure_ascii=False, indent=indent, sort_keys=False) + "\n")
     stream.flush()
+    if isinstance(doc, dict) and doc.get("schema") == ENVELOPE_SCHEMA:
+        _envelopes_printed += 1
+
+
+def envelopes_printed() -> int:
+    """How many `--json` envelopes this process printed (the CLI's last resort prints one for
+    a failure that reached it, unless the command already did)."""
+    return _envelopes_printed
 
 
 def print_error(err: LinpodxError, stream: TextIO | None = None) -> None:

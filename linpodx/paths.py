@@ -40,9 +40,22 @@ def _xdg(var: str, default: str) -> str:
 
 
 def state_root() -> str:
-    """`state_dir()` as a string."""
+    """`state_dir()` as a string.
+
+    An empty LINPODX_STATE_DIR means unset (as for the XDG variables). A relative one is
+    refused rather than ignored: the XDG variables' rule (ignore it) would quietly send a
+    person's `audit verify` to another state dir than the one they named, and report on it.
+    """
     override = os.environ.get("LINPODX_STATE_DIR", "")
-    if override and os.path.isabs(override):
+    if override:
+        if not os.path.isabs(override):
+            from linpodx.errors import UsageError
+
+            raise UsageError(
+                f"LINPODX_STATE_DIR must be an absolute path, not {override!r}",
+                f"use LINPODX_STATE_DIR={os.path.join('$PWD', override)} or unset it "
+                "for the default state dir",
+            )
         return override
     return os.path.join(_xdg("XDG_STATE_HOME", ".local/state"), "linpodx")
 

@@ -144,7 +144,7 @@ class PendingRequest:
                 expires=float(d["expires_unix"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidInput(f"malformed approval request: {exc}") from None
+            raise InvalidInput(f"malformed approval request: {exc}", DAMAGED_HINT) from None
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,12 @@ class Answer:
     reason: str
     by: dict[str, Any]
     at: str
+
+
+DAMAGED_HINT = (
+    "its files under the state dir's approvals/ are damaged; nobody can approve it, so the "
+    "call waiting for it is denied when its window ends"
+)
 
 
 def _dir(approval_id: str) -> Path:
@@ -200,10 +206,14 @@ def load(approval_id: str) -> PendingRequest:
             f"approval not found: {approval_id}",
             "list pending ones with `linpodx events --filter approval --no-follow`",
         ) from None
-    except ValueError:
-        raise InvalidInput(f"approval request is unreadable: {approval_id}") from None
+    except (IsADirectoryError, ValueError) as exc:
+        # Not a state dir problem (that is the CLI's to report): this one request is damaged.
+        why = f" ({exc.strerror})" if isinstance(exc, OSError) and exc.strerror else ""
+        raise InvalidInput(
+            f"approval request is unreadable: {approval_id}{why}", DAMAGED_HINT
+        ) from None
     if not isinstance(data, dict):
-        raise InvalidInput(f"approval request is unreadable: {approval_id}")
+        raise InvalidInput(f"approval request is unreadable: {approval_id}", DAMAGED_HINT)
     return PendingRequest.from_dict(data)
 
 
@@ -214,6 +224,8 @@ def read_answer(approval_id: str) -> Answer | None:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except IsADirectoryError:  # there, but not a file: no approval in it
+        return Answer(approval_id, "", DENY, "unreadable answer file", {}, "")
     try:
         d = json.loads(raw)
         return Answer(

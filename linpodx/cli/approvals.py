@@ -41,7 +41,13 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
     m = _REL.match(value.strip())
     if m:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
-        return now - timedelta(**{unit: int(m.group(1))})
+        try:
+            return now - timedelta(**{unit: int(m.group(1))})
+        except (OverflowError, ValueError):  # before year 1, or past what timedelta holds
+            raise UsageError(
+                f"--since {value} reaches back before the year 1",
+                "use a shorter duration, or an ISO time like 2026-11-30T04:00:00Z",
+            ) from None
     try:
         t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
 
 from linpodx import __version__
 from linpodx.errors import EXIT_BUG, EXIT_USAGE, LinpodxError
-from linpodx.output import print_error
+from linpodx.output import envelope, envelopes_printed, print_error, print_json, safe_text
 
 TYPE_CHECKING = False  # not typing's: `linpodx run` starts here (see linpodx/fastrun.py)
 if TYPE_CHECKING:
@@ -78,9 +79,86 @@ def _kind(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
 
 
+# OSError numbers that say something about the machine (space, permissions, what a path is),
+# not about linpodx's code: an `error:` for the person, not a bug report.
+_ENVIRONMENT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+        errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EIO, errno.EMFILE, errno.ENFILE,
+    }
+)  # fmt: skip
+
+
+def environment_error(exc: OSError) -> LinpodxError | None:
+    """A clean error for an OSError that the machine caused, None for anything else.
+
+    Commands turn the failures they expect into errors of their own; this is the last resort
+    for the rest (a state dir on a full or read-only disk, a file where a directory belongs),
+    which would otherwise be reported as a bug.
+    """
+    from linpodx import paths
+    from linpodx.errors import EXIT_AUDIT, EXIT_FAILURE
+
+    path = exc.filename if isinstance(exc.filename, str) else None
+    try:
+        state = os.path.abspath(paths.state_root())
+    except LinpodxError:
+        state = None
+    inside = (
+        path is not None
+        and state is not None
+        and (os.path.abspath(path) + "/").startswith(state.rstrip("/") + "/")
+    )
+    if not inside and exc.errno not in _ENVIRONMENT_ERRNOS:
+        return None
+    why = exc.strerror or str(exc)
+    shown = f": {safe_text(path)}" if path else ""
+    if inside:
+        return LinpodxError(
+            f"cannot use linpodx's state dir: {why}{shown}",
+            f"the state dir {safe_text(state or '')} must be a directory you can write, on a "
+            "file system with free space (LINPODX_STATE_DIR picks another)",
+            exit_code=EXIT_AUDIT,
+        )
+    return LinpodxError(
+        f"{why}{shown}",
+        "check that path, its permissions and the free space of its file system",
+        exit_code=EXIT_FAILURE,
+    )
+
+
+def _command_name(args: list[str]) -> str:
+    """`sandbox validate`, `run` …: the command as a `--json` envelope names it."""
+    words = [a for a in args[:2] if not a.startswith("-")]
+    if words and words[0] in _GROUPS and len(words) > 1:
+        return " ".join(words)
+    return words[0] if words else "linpodx"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code. Expected failures never print a traceback."""
+    """Run the CLI and return its exit code. Expected failures never print a traceback.
+
+    With `--json`, a failure that no command turned into its envelope (a usage error, an
+    unexpected one) still prints exactly one: the README promises one document, errors too.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in (args[: args.index("--")] if "--" in args else args)
+    err: LinpodxError | None = None
+    printed = envelopes_printed()
+    rc = _main(args)
+    if isinstance(rc, LinpodxError):
+        err, rc = rc, rc.exit_code
+    name = _command_name(args)
+    # `mcp attach`'s stdout is the MCP client's: nothing but protocol messages, ever.
+    if json_mode and rc != 0 and envelopes_printed() == printed and name != "mcp attach":
+        doc = envelope(name, error=err or LinpodxError(f"exit status {rc}", exit_code=rc))
+        # `events --json` prints one object per line; everything else pretty documents.
+        print_json(doc, compact=name == "events")
+    return rc
+
+
+def _main(args: list[str]) -> int | LinpodxError:
+    """`main` without the `--json` last resort; a failure is returned as the error it is."""
     command = args[0] if args and not args[0].startswith("-") else None
     try:
         if command == "run":
@@ -94,7 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rv = app(args=args, prog_name="linpodx", standalone_mode=False)
     except LinpodxError as exc:
         print_error(exc)
-        return exc.exit_code
+        return exc
+    except OSError as exc:
+        clean = environment_error(exc)
+        if clean is None:
+            return _bug(exc)
+        print_error(clean)
+        return clean
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         return 130
@@ -108,22 +192,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "UsageError" in kind:
             ctx = getattr(exc, "ctx", None)
             cmd = ctx.command_path if ctx is not None else "linpodx"
-            print_error(LinpodxError(exc.format_message(), f"run `{cmd} --help` for usage"))  # type: ignore[attr-defined]
-            return EXIT_USAGE
+            usage = LinpodxError(
+                exc.format_message(),  # type: ignore[attr-defined]
+                f"run `{cmd} --help` for usage",
+                exit_code=EXIT_USAGE,
+            )
+            print_error(usage)
+            return usage
         if "Exit" in kind:
             return int(getattr(exc, "exit_code", 0))
         if "Abort" in kind:
             sys.stderr.write("error: aborted\n")
             return 130
         if "ClickException" in kind:
-            print_error(LinpodxError(exc.format_message()))  # type: ignore[attr-defined]
-            return int(getattr(exc, "exit_code", 1))
-        sys.stderr.write(f"error: internal error: {type(exc).__name__}: {exc}\n")
-        sys.stderr.write("hint: this is a bug in linpodx; LINPODX_DEBUG=1 shows where\n")
-        if os.environ.get("LINPODX_DEBUG"):
-            raise
-        return EXIT_BUG
+            click_err = LinpodxError(
+                exc.format_message(),  # type: ignore[attr-defined]
+                exit_code=int(getattr(exc, "exit_code", 1)),
+            )
+            print_error(click_err)
+            return click_err
+        return _bug(exc)
     return rv if isinstance(rv, int) else 0
+
+
+def _bug(exc: Exception) -> LinpodxError:
+    bug = LinpodxError(
+        f"internal error: {type(exc).__name__}: {exc}",
+        "this is a bug in linpodx; LINPODX_DEBUG=1 shows where",
+        exit_code=EXIT_BUG,
+    )
+    print_error(bug)
+    if os.environ.get("LINPODX_DEBUG"):
+        raise exc
+    return bug
 
 
 def entry() -> None:

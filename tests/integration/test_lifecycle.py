@@ -218,7 +218,7 @@ def test_signalled_foreground_run_ends_its_container_and_cleans_up(
                              unique_name, check=False).stdout.strip()  # fmt: skip
         assert running == "true", f"never saw it running: {proc.poll()} {proc.stderr}"
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

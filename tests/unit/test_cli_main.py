@@ -1,0 +1,137 @@
+"""The CLI's last resort (`linpodx.cli.main`): failures no command turned into an error of its
+own still end as `error:` + `hint:` (never "internal error" for what the machine caused), and
+`--json` still gets its one document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from linpodx.approvals import store
+from linpodx.cli.main import main
+from linpodx.errors import EXIT_AUDIT, EXIT_BUG, EXIT_INVALID, EXIT_USAGE
+
+
+def test_a_state_dir_that_is_a_file_is_an_error_with_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_a_dir = tmp_path / "state"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(not_a_dir))
+    for argv in (["events", "--no-follow"], ["approve", "apr_01M8PJZZ95HSXB42BQH7SC4ZVM"]):
+        assert main(argv) == EXIT_AUDIT, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: cannot use linpodx's state dir: Not a directory: "), err
+        assert f"hint: the state dir {not_a_dir} must be a directory you can write" in err
+        assert "internal error" not in err
+
+
+def test_a_full_state_dir_is_an_error_with_a_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from linpodx.cli import approvals as cli_approvals
+    from linpodx.paths import events_file
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(events_file()))
+
+    monkeypatch.setattr(cli_approvals, "events_cmd", full)
+    assert main(["events", "--no-follow", "--json"]) == EXIT_AUDIT
+    out, err = capsys.readouterr()
+    assert "error: cannot use linpodx's state dir: No space left on device" in err
+    doc = json.loads(out)  # one line: `events --json` prints one object per line
+    assert out.count("\n") == 1
+    assert doc["ok"] is False and doc["command"] == "events"
+    assert doc["error"]["exit_code"] == EXIT_AUDIT
+
+
+def test_an_unexpected_error_is_still_one_json_document(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from linpodx.cli import approvals as cli_approvals
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli_approvals, "approve_or_deny", broken, raising=False)
+    monkeypatch.setattr(cli_approvals, "events_cmd", broken)
+    assert main(["events", "--no-follow", "--json"]) == EXIT_BUG
+    out, err = capsys.readouterr()
+    assert "error: internal error: RuntimeError: boom" in err
+    assert json.loads(out)["error"]["exit_code"] == EXIT_BUG
+
+
+def test_usage_errors_with_json_print_one_envelope(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sandbox", "show", "--json"]) == EXIT_USAGE  # the name is missing
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["command"] == "sandbox show" and doc["ok"] is False
+    assert doc["error"]["exit_code"] == EXIT_USAGE
+    assert "error: " in err and "hint: run `linpodx sandbox show --help`" in err
+
+
+def test_a_command_that_printed_its_envelope_gets_no_second_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["sandbox", "show", "nosuch", "--json"]) != 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["ok"] is False  # exactly one document: json.loads takes no more
+
+
+def test_mcp_attach_never_prints_an_envelope_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mcp", "attach", "--json", "--container", "x", "--", "srv"]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "error: " in err
+
+
+@pytest.mark.parametrize("since", ["1000000d", "99999999h", "999999999999s", "100000000000d"])
+def test_since_too_far_back_is_a_usage_error(
+    since: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["events", "--no-follow", "--since", since]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"error: --since {since} reaches back before the year 1" in err
+    assert "hint: " in err
+
+
+def test_relative_state_dir_is_refused_and_empty_means_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LINPODX_STATE_DIR", "rel/state")
+    assert main(["events", "--no-follow"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "error: LINPODX_STATE_DIR must be an absolute path, not 'rel/state'" in err
+    assert "hint: use LINPODX_STATE_DIR=$PWD/rel/state" in err
+    assert not (tmp_path / "rel").exists()
+    monkeypatch.setenv("LINPODX_STATE_DIR", "")
+    assert main(["events", "--no-follow"]) == 0
+    assert "error" not in capsys.readouterr().err
+
+
+def test_a_damaged_approval_neither_stops_the_listener_nor_crashes_approve(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    good = store.create("sess_x", "tools/call", "write_file", {"id": 1}, {"name": "w"}, 30)
+    bad = store.create("sess_x", "tools/call", "write_file", {"id": 2}, {"name": "w"}, 30)
+    req = store.approvals_dir() / bad.approval_id / "request.json"
+    req.unlink()
+    req.mkdir()  # a directory where the request belongs
+    assert [p.approval_id for p in store.pending_requests()] == [good.approval_id]
+    assert main(["events", "--no-follow", "--filter", "approval"]) == 0
+    capsys.readouterr()
+    assert main(["approve", bad.approval_id]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"error: approval request is unreadable: {bad.approval_id} (Is a directory)" in err
+    assert "hint: its files under the state dir's approvals/ are damaged" in err
+    # An answer that is not a file reads as a deny, never as an approval.
+    ans = store.approvals_dir() / good.approval_id / "answer.json"
+    ans.mkdir()
+    read = store.read_answer(good.approval_id)
+    assert read is not None and read.decision == store.DENY
+    assert store.status(good.approval_id) == "denied"
