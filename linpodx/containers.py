@@ -288,7 +288,8 @@ def pin_mounts(name: str, ref: ProfileRef) -> tuple[str, ...]:
 def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
     """The CreateSpec for a run request under a profile revision on this host; the profile's
     mount sources are checked again (`check_mount_sources`)."""
-    name = req.name or f"linpodx-{secrets.token_hex(4)}"
+    # An explicit empty --name is a mistake, not a request for a generated name.
+    name = f"linpodx-{secrets.token_hex(4)}" if req.name is None else req.name
     validate_name(name)
     validate_image(req.image)
     check_mount_sources(ref)
@@ -483,7 +484,8 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
         if spec_dir(spec.name).exists() and engine.exists(spec.name):
             raise EngineError(
                 f"the container name {spec.name!r} is already in use",
-                "choose another --name, or remove the old container with `linpodx rm NAME`",
+                "choose another --name, or remove the old container (`linpodx rm NAME` if linpodx made "
+                "it, `podman rm NAME` otherwise)",
             )
     if gated:
         # podman create needs the gate to exist; `_bring_up`'s start closes it again.
@@ -589,7 +591,8 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
         # name first, so the other container's files are left as they are.
         raise EngineError(
             f"the container name {spec.name!r} is already in use",
-            "choose another --name, or remove the old container with `linpodx rm NAME`",
+            "choose another --name, or remove the old container (`linpodx rm NAME` if linpodx made "
+                "it, `podman rm NAME` otherwise)",
         )
     try:
         global_flags = pin_mounts(spec.name, ref)

@@ -62,7 +62,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     podman = spawn.which("podman")
     if plan is None or podman is None:
         return None
-    name = fields["name"] or f"linpodx-{os.urandom(4).hex()}"
+    name = f"linpodx-{os.urandom(4).hex()}" if fields["name"] is None else fields["name"]
     command = tuple(fields["command"])
     try:
         head = runline.head(name, None)

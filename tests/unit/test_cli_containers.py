@@ -289,8 +289,10 @@ def test_run_detached_json(fake: FakeEngine, cli: Any) -> None:
     assert doc["result"]["state"] == "running"
 
 
-def test_bad_name_is_an_error_not_a_traceback(fake: FakeEngine, cli: Any) -> None:
-    res = cli("run", "--image", "localhost/img:1", "--name", "../etc")
+@pytest.mark.parametrize("name", ["../etc", ""])
+def test_bad_name_is_an_error_not_a_traceback(fake: FakeEngine, cli: Any, name: str) -> None:
+    """An empty `--name` too: it is a mistake, not a request for a generated name."""
+    res = cli("run", "--image", "localhost/img:1", "--name", name)
     assert res.exit_code == 3
     assert res.stderr.startswith("error: invalid container name")
     assert fake.calls == []
@@ -323,6 +325,8 @@ def test_guarded_run_with_a_taken_name_leaves_the_other_guard_alone(
     with pytest.raises(EngineError) as ei:
         containers.create_and_start(spec, guarded_ref())
     assert "already in use" in ei.value.message
+    # The hint works for a container linpodx did not make too (`linpodx rm` refuses those).
+    assert "`podman rm NAME` otherwise" in (ei.value.hint or "")
     assert guard.calls == []  # neither prepare (would overwrite its files) nor detach
     assert "create" not in fake.names() and "remove" not in fake.names()
 
