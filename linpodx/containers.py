@@ -484,8 +484,7 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
         if spec_dir(spec.name).exists() and engine.exists(spec.name):
             raise EngineError(
                 f"the container name {spec.name!r} is already in use",
-                "choose another --name, or remove the old container (`linpodx rm NAME` if linpodx made "
-                "it, `podman rm NAME` otherwise)",
+                engine.NAME_IN_USE_HINT,
             )
     if gated:
         # podman create needs the gate to exist; `_bring_up`'s start closes it again.
@@ -591,8 +590,7 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
         # name first, so the other container's files are left as they are.
         raise EngineError(
             f"the container name {spec.name!r} is already in use",
-            "choose another --name, or remove the old container (`linpodx rm NAME` if linpodx made "
-                "it, `podman rm NAME` otherwise)",
+            engine.NAME_IN_USE_HINT,
         )
     try:
         global_flags = pin_mounts(spec.name, ref)

@@ -21,6 +21,10 @@ from linpodx.podman.argv import MANAGED_LABEL
 from linpodx.podman.runline import HOME_DIR
 from linpodx.podman.spawn import Child
 
+NAME_IN_USE_HINT = (
+    "choose another --name, or remove the old container "
+    "(`linpodx rm NAME` if linpodx made it, `podman rm NAME` otherwise)"
+)
 PODMAN_HINT = "install podman (4.3 or newer) and check it with `linpodx doctor`"
 
 
@@ -41,7 +45,7 @@ def classify_hint(stderr: str, default: str | None = None) -> str | None:
             "first (rootless users have their own store)"
         )
     if "already in use" in low:
-        return "choose another --name, or remove the old container with `linpodx rm NAME`"
+        return NAME_IN_USE_HINT
     if "no such container" in low:
         return "list linpodx containers with `linpodx ps --all`"
     if "cgroups in hybrid mode" in low or ("crun" in low and "cgroup" in low):
