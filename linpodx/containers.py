@@ -248,7 +248,27 @@ def load_spec(name: str) -> dict[str, Any]:
         raise InvalidInput(
             f"run spec of {name} has an unknown format", f"remove it with `linpodx rm {name}`"
         )
+    for key, kinds in _SPEC_FIELDS.items():
+        value = doc.get(key, ...)
+        ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
+        if ok and key == "command":
+            ok = all(isinstance(c, str) for c in value)
+        if not ok:
+            what = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise InvalidInput(
+                f"run spec of {name} is damaged: {key!r} is missing or not a {what}",
+                f"remove it with `linpodx rm {name}`",
+            )
     return doc
+
+
+_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "hostname": (str, type(None)), "container_id": (str,), "image": (str,),
+    "profile": (str,), "profile_id": (str,), "revision": (int,), "audit_hash": (str,),
+    "command": (list,), "interactive": (bool,), "tty": (bool,), "rm": (bool,),
+}  # fmt: skip
+"""What every run spec of this version has held from the start, and what `start` and snapshot
+rollback read from it: a spec without one of them was not written by linpodx."""
 
 
 def _remove_spec(name: str) -> None:

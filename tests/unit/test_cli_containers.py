@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from linpodx import containers
-from linpodx.errors import EngineError
+from linpodx.errors import EngineError, InvalidInput
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine
 from linpodx.profile.model import Network, Profile
@@ -110,6 +110,33 @@ def test_run_audits_then_creates_home_then_starts(fake: FakeEngine) -> None:
     assert recs[0]["data"]["name"] == "agent-1" and recs[0]["data"]["profile_id"] == "builtin"
     spec = containers.load_spec("agent-1")
     assert spec["image"] == "localhost/img:1" and spec["container_id"] == "c0ffee"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"drop": "command"}, {"set": ("command", "sh")}, {"set": ("command", [1])},
+     {"set": ("tty", 1)}, {"set": ("revision", True)}, {"keep_only": "version"}],
+    ids=["no-command", "command-str", "command-int", "tty-int", "revision-bool", "only-version"],
+)  # fmt: skip
+def test_a_run_spec_missing_what_linpodx_reads_is_refused(
+    fake: FakeEngine, damage: dict[str, Any]
+) -> None:
+    """`start` and snapshot rollback rebuild the container from the spec: one that lacks a
+    field or has the wrong type was not written by linpodx and is refused, not filled in."""
+    containers.run(REQ)
+    path = containers.spec_path("agent-1")
+    doc = json.loads(path.read_text())
+    if "drop" in damage:
+        del doc[damage["drop"]]
+    elif "set" in damage:
+        doc[damage["set"][0]] = damage["set"][1]
+    else:
+        doc = {"version": doc["version"]}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InvalidInput) as ei:
+        containers.load_spec("agent-1")
+    assert ei.value.message.startswith("run spec of agent-1 is damaged: ")
+    assert ei.value.hint == "remove it with `linpodx rm agent-1`"
 
 
 def test_audit_failure_means_no_podman_call(fake: FakeEngine, isolated_state: Path) -> None:
