@@ -776,7 +776,10 @@ def read_records(path: Path) -> list[Record]:
     except FileNotFoundError:
         raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
     except OSError as exc:
-        raise AuditError(f"could not read the audit log {path}: {exc.strerror or exc}") from None
+        raise AuditError(
+            f"could not read the audit log {path}: {exc.strerror or exc}",
+            "check the file's permissions",
+        ) from None
     return out
 
 
@@ -883,7 +886,10 @@ class Chain:
         except NotALog as exc:
             raise AuditError(f"audit log {exc}", HINT_NOT_A_LOG) from None
         except OSError as exc:
-            raise AuditError(f"could not read the audit log {self.path}: {exc.strerror}") from None
+            raise AuditError(
+                f"could not read the audit log {self.path}: {exc.strerror or exc}",
+                "check the file's permissions",
+            ) from None
         try:
             last, _ = _read_tail(fd, os.fstat(fd).st_size)
             return last
@@ -965,7 +971,8 @@ def anchor_session(session_id: str, tail_hash: str, events: int) -> Record:
     """
     if not _HEX64.fullmatch(tail_hash):
         raise AuditError(
-            "could not record to the audit log: the session tail is not a sha256 hex digest"
+            "could not record to the audit log: the session tail is not a sha256 hex digest",
+            "this is a bug in linpodx: pass the hash of the session's last record",
         )
     session_path(session_id)  # validates the id
     return admin_chain().append(

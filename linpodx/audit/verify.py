@@ -453,7 +453,11 @@ def seal(session_id: str | None = None) -> Seal:
     if not check.ok:
         raise_broken(check)
     if r.events == 0:
-        raise NotFound(f"the audit log {r.path} has no records to seal", None)
+        raise NotFound(
+            f"the audit log {r.path} has no records to seal",
+            "a seal names the last record, so seal after the first recorded action "
+            "(e.g. `linpodx sandbox apply --profile FILE`)",
+        )
     return Seal(path=r.path, seq=r.events - 1, hash=r.tail, log_id=r.log_id, events=r.events)
 
 

@@ -188,7 +188,10 @@ def _records(
             f"the audit log {exc}", HINT_NOT_A_LOG, details={"log": str(path), "events": 0}
         ) from None
     except OSError as exc:
-        raise AuditError(f"could not read the audit log {path}: {exc.strerror or exc}") from None
+        raise AuditError(
+            f"could not read the audit log {path}: {exc.strerror or exc}",
+            "check the file's permissions",
+        ) from None
     return str(path), count, list(records), stopped
 
 

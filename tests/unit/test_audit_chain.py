@@ -465,3 +465,18 @@ def test_read_records(tmp_path: Path) -> None:
         ch.read_records(c.path)
     with pytest.raises(AuditError, match="no audit log"):
         ch.read_records(tmp_path / "missing.jsonl")
+
+
+def test_errors_that_reach_people_carry_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(AuditError, match="session tail is not a sha256") as err:
+        ch.anchor_session("sess_x", "not-a-hash", 1)
+    assert err.value.hint
+    # Unreadable for a reason other than absence (here: a path under a regular file).
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(AuditError, match="could not read the audit log") as err:
+        ch.read_records(blocker / "a.jsonl")
+    assert err.value.hint
+    with pytest.raises(AuditError, match="could not read the audit log") as err:
+        Chain(blocker / "a.jsonl").last()
+    assert err.value.hint

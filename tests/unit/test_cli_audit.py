@@ -331,3 +331,12 @@ def test_verify_memory_stays_bounded_on_a_huge_sparse_log(session: str, tmp_path
     assert out.returncode == EXIT_TAMPERED, out.stderr
     assert f"line longer than {MAX_LINE} bytes" in out.stdout
     assert "internal error" not in out.stderr and "MemoryError" not in out.stderr
+
+
+def test_seal_of_an_empty_log_has_a_hint(cli: Cli) -> None:
+    path = admin_chain().path
+    path.parent.mkdir(parents=True)
+    path.touch()
+    res = cli("audit", "seal")
+    assert res.exit_code == EXIT_NOT_FOUND
+    assert res.stderr.startswith(f"error: the audit log {path} has no records to seal\nhint: ")
