@@ -301,7 +301,8 @@ def verify_session(
     report = verify_file(path, genesis, check_genesis=genesis is not None, anchors=merged)
 
     if audit_hash is None:
-        problems.append("the session's first record names no profile audit_hash")
+        if report.ok or report.first_bad_seq != 0:  # else the report already says why
+            problems.append("the session's first record names no profile audit_hash")
     elif genesis is not None and audit_hash != genesis:
         problems.append(
             f"the session's first record names audit_hash {audit_hash[:12]}…, but the admin "

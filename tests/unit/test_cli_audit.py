@@ -249,6 +249,7 @@ def test_session_log_that_is_not_a_file_is_damage_with_a_hint(
     res = cli("audit", "verify", "--session", session)
     assert res.exit_code == EXIT_TAMPERED, res.stderr
     assert f"chain:   BROKEN at seq 0: {session_path(session)} {NOT_REGULAR[kind]}" in res.stdout
+    assert "problem:" not in res.stdout  # seq 0 failed: no "first record names no …" echo
     assert res.stderr.startswith("error: audit chain broken at seq 0: ")
     assert "\nhint: linpodx writes each log as a regular file and never through a link" in (
         res.stderr
