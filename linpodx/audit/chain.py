@@ -22,11 +22,13 @@ saying what it removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +111,8 @@ class VerifyReport:
     """Length of the torn last line."""
     path: str = ""
     """The file verified."""
+    hint: str | None = None
+    """What to do about this particular failure, when the generic tampering hint does not fit."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for `--json`."""
@@ -220,15 +224,177 @@ def _record_from_obj(obj: Any) -> Record:
     return Record(seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=data, log_id=log)
 
 
+class OverlongLine(BadRecord):
+    """A line longer than any record the writer produces (MAX_LINE): damage, never read whole."""
+
+    def __init__(self, offset: int):
+        super().__init__(
+            f"line longer than {MAX_LINE} bytes, longer than any record linpodx writes"
+        )
+        self.offset = offset
+
+
+HINT_NOT_A_LOG = (
+    "linpodx writes each log as a regular file and never through a link; move this aside "
+    "(keep it as evidence), and if you moved the real log yourself, put the file back in its place"
+)
+
+
+class NotALog(Exception):
+    """The log path holds something other than a regular file (directory, FIFO, device,
+    socket, symbolic link): refused before reading a byte."""
+
+    def __init__(self, path: Path, kind: str):
+        super().__init__(f"{path} is {kind}, not a regular file")
+        self.path = path
+        self.kind = kind
+
+    @property
+    def reason(self) -> str:
+        """The sentence verification reports."""
+        return f"{self.path} is {self.kind}, not a regular file: it is not a log linpodx wrote"
+
+
+def _kind(path: Path, st: os.stat_result) -> str:
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            return "a symbolic link"
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(path: Path) -> None:
+    """Raise NotALog unless `path` itself (not what a link points to) is a regular file.
+    FileNotFoundError if nothing is there."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotALog(path, _kind(path, st))
+
+
+def open_log(path: Path) -> int:
+    """Open a chain file for reading without ever blocking; NotALog unless it is a regular file.
+
+    Symbolic links are refused, not followed. linpodx never creates one in a log's place and its
+    writer refuses to append through one (O_NOFOLLOW), so a link there was put by someone else
+    (threat 4). Following it would let that someone point verification at /dev/zero, a FIFO
+    (which would hang it), or a file outside the state dir that others can change (under /tmp,
+    say), and `verify` would then vouch for a log the writer itself refuses to use. Someone with
+    the user's rights can of course write a regular file instead, but then every chain check
+    applies to what they wrote; a link gains nothing we need to accept. Only the last component
+    is checked: the state dir itself may be reached through links.
+
+    The lstat refuses FIFOs, devices and directories before any open; O_NONBLOCK and the fstat
+    after the open close the race with a swap in between (O_NONBLOCK has no effect on the
+    regular file we then read). The caller closes the returned fd.
+    """
+    check_regular(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # swapped for a link or socket meanwhile
+            raise NotALog(path, "not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotALog(path, _kind(path, st))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_READ_CHUNK = 1024 * 1024
+"""Bytes read at a time: a reader holds at most this plus MAX_LINE of one unfinished line."""
+
+
+def _fd_lines(fd: int, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
+    """(offset, line without newline, complete) for the lines starting in [start, end) of an
+    open file (to its end when `end` is None), read with pread in bounded chunks.
+
+    Raises OverlongLine as soon as a line (complete or not) exceeds MAX_LINE, without reading
+    the rest of it: no record is that long, and the rest could be endless (/dev/zero, a huge
+    sparse file).
+    """
+    pos = start
+    rest = b""
+    while end is None or pos < end:
+        want = _READ_CHUNK if end is None else min(_READ_CHUNK, end - pos)
+        chunk = os.pread(fd, want, pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        buf = rest + chunk if rest else chunk
+        lines = buf.split(b"\n")
+        rest = lines.pop()
+        offset = pos - len(buf)
+        for line in lines:
+            if len(line) > MAX_LINE:
+                raise OverlongLine(offset)
+            yield offset, line, True
+            offset += len(line) + 1
+        if len(rest) > MAX_LINE:
+            raise OverlongLine(offset)
+    if rest:
+        yield pos - len(rest), rest, False
+
+
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
-    """Yield (offset, line without newline, complete) for each line of the file."""
-    with open(path, "rb") as f:
-        offset = 0
-        for raw in f:
-            complete = raw.endswith(b"\n")
-            line = raw[:-1] if complete else raw
-            yield offset, line, complete
-            offset += len(raw)
+    """Yield (offset, line without newline, complete) for each line of a chain file.
+
+    Bounded: NotALog for anything but a regular file (see open_log), OverlongLine for a line
+    longer than any record. An incomplete last line is yielded as it is; `torn_problem` says
+    whether it may be called a crash.
+    """
+    fd = open_log(path)
+    try:
+        yield from _fd_lines(fd)
+    finally:
+        os.close(fd)
+
+
+def torn_problem(offset: int, line: bytes) -> str | None:
+    """None if the unterminated last line at `offset` looks like a torn append (a crash), else
+    why it is damage."""
+    if core.looks_torn(line):
+        return None
+    return (
+        f"unterminated last line at byte {offset} ({len(line)} bytes) is not the start of a "
+        "record: not a crash during append, the log was damaged or changed"
+    )
+
+
+def first_record(path: Path) -> Record | None:
+    """The first record of a chain file when it is complete and valid, else None. Reads at most
+    one line's worth, refuses what open_log refuses (returns None)."""
+    try:
+        fd = open_log(path)
+    except (NotALog, OSError):
+        return None
+    try:
+        head = os.pread(fd, MAX_LINE + 1, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    end = head.find(b"\n")
+    if end < 0:
+        return None
+    try:
+        return check_line(head[:end])
+    except BadRecord:
+        return None
 
 
 def verify_file(
@@ -250,11 +416,25 @@ def verify_file(
     """
     expected_genesis = genesis if genesis is not None else ZERO_HASH
     try:
-        if collect is None and _PARALLEL_MIN_BYTES <= path.stat().st_size:
+        # lstat, not stat: a link is refused (open_log), and a FIFO is never opened.
+        if collect is None and _PARALLEL_MIN_BYTES <= os.lstat(path).st_size:
             fast = _verify_parallel(path, expected_genesis, check_genesis, anchors)
             if fast is not None:
                 return fast
         return _verify(path, expected_genesis, check_genesis, anchors, collect)
+    except NotALog as exc:
+        return VerifyReport(
+            ok=False,
+            events=0,
+            head=expected_genesis,
+            tail=expected_genesis,
+            first_bad_seq=0,
+            reason=exc.reason,
+            torn_tail=False,
+            log_id=None,
+            path=str(path),
+            hint=HINT_NOT_A_LOG,
+        )
     except FileNotFoundError:
         raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
     except OSError as exc:
@@ -272,8 +452,8 @@ def _in_flight(path: Path, offset: int) -> bool:
     with a newline, it was in flight, and is simply not part of what was verified.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = open_log(path)
+    except (NotALog, OSError):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -381,19 +561,25 @@ def _verify(
         )
 
     torn: tuple[int, int] | None = None
-    for offset, line, complete in iter_lines(path):
-        if not complete:
-            torn = (offset, len(line))
-            break
-        try:
-            rec = check_line(line)
-        except BadRecord as exc:
-            return report(False, f"{exc} (line at byte {offset})")
-        problem = w.step(rec)
-        if problem is not None:
-            return report(False, problem)
-        if collect is not None:
-            collect(rec)
+    try:
+        for offset, line, complete in iter_lines(path):
+            if not complete:
+                bad = torn_problem(offset, line)
+                if bad is not None:
+                    return report(False, bad)
+                torn = (offset, len(line))
+                break
+            try:
+                rec = check_line(line)
+            except BadRecord as exc:
+                return report(False, f"{exc} (line at byte {offset})")
+            problem = w.step(rec)
+            if problem is not None:
+                return report(False, problem)
+            if collect is not None:
+                collect(rec)
+    except OverlongLine as exc:
+        return report(False, f"{exc} (line at byte {exc.offset})")
     if torn is not None and _in_flight(path, torn[0]):
         torn = None
     problem = w.missing_anchor()
@@ -408,45 +594,33 @@ _PARALLEL_MIN_BYTES = 16 * 1024 * 1024
 """Logs at least this big are verified by one forked worker per CPU (each checks a byte range,
 the parent checks the seams). Any doubt sends the whole file through the one-process
 verifier, so the report (first bad seq, reason) is always the reference one."""
-_READ_CHUNK = 8 * 1024 * 1024
-
-
-def _range_lines(path: Path, start: int, end: int) -> Iterator[tuple[int, bytes, bool]]:
-    """(offset, line, complete) for the lines that start in [start, end)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        rest = b""
-        while pos < end:
-            chunk = f.read(min(_READ_CHUNK, end - pos))
-            if not chunk:
-                break
-            pos += len(chunk)
-            buf = rest + chunk
-            lines = buf.split(b"\n")
-            rest = lines.pop()
-            offset = pos - len(buf)
-            for line in lines:
-                yield offset, line, True
-                offset += len(line) + 1
-        if rest:
-            yield end - len(rest), rest, False
 
 
 def _check_range(
-    path: Path,
+    fd: int,
     start: int,
     end: int,
     genesis: str,
     check_genesis: bool,
     anchors: Mapping[int, str] | None,
 ) -> dict[str, Any]:
-    """Verify the records starting in [start, end) as far as possible without the rest."""
+    """Verify the records starting in [start, end) as far as possible without the rest.
+    Any damage (an overlong line or a tail that is not a torn append included) is {"ok": False}:
+    the parent then runs the reference verifier, which says what and where."""
     w = _Walk(genesis, check_genesis, anchors)
     first: dict[str, Any] | None = None
     torn = None
-    for offset, line, complete in _range_lines(path, start, end):
+    lines = _fd_lines(fd, start, end)
+    while True:
+        try:
+            offset, line, complete = next(lines)
+        except StopIteration:
+            break
+        except OverlongLine:
+            return {"ok": False}
         if not complete:
+            if torn_problem(offset, line) is not None:
+                return {"ok": False}
             torn = [offset, len(line)]
             break
         try:
@@ -479,16 +653,21 @@ def _workers() -> int:
     return max(1, min(cpus or 1, 16))
 
 
-def _split(path: Path, size: int, parts: int) -> list[int]:
-    """Range starts: offset 0 and the first line start after each k*size/parts."""
+def _split(fd: int, size: int, parts: int) -> list[int]:
+    """Range starts: offset 0 and the first line start after each k*size/parts.
+
+    Only [0] (no split: the reference verifier decides) if no newline follows a split point
+    within MAX_LINE + 1 bytes, since a line that long is damage.
+    """
     starts = [0]
-    with open(path, "rb") as f:
-        for k in range(1, parts):
-            f.seek(k * size // parts)
-            f.readline()  # skip to the next line start
-            pos = f.tell()
-            if starts[-1] < pos < size:
-                starts.append(pos)
+    for k in range(1, parts):
+        at = k * size // parts
+        nl = os.pread(fd, MAX_LINE + 1, at).find(b"\n")
+        if nl < 0:
+            return [0]
+        pos = at + nl + 1  # the next line start
+        if starts[-1] < pos < size:
+            starts.append(pos)
     return starts
 
 
@@ -496,8 +675,19 @@ def _verify_parallel(
     path: Path, genesis: str, check_genesis: bool, anchors: Mapping[int, str] | None
 ) -> VerifyReport | None:
     """Verify with one forked worker per CPU; None when anything is off (use the reference)."""
-    size = path.stat().st_size
-    starts = _split(path, size, _workers())
+    fd = open_log(path)
+    try:
+        return _verify_parallel_fd(fd, path, genesis, check_genesis, anchors)
+    finally:
+        os.close(fd)
+
+
+def _verify_parallel_fd(
+    fd: int, path: Path, genesis: str, check_genesis: bool, anchors: Mapping[int, str] | None
+) -> VerifyReport | None:
+    # The workers inherit `fd` and read it with pread (no shared file offset, no reopening).
+    size = os.fstat(fd).st_size
+    starts = _split(fd, size, _workers())
     if len(starts) < 2:
         return None
     bounds = list(zip(starts, [*starts[1:], size], strict=True))
@@ -511,7 +701,7 @@ def _verify_parallel(
                 code = 1
                 try:
                     os.close(rfd)
-                    doc = _check_range(path, a, b, genesis, check_genesis, anchors)
+                    doc = _check_range(fd, a, b, genesis, check_genesis, anchors)
                     with os.fdopen(wfd, "wb") as out:
                         out.write(json.dumps(doc).encode())
                     code = 0
@@ -565,18 +755,31 @@ def read_records(path: Path) -> list[Record]:
     out: list[Record] = []
     try:
         for offset, line, complete in iter_lines(path):
+            problem = None
             if not complete:
-                break
-            try:
-                out.append(check_line(line))
-            except BadRecord as exc:
-                raise AuditError(
-                    f"audit log {path} has a damaged record at byte {offset}: {exc}", HINT_VERIFY
-                ) from None
+                problem = torn_problem(offset, line)
+                if problem is None:
+                    break
+            else:
+                try:
+                    out.append(check_line(line))
+                except BadRecord as exc:
+                    problem = f"damaged record at byte {offset}: {exc}"
+            if problem is not None:
+                raise AuditError(f"audit log {path}: {problem}", HINT_VERIFY)
+    except OverlongLine as exc:
+        raise AuditError(
+            f"audit log {path} has a damaged record at byte {exc.offset}: {exc}", HINT_VERIFY
+        ) from None
+    except NotALog as exc:
+        raise AuditError(f"audit log {exc}", HINT_NOT_A_LOG) from None
     except FileNotFoundError:
         raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
     except OSError as exc:
-        raise AuditError(f"could not read the audit log {path}: {exc.strerror or exc}") from None
+        raise AuditError(
+            f"could not read the audit log {path}: {exc.strerror or exc}",
+            "check the file's permissions",
+        ) from None
     return out
 
 
@@ -627,7 +830,22 @@ class Chain:
         else:
             seq, prev, last_ts = last.seq + 1, last.hash, last.ts
         if torn_at is not None:
+            # Only a tail that looks like a torn append is cut off as a crash; anything else
+            # (longer than any record, zeros, foreign bytes) is damage for a person to look at,
+            # exactly as `verify` reports it.
+            if size - torn_at > MAX_LINE:
+                raise AuditError(
+                    f"could not record to the audit log {self.path}: the unterminated last line "
+                    f"at byte {torn_at} is longer than any record we write; refusing to cut it off",
+                    HINT_VERIFY,
+                )
             removed = core.pread_all(fd, torn_at, size - torn_at)
+            bad = torn_problem(torn_at, removed)
+            if bad is not None:
+                raise AuditError(
+                    f"could not record to the audit log {self.path}: {bad}; refusing to cut it off",
+                    HINT_VERIFY,
+                )
             repair = {
                 "reason": "torn last line removed (crash during an earlier append)",
                 "offset": torn_at,
@@ -662,11 +880,16 @@ class Chain:
     def last(self) -> Record | None:
         """The last complete record (no lock: a snapshot), None for an empty or missing log."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_log(self.path)
         except FileNotFoundError:
             return None
+        except NotALog as exc:
+            raise AuditError(f"audit log {exc}", HINT_NOT_A_LOG) from None
         except OSError as exc:
-            raise AuditError(f"could not read the audit log {self.path}: {exc.strerror}") from None
+            raise AuditError(
+                f"could not read the audit log {self.path}: {exc.strerror or exc}",
+                "check the file's permissions",
+            ) from None
         try:
             last, _ = _read_tail(fd, os.fstat(fd).st_size)
             return last
@@ -748,7 +971,8 @@ def anchor_session(session_id: str, tail_hash: str, events: int) -> Record:
     """
     if not _HEX64.fullmatch(tail_hash):
         raise AuditError(
-            "could not record to the audit log: the session tail is not a sha256 hex digest"
+            "could not record to the audit log: the session tail is not a sha256 hex digest",
+            "this is a bug in linpodx: pass the hash of the session's last record",
         )
     session_path(session_id)  # validates the id
     return admin_chain().append(

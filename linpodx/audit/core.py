@@ -8,6 +8,7 @@ typing at run time) because `linpodx.fastrun` appends its `container.run` record
 
 from __future__ import annotations
 
+import codecs
 import fcntl
 import json
 import os
@@ -267,6 +268,32 @@ def build_line(
             "this is a bug in linpodx: record a digest of large data instead",
         )
     return h, ts, line + b"\n", stored
+
+
+_RECORD_START = b'{"data":{'
+_CONTROL = re.compile(rb"[\x00-\x1f]")
+
+
+def looks_torn(tail: bytes) -> bool:
+    """Could `tail`, an unterminated last line, be a record line cut short by a crash?
+
+    Only then is it a torn append (harmless, repaired by the next append). A record line is at
+    most MAX_LINE bytes, starts with `{"data":{`, is strict UTF-8 and holds no byte below 0x20
+    (canonical JSON escapes control characters, and the newline ends the line); a prefix of it
+    keeps all of that except that it may stop inside a UTF-8 sequence. Anything else (zeros
+    from a sparse file, an oversize or foreign tail) is damage, not a crash.
+    """
+    if not tail or len(tail) > MAX_LINE:
+        return False
+    n = min(len(tail), len(_RECORD_START))
+    if tail[:n] != _RECORD_START[:n] or _CONTROL.search(tail):
+        return False
+    try:
+        # final=False: a crash may cut a multi-byte character in two.
+        codecs.getincrementaldecoder("utf-8")().decode(tail, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def pread_all(fd: int, offset: int, length: int) -> bytes:

@@ -21,6 +21,7 @@ detect, and how:
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from linpodx.audit.chain import (
+    NotALog,
     Record,
     VerifyReport,
     admin_chain,
-    check_line,
+    check_regular,
+    first_record,
     session_path,
     verify_file,
 )
@@ -115,10 +118,16 @@ class _AdminIndex:
                 (self.opens if rec.type == "session.open" else self.closes)[sid] = rec
 
 
+def _present(path: Path) -> bool:
+    """Is anything at `path` itself? A link (even dangling), a directory or a FIFO in a log's
+    place counts: verification then reports it as not a log, instead of as "no log yet"."""
+    return os.path.lexists(path)
+
+
 def _admin_scan() -> tuple[VerifyReport | None, _AdminIndex]:
     index = _AdminIndex()
     path = admin_chain().path
-    if not path.exists():
+    if not _present(path):
         return None, index
     return verify_file(path, collect=index.collect), index
 
@@ -126,14 +135,14 @@ def _admin_scan() -> tuple[VerifyReport | None, _AdminIndex]:
 def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
     """Verify the admin chain, its seals, and that the profile store's revisions are in it."""
     path = admin_chain().path
-    if not path.exists() and not anchors:
+    if not _present(path) and not anchors:
         raise NotFound(
             f"no admin audit log yet ({path})",
             "it is created by the first recorded action, "
             "e.g. `linpodx sandbox apply --profile FILE`",
         )
     index = _AdminIndex()
-    if path.exists():
+    if _present(path):
         report = verify_file(path, anchors=anchors, collect=index.collect)
     else:
         # Sealed, yet gone: the log was deleted. Report it as the broken chain it is.
@@ -154,13 +163,22 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
         problems, notes = _check_store(index)
         for sid, rec in sorted(index.opens.items(), key=lambda kv: kv[1].seq):
             try:
-                present = session_path(sid).exists()
-            except AuditError:
-                present = False
-            if not present:
+                spath = session_path(sid)
+                check_regular(spath)
+            except NotALog as exc:
+                problems.append(
+                    f"session {sid} was opened at admin seq {rec.seq} but its audit log is "
+                    f"{exc.kind}, not a regular file: it is not a log linpodx wrote"
+                )
+            except (AuditError, FileNotFoundError, NotADirectoryError):
                 problems.append(
                     f"session {sid} was opened at admin seq {rec.seq} but its audit log is "
                     "missing: the session log was deleted"
+                )
+            except OSError as exc:
+                problems.append(
+                    f"session {sid} was opened at admin seq {rec.seq} but its audit log cannot "
+                    f"be looked at: {exc.strerror or exc}"
                 )
         if index.opens:
             notes.append(f"{len(index.opens)} session log(s) opened in this chain are present")
@@ -201,17 +219,6 @@ def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
     return problems, []
 
 
-def _first_record(path: Path) -> Record | None:
-    with open(path, "rb") as f:
-        line = f.readline()
-    if not line.endswith(b"\n"):
-        return None
-    try:
-        return check_line(line[:-1])
-    except ValueError:
-        return None
-
-
 def verify_session(
     session_id: str,
     anchors: Mapping[int, str] | None = None,
@@ -233,7 +240,7 @@ def verify_session(
     except AuditError as exc:
         admin_report, index = None, _AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
-    if path is None or not path.exists():
+    if path is None or not _present(path):
         opened_rec = index.opens.get(session_id)
         if path is not None and opened_rec is not None:
             # The admin chain says this session existed: its log is gone, not unknown.
@@ -259,7 +266,7 @@ def verify_session(
             f"{admin_report.first_bad_seq}: {admin_report.reason}"
         )
 
-    first = _first_record(path)
+    first = first_record(path)
     profile_id = audit_hash = None
     if first is not None:
         pid, ah = first.data.get("profile_id"), first.data.get("audit_hash")
@@ -294,7 +301,8 @@ def verify_session(
     report = verify_file(path, genesis, check_genesis=genesis is not None, anchors=merged)
 
     if audit_hash is None:
-        problems.append("the session's first record names no profile audit_hash")
+        if report.ok or report.first_bad_seq != 0:  # else the report already says why
+            problems.append("the session's first record names no profile audit_hash")
     elif genesis is not None and audit_hash != genesis:
         problems.append(
             f"the session's first record names audit_hash {audit_hash[:12]}…, but the admin "
@@ -446,7 +454,11 @@ def seal(session_id: str | None = None) -> Seal:
     if not check.ok:
         raise_broken(check)
     if r.events == 0:
-        raise NotFound(f"the audit log {r.path} has no records to seal", None)
+        raise NotFound(
+            f"the audit log {r.path} has no records to seal",
+            "a seal names the last record, so seal after the first recorded action "
+            "(e.g. `linpodx sandbox apply --profile FILE`)",
+        )
     return Seal(path=r.path, seq=r.events - 1, hash=r.tail, log_id=r.log_id, events=r.events)
 
 
@@ -459,7 +471,8 @@ def raise_broken(check: ChainCheck) -> None:
         msg = f"audit chain does not match its anchors: {check.problems[0]}"
     raise ChainBroken(
         msg,
-        "the log was changed after it was written; keep the file as evidence and compare it "
+        (r.hint if not r.ok else None)
+        or "the log was changed after it was written; keep the file as evidence and compare it "
         "with your last seal (`linpodx audit seal`)",
         details=check.to_dict(),
     )

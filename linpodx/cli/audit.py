@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections import deque
 from typing import Annotated, Any
 
 import typer
 
-from linpodx.audit.chain import Record, admin_chain, check_line, iter_lines, session_path
+from linpodx.audit.chain import (
+    HINT_NOT_A_LOG,
+    NotALog,
+    OverlongLine,
+    Record,
+    admin_chain,
+    check_line,
+    iter_lines,
+    session_path,
+    torn_problem,
+)
 from linpodx.audit.verify import (
     ChainCheck,
     anchors_map,
@@ -88,20 +100,18 @@ def _verify_all(anchors: dict[int, str], json_mode: bool) -> dict[str, Any]:
         out.append(kv_line("sessions", f"{len(sessions)} verified, {len(broken)} broken"))
         sys.stdout.write("".join(line + "\n" for line in out))
         sys.stdout.flush()
-    if not admin.ok:
-        raise_broken(admin)
-    if broken:
-        first = broken[0]
+    result: dict[str, Any] = {"admin": admin.to_dict(), "sessions": [c.to_dict() for c in sessions]}
+    if not admin.ok or broken:
+        first = admin if not admin.ok else broken[0]
         try:
             raise_broken(first)
         except ChainBroken as exc:
-            exc.message = f"session {first.session_id}: {exc.message}"
-            exc.details = {
-                "admin": admin.to_dict(),
-                "sessions": [c.to_dict() for c in sessions],
-            }
+            if first is not admin:
+                exc.message = f"session {first.session_id}: {exc.message}"
+            # Every log's verdict, not only the first failure's: the others were checked too.
+            exc.details = result
             raise
-    return {"admin": admin.to_dict(), "sessions": [c.to_dict() for c in sessions]}
+    return result
 
 
 @app.command("verify")
@@ -130,41 +140,59 @@ def verify_cmd(
     run_command("audit verify", json_mode, run, render=lambda _result: None)
 
 
-def _records(session: str | None) -> tuple[str, list[Record], str | None]:
-    """Readable records of a chain, and why reading stopped early (if it did)."""
+def _records(
+    session: str | None, limit: int | None = None
+) -> tuple[str, int, list[Record], str | None]:
+    """(path, number of readable records, the last `limit` of them (all without a limit), why
+    reading stopped early (if it did)). Memory is bounded by `limit` records and one line."""
     if session:
         try:
             path = session_path(session)
         except AuditError:
             path = None
-        if path is None or not path.exists():
+        if path is None or not os.path.lexists(path):
             raise NotFound(
                 f"no audit log for session {session}",
                 "session ids are listed by `linpodx audit show` (session.open records)",
             )
     else:
         path = admin_chain().path
-        if not path.exists():
+        if not os.path.lexists(path):
             raise NotFound(
                 f"no admin audit log yet ({path})",
                 "it is created by the first recorded action, e.g. "
                 "`linpodx sandbox apply --profile FILE`",
             )
-    records: list[Record] = []
+    records: deque[Record] = deque(maxlen=limit)
+    count = 0
     stopped = None
     try:
         for offset, line, complete in iter_lines(path):
             if not complete:
-                stopped = f"torn last line at byte {offset}: crash during append, not tampering"
+                bad = torn_problem(offset, line)
+                if bad is None:
+                    stopped = f"torn last line at byte {offset}: crash during append, not tampering"
+                else:
+                    stopped = f"damaged record at byte {offset}: {bad}"
                 break
             try:
                 records.append(check_line(line))
             except ValueError as exc:
                 stopped = f"damaged record at byte {offset}: {exc}"
                 break
+            count += 1
+    except OverlongLine as exc:
+        stopped = f"damaged record at byte {exc.offset}: {exc}"
+    except NotALog as exc:
+        raise ChainBroken(
+            f"the audit log {exc}", HINT_NOT_A_LOG, details={"log": str(path), "events": 0}
+        ) from None
     except OSError as exc:
-        raise AuditError(f"could not read the audit log {path}: {exc.strerror or exc}") from None
-    return str(path), records, stopped
+        raise AuditError(
+            f"could not read the audit log {path}: {exc.strerror or exc}",
+            "check the file's permissions",
+        ) from None
+    return str(path), count, list(records), stopped
 
 
 @app.command("show")
@@ -178,11 +206,10 @@ def show_cmd(
     """List a chain's records (seq, time, type, short hash, data). Does not verify links."""
 
     def run() -> dict[str, Any]:
-        path, records, stopped = _records(session)
-        shown = records[-limit:] if limit else records
+        path, count, shown, stopped = _records(session, limit)
         result = {
             "log": path,
-            "events": len(records),
+            "events": count,
             "records": [r.to_dict() for r in shown],
             "stopped": stopped,
         }
@@ -198,7 +225,7 @@ def show_cmd(
             raise ChainBroken(
                 f"stopped at a {stopped}",
                 "run `linpodx audit verify` to see what is wrong with the log",
-                details={"log": path, "events": len(records)},
+                details={"log": path, "events": count},
             )
         if stopped is not None and not json_mode:
             sys.stderr.write(f"warning: {stopped}\n")

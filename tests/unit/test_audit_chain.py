@@ -452,11 +452,31 @@ def _refused(data: object) -> None:
 def test_read_records(tmp_path: Path) -> None:
     c = Chain(tmp_path / "a.jsonl")
     recs = [c.append("a.b", {"i": i}) for i in range(3)]
+    intact = c.path.read_bytes()
     with open(c.path, "ab") as f:
-        f.write(b'{"torn')
+        f.write(b'{"data":{"i":3')  # a torn append: the start of a record
     assert ch.read_records(c.path) == recs
+    c.path.write_bytes(intact + b'{"torn')  # no record starts like that: damage, not a crash
+    with pytest.raises(AuditError, match="not the start of a record"):
+        ch.read_records(c.path)
+    c.path.write_bytes(intact)
     c.path.write_bytes(c.path.read_bytes().replace(b'"i":1', b'"i":9'))
     with pytest.raises(AuditError, match="damaged record at byte"):
         ch.read_records(c.path)
     with pytest.raises(AuditError, match="no audit log"):
         ch.read_records(tmp_path / "missing.jsonl")
+
+
+def test_errors_that_reach_people_carry_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(AuditError, match="session tail is not a sha256") as err:
+        ch.anchor_session("sess_x", "not-a-hash", 1)
+    assert err.value.hint
+    # Unreadable for a reason other than absence (here: a path under a regular file).
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(AuditError, match="could not read the audit log") as err:
+        ch.read_records(blocker / "a.jsonl")
+    assert err.value.hint
+    with pytest.raises(AuditError, match="could not read the audit log") as err:
+        Chain(blocker / "a.jsonl").last()
+    assert err.value.hint

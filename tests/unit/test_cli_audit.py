@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from linpodx.audit.chain import admin_chain, anchor_session, open_session
-from linpodx.errors import EXIT_NOT_FOUND, EXIT_TAMPERED, EXIT_USAGE
-from tests.conftest import run_linpodx
+from linpodx.audit.chain import admin_chain, anchor_session, open_session, session_path
+from linpodx.audit.core import MAX_LINE
+from linpodx.errors import EXIT_BUG, EXIT_NOT_FOUND, EXIT_TAMPERED, EXIT_USAGE
+from tests.conftest import linpodx_argv, run_linpodx
 
 Cli = Callable[..., Any]
 SID = "sess_01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -203,3 +208,136 @@ def test_verify_all_checks_every_session(cli: Cli, session: str, applied: tuple[
     assert [s["ok"] for s in doc["error"]["details"]["sessions"]] == [True, False]
     both = cli("audit", "verify", "--all", "--session", session)
     assert both.exit_code == EXIT_USAGE
+
+
+def _replace_with(path: Path, kind: str) -> None:
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+
+NOT_REGULAR = {
+    "directory": "is a directory, not a regular file",
+    "fifo": "is a FIFO (named pipe), not a regular file",
+    "devzero": "is a symbolic link (to /dev/zero), not a regular file",
+}
+
+
+@pytest.fixture
+def watchdog() -> Any:
+    """Opening a FIFO blocking would hang the suite; fail instead (not a timing assertion)."""
+
+    def hung(_sig: int, _frame: object) -> None:
+        raise AssertionError("hung: a log path was opened or read blocking")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_REGULAR))
+def test_session_log_that_is_not_a_file_is_damage_with_a_hint(
+    cli: Cli, session: str, kind: str, watchdog: None
+) -> None:
+    _replace_with(session_path(session), kind)
+    res = cli("audit", "verify", "--session", session)
+    assert res.exit_code == EXIT_TAMPERED, res.stderr
+    assert f"chain:   BROKEN at seq 0: {session_path(session)} {NOT_REGULAR[kind]}" in res.stdout
+    assert "problem:" not in res.stdout  # seq 0 failed: no "first record names no …" echo
+    assert res.stderr.startswith("error: audit chain broken at seq 0: ")
+    assert "\nhint: linpodx writes each log as a regular file and never through a link" in (
+        res.stderr
+    )
+    shown = cli("audit", "show", "--session", session)
+    assert shown.exit_code == EXIT_TAMPERED
+    assert shown.stderr.startswith(f"error: the audit log {session_path(session)} ")
+    assert NOT_REGULAR[kind] in shown.stderr and "\nhint: " in shown.stderr
+    plain = cli("audit", "verify")
+    assert plain.exit_code == EXIT_TAMPERED
+    assert "its audit log is " + NOT_REGULAR[kind].removeprefix("is ") in plain.stdout
+    for r in (res, shown, plain):
+        assert "internal error" not in r.stderr and r.exit_code != EXIT_BUG
+
+
+def test_verify_all_reports_a_directory_and_checks_the_others(
+    cli: Cli, session: str, applied: tuple[str, str]
+) -> None:
+    stray = "sess_01ARZ3NDEKTSV4RRFFQ69G5FA0"
+    session_path(stray).mkdir()  # a stray directory named like a session log
+    res = cli("audit", "verify", "--all")
+    assert res.exit_code == EXIT_TAMPERED, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[1].startswith("chain:   OK")
+    assert f"session: {session} OK (2 events, tail " in res.stdout
+    assert (
+        f"session: {stray} BROKEN at seq 0: {session_path(stray)} is a directory, "
+        "not a regular file" in res.stdout
+    )
+    assert lines[-1] == "sessions: 2 verified, 1 broken"
+    assert res.stderr.startswith(f"error: session {stray}: audit chain broken at seq 0")
+    assert "\nhint: " in res.stderr and "internal error" not in res.stderr
+    # A session log replaced by a directory: the same, and the admin chain notices it too.
+    _replace_with(session_path(session), "directory")
+    both = cli("audit", "verify", "--all", "--json")
+    assert both.exit_code == EXIT_TAMPERED
+    doc = json.loads(both.stdout)
+    assert [s["ok"] for s in doc["error"]["details"]["sessions"]] == [False, False]
+
+
+def test_show_calls_an_oversize_tail_damage_not_a_torn_line(
+    cli: Cli, applied: tuple[str, str]
+) -> None:
+    path = admin_chain().path
+    size = path.stat().st_size
+    os.truncate(path, 300 * 1024 * 1024)  # sparse: zeros after the one record
+    res = cli("audit", "show")
+    assert res.exit_code == EXIT_TAMPERED
+    assert len(res.stdout.splitlines()) == 1
+    assert res.stderr.startswith(
+        f"error: stopped at a damaged record at byte {size}: line longer than {MAX_LINE} bytes"
+    )
+    assert "torn" not in res.stderr and "\nhint: " in res.stderr
+    v = cli("audit", "verify")
+    assert v.exit_code == EXIT_TAMPERED and "torn" not in v.stdout
+    assert f"chain:   BROKEN at seq 1: line longer than {MAX_LINE} bytes" in v.stdout
+    # A short tail that is no record's beginning is damage as well.
+    os.truncate(path, size)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 40)
+    res = cli("audit", "show")
+    assert res.exit_code == EXIT_TAMPERED and "not the start of a record" in res.stderr
+
+
+def test_verify_memory_stays_bounded_on_a_huge_sparse_log(session: str, tmp_path: Path) -> None:
+    """A whole-line read of this 2 GiB zero tail cannot fit in the 512 MiB address space."""
+    path = session_path(session)
+    os.truncate(path, 2 * 1024 * 1024 * 1024)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (512 * 1024 * 1024, 512 * 1024 * 1024))
+
+    out = subprocess.run(
+        [*linpodx_argv(), "audit", "verify", "--session", session],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=limit,
+    )
+    assert out.returncode == EXIT_TAMPERED, out.stderr
+    assert f"line longer than {MAX_LINE} bytes" in out.stdout
+    assert "internal error" not in out.stderr and "MemoryError" not in out.stderr
+
+
+def test_seal_of_an_empty_log_has_a_hint(cli: Cli) -> None:
+    path = admin_chain().path
+    path.parent.mkdir(parents=True)
+    path.touch()
+    res = cli("audit", "seal")
+    assert res.exit_code == EXIT_NOT_FOUND
+    assert res.stderr.startswith(f"error: the audit log {path} has no records to seal\nhint: ")
