@@ -74,6 +74,19 @@ def atomic_write(
         fsync_dir(os.path.dirname(os.fspath(path)))
 
 
+def stage(path: Path | str, data: bytes, *, mode: int = FILE_MODE) -> str:
+    """The part of an atomic replace that needs disk space: `data` in a new fsynced temp file
+    beside `path`, whose name is returned. `os.replace(tmp, path)` then needs none, so a change
+    can be staged before its audit record and put in place after it. `discard` the temp file if
+    it is not used."""
+    return _durable_temp(path, data, mode)
+
+
+def discard(tmp: str) -> None:
+    """Remove a temp file from `stage` that was not put in place (gone already is fine)."""
+    _unlink_quietly(tmp)
+
+
 def create_exclusive(path: Path | str, data: bytes, *, mode: int = FILE_MODE) -> bool:
     """Create `path` with `data` only if it does not exist yet. Returns False if it existed.
 
