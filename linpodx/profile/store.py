@@ -8,10 +8,20 @@ Layout under `profiles_dir()` (dirs 0700, files 0600, every write atomic):
                              last revision number (kept, so a re-applied name continues counting)
 
 Order of an apply (under the lock): load and normalize → digest → compare with the current
-revision (equal: nothing is written or audited) → note the apply as *pending* in the name's
-pointer (its new id and revision number) → append `profile.apply` to the admin chain
-(AuditError: the pending note is taken back, nothing stored) → write the revision file with
-the record's hash → move the name's pointer (and drop the note).
+revision (equal: nothing is written or audited) → stage, as fsynced temp files, everything that
+needs disk space: the revision file (a same-length placeholder where the record's hash goes),
+the final pointer, the old pointer (to take the note back) and the pointer with the apply noted
+as *pending* (its new id and revision number) → rename the noted pointer into place → append
+`profile.apply` to the admin chain (AuditError or a failed write before it: the note is taken
+back, nothing stored) → write the record's hash over the placeholder, in place → rename the
+revision file, then the final pointer, into place. After the record nothing needs new disk
+space, so a full disk stops a change before its record or not at all; `remove` and the
+settling below are staged the same way. A new revision number is one more than every number
+of the name in its pointer, its revision files and the audit log.
+
+A pointer file is exactly `{name, pending}` (a first apply under way) or `{name,
+last_revision, current?, removed_at?, pending?}` with `current` an existing revision of the
+name; anything else is damage (ChainBroken), never "not applied".
 
 A crash (kill -9, power loss) can stop an apply between any two of those steps. The next apply
 or remove of that name finishes or closes it first (`_settle`): if the pending revision file
