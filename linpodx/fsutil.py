@@ -74,18 +74,32 @@ def atomic_write(
         fsync_dir(os.path.dirname(os.fspath(path)))
 
 
+def stage(path: Path | str, data: bytes, *, mode: int = FILE_MODE) -> str:
+    """The part of an atomic replace that needs disk space: `data` in a new fsynced temp file
+    beside `path`, whose name is returned. `os.replace(tmp, path)` then needs none, so a change
+    can be staged before its audit record and put in place after it. `discard` the temp file if
+    it is not used."""
+    return _durable_temp(path, data, mode)
+
+
+def discard(tmp: str) -> None:
+    """Remove a temp file from `stage` that was not put in place (gone already is fine)."""
+    _unlink_quietly(tmp)
+
+
 class Staged:
     """A replace of `path` made ready ahead of time: `data` is already in a fsynced temp file
     beside it, so `commit` only renames it into place.
 
     For changes that are audited first: whatever can fail for lack of space or a read-only
     disk runs before the record is written, and after the record only the rename is left.
-    `discard` (or a failed `commit`) removes the temp file.
+    `discard` (or a failed `commit`) removes the temp file. (`stage`/`discard` as an object,
+    for callers that only rename; the profile store also writes into its staged files.)
     """
 
     def __init__(self, path: Path | str, data: bytes, *, mode: int = FILE_MODE) -> None:
         self.path = os.fspath(path)
-        self._tmp: str | None = _durable_temp(path, data, mode)
+        self._tmp: str | None = stage(path, data, mode=mode)
 
     def commit(self) -> None:
         if self._tmp is None:
@@ -94,13 +108,13 @@ class Staged:
         try:
             os.replace(tmp, self.path)
         except BaseException:
-            _unlink_quietly(tmp)
+            discard(tmp)
             raise
         fsync_dir(os.path.dirname(self.path))
 
     def discard(self) -> None:
         if self._tmp is not None:
-            _unlink_quietly(self._tmp)
+            discard(self._tmp)
             self._tmp = None
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from linpodx.canonical import CanonicalError, canonical_bytes
 from linpodx.errors import ProfileError
 from linpodx.output import safe_text
 from linpodx.profile.hostpaths import PATH_FORBIDDEN, check_mount_source, has_dotdot, inside, show
@@ -54,6 +55,11 @@ MAX_BYTES = 1024 * 1024
 MAX_EVENTS = 10_000
 """Most YAML events (nodes, starts and ends) a profile may have; the schema's list bounds keep
 a legitimate profile far below this."""
+
+MAX_DEPTH = 32
+"""Deepest nesting of YAML mappings and lists a profile may have. A legitimate profile nests
+3 levels (`mcp_policy[0].method`); ruamel's composer recurses once per level and runs out of
+Python stack at about 500, so deeper files are refused on the event stream, before composing."""
 
 MAX_PROBLEMS = 200
 """Stop listing after this many problems (a hostile file could produce millions)."""
@@ -144,12 +150,25 @@ def schema_digest() -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _is_integer(_checker: object, instance: object) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
 @functools.cache
 def _validator() -> Draft202012Validator:
+    """The schema's validator, with `integer` meaning a YAML/JSON integer only.
+
+    Draft 2020-12 counts `1.0` and `1e3` as integers; the store then refuses them (floats have
+    no canonical form), so `validate` would say OK to a profile `apply` refuses. Written as
+    digits or it is not an integer: one answer for every command.
+    """
     from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
+    from jsonschema.validators import extend  # type: ignore[import-untyped,unused-ignore]
 
     Draft202012Validator.check_schema(schema())
-    return Draft202012Validator(schema())
+    checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer)
+    strict = extend(Draft202012Validator, type_checker=checker)
+    return strict(schema())
 
 
 class _Collector:
@@ -163,6 +182,8 @@ class _Collector:
         self.bad_paths: set[KeyPath] = set()
         self.suppressed: set[KeyPath] = set()
         """Values already reported (e.g. an unset `${VAR}`): schema errors there are noise."""
+        self.float_texts: dict[KeyPath, str] = {}
+        """How each floating-point value was written (`1e3`), for messages."""
 
     def pos(self, path: KeyPath, *, key: bool = False) -> Pos | None:
         """Position of the value (or key) at `path`, else of its nearest ancestor."""
@@ -269,13 +290,16 @@ def read_profile_text(path: Path, display: str | None = None) -> str:
 def _compose(text: str, col: _Collector) -> Node | None:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
+    from ruamel.yaml.events import CollectionEndEvent, CollectionStartEvent
 
     # The safe (not round-trip) parser: we need positions, not comments, and it is faster.
     yaml = YAML(typ="safe", pure=True)
     try:
         # A bounded first pass over the event stream: the pure-Python parser costs ~0.1 ms per
-        # event, so a 1 MiB file of tiny flow mappings would otherwise take half a minute.
-        for count, _event in enumerate(yaml.parse(text)):
+        # event, so a 1 MiB file of tiny flow mappings would otherwise take half a minute. The
+        # parser keeps its own stack; only the composer (and our walk) recurse per level.
+        depth = 0
+        for count, event in enumerate(yaml.parse(text)):
             if count > MAX_EVENTS:
                 col.add(
                     (),
@@ -284,7 +308,30 @@ def _compose(text: str, col: _Collector) -> Node | None:
                     pos=(1, 1),
                 )
                 return None
+            if isinstance(event, CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    col.add(
+                        (),
+                        f"mappings and lists are nested more than {MAX_DEPTH} levels deep; "
+                        "refused",
+                        "a sandbox profile nests at most 3 levels (`mcp_policy: [{method: …}]`); "
+                        "check the brackets, or that this is the right file",
+                        pos=(mark.line + 1, mark.column + 1),
+                    )
+                    return None
+            elif isinstance(event, CollectionEndEvent):
+                depth -= 1
         return YAML(typ="safe", pure=True).compose(text)  # type: ignore[no-any-return]
+    except RecursionError:
+        # Not expected after the depth bound above; a clean refusal all the same (fail closed).
+        col.add(
+            (),
+            "the YAML is nested too deeply to read; refused",
+            f"a sandbox profile nests at most 3 levels (limit {MAX_DEPTH})",
+            pos=(1, 1),
+        )
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or exc.context or "invalid YAML"
@@ -498,6 +545,7 @@ class _Converter:
         if number != number or number in (float("inf"), float("-inf")):
             self.col.add(path, f"{show(text)} is not a finite number", pos=pos)
             return None
+        self.col.float_texts[path] = text
         return number
 
 
@@ -583,6 +631,15 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
         wants = [want] if isinstance(want, str) else list(want)
         names = " or ".join(_TYPE_NAMES.get(w, w) for w in wants)
         quote = None
+        if "integer" in wants and isinstance(err.instance, float):
+            written = safe_text(col.float_texts.get(path, repr(err.instance)), 60)
+            col.add(
+                path,
+                f"expected {names}, got the floating-point number `{written}`",
+                "write a whole number as digits only, without a decimal point or exponent "
+                "(`1000`, not `1e3` or `1000.0`)",
+            )
+            return
         if "string" in wants and isinstance(err.instance, (int, float, bool)):
             quote = "quote the value to make it a string"
         elif wants == ["boolean"] and isinstance(err.instance, str):
@@ -615,6 +672,8 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
         )
         return
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if sch.get("type") == "integer" and isinstance(err.instance, float):
+            return  # the type error says it all
         lo = sch.get("minimum", sch.get("exclusiveMinimum"))
         hi = sch.get("maximum", sch.get("exclusiveMaximum"))
         rng = f"between {lo} and {hi}" if lo is not None and hi is not None else ""
@@ -900,9 +959,13 @@ class _Semantics:
             else:
                 res["memory"] = mem.lower()
         if "cpus" in res and self.ok(("resources", "cpus")):
-            norm, problem = _cpus(res["cpus"])
+            # A YAML float is judged as written (`0.1000001` has too many decimals even where
+            # the float rounds it away).
+            written = self.col.float_texts.get(("resources", "cpus"))
+            raw = written.replace("_", "") if isinstance(res["cpus"], float) and written else None
+            norm, problem = _cpus(raw if raw is not None else res["cpus"])
             if problem:
-                self.col.add(("resources", "cpus"), problem)
+                self.col.add(("resources", "cpus"), problem, _PATTERN_HINTS["cpus"])
             else:
                 res["cpus"] = norm
 
@@ -995,9 +1058,35 @@ def _validate(
         sem.mcp_policy(data.get("mcp_policy"))
         sem.caps(data.get("cap_add"))
         sem.resources(data.get("resources"))
+    if not col.problems:
+        _floats(data, (), col)
     if col.problems:
         return None
-    return _build(data)
+    profile = _build(data)
+    try:
+        canonical_bytes(profile.to_dict())
+    except CanonicalError as exc:
+        # Unreachable while the checks above hold; if one slips, refuse here (where `validate`
+        # refuses too) rather than only in the store.
+        col.add((), f"the profile has no canonical form: {exc}",
+                "fix the value or report this as a bug in linpodx", pos=col.pos(()) or (1, 1))
+        return None
+    return profile
+
+
+def _floats(value: Any, path: KeyPath, col: _Collector) -> None:
+    """Refuse every floating-point number left after normalization: the store hashes the
+    profile's canonical JSON, which has no floats (`cpus` is normalized to a decimal string)."""
+    if isinstance(value, float):
+        written = safe_text(col.float_texts.get(path, repr(value)), 60)
+        col.add(path, f"the floating-point number `{written}` is not allowed here",
+                "write a whole number as digits only")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _floats(v, (*path, k), col)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _floats(v, (*path, i), col)
 
 
 def load_text(

@@ -8,10 +8,20 @@ Layout under `profiles_dir()` (dirs 0700, files 0600, every write atomic):
                              last revision number (kept, so a re-applied name continues counting)
 
 Order of an apply (under the lock): load and normalize → digest → compare with the current
-revision (equal: nothing is written or audited) → note the apply as *pending* in the name's
-pointer (its new id and revision number) → append `profile.apply` to the admin chain
-(AuditError: the pending note is taken back, nothing stored) → write the revision file with
-the record's hash → move the name's pointer (and drop the note).
+revision (equal: nothing is written or audited) → stage, as fsynced temp files, everything that
+needs disk space: the revision file (a same-length placeholder where the record's hash goes),
+the final pointer, the old pointer (to take the note back) and the pointer with the apply noted
+as *pending* (its new id and revision number) → rename the noted pointer into place → append
+`profile.apply` to the admin chain (AuditError or a failed write before it: the note is taken
+back, nothing stored) → write the record's hash over the placeholder, in place → rename the
+revision file, then the final pointer, into place. After the record nothing needs new disk
+space, so a full disk stops a change before its record or not at all; `remove` and the
+settling below are staged the same way. A new revision number is one more than every number
+of the name in its pointer, its revision files and the audit log.
+
+A pointer file is exactly `{name, pending}` (a first apply under way) or `{name,
+last_revision, current?, removed_at?, pending?}` with `current` an existing revision of the
+name; anything else is damage (ChainBroken), never "not applied".
 
 A crash (kill -9, power loss) can stop an apply between any two of those steps. The next apply
 or remove of that name finishes or closes it first (`_settle`): if the pending revision file
@@ -39,7 +49,8 @@ from typing import Any
 from linpodx import paths
 from linpodx.canonical import CanonicalError, canonical_bytes
 from linpodx.errors import AuditError, ChainBroken, InvalidInput, NotFound, ProfileError
-from linpodx.fsutil import atomic_write
+from linpodx.fsutil import discard, fsync_dir
+from linpodx.fsutil import stage as stage_file
 from linpodx.ids import is_id, new_id
 from linpodx.output import safe_text
 from linpodx.profile.loader import load_file, profile_from_dict, schema, schema_digest
@@ -48,6 +59,15 @@ from linpodx.profile.model import Profile
 APPLY_HINT = "run `linpodx sandbox apply --profile FILE` to apply it (see `linpodx sandbox list`)"
 REVISION_FORMAT = 1
 MAX_RECORD_BYTES = 4 * 1024 * 1024
+WRITE_HINT = (
+    "check that linpodx's state directory is writable and the disk is not full (df -h); "
+    "nothing was changed or recorded"
+)
+_POINTER_KEYS = frozenset({"name", "current", "last_revision", "removed_at", "pending"})
+_HASH_PLACEHOLDER = "?" * 64
+"""Stands in the staged revision file for the audit hash, which exists only once the record
+is written; replaced in place (same length, so no new disk space) after the record."""
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -171,8 +191,80 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return doc
 
 
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    atomic_write(path, json.dumps(doc, ensure_ascii=False, indent=2, sort_keys=True).encode())
+def _encode(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, indent=2, sort_keys=True).encode()
+
+
+def _stage(path: Path, data: bytes) -> str:
+    """Write `data` to a fsynced temp file beside `path`: the one step of a store change that
+    needs disk space (tests make it fail as a full disk would)."""
+    return stage_file(path, data)
+
+
+def _rename(tmp: str, path: Path) -> None:
+    """Move a staged file into place: a rename, which needs no new disk space (the steps after
+    an audit record are only these; tests stop here as a kill would)."""
+    os.replace(tmp, path)
+
+
+class _Staged:
+    """Files staged beside their destinations for one change. Everything the change needs disk
+    space for is staged before its audit record; after the record only `put`s (renames) are
+    left. Whatever was not put is removed on exit."""
+
+    def __init__(self) -> None:
+        self._temps: list[str] = []
+
+    def __enter__(self) -> _Staged:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for tmp in self._temps:
+            discard(tmp)
+
+    def stage(self, path: Path, data: bytes) -> str:
+        tmp = _stage(path, data)
+        self._temps.append(tmp)
+        return tmp
+
+    def put(self, tmp: str, path: Path) -> None:
+        self._temps.remove(tmp)
+        try:
+            _rename(tmp, path)
+        except BaseException:
+            self._temps.append(tmp)
+            raise
+        fsync_dir(path.parent)
+
+    def put_recorded(self, tmp: str, path: Path) -> None:
+        """`put` after the audit record: the rename is what counts; a failed fsync of the
+        directory after it does not undo it, so it is not reported as if the change failed."""
+        self._temps.remove(tmp)
+        try:
+            _rename(tmp, path)
+        except BaseException:
+            self._temps.append(tmp)
+            raise
+        with contextlib.suppress(OSError):
+            fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def _state_writes() -> Iterator[None]:
+    """A store change that fails for lack of space (or permission) before its audit record
+    changed nothing: say so cleanly (exit 6), not as an internal error."""
+    try:
+        yield
+    except OSError as exc:
+        raise AuditError(
+            f"could not write linpodx's profile store ({paths.profiles_dir()}): "
+            f"{exc.strerror or exc}",
+            WRITE_HINT,
+        ) from None
+
+
+def _recorded_but_not_done(what: str, exc: OSError, hint: str) -> AuditError:
+    return AuditError(f"{what} was recorded in the audit log, but {exc.strerror or exc}", hint)
 
 
 def valid_name(name: object) -> bool:
@@ -189,8 +281,73 @@ def _pointer_path(name: str) -> Path:
     return _names_dir() / f"{name}.json"
 
 
+def _damaged_pointer(path: Path, problem: str) -> ChainBroken:
+    return ChainBroken(
+        f"profile store file {path} is damaged: {problem}",
+        f"move it aside (`mv {path} {path}.damaged`), then apply the profile again: its "
+        "revisions are kept, and the new one gets a number after every number already used "
+        "(or restore the file from a backup)",
+    )
+
+
 def _pointer(name: str) -> dict[str, Any] | None:
-    return _read_json(_pointer_path(name))
+    """The name's pointer, None if there is none; a file that is not exactly a pointer is
+    damage (ChainBroken), never "not applied": that would hand out used revision numbers."""
+    path = _pointer_path(name)
+    try:
+        doc = _read_json(path)
+    except ChainBroken:
+        raise _damaged_pointer(path, "not a JSON object") from None
+    if doc is not None:
+        problem = _pointer_problem(name, doc)
+        if problem:
+            raise _damaged_pointer(path, problem)
+    return doc
+
+
+def _pointer_problem(name: str, doc: dict[str, Any]) -> str | None:
+    """What makes `doc` not a pointer of `name`, or None. Two forms: `{name, pending}` while a
+    name's first apply is under way, else `{name, last_revision, current?, removed_at?,
+    pending?}` (`current` is absent after a first apply that was abandoned)."""
+    extra = sorted(set(doc) - _POINTER_KEYS)
+    if extra:
+        return f"unknown key {safe_text(extra[0], 40)!r}"
+    if "name" not in doc:
+        return "it has no name"
+    if doc["name"] != name:
+        return f"it names {safe_text(str(doc['name']), 80)!r}, not {name}"
+    if "pending" in doc:
+        pending = doc["pending"]
+        if not (
+            isinstance(pending, dict)
+            and set(pending) == {"profile_id", "revision"}
+            and isinstance(pending["profile_id"], str)
+            and is_id(pending["profile_id"], "prof")
+            and type(pending["revision"]) is int
+            and pending["revision"] > 0
+        ):
+            return "its pending apply is not a revision id and number"
+    if "last_revision" not in doc:
+        return None if set(doc) == {"name", "pending"} else "it has no last revision number"
+    last = doc["last_revision"]
+    if type(last) is not int or last < 1:
+        return "its last revision number is not a positive integer"
+    if "pending" in doc and doc["pending"]["revision"] <= last:
+        return "its pending apply has a revision number already used"
+    if not isinstance(doc.get("removed_at", ""), str):
+        return "its removed_at is not a time"
+    current = doc.get("current")
+    if current is None:
+        return None
+    if not (isinstance(current, str) and is_id(current, "prof")):
+        return "its current revision is not a revision id"
+    rev = _load_revision(current)
+    if rev is None:
+        return f"it points at revision {current}, which is missing from the store"
+    number = rev.get("revision")
+    if rev.get("name") != name or type(number) is not int or not 1 <= number <= last:
+        return f"it points at revision {current}, which is not a revision of {name} up to {last}"
+    return None
 
 
 def _stored_from(doc: dict[str, Any], where: Path, current: bool) -> StoredProfile:
@@ -220,7 +377,11 @@ def _stored_from(doc: dict[str, Any], where: Path, current: bool) -> StoredProfi
             f"profile store file {where} is damaged",
             "re-apply the profile with `linpodx sandbox apply --profile FILE`",
         ) from None
-    if digest_of(profile) != digest or profile.name != stored.name:
+    try:
+        actual = digest_of(profile)
+    except InvalidInput:  # no canonical form: not what apply stored
+        actual = ""
+    if actual != digest or profile.name != stored.name:
         raise ChainBroken(
             f"profile revision {stored.profile_id} does not match its digest: the stored file "
             "was changed",
@@ -240,66 +401,157 @@ def apply(path: Path | str) -> ApplyResult:
     profile = load_file(path)
     digest = digest_of(profile)
     source = os.path.abspath(path)
-    with _locked():
-        pointer = _settle(profile.name, _pointer(profile.name) or {})
-        current_id = pointer.get("current")
+    name = profile.name
+    with _state_writes(), _locked():
+        pointer = _pointer(name)
+        if pointer is not None:
+            pointer = _settle(name, pointer)
+        current_id = (pointer or {}).get("current")
         if isinstance(current_id, str):
             doc = _load_revision(current_id)
             if doc is not None and doc.get("digest") == digest:
                 stored = _stored_from(doc, _revisions_dir() / f"{current_id}.json", True)
                 return ApplyResult(
-                    name=profile.name,
+                    name=name,
                     profile_id=stored.profile_id,
                     revision=stored.revision,
                     audit_hash=stored.audit_hash,
                     changed=False,
                     digest=digest,
                 )
-        last = pointer.get("last_revision", 0)
-        revision = (last if isinstance(last, int) else 0) + 1
+        revision = _next_revision(name, pointer)
         profile_id = new_id("prof")
-        pointer_path = _pointer_path(profile.name)
-        pending = {"profile_id": profile_id, "revision": revision}
-        _write_json(pointer_path, {**pointer, "name": profile.name, "pending": pending})
-        # Audit first: if the record cannot be written, nothing is stored.
-        try:
-            record = _admin_chain().append(
-                "profile.apply",
-                {
-                    "name": profile.name,
-                    "profile_id": profile_id,
-                    "revision": revision,
-                    "digest": digest,
-                    "source": source,
-                },
-            )
-        except AuditError:
-            # Not applied: take the pending note back (a new name gets no pointer at all).
-            if pointer:
-                _write_json(pointer_path, pointer)
-            else:
-                pointer_path.unlink(missing_ok=True)
-            raise
-        audit_hash = str(record.hash)
-        _write_json(
-            _revisions_dir() / f"{profile_id}.json",
+        pointer_path = _pointer_path(name)
+        revision_path = _revisions_dir() / f"{profile_id}.json"
+        revision_data = _encode(
             {
                 "format": REVISION_FORMAT,
-                "name": profile.name,
+                "name": name,
                 "profile_id": profile_id,
                 "revision": revision,
                 "digest": digest,
-                "audit_hash": audit_hash,
+                "audit_hash": _HASH_PLACEHOLDER,
                 "applied_at": _now(),
                 "source": source,
                 "schema_digest": schema_digest(),
                 "profile": profile.to_dict(),
-            },
+            }
         )
-        _write_json(
-            pointer_path, {"name": profile.name, "current": profile_id, "last_revision": revision}
-        )
-    return ApplyResult(profile.name, profile_id, revision, audit_hash, True, digest)
+        pending = {"profile_id": profile_id, "revision": revision}
+        with _Staged() as staged:
+            # Everything that needs disk space, before the audit record.
+            revision_tmp = staged.stage(revision_path, revision_data)
+            final = {"name": name, "current": profile_id, "last_revision": revision}
+            final_tmp = staged.stage(pointer_path, _encode(final))
+            back_tmp = None if pointer is None else staged.stage(pointer_path, _encode(pointer))
+            note = {**(pointer or {}), "name": name, "pending": pending}
+            note_tmp = staged.stage(pointer_path, _encode(note))
+            try:
+                # The pending note, so that a kill after the record is settled by the next
+                # apply or remove (module doc).
+                staged.put(note_tmp, pointer_path)
+                # Audit first: if the record cannot be written, nothing is stored.
+                record = _admin_chain().append(
+                    "profile.apply",
+                    {
+                        "name": name,
+                        "profile_id": profile_id,
+                        "revision": revision,
+                        "digest": digest,
+                        "source": source,
+                    },
+                )
+            except (AuditError, OSError):
+                # Not recorded: take the note back (a new name gets no pointer at all). Should
+                # that fail too, the next apply closes the note as abandoned.
+                with contextlib.suppress(OSError):
+                    if back_tmp is not None:
+                        staged.put(back_tmp, pointer_path)
+                    else:
+                        pointer_path.unlink(missing_ok=True)
+                raise
+            audit_hash = str(record.hash)
+            try:
+                _fill_hash(revision_tmp, revision_data, audit_hash)
+                staged.put_recorded(revision_tmp, revision_path)
+                staged.put_recorded(final_tmp, pointer_path)
+            except OSError as exc:
+                raise _recorded_but_not_done(
+                    f"the apply of {name} (revision {revision})",
+                    exc,
+                    "fix the state directory (df -h, permissions), then run `linpodx sandbox "
+                    "apply --profile FILE` again: it first settles this interrupted apply (its "
+                    "number is not reused)",
+                ) from None
+    return ApplyResult(name, profile_id, revision, audit_hash, True, digest)
+
+
+def _fill_hash(tmp: str, data: bytes, audit_hash: str) -> None:
+    """Write the record's hash over the placeholder of a staged revision file, in place."""
+    if not _HEX64.fullmatch(audit_hash):
+        raise OSError(f"the audit record's hash {audit_hash[:80]!r} is not a sha256 hex digest")
+    marker = f'\n  "audit_hash": "{_HASH_PLACEHOLDER}"'.encode()
+    offset = data.index(marker) + len(marker) - len(_HASH_PLACEHOLDER) - 1
+    fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        if os.pwrite(fd, audit_hash.encode(), offset) != len(audit_hash):
+            raise OSError("short write of the audit hash")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _next_revision(name: str, pointer: dict[str, Any] | None) -> int:
+    """One more than every revision number `name` has used: in its pointer, in stored revision
+    files, and in the audit log. A pointer moved aside or restored from an old backup must not
+    make a number be given twice."""
+    used = pointer.get("last_revision", 0) if pointer is not None else 0
+    base = _revisions_dir()
+    for entry in sorted(base.glob("prof_*.json")) if base.is_dir() else ():
+        try:
+            doc = _read_json(entry)
+        except (ChainBroken, InvalidInput):
+            continue  # its number is in the audit log: every revision is recorded before stored
+        number = doc.get("revision") if doc and doc.get("name") == name else None
+        if type(number) is int:
+            used = max(used, number)
+    return max(used, _audited_revision(name)) + 1
+
+
+def _audited_revision(name: str) -> int:
+    """Highest revision number of `name` in the admin audit log's `profile.*` records (0 if
+    none). Read leniently (a torn last line is skipped): verifying is `audit verify`'s job."""
+    from linpodx.audit.chain import admin_chain
+
+    log = admin_chain().path
+    needle = f'"name":{json.dumps(name)}'.encode()
+    best = 0
+    try:
+        with open(log, "rb") as f:
+            for line in f:
+                if b'"type":"profile.' not in line or needle not in line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                data = rec.get("data") if isinstance(rec, dict) else None
+                if (
+                    isinstance(data, dict)
+                    and str(rec.get("type", "")).startswith("profile.")
+                    and data.get("name") == name
+                    and type(data.get("revision")) is int
+                ):
+                    best = max(best, data["revision"])
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise AuditError(
+            f"could not read the audit log {log}: {exc.strerror or exc}",
+            "a new revision number must not repeat one recorded there; check the state "
+            "directory's permissions",
+        ) from None
+    return best
 
 
 def _settle(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
@@ -310,19 +562,23 @@ def _settle(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
         return pointer
     last = pointer.get("last_revision", 0)
     last = last if isinstance(last, int) else 0
-    settled = {k: v for k, v in pointer.items() if k != "pending"}
     pid = pending.get("profile_id") if isinstance(pending, dict) else None
     rev = pending.get("revision") if isinstance(pending, dict) else None
     if not (isinstance(pid, str) and is_id(pid, "prof") and type(rev) is int and rev > 0):
-        raise ChainBroken(
-            f"profile store file {_pointer_path(name)} is damaged (its pending apply)",
-            "restore it from a backup, or remove it and re-apply the profile",
+        raise _damaged_pointer(
+            _pointer_path(name), "its pending apply is not a revision id and number"
         )
+    path = _pointer_path(name)
     doc = _load_revision(pid)
-    if doc is not None and doc.get("name") == name and doc.get("revision") == rev:
-        # Stored, hence audited before: do what the interrupted apply would have done last.
-        settled = {"name": name, "current": pid, "last_revision": max(last, rev)}
-    else:
+    with _Staged() as staged:
+        if doc is not None and doc.get("name") == name and doc.get("revision") == rev:
+            # Stored, hence audited before: do what the interrupted apply would have done last.
+            settled = {"name": name, "current": pid, "last_revision": max(last, rev)}
+            staged.put(staged.stage(path, _encode(settled)), path)
+            return settled
+        settled = {k: v for k, v in pointer.items() if k != "pending"}
+        settled["last_revision"] = max(last, rev)
+        tmp = staged.stage(path, _encode(settled))
         _admin_chain().append(
             "profile.apply.abandoned",
             {
@@ -332,8 +588,14 @@ def _settle(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
                 "reason": "the apply was interrupted before its revision was stored",
             },
         )
-        settled["last_revision"] = max(last, rev)
-    _write_json(_pointer_path(name), settled)
+        try:
+            staged.put_recorded(tmp, path)
+        except OSError as exc:
+            raise _recorded_but_not_done(
+                f"closing the interrupted apply of {name} (revision {rev})",
+                exc,
+                "fix the state directory (df -h, permissions) and run the command again",
+            ) from None
     return settled
 
 
@@ -344,10 +606,9 @@ def get(name: str) -> StoredProfile:
     if not isinstance(current, str):
         raise NotFound(f"profile not found: {safe_text(name, 80)}", APPLY_HINT)
     doc = _load_revision(current)
-    if doc is None:
-        raise ChainBroken(
-            f"profile {name} points at revision {current}, which is missing from the store",
-            "re-apply the profile with `linpodx sandbox apply --profile FILE`",
+    if doc is None:  # removed since the pointer was checked
+        raise _damaged_pointer(
+            _pointer_path(name), f"it points at revision {current}, which is missing from the store"
         )
     return _stored_from(doc, _revisions_dir() / f"{current}.json", True)
 
@@ -408,7 +669,7 @@ class RemoveResult:
 def remove(name: str) -> RemoveResult:
     """Forget `name` as an applied profile (audited `profile.rm`); its revisions stay readable
     by id so containers started under them keep working."""
-    with _locked():
+    with _state_writes(), _locked():
         pointer = _pointer(name)
         if pointer is not None:
             pointer = _settle(name, pointer)
@@ -417,11 +678,22 @@ def remove(name: str) -> RemoveResult:
             raise NotFound(f"profile not found: {name}", APPLY_HINT)
         doc = _load_revision(current) or {}
         revision = int(doc.get("revision", pointer.get("last_revision", 0)))
-        record = _admin_chain().append(
-            "profile.rm", {"name": name, "profile_id": current, "revision": revision}
-        )
-        pointer = dict(pointer, current=None, removed_at=_now())
-        _write_json(_pointer_path(name), pointer)
+        path = _pointer_path(name)
+        with _Staged() as staged:
+            # The new pointer is staged first: after the record only a rename is left.
+            tmp = staged.stage(path, _encode(dict(pointer, current=None, removed_at=_now())))
+            record = _admin_chain().append(
+                "profile.rm", {"name": name, "profile_id": current, "revision": revision}
+            )
+            try:
+                staged.put_recorded(tmp, path)
+            except OSError as exc:
+                raise _recorded_but_not_done(
+                    f"the removal of {name}",
+                    exc,
+                    "fix the state directory (df -h, permissions) and run `linpodx sandbox rm` "
+                    "again",
+                ) from None
     return RemoveResult(name, current, revision, str(record.hash))
 
 

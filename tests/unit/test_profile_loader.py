@@ -427,6 +427,98 @@ def test_too_many_nodes_are_refused(tmp_path: Path) -> None:
     assert_problem(probs, f"{tmp_path / 'p.yml'}:1:1:", "more than 10000 YAML nodes")
 
 
+@pytest.mark.parametrize(
+    ("text", "prefix", "written"),
+    [
+        ("name: a\nresources: {nofile: 1e3}\n", "2:21: resources.nofile:", "1e3"),
+        ("name: a\nresources: {pids_limit: 1.6e1}\n", "2:25: resources.pids_limit:", "1.6e1"),
+        ("name: a\nresources:\n  nproc: 100.0\n", "3:10: resources.nproc:", "100.0"),
+        ("name: a\nmcp: {approval_timeout_seconds: 1.0}\n",
+         "2:33: mcp.approval_timeout_seconds:", "1.0"),
+        ("name: a\nmcp: {max_line_bytes: 2048.0}\n", "2:23: mcp.max_line_bytes:", "2048.0"),
+        ("name: a\nresources: {nofile: 1e9}\n", "2:21: resources.nofile:", "1e9"),
+    ],
+)
+def test_floats_are_refused_where_an_integer_is_wanted(
+    tmp_path: Path, text: str, prefix: str, written: str
+) -> None:
+    """JSON Schema counts 1.0 and 1e3 as integers; the store cannot hash a float, so the loader
+    refuses them itself (before, `validate` said OK and `apply` failed without a position)."""
+    f = write(tmp_path, text)
+    with pytest.raises(ProfileError) as exc:
+        load_file(f)
+    probs = list(exc.value.problems)
+    assert probs == [
+        f"{f}:{prefix} expected an integer, got the floating-point number `{written}`"
+    ]  # one problem: no "out of range" noise for 1e9
+    assert "without a decimal point or exponent" in (exc.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("written", "stored"),
+    [("1.5", "1.5"), ("2.0", "2"), ("1e3", "1000"), (".25", "0.25"), ("2", "2"), ("'0.5'", "0.5")],
+)
+def test_cpus_takes_a_float_and_stores_a_decimal_string(
+    tmp_path: Path, written: str, stored: str
+) -> None:
+    p = load_file(write(tmp_path, f"name: a\nresources: {{cpus: {written}}}\n"))
+    assert p.resources.cpus == stored
+
+
+def test_cpus_is_judged_as_written_not_as_the_rounded_float(tmp_path: Path) -> None:
+    # float("0.1000000000000000001") == 0.1, which has one decimal; the text has 19.
+    probs = refused(write(tmp_path, "name: a\nresources: {cpus: 0.1000000000000000001}\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:19: resources.cpus:", "more than 3 decimals")
+
+
+@pytest.mark.parametrize(
+    ("text", "pos"),
+    [
+        ("name: a\ndescription: " + "[" * 500 + "]" * 500 + "\n", "2:45"),
+        ("name: a\ndescription: " + "{a: " * 500 + "}" * 500 + "\n", "2:138"),
+        (
+            "name: a\ndescription:\n"
+            + "".join(" " * (2 * i) + "a:\n" for i in range(1, 500))
+            + " " * 1000 + "a: 1\n",
+            "34:65",
+        ),
+        ("name: a\ndescription:\n" + "".join(" " * (2 * i) + "-\n" for i in range(1, 500)),
+         "34:65"),
+        ("name: a\ndescription: " + "[" * 400_000 + "]" * 400_000 + "\n", "2:45"),
+    ],
+    ids=["flow-lists", "flow-mappings", "block-mappings", "block-lists", "1-mib"],
+)
+def test_deep_nesting_is_refused_before_composing(tmp_path: Path, text: str, pos: str) -> None:
+    """Before: ruamel's composer recursed once per level and died with RecursionError (exit 70)
+    at ~500 levels, well inside the 10,000-node bound."""
+    f = write(tmp_path, text)
+    probs = refused(f)
+    assert probs == [
+        f"{f}:{pos}: mappings and lists are nested more than {loader.MAX_DEPTH} levels deep; "
+        "refused"
+    ]
+
+
+def test_nesting_up_to_the_bound_gets_ordinary_messages(tmp_path: Path) -> None:
+    depth = loader.MAX_DEPTH - 1  # plus the top-level mapping
+    probs = refused(write(tmp_path, "name: a\ndescription: " + "[" * depth + "]" * depth + "\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:14: description:", "expected a string")
+
+
+def test_recursion_in_the_composer_is_a_clean_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback if some nesting ever got past the bound: a refusal, not an internal error."""
+    from ruamel.yaml import YAML
+
+    def deep(self: object, text: str) -> object:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(YAML, "compose", deep)
+    probs = refused(write(tmp_path, "name: a\n"))
+    assert probs == [f"{tmp_path / 'p.yml'}:1:1: the YAML is nested too deeply to read; refused"]
+
+
 def test_invalid_utf8_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "p.yml"
     f.write_bytes(b"name: a\ndescription: caf\xe9\n")

@@ -310,21 +310,22 @@ class Crash(BaseException):
 def _crash_apply(f: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     """Apply `f`, stopping dead at `where`: before the audit record, before the revision file,
     or before the pointer is moved to the new revision."""
-    write_json = store._write_json
+    rename = store._rename
 
-    def crashing_write(path: Path, doc: dict[str, Any]) -> None:
+    def crashing_rename(tmp: str, path: Path) -> None:
         if where == "revision file" and path.parent.name == "revisions":
             raise Crash
-        if where == "pointer" and path.parent.name == "names" and "pending" not in doc:
+        moving = where == "pointer" and path.parent.name == "names"
+        if moving and "pending" not in Path(tmp).read_text():
             raise Crash
-        write_json(path, doc)
+        rename(tmp, path)
 
     class CrashingChain:
         def append(self, type: str, data: Any) -> Any:
             raise Crash
 
     with monkeypatch.context() as m:
-        m.setattr(store, "_write_json", crashing_write)
+        m.setattr(store, "_rename", crashing_rename)
         if where == "audit record":
             m.setattr(store, "_admin_chain", CrashingChain)
         with pytest.raises(Crash):
@@ -477,3 +478,267 @@ def test_applies_killed_at_random_moments_never_reuse_a_revision_number(tmp_path
         assert entry in stored or entry in abandoned, entry
     assert max(numbers) == last.revision and store.get("demo").revision == last.revision
     assert len(applied) > 12  # the loops got somewhere before each kill
+
+
+# --- validate and apply give one answer -----------------------------------------------------
+
+AGREEMENT_CASES = {
+    "float nofile": "resources: {nofile: 1e3}\n",
+    "float pids_limit": "resources: {pids_limit: 1.6e1}\n",
+    "float nproc": "resources: {nproc: 100.0}\n",
+    "float approval timeout": "mcp: {approval_timeout_seconds: 1.0}\n",
+    "float max_line_bytes": "mcp: {max_line_bytes: 2048.0}\n",
+    "float version": "version: 1.0\n",
+    "float description": "description: 1.5\n",
+    "float env value": "env: {A: 1.5}\n",
+    "cpus float": "resources: {cpus: 1.5}\n",
+    "cpus integral float": "resources: {cpus: 2.0}\n",
+    "cpus exponent": "resources: {cpus: 1e3}\n",
+    "cpus string": "resources: {cpus: '0.25'}\n",
+    "cpus too precise": "resources: {cpus: 1.0005}\n",
+    "cpus too large": "resources: {cpus: 1e4}\n",
+    "integers": "resources: {nofile: 1000, pids_limit: 0x10, nproc: 1_000}\n",
+    "deep": "description: " + "[" * 500 + "]" * 500 + "\n",
+    "plain": "description: fine\n",
+}
+
+
+@pytest.mark.parametrize("body", AGREEMENT_CASES.values(), ids=AGREEMENT_CASES.keys())
+def test_validate_and_apply_agree(tmp_path: Path, body: str) -> None:
+    """Whatever `sandbox validate` (the loader) says of a file, `sandbox apply` (the store) says
+    too: both accept it, or both refuse it with the same FILE:LINE:COL problems and a hint."""
+    from linpodx.profile.loader import load_file
+
+    f = profile_file(tmp_path, body)
+    try:
+        validated: list[str] | None = None
+        load_file(f)
+    except ProfileError as exc:
+        validated = list(exc.problems)
+        assert exc.hint and exc.exit_code == 3
+        assert all(p.startswith(f"{f}:") and p.split(":")[1].isdigit() for p in validated)
+    try:
+        applied: list[str] | None = None
+        result = store.apply(f)
+    except ProfileError as exc:
+        applied = list(exc.problems)
+    assert applied == validated
+    if validated is None:
+        assert store.get("demo").profile_id == result.profile_id
+    else:
+        assert store_files() == [] and not admin_chain().path.exists()
+
+
+# --- a full disk never leaves half a change -------------------------------------------------
+
+
+class DiskFull:
+    """Makes the `n`th step of a store change that needs disk space fail as a full disk would:
+    staging a file (`store._stage`) raises ENOSPC, the audit append raises AuditError (what the
+    real chain raises for ENOSPC)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, n: int):
+        # `monkeypatch` is a `monkeypatch.context()`: undoing the whole fixture would also
+        # undo the isolated HOME and state dir.
+        self.n, self.steps, self.failed = n, 0, False
+        stage = store._stage
+        chain = admin_chain()
+
+        def step() -> None:
+            self.steps += 1
+            if self.steps == self.n:
+                self.failed = True
+                raise OSError(28, "No space left on device")
+
+        def failing_stage(path: Path, data: bytes) -> str:
+            step()
+            return stage(path, data)
+
+        class FailingChain:
+            def append(self, type: str, data: Any) -> Any:
+                try:
+                    step()
+                except OSError:
+                    raise AuditError("could not record: disk full", "df -h") from None
+                return chain.append(type, data)
+
+        monkeypatch.setattr(store, "_stage", failing_stage)
+        monkeypatch.setattr(store, "_admin_chain", FailingChain)
+
+
+def _snapshot() -> tuple[dict[str, bytes], list[tuple[str, Any]]]:
+    files = {str(p): p.read_bytes() for p in store_files() if p.name != ".lock"}
+    records = [(r.type, r.data) for r in read_records(admin_chain().path)] if (
+        admin_chain().path.exists()
+    ) else []
+    return files, records
+
+
+def _interrupted_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Revision 1 applied; an apply of revision 2 killed before its revision was stored."""
+    f = profile_file(tmp_path)
+    store.apply(f)
+    f.write_text("name: demo\ndescription: two\n", encoding="utf-8")
+    _crash_apply(f, monkeypatch, "revision file")
+    f.write_text("name: demo\ndescription: three\n", encoding="utf-8")
+    return f
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("op", ["apply new", "apply change", "apply after a kill", "rm"])
+def test_a_full_disk_at_any_step_changes_nothing_or_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str, n: int
+) -> None:
+    """Fail the nth space-needing step: either nothing changed and nothing was recorded, or the
+    change and its record are both there. Never a record without its change (before: `rm` wrote
+    `profile.rm`, then failed to move the pointer, and the profile stayed applied)."""
+    f = profile_file(tmp_path)
+    if op == "apply change":
+        store.apply(f)
+        f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+    elif op == "apply after a kill":
+        f = _interrupted_apply(tmp_path, monkeypatch)
+    elif op == "rm":
+        store.apply(f)
+    before_files, before_records = _snapshot()
+    before_current = None if op == "apply new" else store.get("demo").profile_id
+
+    with monkeypatch.context() as m:
+        disk = DiskFull(m, n)
+        try:
+            store.remove("demo") if op == "rm" else store.apply(f)
+        except AuditError as exc:
+            assert disk.failed and exc.exit_code == 6 and exc.hint
+            assert "nothing was changed" in exc.hint or "could not record" in exc.message
+    after_files, after_records = _snapshot()
+    leftovers = [p for p in paths.profiles_dir().rglob("*.tmp")]
+    assert leftovers == []
+
+    if not disk.failed:  # fewer steps than n: the change went through
+        return
+    new_records = after_records[len(before_records):]
+    assert after_records[: len(before_records)] == before_records
+    if op == "rm":
+        if new_records:
+            assert [t for t, _ in new_records] == ["profile.rm"]
+            with pytest.raises(NotFound):
+                store.get("demo")
+        else:
+            assert after_files == before_files and store.get("demo").profile_id == before_current
+        return
+    applied = [d for t, d in new_records if t == "profile.apply"]
+    if applied:  # recorded: then it is stored and current
+        assert store.get("demo").profile_id == applied[0]["profile_id"]
+    elif op == "apply after a kill" and new_records:
+        # Only the interrupted apply was closed (its own record and pointer move, together).
+        assert [t for t, _ in new_records] == ["profile.apply.abandoned"]
+        assert "pending" not in json.loads((paths.profiles_dir() / "names/demo.json").read_text())
+        assert store.get("demo").profile_id == before_current
+    else:
+        assert new_records == [] and after_files == before_files
+        if op == "apply new":
+            with pytest.raises(NotFound):
+                store.get("demo")
+    # And the next try, with space again, applies it under a number never used before.
+    again = store.apply(f)
+    numbers = [r.data["revision"] for r in read_records(admin_chain().path)
+               if r.type in ("profile.apply", "profile.apply.abandoned")]
+    assert numbers.count(again.revision) == 1 or again.changed is False
+
+
+def test_a_full_disk_gives_a_clean_error_through_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Any
+) -> None:
+    """Before: `sandbox apply` and `sandbox rm` on a full disk ended in `internal error` (70)."""
+    f = profile_file(tmp_path)
+
+    def full(path: Path, data: bytes) -> str:
+        raise OSError(28, "No space left on device")
+
+    for argv in (["sandbox", "apply", "--profile", str(f)], ["sandbox", "rm", "demo"]):
+        if argv[1] == "rm":
+            store.apply(f)
+        records = _types() if admin_chain().path.exists() else []
+        with monkeypatch.context() as m:
+            m.setattr(store, "_stage", full)
+            r = cli(*argv)
+        assert r.exit_code == 6, r
+        assert r.stdout == ""
+        lines = r.stderr.splitlines()
+        assert len(lines) == 2, lines
+        assert lines[0].startswith("error: could not write linpodx's profile store")
+        assert lines[0].endswith("No space left on device")
+        assert lines[1].startswith("hint: ") and "nothing was changed" in lines[1]
+        assert (_types() if admin_chain().path.exists() else []) == records
+    assert store.get("demo").revision == 1  # still applied: the rm did not happen
+
+
+# --- a damaged pointer is damage, and numbers are never given twice ---------------------------
+
+DAMAGED_POINTERS = {
+    "current only": {"current": 5},
+    "no last revision": {"name": "demo", "current": "CURRENT"},
+    "name only": {"name": "demo"},
+    "other name": {"name": "other", "current": "CURRENT", "last_revision": 1},
+    "missing revision": {"name": "demo", "current": "prof_01M8PKSGD01QMK9GRA8B9FTNB1",
+                         "last_revision": 1},
+    "last revision a string": {"name": "demo", "current": "CURRENT", "last_revision": "1"},
+    "last revision too low": {"name": "demo", "current": "CURRENT", "last_revision": 0},
+    "unknown key": {"name": "demo", "current": "CURRENT", "last_revision": 1, "x": 1},
+    "bad pending": {"name": "demo", "current": "CURRENT", "last_revision": 1, "pending": 3},
+    "pending reuses a number": {"name": "demo", "current": "CURRENT", "last_revision": 1,
+                                "pending": {"profile_id": "prof_01M8PKSGD01QMK9GRA8B9FTNB1",
+                                            "revision": 1}},
+    "not an object": [],
+}
+
+
+@pytest.mark.parametrize("doc", DAMAGED_POINTERS.values(), ids=DAMAGED_POINTERS.keys())
+def test_a_damaged_pointer_is_refused_and_its_hint_works(tmp_path: Path, doc: Any) -> None:
+    """Before: `{"current": 5}` read as "not applied", so `show` said not found and `apply`
+    stored a second revision 1 under a new id."""
+    f = profile_file(tmp_path)
+    one = store.apply(f)
+    pointer = paths.profiles_dir() / "names" / "demo.json"
+    text = json.dumps(doc).replace("CURRENT", one.profile_id)
+    pointer.write_text(text, encoding="utf-8")
+    records = _types()
+    f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+    for call in (lambda: store.get("demo"), lambda: store.apply(f), lambda: store.remove("demo"),
+                 lambda: store.history("demo"), lambda: store.get_by_id(one.profile_id)):
+        with pytest.raises(ChainBroken) as exc:
+            call()
+        assert exc.value.exit_code == 7
+        assert exc.value.message.startswith(f"profile store file {pointer} is damaged")
+    assert _types() == records  # nothing recorded
+    assert pointer.read_text(encoding="utf-8") == text  # nor changed
+
+    # The hint's way out: move it aside and apply again; the number goes on from 1.
+    hint = exc.value.hint or ""
+    assert f"mv {pointer} {pointer}.damaged" in hint
+    pointer.rename(f"{pointer}.damaged")
+    two = store.apply(f)
+    assert (two.changed, two.revision) == (True, 2)
+    assert [r.data["revision"] for r in read_records(admin_chain().path)] == [1, 2]
+
+
+def test_numbers_used_only_in_the_audit_log_are_not_given_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Revision 2 was recorded, never stored (killed), and then the pointer was lost: the next
+    apply is revision 3, not 2 again. A pointer restored from an old backup: the same."""
+    f = profile_file(tmp_path)
+    store.apply(f)
+    backup = (paths.profiles_dir() / "names" / "demo.json").read_bytes()
+    f.write_text("name: demo\ndescription: two\n", encoding="utf-8")
+    _crash_apply(f, monkeypatch, "revision file")
+    (paths.profiles_dir() / "names" / "demo.json").unlink()
+    f.write_text("name: demo\ndescription: three\n", encoding="utf-8")
+    assert store.apply(f).revision == 3
+
+    (paths.profiles_dir() / "names" / "demo.json").write_bytes(backup)  # says last_revision 1
+    f.write_text("name: demo\ndescription: four\n", encoding="utf-8")
+    assert store.apply(f).revision == 4
+    applied = [r.data["revision"] for r in read_records(admin_chain().path)
+               if r.type == "profile.apply"]
+    assert applied == [1, 2, 3, 4]
