@@ -520,36 +520,38 @@ def _next_revision(name: str, pointer: dict[str, Any] | None) -> int:
 
 def _audited_revision(name: str) -> int:
     """Highest revision number of `name` in the admin audit log's `profile.*` records (0 if
-    none). Read leniently (a torn last line is skipped): verifying is `audit verify`'s job."""
-    from linpodx.audit.chain import admin_chain
+    none). Read leniently (a torn last line is skipped): verifying is `audit verify`'s job. But
+    bounded, and only from a regular file (`chain.iter_lines`): a log that cannot be read
+    refuses the apply, since a number it holds might then be given again."""
+    from linpodx.audit.chain import BadRecord, NotALog, admin_chain, iter_lines
 
     log = admin_chain().path
     needle = f'"name":{json.dumps(name)}'.encode()
     best = 0
     try:
-        with open(log, "rb") as f:
-            for line in f:
-                if b'"type":"profile.' not in line or needle not in line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                data = rec.get("data") if isinstance(rec, dict) else None
-                if (
-                    isinstance(data, dict)
-                    and str(rec.get("type", "")).startswith("profile.")
-                    and data.get("name") == name
-                    and type(data.get("revision")) is int
-                ):
-                    best = max(best, data["revision"])
+        for _offset, line, _complete in iter_lines(log):
+            if b'"type":"profile.' not in line or needle not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            data = rec.get("data") if isinstance(rec, dict) else None
+            if (
+                isinstance(data, dict)
+                and str(rec.get("type", "")).startswith("profile.")
+                and data.get("name") == name
+                and type(data.get("revision")) is int
+            ):
+                best = max(best, data["revision"])
     except FileNotFoundError:
         return 0
-    except OSError as exc:
+    except (OSError, NotALog, BadRecord) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise AuditError(
-            f"could not read the audit log {log}: {exc.strerror or exc}",
-            "a new revision number must not repeat one recorded there; check the state "
-            "directory's permissions",
+            f"could not read the audit log {log}: {why}",
+            "a new revision number must not repeat one recorded there; run `linpodx audit "
+            "verify` to see what is wrong with the log",
         ) from None
     return best
 

@@ -742,3 +742,29 @@ def test_numbers_used_only_in_the_audit_log_are_not_given_again(
     applied = [r.data["revision"] for r in read_records(admin_chain().path)
                if r.type == "profile.apply"]
     assert applied == [1, 2, 3, 4]
+
+
+def test_an_admin_log_that_is_not_a_file_refuses_a_new_revision(tmp_path: Path) -> None:
+    """A new revision's number must not repeat one in the audit log, so a log that cannot be
+    read (here a FIFO, which a plain open would wait on forever) refuses the apply."""
+    import signal
+
+    store.apply(profile_file(tmp_path))
+    log = admin_chain().path
+    log.unlink()
+    os.mkfifo(log)
+
+    def stuck(_sig: int, _frame: object) -> None:
+        raise AssertionError("apply blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)
+    try:
+        with pytest.raises(AuditError) as ei:
+            store.apply(profile_file(tmp_path, "description: changed\n"))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert "could not read the audit log" in ei.value.message
+    assert "not a regular file" in ei.value.message
+    assert ei.value.hint and "linpodx audit verify" in ei.value.hint
