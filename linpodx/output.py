@@ -86,9 +86,16 @@ def envelopes_printed() -> int:
 
 
 def print_error(err: LinpodxError, stream: TextIO | None = None) -> None:
-    """`error: …` / `hint: …` on stderr."""
+    """`error: …` / `hint: …` on stderr.
+
+    Messages quote what people and programs gave us (a file name from argv, podman's stderr,
+    a container's name): every control character but the newlines that separate their lines
+    and tabs is shown escaped, so none of it can drive the terminal.
+    """
     stream = stream or sys.stderr
-    stream.write(err.diagnostics() + "\n")
+    lines = err.diagnostics().split("\n")
+    text = "\n".join("\t".join(safe_text(part) for part in line.split("\t")) for line in lines)
+    stream.write(text + "\n")
     stream.flush()
 
 

@@ -135,3 +135,20 @@ def test_a_damaged_approval_neither_stops_the_listener_nor_crashes_approve(
     read = store.read_answer(good.approval_id)
     assert read is not None and read.decision == store.DENY
     assert store.status(good.approval_id) == "denied"
+
+
+def test_error_messages_never_carry_terminal_control(capsys: pytest.CaptureFixture[str]) -> None:
+    """A file name (or podman's words, a container's name) quoted in an error is shown with its
+    control characters escaped; the newlines between lines and tabs stay."""
+    assert main(["sandbox", "validate", "y/\x1b[31mred\x9b.yml"]) != 0
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x9b" not in err
+    assert "y/\\x1b[31mred\\x9b.yml" in err
+
+    from linpodx.errors import LinpodxError
+    from linpodx.output import print_error
+
+    print_error(LinpodxError("podman failed\n  Error:\tboom\x07", "try\x1b]0;x\x07 again"))
+    assert capsys.readouterr().err == (
+        "error: podman failed\n  Error:\tboom\\x07\nhint: try\\x1b]0;x\\x07 again\n"
+    )
