@@ -11,7 +11,9 @@ before it starts podman, so pathlib is imported only when a Path is asked for.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
 if TYPE_CHECKING:
@@ -157,6 +159,10 @@ def ensure_dir_str(path: str) -> str:
         except FileExistsError:
             pass  # another process made it meanwhile
     st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        # Never tighten what is not a directory: LINPODX_STATE_DIR=/dev/null run as root once
+        # made /dev/null 0700 for the whole machine.
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
     if st.st_uid == os.getuid() and (st.st_mode & 0o077):
         os.chmod(path, DIR_MODE)
     return path

@@ -5,6 +5,7 @@ own still end as `error:` + `hint:` (never "internal error" for what the machine
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,29 @@ def test_error_messages_never_carry_terminal_control(capsys: pytest.CaptureFixtu
     assert capsys.readouterr().err == (
         "error: podman failed\n  Error:\tboom\\x07\nhint: try\\x1b]0;x\\x07 again\n"
     )
+
+
+def test_a_state_dir_path_that_is_not_a_directory_is_never_chmodded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`LINPODX_STATE_DIR=/dev/null`, run as root, once left /dev/null mode 0700 for the whole
+    machine: the "tighten an existing state dir" step chmodded whatever the path named."""
+    import stat
+
+    from linpodx import paths
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o666)
+    os.chmod(fifo, 0o666)  # noqa: S103 - world-writable like /dev/null, in tmp_path
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    plain.chmod(0o644)
+    for path, mode in ((fifo, 0o666), (plain, 0o644)):
+        with pytest.raises(NotADirectoryError):
+            paths.ensure_dir(path)
+        assert stat.S_IMODE(path.stat().st_mode) == mode
+        monkeypatch.setenv("LINPODX_STATE_DIR", str(path))
+        assert main(["sandbox", "rm", "nosuch"]) == EXIT_AUDIT
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "hint: " in err
+        assert stat.S_IMODE(path.stat().st_mode) == mode
