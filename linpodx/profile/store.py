@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -171,13 +172,27 @@ def _now() -> str:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
+        # Non-blocking and no links: a FIFO or a device in the store's place must not hang a
+        # command that holds the store's lock (the regular-file check follows).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror}",
                            "check the permissions of linpodx's state directory") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(
+                f"{path} is not a regular file",
+                "linpodx writes its store as regular files; move this one aside",
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_RECORD_BYTES + 1)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}",
+                           "check the permissions of linpodx's state directory") from None
+    finally:
+        os.close(fd)
     try:
         doc = json.loads(raw)
         if len(raw) > MAX_RECORD_BYTES or not isinstance(doc, dict):
@@ -404,6 +419,7 @@ def apply(path: Path | str) -> ApplyResult:
     name = profile.name
     with _state_writes(), _locked():
         pointer = _pointer(name)
+        before = (pointer or {}).get("current")
         if pointer is not None:
             pointer = _settle(name, pointer)
         current_id = (pointer or {}).get("current")
@@ -416,7 +432,10 @@ def apply(path: Path | str) -> ApplyResult:
                     profile_id=stored.profile_id,
                     revision=stored.revision,
                     audit_hash=stored.audit_hash,
-                    changed=False,
+                    # This file's revision may have become current only now, by finishing an
+                    # interrupted apply of it: then it is news to the running containers
+                    # (the CLI pushes a changed revision's allowlist to their guards).
+                    changed=current_id != before,
                     digest=digest,
                 )
         revision = _next_revision(name, pointer)

@@ -16,7 +16,7 @@ import pytest
 
 from linpodx import paths
 from linpodx.audit.chain import admin_chain, read_records
-from linpodx.errors import AuditError, ChainBroken, NotFound, ProfileError
+from linpodx.errors import AuditError, ChainBroken, InvalidInput, NotFound, ProfileError
 from linpodx.ids import is_id
 from linpodx.profile import reference, store
 
@@ -377,8 +377,10 @@ def test_an_apply_killed_after_storing_its_revision_is_finished_by_the_next(
     assert store.get("demo").revision == 1
     records_before = _types()
 
-    again = store.apply(f)  # same file: the interrupted revision is finished, nothing new
-    assert (again.changed, again.revision) == (False, 2)
+    # Same file: the interrupted revision is finished, nothing new is recorded; it is a change
+    # all the same (revision 2 became current now: running containers must hear of it).
+    again = store.apply(f)
+    assert (again.changed, again.revision) == (True, 2)
     assert _types() == records_before == ["profile.apply", "profile.apply"]
     assert store.get("demo").profile_id == again.profile_id
 
@@ -768,3 +770,64 @@ def test_an_admin_log_that_is_not_a_file_refuses_a_new_revision(tmp_path: Path) 
     assert "could not read the audit log" in ei.value.message
     assert "not a regular file" in ei.value.message
     assert ei.value.hint and "linpodx audit verify" in ei.value.hint
+
+
+def test_finishing_an_interrupted_apply_counts_as_a_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An apply that stopped after its record (here the pointer's final rename fails) is
+    finished by running the same apply again, as its hint says. That re-run makes the new
+    revision current, so it reports `changed` (the CLI then pushes the new allowlist to the
+    running containers' guards; before, it said unchanged and they kept the old one)."""
+    import errno
+
+    f = profile_file(tmp_path)
+    store.apply(f)
+    f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+    real = store._rename
+
+    def no_space_for_the_last_step(tmp: str, path: str | Path) -> None:
+        if "/names/" in str(path) and b"pending" not in Path(tmp).read_bytes():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(tmp, path)
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "_rename", no_space_for_the_last_step)
+        with pytest.raises(AuditError):
+            store.apply(f)
+    assert store.get("demo").revision == 1
+    again = store.apply(f)
+    assert (again.revision, again.changed) == (2, True)
+    assert store.get("demo").revision == 2
+    third = store.apply(f)
+    assert (third.revision, third.changed) == (2, False)
+
+
+def test_a_fifo_in_the_store_never_blocks_an_apply(tmp_path: Path) -> None:
+    """A FIFO where a revision file or a pointer belongs: the store's reads never wait on it
+    (they hold the store's lock, so every other apply would wait too)."""
+    import signal
+
+    f = profile_file(tmp_path)
+    store.apply(f)
+    os.mkfifo(paths.profiles_dir() / "revisions" / "prof_x.json")
+
+    def stuck(_sig: int, _frame: object) -> None:
+        raise AssertionError("blocked on a FIFO")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)
+    try:
+        f.write_text("name: demo\ndescription: changed\n", encoding="utf-8")
+        assert store.apply(f).revision == 2
+        other = profile_file(tmp_path, name="other", fname="o.yml")
+        store.apply(other)
+        pointer = paths.profiles_dir() / "names" / "other.json"
+        pointer.unlink()
+        os.mkfifo(pointer)
+        with pytest.raises(InvalidInput) as ei:
+            store.get("other")
+        assert "not a regular file" in ei.value.message
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
