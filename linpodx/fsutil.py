@@ -7,6 +7,7 @@ pathlib): a guarded `linpodx run` writes its guard's files with these before pod
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from linpodx.paths import FILE_MODE, ensure_dir_str
@@ -110,7 +111,10 @@ class Staged:
         except BaseException:
             discard(tmp)
             raise
-        fsync_dir(os.path.dirname(self.path))
+        # The rename is done: a failed directory fsync must not make a caller that recorded the
+        # change first report it as not done (the file is in place for every reader).
+        with contextlib.suppress(OSError):
+            fsync_dir(os.path.dirname(self.path))
 
     def discard(self) -> None:
         if self._tmp is not None:

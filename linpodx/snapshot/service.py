@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from linpodx import paths, proc
-from linpodx.errors import EngineError, InvalidInput, LinpodxError, NotFound
+from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
 from linpodx.snapshot import faults, freeze, jobs, manifest, ops, workspace
 from linpodx.snapshot.common import (
@@ -92,7 +92,16 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
             with contextlib.suppress(OSError):
                 os.unlink(job_log(job.job_id))
             raise
-        staged.commit()
+        try:
+            staged.commit()
+        except OSError as exc:
+            raise LinpodxError(
+                f"snapshot.create of job {job.job_id} was recorded, but its job file could not "
+                f"be put in place: {exc.strerror or exc}",
+                "no snapshot was taken; check the state dir (free space, permissions) and run "
+                "`linpodx snapshot create` again",
+                exit_code=EXIT_AUDIT,
+            ) from None
         emit("snapshot.create", job_id=job.job_id, container=name, label=label, status=jobs.QUEUED)
         started = _spawn(job, log_fd)
     finally:

@@ -389,3 +389,30 @@ def test_create_is_recorded_only_with_its_job_and_never_without(
     assert spawned == []
     left = sorted(p.name for p in jobs_dir().iterdir()) if jobs_dir().exists() else []
     assert left == [], left
+
+
+def test_create_says_so_when_its_recorded_job_could_not_be_put_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the record only the rename is left; if even that fails, the error says the job
+    was recorded and not taken (not a generic state dir error), and no worker starts."""
+    import errno
+
+    from linpodx.errors import LinpodxError
+    from linpodx.fsutil import Staged
+    from linpodx.snapshot import service
+
+    monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
+    monkeypatch.setattr(service, "_exists", lambda name, label: False)
+    spawned: list[object] = []
+    monkeypatch.setattr(service, "_spawn", lambda job, fd: spawned.append(job) or job)
+
+    def cannot(self: Staged) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Staged, "commit", cannot)
+    with pytest.raises(LinpodxError) as ei:
+        service.start_create("box", "before")
+    assert "was recorded, but its job file could not be put in place" in ei.value.message
+    assert ei.value.exit_code == 6 and "no snapshot was taken" in (ei.value.hint or "")
+    assert _admin_types() == ["snapshot.create"] and spawned == []
