@@ -750,7 +750,10 @@ def attached_start(
     If podman could not start it at all (it never ran), the container and its spec are removed
     so nothing is left half-created.
     """
-    rc = engine.run_inherited(engine.start_attach_argv(name, interactive, global_flags))
+    rc = engine.run_inherited(
+        engine.start_attach_argv(name, interactive, global_flags),
+        stop=lambda: engine.stop_quietly(name),
+    )
     if rc != 0 and remove_on_failure:
         try:
             info = engine.inspect(name)

@@ -99,7 +99,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     cidfile = os.path.join(where, f"cid-{os.urandom(6).hex()}")
     child: spawn.Child | None = None
     failed: BaseException | None = None
-    held: spawn.Handlers = {}
+    held: spawn.Held | None = None
     resolv = pidfile = None
     what = "the run's state dir"
     try:
@@ -135,7 +135,8 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
             fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce, resolv
         )
     finally:
-        spawn.restore_signals(held)
+        if held is not None:
+            spawn.restore_signals(held)
 
 
 def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]]:

@@ -261,7 +261,24 @@ def version() -> str:
     return res.stdout.strip()
 
 
-def run_inherited(argv: Sequence[str]) -> int:
+STOP_TIMEOUT_SECONDS = 5
+"""`stop_quietly`: seconds between podman's SIGTERM to the container and its SIGKILL."""
+
+
+def stop_quietly(name_or_id: str) -> None:
+    """`podman stop` that reports nothing: for a run whose container would not end after a
+    signal was passed on to it (`spawn.hold_signals`)."""
+    import subprocess
+
+    subprocess.run(
+        [podman_bin(), "stop", "--time", str(STOP_TIMEOUT_SECONDS), name_or_id],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def run_inherited(argv: Sequence[str], stop: Callable[[], None] | None = None) -> int:
     """Run podman with this process's stdin/stdout/stderr and wait; returns its exit status.
 
     This is the one place that does not capture output: `podman start --attach`, `podman exec`
@@ -270,8 +287,8 @@ def run_inherited(argv: Sequence[str]) -> int:
     os.execvp so linpodx gets control back and can clean up a container that never started.
     While waiting, SIGINT is ignored here: in a TTY session Ctrl-C is a byte for the container,
     and otherwise podman (--sig-proxy) forwards it to the container; SIGTERM and SIGHUP are
-    passed on to podman (`spawn.hold_signals`). Either way linpodx must not die and leave
-    things behind.
+    passed on to podman (`spawn.hold_signals`), and `stop` (if given) ends the container should
+    it not end by itself after one. Either way linpodx must not die and leave things behind.
     """
     import subprocess
 
@@ -279,7 +296,7 @@ def run_inherited(argv: Sequence[str]) -> int:
         child = subprocess.Popen(list(argv))
     except FileNotFoundError as exc:
         raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
-    old = spawn.hold_signals(child.send_signal)
+    old = spawn.hold_signals(child.send_signal, stop)
     try:
         return child.wait()
     finally:
@@ -387,7 +404,12 @@ def relay_announced(
     pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
     for t in pumps:
         t.start()
-    old = spawn.hold_signals(child.signal)
+    def stop() -> None:
+        cid = read_cid(cidfile)
+        if cid is not None:
+            stop_quietly(cid)
+
+    old = spawn.hold_signals(child.signal, stop)
     try:
         cid = None
         while cid is None and child.poll() is None:

@@ -18,6 +18,7 @@ import time
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from typing import Any
 
 
 class Child:
@@ -107,25 +108,65 @@ podman (and the container, which podman keeps running) behind with nobody to cle
 the run; passed on, podman's --sig-proxy hands them to the container, which ends the run the
 usual way and linpodx cleans up as after any run."""
 
-Handlers = dict[int, "signal._HANDLER"]
+STOP_GRACE_SECONDS = 10.0
+"""After a forwarded signal, how long the container may take to end by itself before `stop`
+(given to `hold_signals`) ends it: its PID 1 may ignore SIGTERM (no --init without catatonit)
+or trap it (a hostile agent), and linpodx must not then wait on it for ever."""
 
 
-def hold_signals(send: Callable[[int], None]) -> Handlers:
+class Held:
+    """Signal handlers `hold_signals` replaced, and its stop timer; `restore_signals` undoes."""
+
+    def __init__(self, old: dict[int, Any], fired: Any = None, ended: Any = None) -> None:
+        self.old = old
+        self.fired = fired
+        self.ended = ended
+
+
+def hold_signals(send: Callable[[int], None], stop: Callable[[], None] | None = None) -> Held:
     """While linpodx waits on a foreground podman: SIGINT ignored (a Ctrl-C reaches podman
     through the terminal's process group, or is a byte for the container in a TTY session),
-    FORWARDED signals handed to `send`. Call from the main thread; returns what
-    `restore_signals` puts back."""
-    old: Handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, *FORWARDED)}
+    FORWARDED signals handed to `send`. With `stop`, the first forwarded signal also starts a
+    timer: if the wait is still on STOP_GRACE_SECONDS later, `stop()` runs (in a thread), to end
+    a container that did not end by itself. Call from the main thread."""
+    old: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGINT, *FORWARDED)}
+    held = Held(old)
+    if stop is not None:
+        import threading  # only here: `linpodx.fastrun` keeps its imports to what it needs
+
+        held.fired, held.ended = threading.Event(), threading.Event()
+        threading.Thread(
+            target=_stop_after_grace, args=(held, stop), name="stop-after-signal", daemon=True
+        ).start()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        send(signum)
+        if held.fired is not None:
+            held.fired.set()
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in FORWARDED:
-        signal.signal(sig, lambda signum, _frame: send(signum))
-    return old
+        signal.signal(sig, on_signal)
+    return held
 
 
-def restore_signals(old: Handlers) -> None:
-    for sig, handler in old.items():
+def _stop_after_grace(held: Held, stop: Callable[[], None]) -> None:
+    held.fired.wait()
+    if held.ended.is_set() or held.ended.wait(STOP_GRACE_SECONDS):
+        return
+    try:
+        stop()
+    except Exception as exc:  # the wait goes on; a second signal is forwarded as the first was
+        os.write(2, f"linpodx: could not stop the container after the signal: {exc}\n".encode())
+
+
+def restore_signals(held: Held) -> None:
+    for sig, handler in held.old.items():
         # None: a handler not set from Python; the default is the closest we can put back.
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if held.ended is not None:
+        held.ended.set()
+        held.fired.set()  # wakes the timer thread, which then sees `ended` and returns
 
 
 def _cloexec(fd: int) -> bool:

@@ -444,3 +444,34 @@ def test_the_full_path_refuses_a_mount_source_that_is_no_longer_fine(
     project.unlink()  # gone altogether: refused too
     with pytest.raises(InvalidInput, match="does not exist"):
         containers.make_spec(containers.RunRequest(**fields()), applied)
+
+
+def test_held_signals_are_passed_on_and_a_container_that_ignores_them_is_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`spawn.hold_signals`: SIGTERM/SIGHUP go to `send` (podman) instead of ending linpodx;
+    if the wait is still on after the grace period, `stop` runs once; restoring the handlers
+    ends the timer, and a hold that saw no signal never stops anything."""
+    import signal
+    import threading
+
+    from linpodx.podman import spawn
+
+    monkeypatch.setattr(spawn, "STOP_GRACE_SECONDS", 0.2)
+    sent: list[int] = []
+    stopped = threading.Event()
+    before = signal.getsignal(signal.SIGTERM)
+    held = spawn.hold_signals(sent.append, stopped.set)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert stopped.wait(10)
+    finally:
+        spawn.restore_signals(held)
+    assert sent == [signal.SIGTERM, signal.SIGHUP]
+    assert signal.getsignal(signal.SIGTERM) == before
+
+    quiet = threading.Event()
+    held = spawn.hold_signals(sent.append, quiet.set)
+    spawn.restore_signals(held)
+    assert not quiet.wait(0.5)
