@@ -181,8 +181,8 @@ def load(name: str) -> dict[str, Any] | None:
         pointer_file = os.path.join(paths.profiles_root(), "names", f"{name}.json")
         pointer = json.loads(_read(pointer_file, 65536) or b"")
         current = pointer["current"]
-        if not isinstance(current, str) or not is_id(current, "prof"):
-            return None
+        if not isinstance(current, str) or not is_id(current, "prof") or "removing" in pointer:
+            return None  # (an interrupted `sandbox rm`: the full path refuses the profile)
         plan = json.loads(_read(plan_file(current), MAX_PLAN_BYTES) or b"")
         raw = _read(revision_file(current), MAX_PLAN_BYTES * 4)
         if (

@@ -20,8 +20,14 @@ settling below are staged the same way. A new revision number is one more than e
 of the name in its pointer, its revision files and the audit log.
 
 A pointer file is exactly `{name, pending}` (a first apply under way) or `{name,
-last_revision, current?, removed_at?, pending?}` with `current` an existing revision of the
-name; anything else is damage (ChainBroken), never "not applied".
+last_revision, current?, removed_at?, pending? | removing?}` with `current` an existing
+revision of the name; anything else is damage (ChainBroken), never "not applied".
+
+A removal marks the pointer `removing` (its current id and number) before its `profile.rm`
+record and clears `current` after it. A pointer found marked belongs to an interrupted
+removal: nobody uses that profile until the next apply or remove settles it, by the admin
+log: removed if the log's last `profile.*` record of the name is that `profile.rm`, else kept
+as it was.
 
 A crash (kill -9, power loss) can stop an apply between any two of those steps. The next apply
 or remove of that name finishes or closes it first (`_settle`): if the pending revision file
@@ -49,7 +55,15 @@ from typing import Any
 
 from linpodx import paths
 from linpodx.canonical import CanonicalError, canonical_bytes
-from linpodx.errors import AuditError, ChainBroken, InvalidInput, NotFound, ProfileError
+from linpodx.errors import (
+    EXIT_TAMPERED,
+    AuditError,
+    ChainBroken,
+    InvalidInput,
+    LinpodxError,
+    NotFound,
+    ProfileError,
+)
 from linpodx.fsutil import discard, fsync_dir
 from linpodx.fsutil import stage as stage_file
 from linpodx.ids import is_id, new_id
@@ -64,7 +78,9 @@ WRITE_HINT = (
     "check that linpodx's state directory is writable and the disk is not full (df -h); "
     "nothing was changed or recorded"
 )
-_POINTER_KEYS = frozenset({"name", "current", "last_revision", "removed_at", "pending"})
+_POINTER_KEYS = frozenset(
+    {"name", "current", "last_revision", "removed_at", "pending", "removing"}
+)
 _HASH_PLACEHOLDER = "?" * 64
 """Stands in the staged revision file for the audit hash, which exists only once the record
 is written; replaced in place (same length, so no new disk space) after the record."""
@@ -352,6 +368,16 @@ def _pointer_problem(name: str, doc: dict[str, Any]) -> str | None:
     if not isinstance(doc.get("removed_at", ""), str):
         return "its removed_at is not a time"
     current = doc.get("current")
+    if "removing" in doc:
+        removing = doc["removing"]
+        if "pending" in doc or not (
+            isinstance(removing, dict)
+            and set(removing) == {"profile_id", "revision"}
+            and removing["profile_id"] == current
+            and type(removing["revision"]) is int
+            and removing["revision"] > 0
+        ):
+            return "its removal under way is not of its current revision"
     if current is None:
         return None
     if not (isinstance(current, str) and is_id(current, "prof")):
@@ -576,8 +602,10 @@ def _audited_revision(name: str) -> int:
 
 
 def _settle(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
-    """Finish or close an apply of `name` that a crash interrupted (see the module doc); returns
-    the pointer as it is now. Under the lock."""
+    """Finish or close an apply or a removal of `name` that a crash interrupted (see the module
+    doc); returns the pointer as it is now. Under the lock."""
+    if "removing" in pointer:
+        return _settle_removal(name, pointer)
     pending = pointer.get("pending")
     if pending is None:
         return pointer
@@ -620,9 +648,62 @@ def _settle(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
     return settled
 
 
+def _settle_removal(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
+    """A `sandbox rm` marks the pointer `removing` before its record and removes the revision
+    after it. Found marked, the removal was interrupted: if its `profile.rm` record is in the
+    admin log it happened (finish it), else it never did (drop the mark)."""
+    removing = pointer["removing"]
+    path = _pointer_path(name)
+    last = _last_profile_record(name)
+    recorded = last is not None and last[:2] == ("profile.rm", removing["profile_id"])
+    if recorded:
+        settled = dict(pointer, current=None, removed_at=_now())
+    else:
+        settled = dict(pointer)
+    del settled["removing"]
+    with _Staged() as staged:
+        staged.put_recorded(staged.stage(path, _encode(settled)), path)
+    return settled
+
+
+def _last_profile_record(name: str) -> tuple[str, Any, str] | None:
+    """(type, profile_id, hash) of the last `profile.*` record of `name` in the admin log."""
+    from linpodx.audit.chain import BadRecord, NotALog, admin_chain, iter_lines
+
+    needle = f'"name":{json.dumps(name)}'.encode()
+    last: tuple[str, Any, str] | None = None
+    try:
+        for _offset, line, complete in iter_lines(admin_chain().path):
+            if not complete or b'"type":"profile.' not in line or needle not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            data = rec.get("data") if isinstance(rec, dict) else None
+            if isinstance(data, dict) and data.get("name") == name:
+                last = (str(rec.get("type")), data.get("profile_id"), str(rec.get("hash")))
+    except FileNotFoundError:
+        return None
+    except (OSError, NotALog, BadRecord) as exc:
+        raise AuditError(
+            f"could not read the audit log to settle an interrupted removal of {name}: {exc}",
+            "run `linpodx audit verify` to see what is wrong with the log",
+        ) from None
+    return last
+
+
 def get(name: str) -> StoredProfile:
     """The current revision of an applied profile; NotFound if never applied or removed."""
     pointer = _pointer(name)
+    if pointer is not None and "removing" in pointer:
+        # Maybe removed (its record written), maybe not: used by nobody until settled.
+        raise LinpodxError(
+            f"profile {name}: a `sandbox rm` of it was interrupted",
+            f"run `linpodx sandbox rm {name}` to finish it, or `linpodx sandbox apply` to keep "
+            "the profile",
+            exit_code=EXIT_TAMPERED,
+        )
     current = pointer.get("current") if pointer else None
     if not isinstance(current, str):
         raise NotFound(f"profile not found: {safe_text(name, 80)}", APPLY_HINT)
@@ -692,20 +773,39 @@ def remove(name: str) -> RemoveResult:
     by id so containers started under them keep working."""
     with _state_writes(), _locked():
         pointer = _pointer(name)
+        removing = pointer.get("removing") if pointer is not None else None
         if pointer is not None:
             pointer = _settle(name, pointer)
         current = pointer.get("current") if pointer else None
+        if isinstance(removing, dict) and current is None:
+            # This finished an interrupted removal whose record was written: it is done now.
+            last = _last_profile_record(name)
+            return RemoveResult(
+                name, removing["profile_id"], removing["revision"], last[2] if last else ""
+            )
         if pointer is None or not isinstance(current, str):
             raise NotFound(f"profile not found: {name}", APPLY_HINT)
         doc = _load_revision(current) or {}
         revision = int(doc.get("revision", pointer.get("last_revision", 0)))
         path = _pointer_path(name)
         with _Staged() as staged:
-            # The new pointer is staged first: after the record only a rename is left.
-            tmp = staged.stage(path, _encode(dict(pointer, current=None, removed_at=_now())))
-            record = _admin_chain().append(
-                "profile.rm", {"name": name, "profile_id": current, "revision": revision}
+            # Everything is staged first: after the record only a rename is left. Before the
+            # record the pointer is marked `removing`, so that a crash between the record and
+            # that rename is found and settled (`_settle_removal`), not left as a log saying
+            # "removed" beside a profile still in use.
+            marked = staged.stage(
+                path, _encode(dict(pointer, removing={"profile_id": current, "revision": revision}))
             )
+            unmarked = staged.stage(path, _encode(pointer))
+            tmp = staged.stage(path, _encode(dict(pointer, current=None, removed_at=_now())))
+            staged.put(marked, path)
+            try:
+                record = _admin_chain().append(
+                    "profile.rm", {"name": name, "profile_id": current, "revision": revision}
+                )
+            except BaseException:
+                staged.put(unmarked, path)  # not recorded: not removed
+                raise
             try:
                 staged.put_recorded(tmp, path)
             except OSError as exc:

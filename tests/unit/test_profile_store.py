@@ -831,3 +831,75 @@ def test_a_fifo_in_the_store_never_blocks_an_apply(tmp_path: Path) -> None:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def _pointer_doc(name: str = "demo") -> dict[str, Any]:
+    return json.loads((paths.profiles_dir() / "names" / f"{name}.json").read_text())
+
+
+def test_an_rm_killed_after_its_record_is_finished_by_the_next_rm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 between the `profile.rm` record and the pointer's rename: the log says removed,
+    so the profile must not stay in use. It is refused until settled, and the next `rm`
+    finishes the removal without recording it twice."""
+    from linpodx import runplan
+    from linpodx.errors import EXIT_TAMPERED, LinpodxError
+
+    store.apply(profile_file(tmp_path))
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*_a: object, **_k: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(store._Staged, "put_recorded", killed)
+        with pytest.raises(Killed):
+            store.remove("demo")
+    assert _types() == ["profile.apply", "profile.rm"]
+    assert "removing" in _pointer_doc()
+    with pytest.raises(LinpodxError) as ei:
+        store.get("demo")
+    assert ei.value.exit_code == EXIT_TAMPERED and "interrupted" in ei.value.message
+    assert ei.value.hint and "linpodx sandbox rm demo" in ei.value.hint
+    assert runplan.load("demo") is None  # the fast path does not run it either
+    done = store.remove("demo")
+    assert done.revision == 1 and done.audit_hash == read_records(admin_chain().path)[-1].hash
+    assert _types() == ["profile.apply", "profile.rm"]
+    with pytest.raises(NotFound):
+        store.get("demo")
+
+
+def test_an_rm_killed_before_its_record_removed_nothing(tmp_path: Path) -> None:
+    """kill -9 after the `removing` mark and before the record: nothing was removed. The next
+    apply drops the mark and finds the profile as it was; the next rm removes it once."""
+    f = profile_file(tmp_path)
+    first = store.apply(f)
+    doc = _pointer_doc()
+    doc["removing"] = {"profile_id": first.profile_id, "revision": 1}
+    (paths.profiles_dir() / "names" / "demo.json").write_text(json.dumps(doc))
+    again = store.apply(f)
+    assert (again.profile_id, again.changed) == (first.profile_id, False)
+    assert "removing" not in _pointer_doc()
+    assert store.get("demo").profile_id == first.profile_id
+    store.remove("demo")
+    assert _types() == ["profile.apply", "profile.rm"]
+
+
+def test_a_failed_rm_record_leaves_the_profile_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.apply(profile_file(tmp_path))
+    before = _pointer_doc()
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AuditError("the audit log could not be written")
+
+    with monkeypatch.context() as m:
+        m.setattr(type(admin_chain()), "append", refuse)
+        with pytest.raises(AuditError):
+            store.remove("demo")
+    assert _pointer_doc() == before
+    assert store.get("demo").revision == 1
