@@ -34,6 +34,24 @@ class CliResult:
     stderr: str
 
 
+@pytest.fixture
+def watchdog() -> Iterator[None]:
+    """Opening or reading a FIFO blocking would hang the suite: turn that into a failure after
+    60 s (not a timing assertion: nothing that passes comes anywhere near it)."""
+    import signal
+
+    def hung(_sig: int, _frame: object) -> None:
+        raise AssertionError("hung: something was opened or read blocking")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point HOME, XDG dirs and the linpodx state dir at a fresh temp dir."""

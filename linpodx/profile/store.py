@@ -258,26 +258,24 @@ class _Staged:
         self._temps.append(tmp)
         return tmp
 
-    def put(self, tmp: str, path: Path) -> None:
+    def put(self, tmp: str, path: Path, *, recorded: bool = False) -> None:
+        """Rename `tmp` into place. `recorded` (after the audit record): the rename is what
+        counts; a failed fsync of the directory after it does not undo it, so it is not
+        reported as if the change failed."""
         self._temps.remove(tmp)
         try:
             _rename(tmp, path)
         except BaseException:
             self._temps.append(tmp)
             raise
-        fsync_dir(path.parent)
+        try:
+            fsync_dir(path.parent)
+        except OSError:
+            if not recorded:
+                raise
 
     def put_recorded(self, tmp: str, path: Path) -> None:
-        """`put` after the audit record: the rename is what counts; a failed fsync of the
-        directory after it does not undo it, so it is not reported as if the change failed."""
-        self._temps.remove(tmp)
-        try:
-            _rename(tmp, path)
-        except BaseException:
-            self._temps.append(tmp)
-            raise
-        with contextlib.suppress(OSError):
-            fsync_dir(path.parent)
+        self.put(tmp, path, recorded=True)
 
 
 @contextlib.contextmanager
@@ -563,42 +561,48 @@ def _next_revision(name: str, pointer: dict[str, Any] | None) -> int:
     return max(used, _audited_revision(name)) + 1
 
 
-def _audited_revision(name: str) -> int:
-    """Highest revision number of `name` in the admin audit log's `profile.*` records (0 if
-    none). Read leniently (a torn last line is skipped): verifying is `audit verify`'s job. But
-    bounded, and only from a regular file (`chain.iter_lines`): a log that cannot be read
-    refuses the apply, since a number it holds might then be given again."""
+def _profile_records(name: str, purpose: str) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(type, data, hash) of each complete `profile.*` record of `name` in the admin log, in
+    order. Read leniently (a line that does not parse is skipped: verifying is `audit
+    verify`'s job), but bounded and only from a regular file (`chain.iter_lines`); a log that
+    cannot be read is an AuditError, since `purpose` needs all of it."""
     from linpodx.audit.chain import BadRecord, NotALog, admin_chain, iter_lines
 
     log = admin_chain().path
     needle = f'"name":{json.dumps(name)}'.encode()
-    best = 0
     try:
-        for _offset, line, _complete in iter_lines(log):
-            if b'"type":"profile.' not in line or needle not in line:
+        for _offset, line, complete in iter_lines(log):
+            if not complete or b'"type":"profile.' not in line or needle not in line:
                 continue
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
             data = rec.get("data") if isinstance(rec, dict) else None
-            if (
-                isinstance(data, dict)
-                and str(rec.get("type", "")).startswith("profile.")
-                and data.get("name") == name
-                and type(data.get("revision")) is int
-            ):
-                best = max(best, data["revision"])
+            kind = str(rec.get("type", "")) if isinstance(rec, dict) else ""
+            if isinstance(data, dict) and kind.startswith("profile.") and data.get("name") == name:
+                yield kind, data, str(rec.get("hash"))
     except FileNotFoundError:
-        return 0
+        return
     except (OSError, NotALog, BadRecord) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise AuditError(
             f"could not read the audit log {log}: {why}",
-            "a new revision number must not repeat one recorded there; run `linpodx audit "
-            "verify` to see what is wrong with the log",
+            f"{purpose}; run `linpodx audit verify` to see what is wrong with the log",
         ) from None
-    return best
+
+
+def _audited_revision(name: str) -> int:
+    """Highest revision number of `name` in the admin audit log's `profile.*` records (0 if
+    none)."""
+    numbers = (
+        data["revision"]
+        for _kind, data, _hash in _profile_records(
+            name, "a new revision number must not repeat one recorded there"
+        )
+        if type(data.get("revision")) is int
+    )
+    return max(numbers, default=0)
 
 
 def _settle(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
@@ -668,28 +672,11 @@ def _settle_removal(name: str, pointer: dict[str, Any]) -> dict[str, Any]:
 
 def _last_profile_record(name: str) -> tuple[str, Any, str] | None:
     """(type, profile_id, hash) of the last `profile.*` record of `name` in the admin log."""
-    from linpodx.audit.chain import BadRecord, NotALog, admin_chain, iter_lines
-
-    needle = f'"name":{json.dumps(name)}'.encode()
-    last: tuple[str, Any, str] | None = None
-    try:
-        for _offset, line, complete in iter_lines(admin_chain().path):
-            if not complete or b'"type":"profile.' not in line or needle not in line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            data = rec.get("data") if isinstance(rec, dict) else None
-            if isinstance(data, dict) and data.get("name") == name:
-                last = (str(rec.get("type")), data.get("profile_id"), str(rec.get("hash")))
-    except FileNotFoundError:
-        return None
-    except (OSError, NotALog, BadRecord) as exc:
-        raise AuditError(
-            f"could not read the audit log to settle an interrupted removal of {name}: {exc}",
-            "run `linpodx audit verify` to see what is wrong with the log",
-        ) from None
+    last = None
+    for kind, data, h in _profile_records(
+        name, f"an interrupted removal of {name} is settled by what the log says"
+    ):
+        last = (kind, data.get("profile_id"), h)
     return last
 
 

@@ -5,9 +5,8 @@ looks like a torn append is called a crash (by verify, show, read_records and th
 from __future__ import annotations
 
 import os
-import signal
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,8 @@ MiB = 1024 * 1024
 
 
 @pytest.fixture(autouse=True)
-def watchdog() -> Iterator[None]:
-    """A reader that opens a FIFO blocking would hang the suite: turn that into a failure.
-    (Not a timing assertion: nothing here should come anywhere near it.)"""
-
-    def hung(_sig: int, _frame: object) -> None:
-        raise AssertionError("hung: a log path was opened or read blocking")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+def _no_test_here_may_hang(watchdog: None) -> None:
+    """Every test of this file runs under the shared `watchdog` (tests/conftest.py)."""
 
 
 def _good_log(tmp_path: Path, n: int = 3) -> Chain:
