@@ -813,11 +813,21 @@ def start(name: str) -> ContainerInfo:
             str(info.get("ImageName", "")),
         )
     check_mount_sources(ref)  # before the record; `_bring_up` pins them for podman start
+    try:
+        # Before the record too: a start that cannot happen is not recorded as one.
+        spec = load_spec(name)
+    except NotFound:
+        # Ours (labelled) but without a spec: its `linpodx run` was killed before it finished
+        # (the spec is written last); such a container may also lack its $HOME.
+        raise NotFound(
+            f"container {name} has no linpodx run spec: its `linpodx run` did not finish",
+            f"remove it with `linpodx rm {name}` and run it again",
+        ) from None
     audit(
         "container.start",
         {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},
     )
-    resolv = load_spec(name).get("resolv_conf") if needs_guard(ref) else None
+    resolv = spec.get("resolv_conf") if needs_guard(ref) else None
     try:
         _bring_up(name, ref, start=True, resolv=resolv)
     except LinpodxError as err:

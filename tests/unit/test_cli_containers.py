@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from linpodx import containers
-from linpodx.errors import EngineError, InvalidInput
+from linpodx.errors import EngineError, InvalidInput, NotFound
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine
 from linpodx.profile.model import Network, Profile
@@ -391,6 +391,25 @@ def test_start_refuses_a_moved_resolv_conf(
     with pytest.raises(EngineError) as ei:
         containers.start("agent-1")
     assert "resolv.conf moved" in ei.value.message
+    assert "start" not in fake.names() and "init" not in fake.names()
+
+
+def test_start_of_a_container_whose_run_was_killed_is_refused_before_its_record(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`linpodx run` killed after podman created the container and before the spec was
+    written: `start` refuses with a hint that works (remove it), and records no start."""
+    containers.run(REQ)
+    containers.spec_path("agent-1").unlink()
+    fake.state = "exited"
+    fake.present.add("agent-1")
+    fake.calls.clear()
+    records = len(admin_records())
+    with pytest.raises(NotFound) as ei:
+        containers.start("agent-1")
+    assert "its `linpodx run` did not finish" in ei.value.message
+    assert ei.value.hint == "remove it with `linpodx rm agent-1` and run it again"
+    assert len(admin_records()) == records
     assert "start" not in fake.names() and "init" not in fake.names()
 
 
