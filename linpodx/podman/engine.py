@@ -6,6 +6,7 @@ podman's own words plus a hint for the common causes (missing image, name taken,
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -266,16 +267,10 @@ STOP_TIMEOUT_SECONDS = 5
 
 
 def stop_quietly(name_or_id: str) -> None:
-    """`podman stop` that reports nothing: for a run whose container would not end after a
-    signal was passed on to it (`spawn.hold_signals`)."""
-    import subprocess
-
-    subprocess.run(
-        [podman_bin(), "stop", "--time", str(STOP_TIMEOUT_SECONDS), name_or_id],
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    """`stop` that reports nothing: for a run whose container would not end after a signal
+    was passed on to it (`spawn.hold_signals`)."""
+    with contextlib.suppress(EngineError):
+        stop(name_or_id, timeout=STOP_TIMEOUT_SECONDS)
 
 
 def run_inherited(argv: Sequence[str], stop: Callable[[], None] | None = None) -> int:
