@@ -46,6 +46,7 @@ from linpodx.podman.runline import validate_image, validate_name
 from linpodx.podman.spawn import Child
 from linpodx.profile import hostpaths
 from linpodx.profile.model import Profile, default_profile
+from linpodx.snapshot import journal
 
 SPEC_VERSION = 1
 BUILTIN_ID = "builtin"
@@ -553,6 +554,7 @@ def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
     start. The caller runs `attached_start` for foreground runs."""
     ref = resolve_profile(req.profile)
     spec = make_spec(req, ref)
+    journal.check_no_interrupted(spec.name)
     info = create_and_start(spec, ref, start=req.detach)
     return info, spec
 
@@ -574,6 +576,7 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
     (`one_call`); the others create, announce, then `podman start --attach`."""
     ref = resolve_profile(req.profile)
     spec = make_spec(req, ref)
+    journal.check_no_interrupted(spec.name)
     if one_call(spec):
         return _run_once(spec, ref, announce)
     info = create_and_start(spec, ref, start=False)
@@ -777,6 +780,9 @@ def attached_start(
 def managed_info(name: str) -> dict[str, Any]:
     """Inspect NAME and refuse containers linpodx did not create."""
     validate_name(name)
+    # A rollback that was killed part-way may have renamed NAME aside or left it stopped, and
+    # swapped half its workspace: nothing acts on it until `snapshot recover` put it back.
+    journal.check_no_interrupted(name)
     info = engine.inspect(name)
     if engine.labels_of(info).get(MANAGED_LABEL) != "1":
         raise Denied(
@@ -866,6 +872,7 @@ def stop(name: str, timeout: int = 10) -> dict[str, Any]:
 def remove(name: str, force: bool = False) -> dict[str, Any]:
     """`linpodx rm NAME`: the container, its guard and its spec dir (audited first)."""
     validate_name(name)
+    journal.check_no_interrupted(name)
     present = engine.exists(name)
     if present:
         info = managed_info(name)

@@ -78,8 +78,10 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
             return None  # a mount source is no longer fine: the full path refuses and says why
         pins.append((ident[0], ident[1], target))
     where = os.path.join(paths.containers_root(), name)
-    if os.path.exists(where):
-        return None  # the pins (and the guard's files) would be another's: the full path checks
+    if os.path.exists(where) or os.path.lexists(paths.rollback_journal(name)):
+        # The pins (and the guard's files) would be another's, or a rollback of that name was
+        # interrupted: the full path checks and refuses with the right words.
+        return None
     guarded = plan["guarded"]
     record = runplan.run_record(
         name=name,

@@ -119,6 +119,12 @@ def snapshots_dir() -> Path:
     return state_dir() / "snapshots"
 
 
+def rollback_journal(name: str) -> str:
+    """Where an unfinished rollback of container `name` keeps its journal
+    (`linpodx.snapshot.journal`); a string, so that the fast run path can check it cheaply."""
+    return os.path.join(state_root(), "snapshots", ".rollbacks", f"{name}.json")
+
+
 def containers_root() -> str:
     """`containers_dir()` as a string."""
     return os.path.join(state_root(), "containers")

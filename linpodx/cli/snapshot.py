@@ -1,4 +1,4 @@
-"""`linpodx snapshot …`: create (a detached job), job-status, list, rm, rollback."""
+"""`linpodx snapshot …`: create (a detached job), job-status, list, rm, rollback, recover."""
 
 from __future__ import annotations
 
@@ -112,3 +112,11 @@ def rollback_cmd(
     from linpodx.snapshot import service
 
     run_command("snapshot rollback", json_mode, lambda: service.rollback(name, to))
+
+
+@app.command("recover")
+def recover_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:
+    """Undo a rollback of NAME that was killed part-way (or finish it, if it was committed)."""
+    from linpodx.snapshot import service
+
+    run_command("snapshot recover", json_mode, lambda: service.recover(name))

@@ -45,12 +45,16 @@ def read_dir(directory: Path) -> dict[str, Any]:
     return data
 
 
+def not_found(name: str, label: str) -> NotFound:
+    return NotFound(
+        f"snapshot not found: {name} --label {label}",
+        f"list the snapshots of {name} with `linpodx snapshot list {name}`",
+    )
+
+
 def read(name: str, label: str) -> dict[str, Any]:
     """The manifest of snapshot NAME:LABEL; NotFound with a hint if there is none."""
     d = snapshot_dir(name, label)
     if not (d / MANIFEST).is_file():
-        raise NotFound(
-            f"snapshot not found: {name} --label {label}",
-            f"list the snapshots of {name} with `linpodx snapshot list {name}`",
-        )
+        raise not_found(name, label)
     return read_dir(d)

@@ -69,7 +69,7 @@ def restore_spec(name: str, data: bytes | None) -> None:
         atomic_write(spec_path(name), data)
 
 
-def _guard_detach(name: str) -> None:
+def detach_guard(name: str) -> None:
     with contextlib.suppress(Exception):
         from linpodx.egress import guard
 
@@ -79,7 +79,7 @@ def _guard_detach(name: str) -> None:
 def stop(name: str) -> None:
     """Stop the container the linpodx way (audited) and let go of its egress guard."""
     _containers().stop(name, timeout=STOP_TIMEOUT_SECONDS)
-    _guard_detach(name)
+    detach_guard(name)
 
 
 def create_from(name: str, image: str, profile_id: str, *, start: bool) -> str:
@@ -96,7 +96,7 @@ def create_from(name: str, image: str, profile_id: str, *, start: bool) -> str:
     info = mod.create_and_start(spec, ref, start=True)
     if not start:
         mod.stop(name, timeout=STOP_TIMEOUT_SECONDS)
-        _guard_detach(name)
+        detach_guard(name)
     return str(getattr(info, "container_id", "") or "")
 
 
@@ -112,4 +112,4 @@ def remove_new(name: str, container_id: str) -> None:
         _containers().remove(name, force=True)
     except LinpodxError:
         proc.run(["podman", "rm", "--force", "--time", "0", container_id], what="podman rm")
-        _guard_detach(name)
+        detach_guard(name)

@@ -1,4 +1,5 @@
-"""What the `linpodx snapshot …` commands do: create (as a job), job status, list, rm, rollback."""
+"""What the `linpodx snapshot …` commands do: create (as a job), job status, list, rm, rollback,
+recover."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from linpodx import paths, proc
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
-from linpodx.snapshot import faults, freeze, jobs, manifest, ops, workspace
+from linpodx.snapshot import faults, freeze, jobs, journal, manifest, ops, workspace
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     audit,
@@ -49,6 +51,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
     """Check, audit, record a queued job and start its detached worker; returns the job."""
     check_container_name(name)
     check_label(label)
+    journal.check_no_interrupted(name)
     info = require_managed(name)
     if not replace_existing and _exists(name, label):
         raise InvalidInput(
@@ -296,14 +299,14 @@ def remove(name: str, label: str) -> dict[str, Any]:
     check_container_name(name)
     check_label(label)
     ref = image_ref(name, label)
+    sdir = snapshot_dir(name, label)
+    if not sdir.exists() and image_id(ref) is None:
+        # Before the lock too: a name that never had a snapshot leaves no lock file behind.
+        raise manifest.not_found(name, label)
     with container_lock(name):
-        sdir = snapshot_dir(name, label)
         iid = image_id(ref)
         if not sdir.exists() and iid is None:
-            raise NotFound(
-                f"snapshot not found: {name} --label {label}",
-                f"list the snapshots of {name} with `linpodx snapshot list {name}`",
-            )
+            raise manifest.not_found(name, label)
         audit("snapshot.rm", {"container": name, "label": label, "image": ref,
                               "image_id": iid or ""})
         image_removed = False
@@ -363,16 +366,21 @@ def _verify_snapshot(name: str, label: str) -> dict[str, Any]:
 def rollback(name: str, label: str) -> dict[str, Any]:
     """Recreate container `name` from snapshot `label` and restore its workspace, safely.
 
+    A rollback of `name` that was interrupted before (its journal is left) is recovered first.
     Nothing changes until every check passed (snapshot image and archive digests, container,
     mounts, spec). Then: extract archives into staging dirs → stop the container → rename it
     aside → swap the workspace dirs → create and start the new container from the snapshot
-    image via the containers service → check it. A failure at any step undoes the steps before
-    it (new container removed, workspace swapped back, original renamed back and started
-    again if it was running) and the error says so.
+    image via the containers service → check it → record the commit → remove the original
+    and the moved-aside copies. A failure at any step undoes the steps before it (new
+    container removed, workspace swapped back, original renamed back and started again if it
+    was running) and the error says so. The journal (`linpodx.snapshot.journal`) names the
+    step about to be taken, so a rollback killed outright is undone (or, once committed,
+    finished) by the next `snapshot rollback` or `snapshot recover` of `name`.
     """
     check_container_name(name)
     check_label(label)
     with container_lock(name):
+        recovered = _recover_locked(name)
         man = _verify_snapshot(name, label)
         info = require_managed(name)
         if (info.get("HostConfig") or {}).get("AutoRemove"):
@@ -395,24 +403,55 @@ def rollback(name: str, label: str) -> dict[str, Any]:
         was_running = bool((info.get("State") or {}).get("Running"))
         rb_id = new_ulid()
         aside = f"{name}-rollback-{rb_id[-10:].lower()}"
-        audit(
-            "snapshot.rollback",
-            {
-                "rollback_id": rb_id,
-                "container": name,
-                "container_id": orig_id,
-                "label": label,
-                "image": man["image"],
-                "image_id": man["image_id"],
-            },
+        spec = ops.save_spec(name)
+        jour = journal.new(
+            rollback_id=rb_id, container=name, label=label, image=str(man["image"]),
+            orig_id=orig_id, aside=aside, was_running=was_running, spec=spec,
+            mounts=list(man["mounts"]),
         )
+        # The journal needs disk space, the record comes first: stage it, record, rename it in.
+        staged = journal.stage(jour)
+        try:
+            audit(
+                "snapshot.rollback",
+                {
+                    "rollback_id": rb_id,
+                    "container": name,
+                    "container_id": orig_id,
+                    "label": label,
+                    "image": man["image"],
+                    "image_id": man["image_id"],
+                },
+            )
+        except BaseException:
+            staged.discard()
+            raise
+        try:
+            staged.commit()
+        except OSError as exc:
+            _audit_quietly("snapshot.rollback.undo", {"rollback_id": rb_id, "container": name,
+                                                      "step": "journal", "reason": str(exc)})
+            raise LinpodxError(
+                f"the rollback of {name} was recorded but its journal could not be written "
+                f"({exc.strerror or exc}); nothing was changed",
+                "check the state dir (free space, permissions) and roll back again",
+                exit_code=EXIT_AUDIT,
+            ) from None
         emit("snapshot.rollback", container=name, label=label, status="started",
              rollback_id=rb_id)
         sdir = snapshot_dir(name, label)
         restores: list[workspace.Restore] = []
         state: dict[str, Any] = {"stopped": False, "renamed": False, "created": None,
-                                 "spec": ops.save_spec(name)}
+                                 "spec": spec}
         step = "extract"
+
+        def at(next_step: str) -> str:
+            # Write-ahead: the journal names the step before it changes anything.
+            nonlocal jour
+            jour = replace(jour, step=next_step)
+            journal.write(jour)
+            return next_step
+
         try:
             for entry in man["mounts"]:
                 r = workspace.Restore(entry, rb_id)
@@ -420,26 +459,26 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 r.extract(sdir / str(entry["file"]))
             # Each fault point sits AFTER its step changed something, so tests prove the undo.
             faults.fail_point(step)
-            step = "stop"
+            step = at("stop")
             if was_running:
                 ops.stop(name)
                 state["stopped"] = True
             faults.fail_point(step)
-            step = "rename"
+            step = at("rename")
             proc.run(["podman", "rename", orig_id, aside], what="podman rename")
             state["renamed"] = True
             faults.fail_point(step)
-            step = "swap"
+            step = at("swap")
             for r in restores:
                 r.swap()
             faults.fail_point(step)
-            step = "create"
+            step = at("create")
             state["created"] = ops.create_from(
                 name, str(man["image"]), orig_labels.get("linpodx.profile_id", ""),
                 start=was_running,
             )
             faults.fail_point(step)
-            step = "verify"
+            step = at("verify")
             new_info = inspect_container(name)
             new_labels = labels_of(new_info)
             if str(new_info["Id"]) == orig_id:
@@ -450,18 +489,20 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             if was_running and not (new_info.get("State") or {}).get("Running"):
                 raise EngineError("the new container is not running")
             faults.fail_point(step)
+            # Removing the original cannot be undone: recorded first (a failed record undoes).
+            audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
+                                               "container_id": str(new_info["Id"]),
+                                               "previous_id": orig_id})
+            step = at("commit")
         except BaseException as exc:  # Ctrl-C too: the original must come back either way
+            _audit_quietly("snapshot.rollback.undo", {"rollback_id": rb_id, "container": name,
+                                                      "step": step, "reason": _reason(exc)})
             problems = _undo(name, orig_id, aside, was_running, restores, state)
+            if not problems:
+                journal.clear(name)
             if not isinstance(exc, (Exception, KeyboardInterrupt)):
                 raise
-            if isinstance(exc, KeyboardInterrupt):
-                reason = "interrupted"
-            elif isinstance(exc, LinpodxError):
-                reason = exc.message
-            else:
-                reason = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, EngineError) and exc.stderr.strip():
-                reason += f": {exc.stderr.strip().splitlines()[-1]}"
+            reason = _reason(exc)
             emit("snapshot.rollback", container=name, label=label, status="failed",
                  rollback_id=rb_id, step=step, undone=not problems)
             if not problems:
@@ -478,10 +519,12 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             raise LinpodxError(
                 f"rollback of {name} to {label} failed at step {step}: {reason}; undoing it "
                 f"also failed: {'; '.join(problems)}",
-                f"the original container may be named {aside}; moved-aside workspace copies "
-                f"end in .linpodx-before-{rb_id}",
+                f"fix what is named there and run `linpodx snapshot recover {name}`, which "
+                f"tries the undo again (the original container may be named {aside}; "
+                f"moved-aside workspace copies end in .linpodx-before-{rb_id})",
                 details={"step": step, "restored": False, "problems": problems},
             ) from None
+        faults.fail_point("commit")
         # Committed: the old container and the moved-aside workspace copies go.
         leftovers = []
         res = proc.run(["podman", "rm", "--force", "--time", "0", orig_id], check=False,
@@ -493,6 +536,8 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 r.cleanup()
             except (OSError, LinpodxError):
                 leftovers.append(str(r.aside))
+        # What is left is garbage, not a half-done rollback: the journal goes either way.
+        journal.clear(name)
         new_info = inspect_container(name)
     emit("snapshot.rollback", container=name, label=label, status="succeeded",
          rollback_id=rb_id)
@@ -506,9 +551,170 @@ def rollback(name: str, label: str) -> dict[str, Any]:
         "revision": labels_of(new_info).get("linpodx.revision"),
         "restored": [str(e["target"]) for e in man["mounts"]],
     }
+    if recovered is not None:
+        result["recovered_first"] = recovered
     if leftovers:
         result["leftovers"] = leftovers
     return result
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, LinpodxError):
+        reason = exc.message
+        if isinstance(exc, EngineError) and exc.stderr.strip():
+            reason += f": {exc.stderr.strip().splitlines()[-1]}"
+        return reason
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _audit_quietly(event_type: str, data: dict[str, Any]) -> bool:
+    """Record an undo. It puts things back as they were, so it goes ahead even when the record
+    cannot be written (refusing would leave the half-done state in place); False then."""
+    try:
+        audit(event_type, data)
+    except LinpodxError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# recovery of a rollback that was killed part-way
+
+
+def recover(name: str) -> dict[str, Any]:
+    """`linpodx snapshot recover NAME`: undo (or, once committed, finish) a rollback of NAME
+    that was interrupted, from its journal. Nothing to do is not an error."""
+    check_container_name(name)
+    with container_lock(name):
+        done = _recover_locked(name)
+    if done is None:
+        return {"recovered": False, "container": name}
+    return {"recovered": True, "container": name, **done}
+
+
+def _recover_locked(name: str) -> dict[str, Any] | None:
+    """Recover NAME's interrupted rollback, if its journal says there is one (the caller holds
+    the container's snapshot lock, so its owner cannot still be at work on it)."""
+    jour = journal.read(name)
+    if jour is None:
+        return None
+    if jour.owned_here() or jour.owner_alive():
+        raise LinpodxError(
+            f"a rollback of {name} (to {jour.label}) is in progress (pid {jour.pid})",
+            "wait for it to finish, then retry",
+        )
+    finishing = jour.step == "commit"
+    action = "finish" if finishing else "undo"
+    audit(
+        "snapshot.rollback.recover",
+        {"rollback_id": jour.rollback_id, "container": name, "label": jour.label,
+         "step": jour.step, "action": action},
+    )
+    # Taken over: the containers service now lets this process act on the container.
+    jour = replace(jour, pid=os.getpid(), pid_start=jobs.proc_start_time(os.getpid()))
+    journal.write(jour)
+    notes: list[str] = []
+    problems = _finish_journal(jour) if finishing else _undo_journal(jour, notes)
+    emit("snapshot.rollback", container=name, label=jour.label, rollback_id=jour.rollback_id,
+         status="recovered" if not problems else "recovery failed", action=action)
+    if problems:
+        raise LinpodxError(
+            f"recovering the interrupted rollback of {name} to {jour.label} ({action}) did "
+            f"not finish: {'; '.join(problems)}",
+            f"fix what is named there and run `linpodx snapshot recover {name}` again",
+            details={"problems": problems},
+        )
+    out: dict[str, Any] = {
+        "rollback_id": jour.rollback_id,
+        "label": jour.label,
+        "interrupted_at": jour.step,
+        "action": "finished" if finishing else "undone",
+    }
+    if notes:
+        out["notes"] = notes
+    return out
+
+
+def _finish_journal(jour: journal.Journal) -> list[str]:
+    """The rollback was committed (the new container checked): remove the original and the
+    moved-aside copies, as the rollback would have."""
+    problems: list[str] = []
+    res = proc.run(["podman", "rm", "--force", "--time", "0", jour.orig_id], check=False,
+                   what="podman rm")
+    if res.returncode != 0 and "no such container" not in res.stderr.lower():
+        problems.append(f"could not remove the original container {jour.aside}: "
+                        f"{res.stderr.strip()}")
+    for m in jour.mounts:
+        problems += workspace.finish_interrupted(Path(m["source"]), jour.rollback_id)
+    if not problems:
+        journal.clear(jour.container)
+    return problems
+
+
+def _inspect_or_none(ref: str) -> dict[str, Any] | None:
+    try:
+        return inspect_container(ref)
+    except NotFound:
+        return None
+
+
+def _undo_journal(jour: journal.Journal, notes: list[str]) -> list[str]:
+    """Put the original container and workspace back from what is really there (the journal's
+    step says how far the rollback may have got, not how far it did)."""
+    name = jour.container
+    reached = journal.STEPS.index(jour.step)
+    problems: list[str] = []
+    if reached >= journal.STEPS.index("create"):
+        new = _inspect_or_none(name)
+        if new is not None and str(new["Id"]) != jour.orig_id:
+            # Only what the rollback made: a linpodx container from the snapshot's image.
+            if (labels_of(new).get("linpodx.managed") == "1"
+                    and str(new.get("ImageName", "")) == jour.image):
+                try:
+                    ops.remove_new(name, str(new["Id"]))
+                except LinpodxError as exc:
+                    problems.append(f"could not remove the new container: {exc.message}")
+            else:
+                problems.append(f"a container named {name} that the rollback did not create "
+                                "is in the way")
+        ops.detach_guard(name)  # a guard made ready for the new container, if it got that far
+    try:
+        ops.restore_spec(name, jour.spec_bytes())
+    except OSError as exc:
+        problems.append(f"could not restore the run spec: {exc}")
+    swap_started = reached >= journal.STEPS.index("swap")
+    for m in reversed(jour.mounts):
+        problems += workspace.undo_interrupted(
+            Path(m["source"]), jour.rollback_id, existed=bool(m["existed"]),
+            swap_started=swap_started,
+        )
+    orig = _inspect_or_none(jour.orig_id)
+    if orig is None:
+        problems.append(f"the original container ({jour.orig_id[:12]}) no longer exists")
+    elif str(orig.get("Name", "")).lstrip("/") != name:
+        if _inspect_or_none(name) is not None:
+            problems.append(f"cannot rename {jour.aside} back: a container named {name} exists")
+        else:
+            res = proc.run(["podman", "rename", jour.orig_id, name], check=False,
+                           what="podman rename")
+            if res.returncode != 0:
+                problems.append(f"could not rename {jour.aside} back to {name}: "
+                                f"{res.stderr.strip()}")
+    if problems:
+        return problems
+    # The original is back in place: from here on nothing is half done.
+    journal.clear(name)
+    if jour.was_running and orig is not None:
+        now = _inspect_or_none(name)
+        if now is not None and not (now.get("State") or {}).get("Running"):
+            try:
+                ops.start(name)
+            except LinpodxError as exc:
+                notes.append(f"{name} is back but could not be started again: {exc.message}; "
+                             f"start it with `linpodx start {name}`")
+    return problems
 
 
 def _undo(

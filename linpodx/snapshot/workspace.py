@@ -209,6 +209,51 @@ class Restore:
             remove_tree(p)
 
 
+def undo_interrupted(source: Path, rb_id: str, *, existed: bool, swap_started: bool) -> list[str]:
+    """Put one mount source back as it was before a rollback that was killed part-way, from
+    what is on disk: wherever the swap got to, the original ends at `source` and the restored
+    and staging copies go. Safe to run again after it was itself interrupted; returns problems.
+
+    `existed`: whether the source existed when the rollback began (from its journal);
+    `swap_started`: whether the rollback may have reached its swap step.
+    """
+    staging, aside = _names(source, rb_id)
+    # Where the restored copy goes on its way out (one rename, so the original never has to
+    # wait for a tree removal to get its place back).
+    undone = source.parent / f".{source.name}.linpodx-undone-{rb_id}"
+    try:
+        if os.path.lexists(aside):
+            # The original was moved aside: whatever is at `source` now is the restored copy.
+            if os.path.lexists(source):
+                remove_tree(undone)
+                os.rename(source, undone)
+            os.rename(aside, source)
+        elif swap_started and not existed and os.path.lexists(source):
+            remove_tree(undone)
+            os.rename(source, undone)  # there was nothing here: the restored copy goes
+    except (OSError, EngineError) as exc:
+        return [f"could not move {aside} back to {source}: {exc}"]
+    problems = []
+    for p in (staging, undone):
+        try:
+            remove_tree(p)
+        except (OSError, EngineError) as exc:
+            problems.append(f"could not remove {p}: {exc}")
+    return problems
+
+
+def finish_interrupted(source: Path, rb_id: str) -> list[str]:
+    """Remove what a committed rollback that was killed before its clean-up left beside one
+    mount source (the moved-aside original and the staging dir); returns problems."""
+    problems = []
+    for p in _names(source, rb_id):
+        try:
+            remove_tree(p)
+        except (OSError, EngineError) as exc:
+            problems.append(f"could not remove {p}: {exc}")
+    return problems
+
+
 def remove_tree(path: Path) -> None:
     """Remove a file or tree we created; rootless trees may hold sub-uid files."""
     if not (path.exists() or path.is_symlink()):

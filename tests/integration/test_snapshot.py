@@ -21,7 +21,7 @@ import pytest
 
 from linpodx.snapshot import faults, jobs
 from linpodx.snapshot.names import image_ref, snapshot_dir
-from tests.conftest import BUSYBOX_IMAGE, DEBIAN_IMAGE, ROOTLESS, CliResult
+from tests.conftest import BUSYBOX_IMAGE, DEBIAN_IMAGE, ROOTLESS, CliResult, run_linpodx
 
 pytestmark = pytest.mark.podman
 
@@ -304,6 +304,68 @@ def test_injected_failure_at_each_step_leaves_the_original_intact(
     r = ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
     assert "rolled_back: true" in r.stdout
     assert (box.ws / "f.txt").read_text() == "v1\n"
+
+
+def _leftovers(box: Box) -> tuple[list[str], list[str]]:
+    names = podman("ps", "-a", "--format", "{{.Names}}").stdout.split()
+    return ([n for n in names if n.startswith(box.name)],
+            [p.name for p in box.ws.parent.iterdir() if ".linpodx-" in p.name])
+
+
+def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of `snapshot rollback` (no undo runs): the container is refused by other
+    commands until `snapshot recover` puts the original back (or, after the commit record,
+    finishes the rollback); nothing is left over and the audit chain stays intact."""
+    from linpodx import paths
+    from linpodx.snapshot import journal
+
+    box.snapshot("s1")
+    spec = paths.containers_dir() / box.name / "spec.json"
+    for step in faults.KILL_STEPS:
+        box.sh("echo v2 > /ws/f.txt; echo after > /tmp/after")
+        spec_before = spec.read_bytes()
+        before = inspect(box.name)
+        env = {**os.environ, faults.FAIL_ENV: f"kill@{step}"}
+        r = run_linpodx("snapshot", "rollback", box.name, "--to", "s1", env=env)
+        assert r.returncode == -signal.SIGKILL, (step, r.stderr)
+        assert journal.exists(box.name), step
+        # Until it is recovered, nothing acts on the half-rolled-back container.
+        for args in (("start", box.name), ("rm", "--force", box.name)):
+            refused = box.cli(*args)
+            assert refused.exit_code != 0, (step, args)
+            assert f"was interrupted at step {step}" in refused.stderr, refused.stderr
+            assert f"hint: run `linpodx snapshot recover {box.name}`" in refused.stderr
+        rec = result(box.cli("snapshot", "recover", box.name, "--json"))
+        assert rec["recovered"] is True and rec["interrupted_at"] == step, rec
+        after = inspect(box.name)
+        assert after["State"]["Status"] == "running", step  # type: ignore[index]
+        if step == "commit":
+            # The new container had been checked and the commit recorded: finished.
+            assert rec["action"] == "finished"
+            assert after["Id"] != before["Id"]
+            assert box.sh("cat /ws/f.txt; cat /tmp/after 2>/dev/null || echo gone") == "v1\ngone\n"
+        else:
+            assert rec["action"] == "undone"
+            assert after["Id"] == before["Id"], step
+            assert (box.ws / "f.txt").read_text() == "v2\n", step
+            assert box.sh("cat /ws/f.txt; cat /tmp/after") == "v2\nafter\n", step
+            assert spec.read_bytes() == spec_before, step
+        assert _leftovers(box) == ([box.name], []), step
+        assert not journal.exists(box.name), step
+        again = result(box.cli("snapshot", "recover", box.name, "--json"))
+        assert again["recovered"] is False
+    assert audit_types().count("snapshot.rollback.recover") == len(faults.KILL_STEPS)
+    ok(box.cli("audit", "verify"))
+    # A rollback killed part-way is also recovered by the next rollback, which then runs.
+    box.sh("echo v3 > /ws/f.txt")
+    env = {**os.environ, faults.FAIL_ENV: "kill@swap"}
+    assert run_linpodx("snapshot", "rollback", box.name, "--to", "s1", env=env).returncode < 0
+    r = result(box.cli("snapshot", "rollback", box.name, "--to", "s1", "--json"))
+    assert r["recovered_first"]["action"] == "undone"  # type: ignore[index]
+    assert (box.ws / "f.txt").read_text() == "v1\n"
+    assert _leftovers(box) == ([box.name], [])
 
 
 def test_worker_killed_mid_job_is_reported_failed(
