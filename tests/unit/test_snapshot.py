@@ -416,3 +416,16 @@ def test_create_says_so_when_its_recorded_job_could_not_be_put_in_place(
     assert "was recorded, but its job file could not be put in place" in ei.value.message
     assert ei.value.exit_code == 6 and "no snapshot was taken" in (ei.value.hint or "")
     assert _admin_types() == ["snapshot.create"] and spawned == []
+
+
+def test_rm_of_an_unknown_snapshot_leaves_no_lock_file(  # type: ignore[no-untyped-def]
+    cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from linpodx import paths
+    from linpodx.snapshot import service
+
+    monkeypatch.setattr(service, "image_id", lambda ref: None)
+    r = cli("snapshot", "rm", "never-had-one", "--label", "x")
+    assert r.exit_code == 4 and "snapshot not found: never-had-one --label x" in r.stderr
+    locks = paths.snapshots_dir() / ".locks"
+    assert not (locks / "never-had-one.lock").exists()
