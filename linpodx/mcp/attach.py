@@ -44,6 +44,10 @@ class Target:
 
 def find_container(name: str) -> Target:
     """Look the container up; it must be a running linpodx container with a profile label."""
+    from linpodx.snapshot import journal
+
+    # Not one that a rollback is replacing, or that a killed rollback left half done.
+    journal.check_no_interrupted(name)
     res = proc.run(["podman", "container", "inspect", name], check=False, what="podman inspect")
     if res.returncode != 0:
         raise NotFound(

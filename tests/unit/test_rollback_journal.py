@@ -214,3 +214,14 @@ def test_finish_drops_the_moved_aside_original_and_staging(tmp_path: Path) -> No
     staging.mkdir()
     assert workspace.finish_interrupted(source, RB) == []
     assert (source / "f.txt").read_text() == "restored" and _left(tmp_path) == []
+
+
+def test_mcp_attach_refuses_a_container_whose_rollback_was_interrupted(
+    isolated_state: Path,
+) -> None:
+    from linpodx.mcp import attach
+
+    pid, start = _dead_pid()
+    journal.write(_journal(pid=pid, pid_start=start, step="create"))
+    with pytest.raises(LinpodxError, match="was interrupted at step create"):
+        attach.find_container("agent-1")
