@@ -86,7 +86,16 @@ def register(app: typer.Typer) -> None:
                     "  ".join(safe_text(str(r[c])).ljust(widths[c]) for c in cols).rstrip()
                 )
 
-        run_command("ps", json_mode, lambda: containers.ps(all_states), render)
+        def listing() -> list[dict[str, Any]]:
+            from linpodx.output import note, safe_text
+            from linpodx.snapshot import journal
+
+            rows = containers.ps(all_states)
+            for line in journal.interrupted_notes():
+                note(safe_text(line))
+            return rows
+
+        run_command("ps", json_mode, listing, render)
 
     @app.command("start")
     def start_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:

@@ -176,6 +176,30 @@ def read(name: str) -> Journal | None:
     return j
 
 
+def interrupted_notes() -> list[str]:
+    """One line per container whose rollback was interrupted (its journal's owner is gone), for
+    `linpodx ps` to say on stderr: such a container may be missing from the list (renamed
+    aside) or stopped, and nothing acts on it until it is recovered."""
+    where = Path(rollback_journal("x")).parent
+    try:
+        names = sorted(n[: -len(".json")] for n in os.listdir(where) if n.endswith(".json"))
+    except OSError:
+        return []
+    notes = []
+    for name in names:
+        try:
+            j = read(name)
+        except LinpodxError as exc:
+            notes.append(f"{exc.message}; {exc.hint}")
+            continue
+        if j is not None and not j.owned_here() and not j.owner_alive():
+            notes.append(
+                f"a rollback of {name} to {j.label} was interrupted at step {j.step}; run "
+                f"`linpodx snapshot recover {name}`"
+            )
+    return notes
+
+
 def check_no_interrupted(name: str) -> None:
     """Refuse to act on container `name` while a rollback of it is running in another process
     or was interrupted and not yet recovered. The rollback itself (this process) passes.

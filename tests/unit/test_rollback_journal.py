@@ -3,6 +3,7 @@ podman here: tests/integration/test_snapshot.py kills real rollbacks at every st
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -225,3 +226,18 @@ def test_mcp_attach_refuses_a_container_whose_rollback_was_interrupted(
     journal.write(_journal(pid=pid, pid_start=start, step="create"))
     with pytest.raises(LinpodxError, match="was interrupted at step create"):
         attach.find_container("agent-1")
+
+
+def test_ps_names_containers_whose_rollback_was_interrupted(  # type: ignore[no-untyped-def]
+    cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from linpodx import containers
+
+    monkeypatch.setattr(containers, "ps", lambda all_states: [])
+    pid, start = _dead_pid()
+    journal.write(_journal(pid=pid, pid_start=start, step="rename"))
+    journal.write(_journal(name="agent-2"))  # this process's own: not interrupted
+    r = cli("ps", "--all", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["result"] == []  # stdout: the envelope
+    assert r.stderr == ("a rollback of agent-1 to s1 was interrupted at step rename; run "
+                        "`linpodx snapshot recover agent-1`\n")
