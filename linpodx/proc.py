@@ -6,14 +6,18 @@ argv lists only (never a shell string), a timeout on every call, and failures ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from linpodx.errors import EngineError
 
 DEFAULT_TIMEOUT = 120.0
+
+# File descriptors lent to every program `run` starts while `lending` is active (see there).
+_lent: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,25 @@ def which(program: str) -> str | None:
     from linpodx.podman.spawn import which as find
 
     return find(program)
+
+
+@contextlib.contextmanager
+def lending(*fds: int) -> Iterator[None]:
+    """Let the programs `run` starts in this block inherit `fds`.
+
+    For a lock held with flock: the lock lives as long as any open copy of its file, so a
+    program that outlives this process (killed with kill -9 while it waits) keeps the lock
+    until it has finished, and the next command that takes the lock cannot act on a container
+    while a stray `podman rename` or `tar` of ours is still changing it. Only for short-lived
+    programs: never around a start, whose conmon would hold the lock for the container's life.
+    """
+    global _lent
+    before = _lent
+    _lent = (*before, *fds)
+    try:
+        yield
+    finally:
+        _lent = before
 
 
 def run(
@@ -63,6 +86,7 @@ def run(
             timeout=timeout,
             env=dict(env) if env is not None else None,
             check=False,
+            pass_fds=_lent,
         )
     except FileNotFoundError as exc:
         raise EngineError(

@@ -100,8 +100,9 @@ def emit(event_type: str, **data: Any) -> None:
 
 
 @contextlib.contextmanager
-def container_lock(name: str, timeout: float = 60.0) -> Iterator[None]:
-    """Serialize snapshot operations (create, rollback, rm) on one container."""
+def container_lock(name: str, timeout: float = 60.0) -> Iterator[int]:
+    """Serialize snapshot operations (create, rollback, rm) on one container; yields the
+    lock's file descriptor (for `proc.lending`)."""
     d = ensure_dir(snapshots_dir() / ".locks")
     fd = os.open(d / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
@@ -117,6 +118,6 @@ def container_lock(name: str, timeout: float = 60.0) -> Iterator[None]:
                         "wait for it to finish (`linpodx snapshot job-status JOB`) and retry",
                     ) from None
                 time.sleep(0.1)
-        yield
+        yield fd
     finally:
         os.close(fd)

@@ -14,25 +14,31 @@ journal whose owner is gone is told apart from a rollback that is still running.
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
 import os
+import re
 import stat
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import ChainBroken, LinpodxError
 from linpodx.fsutil import Staged, atomic_write, fsync_dir
+from linpodx.ids import ULID_RE
 from linpodx.paths import rollback_journal
 from linpodx.snapshot.jobs import proc_start_time
+from linpodx.snapshot.names import LABEL_RE, image_ref
+from linpodx.snapshot.workspace import DIR, FILE
 
 VERSION = 1
 # In the order a rollback takes them; `commit` comes once the new container was checked (the
 # original and the moved-aside copies are then removed, so recovery finishes instead of undoing).
 STEPS = ("extract", "stop", "rename", "swap", "create", "verify", "commit")
 MAX_BYTES = 4 << 20  # a run spec is a few KiB; anything this large is not ours
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -57,11 +63,27 @@ class Journal:
         return None if self.spec is None else base64.b64decode(self.spec, validate=True)
 
     def owned_here(self) -> bool:
-        return self.pid == os.getpid()
+        """Whether this very process wrote it (pid and start time: a pid can be reused)."""
+        return self.pid == os.getpid() and self.pid_start == _own_start()
 
     def owner_alive(self) -> bool:
         """Whether the process that wrote it still runs (same pid and start time)."""
         return self.pid_start is not None and proc_start_time(self.pid) == self.pid_start
+
+
+def _own_start() -> int | None:
+    global _OWN
+    if _OWN is None or _OWN[0] != os.getpid():  # a forked child is another process
+        _OWN = (os.getpid(), proc_start_time(os.getpid()))
+    return _OWN[1]
+
+
+_OWN: tuple[int, int | None] | None = None
+
+
+def owned(j: Journal) -> Journal:
+    """`j`, now owned by this process (recovery takes a dead rollback's journal over)."""
+    return replace(j, pid=os.getpid(), pid_start=_own_start())
 
 
 def path(name: str) -> Path:
@@ -101,7 +123,7 @@ def new(
         spec=None if spec is None else base64.b64encode(spec).decode("ascii"),
         mounts=kept,
         pid=os.getpid(),
-        pid_start=proc_start_time(os.getpid()),
+        pid_start=_own_start(),
     )
 
 
@@ -165,15 +187,48 @@ def read(name: str) -> Journal | None:
         if not isinstance(doc, dict) or doc.get("version") != VERSION:
             raise ValueError("not a version 1 journal")
         j = Journal(**doc)
-        if j.container != name or j.step not in STEPS:
-            raise ValueError("names another container or an unknown step")
-        for m in j.mounts:
-            if set(m) != {"source", "target", "kind", "existed"}:
-                raise ValueError("a mount entry has other fields")
-        j.spec_bytes()
-    except (CanonicalError, TypeError, ValueError) as exc:
+        _check(j, name)
+    except (CanonicalError, TypeError, ValueError, binascii.Error) as exc:
         raise _damaged(p, str(exc)) from None
     return j
+
+
+def _check(j: Journal, name: str) -> None:
+    """Every field what a rollback writes: recovery renames and removes paths named here, so
+    nothing in it may point anywhere a rollback of `name` would not have touched."""
+    def want(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(what)
+
+    want(j.container == name, "names another container")
+    want(isinstance(j.rollback_id, str) and bool(ULID_RE.match(j.rollback_id)),
+         "bad rollback id")
+    want(isinstance(j.label, str) and bool(LABEL_RE.match(j.label)), "bad label")
+    want(j.image == image_ref(name, j.label), "names another image")
+    want(isinstance(j.orig_id, str) and bool(_HEX64.match(j.orig_id)), "bad container id")
+    want(j.aside == aside_name(name, j.rollback_id), "bad aside name")
+    want(isinstance(j.was_running, bool), "bad was_running")
+    want(j.spec is None or isinstance(j.spec, str), "bad spec")
+    want(j.step in STEPS, "unknown step")
+    want(isinstance(j.pid, int) and not isinstance(j.pid, bool) and j.pid > 0, "bad pid")
+    want(j.pid_start is None or (isinstance(j.pid_start, int)
+                                 and not isinstance(j.pid_start, bool)), "bad pid start")
+    want(isinstance(j.mounts, list), "bad mounts")
+    for m in j.mounts:
+        want(isinstance(m, dict) and set(m) == {"source", "target", "kind", "existed"},
+             "a mount entry has other fields")
+        src = m["source"]
+        want(isinstance(src, str) and os.path.isabs(src) and os.path.normpath(src) == src
+             and src != "/", "a mount source is not an absolute, normal path")
+        want(isinstance(m["target"], str), "bad mount target")
+        want(m["kind"] in (DIR, FILE), "bad mount kind")
+        want(isinstance(m["existed"], bool), "bad mount existed flag")
+    j.spec_bytes()
+
+
+def aside_name(name: str, rollback_id: str) -> str:
+    """The name the original container has while a rollback replaces it."""
+    return f"{name}-rollback-{rollback_id[-10:].lower()}"
 
 
 def interrupted_notes() -> list[str]:
@@ -206,8 +261,16 @@ def check_no_interrupted(name: str) -> None:
 
     Cheap when there is no journal (one lstat), so the run paths can afford it.
     """
-    if not os.path.lexists(path(name)):
+    try:
+        os.lstat(rollback_journal(name))
+    except FileNotFoundError:
         return
+    except OSError as exc:
+        # Not "no journal": a state dir we cannot search must not let a command through.
+        raise LinpodxError(
+            f"cannot check for an interrupted rollback of {name}: {exc.strerror}",
+            "check the permissions of linpodx's state directory",
+        ) from None
     j = read(name)
     if j is None or j.owned_here():
         return

@@ -379,8 +379,8 @@ def rollback(name: str, label: str) -> dict[str, Any]:
     """
     check_container_name(name)
     check_label(label)
-    with container_lock(name):
-        recovered = _recover_locked(name)
+    with container_lock(name) as lock_fd:
+        recovered = _recover_locked(name, lock_fd)
         man = _verify_snapshot(name, label)
         info = require_managed(name)
         if (info.get("HostConfig") or {}).get("AutoRemove"):
@@ -402,7 +402,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
         ops.check_recreatable(name, orig_labels.get("linpodx.profile_id", ""))
         was_running = bool((info.get("State") or {}).get("Running"))
         rb_id = new_ulid()
-        aside = f"{name}-rollback-{rb_id[-10:].lower()}"
+        aside = journal.aside_name(name, rb_id)
         spec = ops.save_spec(name)
         jour = journal.new(
             rollback_id=rb_id, container=name, label=label, image=str(man["image"]),
@@ -441,8 +441,14 @@ def rollback(name: str, label: str) -> dict[str, Any]:
              rollback_id=rb_id)
         sdir = snapshot_dir(name, label)
         restores: list[workspace.Restore] = []
-        state: dict[str, Any] = {"stopped": False, "renamed": False, "created": None,
-                                 "spec": spec}
+
+        def holding() -> contextlib.AbstractContextManager[None]:
+            # The short-lived programs of the steps below hold the container's lock with us:
+            # one still running after a kill -9 keeps the next command's recovery waiting
+            # until it is done, instead of racing it (`proc.lending`). Not the create step:
+            # its conmon lives as long as the new container.
+            return proc.lending(lock_fd)
+
         step = "extract"
 
         def at(next_step: str) -> str:
@@ -456,24 +462,25 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             for entry in man["mounts"]:
                 r = workspace.Restore(entry, rb_id)
                 restores.append(r)
-                r.extract(sdir / str(entry["file"]))
+                with holding():
+                    r.extract(sdir / str(entry["file"]))
             # Each fault point sits AFTER its step changed something, so tests prove the undo.
             faults.fail_point(step)
             step = at("stop")
             if was_running:
-                ops.stop(name)
-                state["stopped"] = True
+                with holding():
+                    ops.stop(name)
             faults.fail_point(step)
             step = at("rename")
-            proc.run(["podman", "rename", orig_id, aside], what="podman rename")
-            state["renamed"] = True
+            with holding():
+                proc.run(["podman", "rename", orig_id, aside], what="podman rename")
             faults.fail_point(step)
             step = at("swap")
             for r in restores:
                 r.swap()
             faults.fail_point(step)
             step = at("create")
-            state["created"] = ops.create_from(
+            ops.create_from(
                 name, str(man["image"]), orig_labels.get("linpodx.profile_id", ""),
                 start=was_running,
             )
@@ -490,16 +497,22 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 raise EngineError("the new container is not running")
             faults.fail_point(step)
             # Removing the original cannot be undone: recorded first (a failed record undoes).
-            audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
-                                               "container_id": str(new_info["Id"]),
-                                               "previous_id": orig_id})
-            step = at("commit")
+            # The journal that says so is staged before the record and renamed in after it,
+            # so a kill between the two finds the journal still at `verify` only if the record
+            # is not there either.
+            committing = journal.stage(replace(jour, step="commit"))
+            try:
+                audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
+                                                   "container_id": str(new_info["Id"]),
+                                                   "previous_id": orig_id})
+            except BaseException:
+                committing.discard()
+                raise
         except BaseException as exc:  # Ctrl-C too: the original must come back either way
             _audit_quietly("snapshot.rollback.undo", {"rollback_id": rb_id, "container": name,
                                                       "step": step, "reason": _reason(exc)})
-            problems = _undo(name, orig_id, aside, was_running, restores, state)
-            if not problems:
-                journal.clear(name)
+            notes: list[str] = []
+            problems = _undo_journal(jour, notes, lock_fd)
             if not isinstance(exc, (Exception, KeyboardInterrupt)):
                 raise
             reason = _reason(exc)
@@ -508,7 +521,8 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             if not problems:
                 raise LinpodxError(
                     f"rollback of {name} to {label} failed at step {step}: {reason}; the "
-                    "original container and workspace were put back as they were",
+                    "original container and workspace were put back as they were"
+                    + "".join(f"; {n}" for n in notes),
                     "fix the cause and roll back again",
                     exit_code=(
                         exc.exit_code if isinstance(exc, LinpodxError)
@@ -524,11 +538,16 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 f"moved-aside workspace copies end in .linpodx-before-{rb_id})",
                 details={"step": step, "restored": False, "problems": problems},
             ) from None
+        # Recorded as committed: from here on this rollback finishes. If the journal cannot say
+        # so, it still says `verify`, which only matters if this process dies before the end.
+        with contextlib.suppress(OSError):
+            committing.commit()
         faults.fail_point("commit")
         # Committed: the old container and the moved-aside workspace copies go.
         leftovers = []
-        res = proc.run(["podman", "rm", "--force", "--time", "0", orig_id], check=False,
-                       what="podman rm")
+        with holding():
+            res = proc.run(["podman", "rm", "--force", "--time", "0", orig_id], check=False,
+                           what="podman rm")
         if res.returncode != 0:
             leftovers.append(f"old container {aside}")
         for r in restores:
@@ -587,14 +606,14 @@ def recover(name: str) -> dict[str, Any]:
     """`linpodx snapshot recover NAME`: undo (or, once committed, finish) a rollback of NAME
     that was interrupted, from its journal. Nothing to do is not an error."""
     check_container_name(name)
-    with container_lock(name):
-        done = _recover_locked(name)
+    with container_lock(name) as lock_fd:
+        done = _recover_locked(name, lock_fd)
     if done is None:
         return {"recovered": False, "container": name}
     return {"recovered": True, "container": name, **done}
 
 
-def _recover_locked(name: str) -> dict[str, Any] | None:
+def _recover_locked(name: str, lock_fd: int) -> dict[str, Any] | None:
     """Recover NAME's interrupted rollback, if its journal says there is one (the caller holds
     the container's snapshot lock, so its owner cannot still be at work on it)."""
     jour = journal.read(name)
@@ -613,10 +632,14 @@ def _recover_locked(name: str) -> dict[str, Any] | None:
          "step": jour.step, "action": action},
     )
     # Taken over: the containers service now lets this process act on the container.
-    jour = replace(jour, pid=os.getpid(), pid_start=jobs.proc_start_time(os.getpid()))
+    jour = journal.owned(jour)
     journal.write(jour)
     notes: list[str] = []
-    problems = _finish_journal(jour) if finishing else _undo_journal(jour, notes)
+    if finishing:
+        with proc.lending(lock_fd):  # as in `rollback`: a kill here leaves no podman racing
+            problems = _finish_journal(jour)
+    else:
+        problems = _undo_journal(jour, notes, lock_fd)
     emit("snapshot.rollback", container=name, label=jour.label, rollback_id=jour.rollback_id,
          status="recovered" if not problems else "recovery failed", action=action)
     if problems:
@@ -660,48 +683,60 @@ def _inspect_or_none(ref: str) -> dict[str, Any] | None:
         return None
 
 
-def _undo_journal(jour: journal.Journal, notes: list[str]) -> list[str]:
+def _remove_if_made_by(jour: journal.Journal) -> list[str]:
+    """Remove the container under NAME if the rollback made it: a linpodx container from the
+    snapshot's image that is not the original. Anything else under NAME is left alone."""
+    name = jour.container
+    new = _inspect_or_none(name)
+    if new is None or str(new["Id"]) == jour.orig_id:
+        return []
+    if not (labels_of(new).get("linpodx.managed") == "1"
+            and str(new.get("ImageName", "")) == jour.image):
+        return [f"a container named {name} that the rollback did not create is in the way"]
+    try:
+        ops.remove_new(name, str(new["Id"]))
+    except LinpodxError as exc:
+        return [f"could not remove the new container: {exc.message}"]
+    return []
+
+
+def _undo_journal(jour: journal.Journal, notes: list[str], lock_fd: int) -> list[str]:
     """Put the original container and workspace back from what is really there (the journal's
-    step says how far the rollback may have got, not how far it did)."""
+    step says how far the rollback may have got, not how far it did); clear the journal once
+    nothing is half done. For a failed rollback (in-process) and a killed one (recovery) alike.
+    Returns the problems that stop it; `notes` gets what is worth saying but is not one."""
     name = jour.container
     reached = journal.STEPS.index(jour.step)
     problems: list[str] = []
-    if reached >= journal.STEPS.index("create"):
-        new = _inspect_or_none(name)
-        if new is not None and str(new["Id"]) != jour.orig_id:
-            # Only what the rollback made: a linpodx container from the snapshot's image.
-            if (labels_of(new).get("linpodx.managed") == "1"
-                    and str(new.get("ImageName", "")) == jour.image):
-                try:
-                    ops.remove_new(name, str(new["Id"]))
-                except LinpodxError as exc:
-                    problems.append(f"could not remove the new container: {exc.message}")
+    with proc.lending(lock_fd):  # short-lived programs only, as in `rollback`
+        if reached >= journal.STEPS.index("create"):
+            problems += _remove_if_made_by(jour)
+            ops.detach_guard(name)  # a guard made ready for the new container, if any
+        try:
+            ops.restore_spec(name, jour.spec_bytes())
+        except OSError as exc:
+            problems.append(f"could not restore the run spec: {exc}")
+        swap_started = reached >= journal.STEPS.index("swap")
+        for m in reversed(jour.mounts):
+            problems += workspace.undo_interrupted(
+                Path(m["source"]), jour.rollback_id, existed=bool(m["existed"]),
+                swap_started=swap_started,
+            )
+        orig = _inspect_or_none(jour.orig_id)
+        if orig is None:
+            # Removed outside linpodx meanwhile: with its workspace back, nothing is half done.
+            notes.append(f"the original container ({jour.orig_id[:12]}) was removed outside "
+                         f"linpodx, so there is no {name} any more")
+        elif str(orig.get("Name", "")).lstrip("/") != name:
+            if _inspect_or_none(name) is not None:
+                problems.append(f"cannot rename {jour.aside} back: a container named {name} "
+                                "exists")
             else:
-                problems.append(f"a container named {name} that the rollback did not create "
-                                "is in the way")
-        ops.detach_guard(name)  # a guard made ready for the new container, if it got that far
-    try:
-        ops.restore_spec(name, jour.spec_bytes())
-    except OSError as exc:
-        problems.append(f"could not restore the run spec: {exc}")
-    swap_started = reached >= journal.STEPS.index("swap")
-    for m in reversed(jour.mounts):
-        problems += workspace.undo_interrupted(
-            Path(m["source"]), jour.rollback_id, existed=bool(m["existed"]),
-            swap_started=swap_started,
-        )
-    orig = _inspect_or_none(jour.orig_id)
-    if orig is None:
-        problems.append(f"the original container ({jour.orig_id[:12]}) no longer exists")
-    elif str(orig.get("Name", "")).lstrip("/") != name:
-        if _inspect_or_none(name) is not None:
-            problems.append(f"cannot rename {jour.aside} back: a container named {name} exists")
-        else:
-            res = proc.run(["podman", "rename", jour.orig_id, name], check=False,
-                           what="podman rename")
-            if res.returncode != 0:
-                problems.append(f"could not rename {jour.aside} back to {name}: "
-                                f"{res.stderr.strip()}")
+                res = proc.run(["podman", "rename", jour.orig_id, name], check=False,
+                               what="podman rename")
+                if res.returncode != 0:
+                    problems.append(f"could not rename {jour.aside} back to {name}: "
+                                    f"{res.stderr.strip()}")
     if problems:
         return problems
     # The original is back in place: from here on nothing is half done.
@@ -710,44 +745,8 @@ def _undo_journal(jour: journal.Journal, notes: list[str]) -> list[str]:
         now = _inspect_or_none(name)
         if now is not None and not (now.get("State") or {}).get("Running"):
             try:
-                ops.start(name)
+                ops.start(name)  # not lending: its conmon lives as long as the container
             except LinpodxError as exc:
                 notes.append(f"{name} is back but could not be started again: {exc.message}; "
                              f"start it with `linpodx start {name}`")
     return problems
-
-
-def _undo(
-    name: str,
-    orig_id: str,
-    aside: str,
-    was_running: bool,
-    restores: list[workspace.Restore],
-    state: dict[str, Any],
-) -> list[str]:
-    """Put the original container and workspace back; returns what could not be undone."""
-    problems: list[str] = []
-    # A new container under NAME (whether or not create_from returned) is not the original.
-    with contextlib.suppress(LinpodxError):
-        info = inspect_container(name)
-        if str(info["Id"]) != orig_id:
-            try:
-                ops.remove_new(name, str(info["Id"]))
-            except LinpodxError as exc:
-                problems.append(f"could not remove the new container: {exc.message}")
-    try:
-        ops.restore_spec(name, state["spec"])
-    except OSError as exc:
-        problems.append(f"could not restore the run spec: {exc}")
-    problems.extend(workspace.rollback_all(restores))
-    if state["renamed"]:
-        res = proc.run(["podman", "rename", orig_id, name], check=False, what="podman rename")
-        if res.returncode != 0:
-            problems.append(f"could not rename {aside} back to {name}: {res.stderr.strip()}")
-    if state["stopped"] and was_running and not problems:
-        try:
-            ops.start(name)
-        except LinpodxError as exc:
-            problems.append(f"could not start the original container again: {exc.message}")
-    return problems
-

@@ -22,7 +22,7 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
-from linpodx.snapshot import faults, freeze, jobs, manifest, workspace
+from linpodx.snapshot import faults, freeze, jobs, journal, manifest, workspace
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     container_lock,
@@ -82,6 +82,8 @@ def run_create(job_id: str) -> int:
     try:
         with container_lock(job.container, timeout=600):
             run.step("inspect")
+            # A rollback may have been killed while this job waited for the lock.
+            journal.check_no_interrupted(job.container)
             info = require_managed(job.container)
             mounts = workspace.writable_mounts(info)
             labels = labels_of(info)

@@ -7,16 +7,16 @@ container's sub-uids keep their owners both ways.
 
 Restoring never writes into the live directory: the archive is extracted into a staging
 directory next to the mount source, and `swap` renames the live directory aside and the staging
-one into place (two renames in the same directory). `unswap` puts the original back.
+one into place (two renames in the same directory). `undo_interrupted` puts the original back,
+from whatever state on disk a failure or a kill left.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,12 +143,12 @@ def check_restorable(entry: Mapping[str, Any]) -> None:
 
 @dataclass
 class Restore:
-    """One mount's restore in progress: staging extracted, maybe swapped."""
+    """One mount's restore in progress: staging extracted, maybe swapped. Undoing it is
+    `undo_interrupted`'s job, which goes by what is on disk, not by what this object saw (an
+    interrupt can land between the two renames of `swap`)."""
 
     entry: Mapping[str, Any]
     rb_id: str
-    swapped: bool = False
-    had_original: bool = False
 
     @property
     def source(self) -> Path:
@@ -180,31 +180,18 @@ class Restore:
 
     def swap(self) -> None:
         """Move the live source aside and the restored content into its place."""
-        self.had_original = self.source.exists() or self.source.is_symlink()
-        if self.had_original:
+        had_original = os.path.lexists(self.source)
+        if had_original:
             os.rename(self.source, self.aside)
         try:
             os.rename(self._new_item(), self.source)
         except OSError:
-            if self.had_original:
+            if had_original:
                 os.rename(self.aside, self.source)
             raise
-        self.swapped = True
-
-    def unswap(self) -> None:
-        """Put the original back where it was (the restored copy goes back to staging)."""
-        if not self.swapped:
-            return
-        if self.entry["kind"] == DIR:
-            os.rename(self.source, self.staging)
-        else:
-            os.rename(self.source, self.staging / self.source.name)
-        if self.had_original:
-            os.rename(self.aside, self.source)
-        self.swapped = False
 
     def cleanup(self) -> None:
-        """Remove the staging dir and the moved-aside original (after success or undo)."""
+        """Remove the staging dir and the moved-aside original (after success)."""
         for p in (self.staging, self.aside):
             remove_tree(p)
 
@@ -268,20 +255,3 @@ def remove_tree(path: Path) -> None:
         if os.geteuid() == 0:
             raise
     proc.run(["podman", "unshare", "rm", "-rf", "--", str(path)], what="removing " + str(path))
-
-
-def rollback_all(restores: Sequence[Restore]) -> list[str]:
-    """Undo every swap (last first); returns problems that could not be undone."""
-    problems = []
-    for r in reversed(restores):
-        try:
-            r.unswap()
-        except OSError as exc:
-            problems.append(
-                f"{r.entry['target']}: could not move {r.aside} back to {r.source}: {exc}"
-            )
-    for r in restores:
-        if not r.swapped:
-            with contextlib.suppress(OSError, EngineError):
-                remove_tree(r.staging)
-    return problems

@@ -207,3 +207,45 @@ def test_cli_loads_only_the_module_of_the_command() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['linpodx.cli.containers']"
+
+
+def test_proc_lending_lets_children_inherit_a_lock_and_only_inside_the_block(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A program started while the fd is lent holds the flock even after this process let go
+    of it (what keeps a stray `podman rename` of a killed rollback from racing recovery)."""
+    import fcntl
+    import os
+
+    from linpodx import proc
+
+    lock = tmp_path / "lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    outside = proc.run(["ls", "/proc/self/fd"]).stdout.split()
+    with proc.lending(fd):
+        inside = proc.run(["ls", "/proc/self/fd"]).stdout.split()
+        # A program that outlives the call (as one outlives a killed linpodx): it holds the
+        # lock after our own fd is closed, until it ends.
+        proc.run(["sh", "-c", "sleep 2 </dev/null >/dev/null 2>&1 &"])
+    after = proc.run(["ls", "/proc/self/fd"]).stdout.split()
+    assert str(fd) in inside and str(fd) not in outside and str(fd) not in after
+    os.close(fd)
+    probe = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = False
+        except BlockingIOError:
+            held = True
+        assert held
+        import time
+
+        deadline = time.monotonic() + 30
+        while True:  # free once that program has ended
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        os.close(probe)

@@ -14,15 +14,18 @@ import pytest
 
 from linpodx import paths
 from linpodx.errors import ChainBroken, LinpodxError
+from linpodx.ids import new_ulid
 from linpodx.snapshot import jobs, journal, workspace
+from linpodx.snapshot.names import image_ref
 
-RB = "01JTESTROLLBACK0000000000A"
+RB = new_ulid()
 
 
 def _journal(name: str = "agent-1", **kw: object) -> journal.Journal:
     j = journal.new(
-        rollback_id=RB, container=name, label="s1", image="localhost/linpodx/snapshot/x:s1",
-        orig_id="a" * 64, aside=f"{name}-rollback-x", was_running=True, spec=b'{"v":1}\n',
+        rollback_id=RB, container=name, label="s1", image=image_ref(name, "s1"),
+        orig_id="a" * 64, aside=journal.aside_name(name, RB), was_running=True,
+        spec=b'{"v":1}\n',
         mounts=[{"source": "/nonexistent/ws", "target": "/ws", "kind": "dir"}],
     )
     return replace(j, **kw)  # type: ignore[arg-type]
@@ -241,3 +244,55 @@ def test_ps_names_containers_whose_rollback_was_interrupted(  # type: ignore[no-
     assert r.exit_code == 0 and json.loads(r.stdout)["result"] == []  # stdout: the envelope
     assert r.stderr == ("a rollback of agent-1 to s1 was interrupted at step rename; run "
                         "`linpodx snapshot recover agent-1`\n")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rollback_id", "../../x"),
+        ("orig_id", "abc"),
+        ("aside", "someone-else"),
+        ("image", "docker.io/evil:1"),
+        ("label", "-bad"),
+        ("was_running", 1),
+        ("pid", True),
+        ("pid", -1),
+        ("spec", "not base64!"),
+        ("mounts", [["source", "target", "kind", "existed"]]),
+        ("mounts", [{"source": 1, "target": "/ws", "kind": "dir", "existed": True}]),
+        ("mounts", [{"source": "rel/ws", "target": "/ws", "kind": "dir", "existed": True}]),
+        ("mounts", [{"source": "/a/../b", "target": "/ws", "kind": "dir", "existed": True}]),
+        ("mounts", [{"source": "/", "target": "/ws", "kind": "dir", "existed": True}]),
+        ("mounts", [{"source": "/ws", "target": "/ws", "kind": "fifo", "existed": True}]),
+        ("mounts", [{"source": "/ws", "target": "/ws", "kind": "dir", "existed": "no"}]),
+    ],
+)
+def test_journal_fields_are_checked_before_recovery_trusts_them(
+    isolated_state: Path, field: str, value: object
+) -> None:
+    """Recovery renames and removes the paths a journal names: a field a rollback would not
+    have written is damage (exit 7), never a TypeError or a path outside the mount's parent."""
+    journal.write(replace(_journal(), **{field: value}))  # type: ignore[arg-type]
+    with pytest.raises(ChainBroken):
+        journal.read("agent-1")
+
+
+def test_a_reused_pid_does_not_make_a_journal_ours(isolated_state: Path) -> None:
+    journal.write(_journal(pid=os.getpid(), pid_start=12345))
+    with pytest.raises(LinpodxError, match="was interrupted"):
+        journal.check_no_interrupted("agent-1")
+
+
+def test_a_state_dir_that_cannot_be_searched_is_not_no_journal(
+    isolated_state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.lstat
+
+    def denied(p: object, *a: object, **kw: object) -> os.stat_result:
+        if str(p).endswith("/.rollbacks/agent-1.json"):
+            raise PermissionError(13, "Permission denied")
+        return real(p, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "lstat", denied)
+    with pytest.raises(LinpodxError, match="cannot check for an interrupted rollback"):
+        journal.check_no_interrupted("agent-1")

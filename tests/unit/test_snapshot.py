@@ -237,9 +237,9 @@ def test_cli_list_empty(cli) -> None:  # type: ignore[no-untyped-def]
     assert json.loads(r.stdout)["result"] == []
 
 
-def test_restore_swap_and_unswap_on_plain_dirs(tmp_path: Path) -> None:
-    # Pure filesystem part of the restore (no tar): swap puts the staged copy in place, unswap
-    # puts the original back, byte for byte.
+def test_restore_swap_and_undo_on_plain_dirs(tmp_path: Path) -> None:
+    # Pure filesystem part of the restore (no tar): swap puts the staged copy in place, the undo
+    # puts the original back, byte for byte, and leaves no copies.
     src = tmp_path / "ws"
     src.mkdir()
     (src / "f").write_text("live")
@@ -249,11 +249,9 @@ def test_restore_swap_and_unswap_on_plain_dirs(tmp_path: Path) -> None:
     workspace.check_restorable(r.entry)
     r.swap()
     assert (src / "f").read_text() == "snap" and (r.aside / "f").read_text() == "live"
-    r.unswap()
+    assert workspace.undo_interrupted(src, "RB1", existed=True, swap_started=True) == []
     assert (src / "f").read_text() == "live"
-    assert not r.aside.exists() and (r.staging / "f").read_text() == "snap"
-    r.cleanup()
-    assert not r.staging.exists()
+    assert [p.name for p in tmp_path.iterdir() if ".linpodx-" in p.name] == []
 
 
 def test_check_restorable_refuses_kind_change(tmp_path: Path) -> None:
