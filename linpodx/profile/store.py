@@ -48,7 +48,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -130,16 +130,34 @@ class StoredProfile:
     """The file it was applied from (as an absolute path)."""
     current: bool = True
     """False for an older revision, or one of a removed profile."""
+    removing: bool = False
+    """True while a `sandbox rm` of it that was interrupted awaits settling: `list` shows it,
+    `get` and every run refuse it (module doc)."""
+
+    @property
+    def state(self) -> str:
+        """`applied`, or `removing` (see `removing`)."""
+        return "removing" if self.removing else "applied"
 
     def summary(self) -> dict[str, Any]:
-        """The fields `sandbox list` shows."""
+        """The fields `sandbox list` shows; `hint` says how to settle a profile not `applied`."""
         return {
             "name": self.name,
             "revision": self.revision,
             "profile_id": self.profile_id,
             "applied_at": self.applied_at,
             "audit_hash": self.audit_hash,
+            "state": self.state,
+            "hint": interrupted_rm_hint(self.name) if self.removing else None,
         }
+
+
+def interrupted_rm_hint(name: str) -> str:
+    """What to do about a profile whose `sandbox rm` was interrupted (pointer marked)."""
+    return (
+        f"run `linpodx sandbox rm {name}` to finish it, or `linpodx sandbox apply` to keep "
+        "the profile"
+    )
 
 
 def digest_of(profile: Profile) -> str:
@@ -687,10 +705,14 @@ def get(name: str) -> StoredProfile:
         # Maybe removed (its record written), maybe not: used by nobody until settled.
         raise LinpodxError(
             f"profile {name}: a `sandbox rm` of it was interrupted",
-            f"run `linpodx sandbox rm {name}` to finish it, or `linpodx sandbox apply` to keep "
-            "the profile",
+            interrupted_rm_hint(name),
             exit_code=EXIT_TAMPERED,
         )
+    return _current_of(name, pointer)
+
+
+def _current_of(name: str, pointer: dict[str, Any] | None) -> StoredProfile:
+    """The revision `pointer` (checked by `_pointer`) names as current; NotFound if none."""
     current = pointer.get("current") if pointer else None
     if not isinstance(current, str):
         raise NotFound(f"profile not found: {safe_text(name, 80)}", APPLY_HINT)
@@ -699,7 +721,10 @@ def get(name: str) -> StoredProfile:
         raise _damaged_pointer(
             _pointer_path(name), f"it points at revision {current}, which is missing from the store"
         )
-    return _stored_from(doc, _revisions_dir() / f"{current}.json", True)
+    stored = _stored_from(doc, _revisions_dir() / f"{current}.json", True)
+    if pointer is not None and "removing" in pointer:
+        return replace(stored, removing=True)
+    return stored
 
 
 def get_by_id(profile_id: str) -> StoredProfile:
@@ -717,7 +742,9 @@ def get_by_id(profile_id: str) -> StoredProfile:
 
 
 def list_profiles() -> list[StoredProfile]:
-    """The current revision of every applied (not removed) profile, by name."""
+    """The current revision of every applied (not removed) profile, by name. One whose
+    `sandbox rm` was interrupted is listed too, with `removing` set: `get` refuses it, but
+    it is neither gone nor to be hidden until the next `rm` or `apply` settles it."""
     base = _names_dir()
     if not base.is_dir():
         return []
@@ -725,7 +752,7 @@ def list_profiles() -> list[StoredProfile]:
     for entry in sorted(base.glob("*.json")):
         name = entry.name[: -len(".json")]
         with contextlib.suppress(NotFound):
-            out.append(get(name))
+            out.append(_current_of(name, _pointer(name)))
     return out
 
 
