@@ -6,8 +6,8 @@ dataclasses, pathlib, subprocess, …). Most of podman's 0.3 s is spent waiting 
 the storage), so the work linpodx must do before podman starts is kept to what cannot wait,
 and everything else happens while podman runs:
 
-before podman starts (standard library's cheapest modules plus `runplan`, `runline`,
-`audit.core`, `spawn`, `paths`, `errors`; checked by tests/unit/test_fastrun.py):
+before podman starts (standard library's cheapest modules plus `runplan`, `profile.pointer`,
+`runline`, `audit.core`, `spawn`, `paths`, `errors`; checked by tests/unit/test_fastrun.py):
   1. the stored plan of the profile's current revision (`linpodx.runplan`: the podman flags
      the full path built for it on this host, used only if everything they came from is
      unchanged);

@@ -8,7 +8,10 @@ builds those flags (`sandbox apply`, a full `run`), it also writes them here, an
 same now:
 
 - the profile's current revision (the pointer names it) is the plan's, and the revision file
-  holds exactly the bytes it held (sha256);
+  holds exactly the bytes it held (sha256); the pointer and that revision pass the store's own
+  checks (`linpodx.profile.pointer`: the same reads and the same rule as `store.get`, so a
+  pointer the full path refuses is never run here), and the plan's revision number and audit
+  hash are the revision file's;
 - linpodx's code that makes the flags is byte for byte the same (`code_digest`: the argv
   builder, the profile model, loader and schema, and this module);
 - the host facts the flags depend on are the same (`probe.host_facts`: root or rootless, hard
@@ -34,6 +37,7 @@ from linpodx import paths
 from linpodx.digest import sha256
 from linpodx.ids import is_id
 from linpodx.podman import probe
+from linpodx.profile import pointer
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
@@ -85,12 +89,39 @@ def plan_file(profile_id: str) -> str:
 
 
 def _read(path: str, limit: int) -> bytes | None:
+    """The regular file at `path` if it holds at most `limit` bytes, else None. Read as the
+    store reads its files (`pointer.read_regular`): a FIFO must not hang a run, a link is not
+    a file linpodx wrote."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError:
+        data = pointer.read_regular(path, limit)
+    except (OSError, pointer.NotRegularFile):
         return None
-    return data if len(data) <= limit else None
+    return data if data is not None and len(data) <= limit else None
+
+
+def _current(name: str) -> tuple[str, bytes, dict[str, Any]] | None:
+    """(id, bytes, document) of the current revision of NAME, if the store's own read of its pointer
+    (`store.get`) would give it; None if that read would refuse it or there is any doubt (the
+    full path then runs and says what is wrong). The same rule (`pointer.problem`) and the
+    same reads, so the two cannot drift apart."""
+    doc = pointer.parse_object(
+        _read(os.path.join(paths.profiles_root(), "names", f"{name}.json"), pointer.MAX_BYTES)
+        or b""
+    )
+    if doc is None or "removing" in doc:
+        return None  # (a `removing` mark: an interrupted `sandbox rm`; `store.get` refuses it)
+    current = doc.get("current")
+    if not isinstance(current, str) or not is_id(current, "prof"):
+        return None
+    raw = _read(revision_file(current), pointer.MAX_BYTES)
+    revision = pointer.parse_object(raw or b"")
+
+    def load_revision(profile_id: str) -> dict[str, Any] | None:
+        return revision if profile_id == current else None
+
+    if raw is None or revision is None or pointer.problem(name, doc, load_revision) is not None:
+        return None
+    return current, raw, revision
 
 
 def run_record(
@@ -134,7 +165,7 @@ def save(
 ) -> None:
     """Store the flags of a revision as built on this host just now (best effort: a plan that
     cannot be written only means the next run takes the full path)."""
-    raw = _read(revision_file(profile_id), MAX_PLAN_BYTES * 4)
+    raw = _read(revision_file(profile_id), pointer.MAX_BYTES)
     if raw is None:
         return
     doc = {
@@ -178,16 +209,13 @@ def load(name: str) -> dict[str, Any] | None:
     if not name or len(name) > 63 or name[0] in "._-" or not _NAME_CHARS.issuperset(name):
         return None
     try:
-        pointer_file = os.path.join(paths.profiles_root(), "names", f"{name}.json")
-        pointer = json.loads(_read(pointer_file, 65536) or b"")
-        current = pointer["current"]
-        if not isinstance(current, str) or not is_id(current, "prof") or "removing" in pointer:
-            return None  # (an interrupted `sandbox rm`: the full path refuses the profile)
+        found = _current(name)
+        if found is None:
+            return None
+        current, raw, revision_doc = found
         plan = json.loads(_read(plan_file(current), MAX_PLAN_BYTES) or b"")
-        raw = _read(revision_file(current), MAX_PLAN_BYTES * 4)
         if (
-            raw is None
-            or type(plan) is not dict
+            type(plan) is not dict
             or plan.get("format") != FORMAT
             or plan.get("profile") != name
             or plan.get("profile_id") != current
@@ -199,6 +227,7 @@ def load(name: str) -> dict[str, Any] | None:
         ):
             return None
         flags, revision, audit_hash = plan["flags"], plan["revision"], plan["audit_hash"]
+        doc_revision, doc_audit_hash = revision_doc["revision"], revision_doc["audit_hash"]
         mounts = plan["mounts"]
         if (
             type(flags) is not list
@@ -210,6 +239,9 @@ def load(name: str) -> dict[str, Any] | None:
             )
             or type(revision) is not int
             or type(audit_hash) is not str
+            # What the container.run record will say: the revision file's own values.
+            or revision != doc_revision
+            or audit_hash != doc_audit_hash
         ):
             return None
     except (ValueError, TypeError, KeyError, OSError):

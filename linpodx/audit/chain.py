@@ -803,7 +803,7 @@ class Chain:
         if not _TYPE_RE.fullmatch(type):
             raise AuditError(
                 f"could not record to the audit log: invalid event type {type!r}",
-                "event types are dotted lower-case names such as profile.apply",
+                core.HINT_EVENT_TYPE,
             )
         fd = core.open_locked(str(self.path))
         try:

@@ -39,6 +39,22 @@ HINT_WRITE = (
     "nothing was done because it could not be recorded"
 )
 HINT_VERIFY = "run `linpodx audit verify` to see what is wrong with the log"
+_NOT_DONE = "what could not be recorded was not done"
+_FULL_ARGUMENTS = (
+    "if this was an MCP tool call under a profile with `mcp.record_arguments: true`, its "
+    "arguments are recorded in full and {why}: set record_arguments to false (their sha256 is "
+    "still recorded), apply the profile and start the container again; otherwise this is a bug "
+    "in linpodx, please report it; " + _NOT_DONE
+)
+HINT_UNCANONICAL = _FULL_ARGUMENTS.format(why="floats have no canonical form")
+"""For a record whose data has no canonical form (a float, say)."""
+HINT_TOO_LARGE = _FULL_ARGUMENTS.format(why=f"a record is at most {MAX_LINE} bytes")
+"""For a record longer than MAX_LINE."""
+HINT_EVENT_TYPE = (
+    "this is a bug in linpodx (event types are dotted lower-case names such as mcp.request), "
+    "please report it; " + _NOT_DONE
+)
+"""For an event type that is not a dotted lower-case name (always linpodx's own constant)."""
 
 Fields = tuple[int, str, str, str, str, "Any", "str | None"]
 """(seq, ts, type, prev, hash, data, log_id) of one record: `chain.Record`'s fields in order."""
@@ -257,7 +273,7 @@ def build_line(
     except (CanonicalError, RecursionError) as exc:
         raise AuditError(
             f"could not record to the audit log: the event data cannot be recorded: {exc}",
-            "this is a bug in linpodx: event data must be canonical JSON (no floats)",
+            HINT_UNCANONICAL,
         ) from None
     head, after = encode_record(seq, ts, typ, prev, data_bytes, log_id)
     h = sha256(DOMAIN + head + after).hexdigest()
@@ -265,7 +281,7 @@ def build_line(
     if len(line) > MAX_LINE:
         raise AuditError(
             f"could not record to the audit log: record larger than {MAX_LINE} bytes",
-            "this is a bug in linpodx: record a digest of large data instead",
+            HINT_TOO_LARGE,
         )
     return h, ts, line + b"\n", stored
 

@@ -82,11 +82,14 @@ class ChainCheck:
     """What was checked against what, and what could not be (for people)."""
     session_id: str | None = None
     profile_id: str | None = None
+    unreadable: str | None = None
+    """Why the log could not be read at all (then nothing in it was verified; `report.reason`
+    repeats it and `report.hint` says what to do); None when it was read."""
 
     @property
     def ok(self) -> bool:
         """True when the file verifies and no cross-anchor failed."""
-        return self.report.ok and not self.problems
+        return self.report.ok and not self.problems and self.unreadable is None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for `--json`."""
@@ -97,6 +100,9 @@ class ChainCheck:
             profile_id=self.profile_id,
             problems=list(self.problems),
             notes=list(self.notes),
+            unreadable=None
+            if self.unreadable is None
+            else {"message": self.unreadable, "hint": self.report.hint},
         )
         return d
 
@@ -413,11 +419,46 @@ def session_ids() -> list[str]:
 
 
 def verify_all(anchors: Mapping[int, str] | None = None) -> tuple[ChainCheck, list[ChainCheck]]:
-    """The admin chain (with `anchors`) and every session log against it."""
+    """The admin chain (with `anchors`) and every session log against it. A session log that
+    cannot be read (permissions, an I/O error, gone since it was listed) is reported as such
+    (`ChainCheck.unreadable`) and the others are verified all the same."""
     admin = verify_admin(anchors)
     scan = _admin_scan()
-    sessions = [verify_session(sid, admin_scan=scan) for sid in session_ids()]
+    sessions = []
+    for sid in session_ids():
+        try:
+            sessions.append(verify_session(sid, admin_scan=scan))
+        except ChainBroken as exc:  # gone since listed, though the admin chain opened it
+            sessions.append(_failed(sid, exc, first_bad_seq=0))
+        except LinpodxError as exc:  # AuditError (could not read it), NotFound (gone)
+            sessions.append(_failed(sid, exc, first_bad_seq=None))
     return admin, sessions
+
+
+def _failed(session_id: str, exc: LinpodxError, *, first_bad_seq: int | None) -> ChainCheck:
+    """The verdict on a session log that could not be verified at all: damage (`first_bad_seq`
+    0) or unreadable (None)."""
+    try:
+        path = str(session_path(session_id))
+    except AuditError:
+        path = ""
+    report = VerifyReport(
+        ok=False,
+        events=0,
+        head=ZERO_HASH,
+        tail=ZERO_HASH,
+        first_bad_seq=first_bad_seq,
+        reason=exc.message,
+        torn_tail=False,
+        log_id=None,
+        path=path,
+        hint=exc.hint
+        if first_bad_seq is not None
+        else f"{exc.hint or 'check the file'}; then verify it alone with "
+        f"`linpodx audit verify --session {session_id}` (the other logs were verified)",
+    )
+    unreadable = None if first_bad_seq is not None else exc.message
+    return ChainCheck(report=report, session_id=session_id, unreadable=unreadable)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from linpodx.audit.verify import (
 )
 from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import AuditError, ChainBroken, NotFound, UsageError
-from linpodx.output import kv_line, safe_text
+from linpodx.output import kv_line, print_error, safe_text
 
 app = new_app("Verify, show and seal the hash-chained audit logs.")
 
@@ -85,21 +85,31 @@ AllOpt = Annotated[
 
 def _verify_all(anchors: dict[int, str], json_mode: bool) -> dict[str, Any]:
     admin, sessions = verify_all(anchors)
-    broken = [c for c in sessions if not c.ok]
+    unreadable = [c for c in sessions if c.unreadable is not None]
+    broken = [c for c in sessions if not c.ok and c.unreadable is None]
     if not json_mode:
         out = _lines(admin)
         for c in sessions:
             r = c.report
-            if not r.ok:
+            if c.unreadable is not None:
+                state = f"UNREADABLE: {safe_text(c.unreadable)}"
+            elif not r.ok:
                 state = f"BROKEN at seq {r.first_bad_seq}: {safe_text(r.reason or '')}"
             elif c.problems:
                 state = f"BROKEN: {safe_text(c.problems[0])}"
             else:
                 state = f"OK ({r.events} events, tail {_short(r.tail)})"
             out.append(kv_line("session", f"{c.session_id} {state}"))
-        out.append(kv_line("sessions", f"{len(sessions)} verified, {len(broken)} broken"))
+        summary = f"{len(sessions) - len(unreadable)} verified, {len(broken)} broken"
+        if unreadable:
+            summary += f", {len(unreadable)} unreadable"
+        out.append(kv_line("sessions", summary))
         sys.stdout.write("".join(line + "\n" for line in out))
         sys.stdout.flush()
+    # Each log that could not be read gets its own error and hint: the verdict below names
+    # only the first failure, and an unreadable log must not pass unnoticed beside it.
+    for c in unreadable:
+        print_error(AuditError(f"session {c.session_id}: {c.unreadable}", c.report.hint))
     result: dict[str, Any] = {"admin": admin.to_dict(), "sessions": [c.to_dict() for c in sessions]}
     if not admin.ok or broken:
         first = admin if not admin.ok else broken[0]
@@ -111,7 +121,21 @@ def _verify_all(anchors: dict[int, str], json_mode: bool) -> dict[str, Any]:
             # Every log's verdict, not only the first failure's: the others were checked too.
             exc.details = result
             raise
+    if unreadable:
+        names = ", ".join(str(c.session_id) for c in unreadable)
+        raise AuditError(
+            f"{_count(len(unreadable), 'session log')} of {len(sessions)} could not be read "
+            f"and {'was' if len(unreadable) == 1 else 'were'} not verified ({names}); "
+            "every other log verified OK",
+            "fix what the errors above say (most often the file's permissions), then run "
+            "`linpodx audit verify --all` again",
+            details=result,
+        )
     return result
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 @app.command("verify")

@@ -120,7 +120,11 @@ def apply_cmd(
 
 @app.command("list")
 def list_cmd(json_mode: JsonOpt = False) -> None:
-    """List applied profiles: name, revision, profile_id, applied_at."""
+    """List applied profiles: name, revision, profile_id, applied_at, state.
+
+    A profile whose `sandbox rm` was interrupted is listed with state `removing` (no run uses
+    it until the next `rm` or `apply` settles it), and a hint saying so on stderr.
+    """
 
     def run() -> dict[str, Any]:
         return {"profiles": [sp.summary() for sp in store.list_profiles()]}
@@ -130,9 +134,9 @@ def list_cmd(json_mode: JsonOpt = False) -> None:
         if not rows:
             note("no profiles applied yet (run `linpodx sandbox apply --profile FILE`)")
             return
-        header = ("NAME", "REVISION", "PROFILE_ID", "APPLIED_AT")
+        header = ("NAME", "REVISION", "PROFILE_ID", "APPLIED_AT", "STATE")
         table = [header] + [
-            (row["name"], str(row["revision"]), row["profile_id"], row["applied_at"])
+            (row["name"], str(row["revision"]), row["profile_id"], row["applied_at"], row["state"])
             for row in rows
         ]
         widths = [max(len(t[i]) for t in table) for i in range(len(header))]
@@ -140,6 +144,10 @@ def list_cmd(json_mode: JsonOpt = False) -> None:
             sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
             sys.stdout.write("\n")
         sys.stdout.flush()
+        for row in rows:
+            if row["hint"]:
+                note(f"hint: profile {row['name']}: a `sandbox rm` of it was interrupted, so no "
+                     f"run uses it; {row['hint']}")
 
     run_command("sandbox list", json_mode, run, render)
 

@@ -235,6 +235,8 @@ def attach(
         group.close()
         if group.failure is not None and not closed:
             say(f"error: {group.failure.message}")
+            if group.failure.hint:
+                say(f"hint: {group.failure.hint}")
     say(f"bridge: session {session_id} ended ({reason}; server exit {code})")
     return exit_code
 
@@ -268,5 +270,9 @@ def _close(
         if anchor is not None:
             anchor(session_id, rec.hash, events)
     except LinpodxError as exc:
-        sys.stderr.write(f"error: could not close the session's audit chain: {exc.message}\n")
+        sys.stderr.write(
+            f"error: could not close the session's audit chain: {exc.message}\n"
+            f"hint: {exc.hint + '; ' if exc.hint else ''}the session's log then has no "
+            f"closing record (`linpodx audit verify --session {session_id}` says so)\n"
+        )
     time.sleep(0)

@@ -396,14 +396,18 @@ class GroupCommitChain:
         seq: int, prev: str, last_ts: str, typ: str, data: Mapping[str, Any]
     ) -> tuple[Any, bytes]:
         if not _TYPE_RE.fullmatch(typ):
-            raise AuditError(f"could not record to the audit log: invalid event type {typ!r}")
+            raise AuditError(
+                f"could not record to the audit log: invalid event type {typ!r}",
+                audit_core.HINT_EVENT_TYPE,
+            )
         ts = max(audit_core.now_ts(), last_ts)
         try:
             # The chain module's encoder: canonical bytes, C-accelerated when provably equal.
             data_bytes, stored = audit_core.encode_data(data)
         except (CanonicalError, RecursionError) as exc:
             raise AuditError(
-                f"could not record to the audit log: the event data cannot be recorded: {exc}"
+                f"could not record to the audit log: the event data cannot be recorded: {exc}",
+                audit_core.HINT_UNCANONICAL,
             ) from None
         head, after = audit_core.encode_record(seq, ts, typ, prev, data_bytes, None)
         h = hashlib.sha256(audit_core.DOMAIN + head + after).hexdigest()
@@ -411,7 +415,8 @@ class GroupCommitChain:
         if len(line) > audit_core.MAX_LINE:
             raise AuditError(
                 "could not record to the audit log: record larger than "
-                f"{audit_core.MAX_LINE} bytes"
+                f"{audit_core.MAX_LINE} bytes",
+                audit_core.HINT_TOO_LARGE,
             )
         rec = audit_chain.Record(
             seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=stored, log_id=None

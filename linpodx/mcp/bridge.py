@@ -30,6 +30,7 @@ from linpodx.errors import AuditError, LinpodxError
 from linpodx.mcp import jsonrpc, policy
 from linpodx.mcp.framing import Frame, Oversize
 from linpodx.mcp.jsonrpc import Batch, IdKey, Message, ProtocolError
+from linpodx.output import safe_text
 from linpodx.profile.model import Decision as Action
 from linpodx.profile.model import Profile
 
@@ -287,6 +288,7 @@ class Bridge:
         if pipeline and hasattr(chain, "submit") and hasattr(chain, "wait"):
             self._lanes = {d: _Lane(chain, d, log) for d in ("client", "server")}
         self._notices = _Notices(emit, log) if pipeline else None
+        self._said: set[str] = set()  # audit errors already said on stderr (`_unrecorded`)
 
     # ---- plumbing -------------------------------------------------------------------------
 
@@ -319,6 +321,11 @@ class Bridge:
         the lane's thread once the record is durable (only written, for `durable=False`), in
         arrival order.
         """
+
+        def failed(exc: AuditError) -> None:
+            self._unrecorded(exc)
+            fail(exc)
+
         target = self._lanes.get(lane)
         if target is not None and target.idle() and not self._backlog.get(lane):
             # Nothing queued before it and nothing else waiting: doing it here saves two thread
@@ -329,14 +336,27 @@ class Bridge:
             try:
                 self._audit(type_, data, durable)
             except AuditError as exc:
-                fail(exc)
+                failed(exc)
                 return
             ok()
             return
         ticket = self.chain.submit(type_, data, durable)  # type: ignore[attr-defined]
         with self._lock:
             self.records += 1
-        target.put(ticket, ok, fail)
+        target.put(ticket, ok, failed)
+
+    def _unrecorded(self, exc: AuditError) -> None:
+        """Say on stderr, as `error:` and `hint:`, that a record could not be written: the
+        client sees only a denial, and the person running the bridge must see why and what to
+        do. Once per distinct error (a log that failed for good refuses every record after)."""
+        with self._lock:
+            if exc.message in self._said:
+                return
+            self._said.add(exc.message)
+        text = f"error: {safe_text(exc.message, 1000)}"
+        if exc.hint:
+            text += f"\nhint: {safe_text(exc.hint, 1000)}"
+        self._log(text)
 
     def settle_client(self, timeout: float = 10.0) -> None:
         """Let the client's queued steps finish (before the server's input is closed: a request
@@ -690,6 +710,7 @@ class Bridge:
                 },
             )
         except AuditError as exc:
+            self._unrecorded(exc)
             outcome = approvals.Outcome(
                 False,
                 f"the audit log could not record the approval ({exc.message})",

@@ -46,9 +46,8 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -68,18 +67,16 @@ from linpodx.fsutil import discard, fsync_dir
 from linpodx.fsutil import stage as stage_file
 from linpodx.ids import is_id, new_id
 from linpodx.output import safe_text
+from linpodx.profile import pointer as pointer_file
 from linpodx.profile.loader import load_file, profile_from_dict, schema, schema_digest
 from linpodx.profile.model import Profile
 
 APPLY_HINT = "run `linpodx sandbox apply --profile FILE` to apply it (see `linpodx sandbox list`)"
 REVISION_FORMAT = 1
-MAX_RECORD_BYTES = 4 * 1024 * 1024
+MAX_RECORD_BYTES = pointer_file.MAX_BYTES
 WRITE_HINT = (
     "check that linpodx's state directory is writable and the disk is not full (df -h); "
     "nothing was changed or recorded"
-)
-_POINTER_KEYS = frozenset(
-    {"name", "current", "last_revision", "removed_at", "pending", "removing"}
 )
 _HASH_PLACEHOLDER = "?" * 64
 """Stands in the staged revision file for the audit hash, which exists only once the record
@@ -130,16 +127,34 @@ class StoredProfile:
     """The file it was applied from (as an absolute path)."""
     current: bool = True
     """False for an older revision, or one of a removed profile."""
+    removing: bool = False
+    """True while a `sandbox rm` of it that was interrupted awaits settling: `list` shows it,
+    `get` and every run refuse it (module doc)."""
+
+    @property
+    def state(self) -> str:
+        """`applied`, or `removing` (see `removing`)."""
+        return "removing" if self.removing else "applied"
 
     def summary(self) -> dict[str, Any]:
-        """The fields `sandbox list` shows."""
+        """The fields `sandbox list` shows; `hint` says how to settle a profile not `applied`."""
         return {
             "name": self.name,
             "revision": self.revision,
             "profile_id": self.profile_id,
             "applied_at": self.applied_at,
             "audit_hash": self.audit_hash,
+            "state": self.state,
+            "hint": interrupted_rm_hint(self.name) if self.removing else None,
         }
+
+
+def interrupted_rm_hint(name: str) -> str:
+    """What to do about a profile whose `sandbox rm` was interrupted (pointer marked)."""
+    return (
+        f"run `linpodx sandbox rm {name}` to finish it, or `linpodx sandbox apply` to keep "
+        "the profile"
+    )
 
 
 def digest_of(profile: Profile) -> str:
@@ -187,38 +202,27 @@ def _now() -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    # Non-blocking and no links: a FIFO or a device in the store's place must not hang a
+    # command that holds the store's lock (`pointer.read_regular`).
     try:
-        # Non-blocking and no links: a FIFO or a device in the store's place must not hang a
-        # command that holds the store's lock (the regular-file check follows).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+        raw = pointer_file.read_regular(str(path), MAX_RECORD_BYTES)
+    except pointer_file.NotRegularFile:
+        raise InvalidInput(
+            f"{path} is not a regular file",
+            "linpodx writes its store as regular files; move this one aside",
+        ) from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}",
+                           "check the permissions of linpodx's state directory") from None
+    if raw is None:
         return None
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror}",
-                           "check the permissions of linpodx's state directory") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidInput(
-                f"{path} is not a regular file",
-                "linpodx writes its store as regular files; move this one aside",
-            )
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror}",
-                           "check the permissions of linpodx's state directory") from None
-    finally:
-        os.close(fd)
-    try:
-        doc = json.loads(raw)
-        if len(raw) > MAX_RECORD_BYTES or not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
-    except ValueError:
+    doc = pointer_file.parse_object(raw, MAX_RECORD_BYTES)
+    if doc is None:
         raise ChainBroken(
             f"profile store file {path} is damaged",
             "restore it from a backup, or re-apply the profile with "
             "`linpodx sandbox apply --profile FILE`",
-        ) from None
+        )
     return doc
 
 
@@ -335,58 +339,9 @@ def _pointer(name: str) -> dict[str, Any] | None:
 
 
 def _pointer_problem(name: str, doc: dict[str, Any]) -> str | None:
-    """What makes `doc` not a pointer of `name`, or None. Two forms: `{name, pending}` while a
-    name's first apply is under way, else `{name, last_revision, current?, removed_at?,
-    pending?}` (`current` is absent after a first apply that was abandoned)."""
-    extra = sorted(set(doc) - _POINTER_KEYS)
-    if extra:
-        return f"unknown key {safe_text(extra[0], 40)!r}"
-    if "name" not in doc:
-        return "it has no name"
-    if doc["name"] != name:
-        return f"it names {safe_text(str(doc['name']), 80)!r}, not {name}"
-    if "pending" in doc:
-        pending = doc["pending"]
-        if not (
-            isinstance(pending, dict)
-            and set(pending) == {"profile_id", "revision"}
-            and isinstance(pending["profile_id"], str)
-            and is_id(pending["profile_id"], "prof")
-            and type(pending["revision"]) is int
-            and pending["revision"] > 0
-        ):
-            return "its pending apply is not a revision id and number"
-    if "last_revision" not in doc:
-        return None if set(doc) == {"name", "pending"} else "it has no last revision number"
-    last = doc["last_revision"]
-    if type(last) is not int or last < 1:
-        return "its last revision number is not a positive integer"
-    if "pending" in doc and doc["pending"]["revision"] <= last:
-        return "its pending apply has a revision number already used"
-    if not isinstance(doc.get("removed_at", ""), str):
-        return "its removed_at is not a time"
-    current = doc.get("current")
-    if "removing" in doc:
-        removing = doc["removing"]
-        if "pending" in doc or not (
-            isinstance(removing, dict)
-            and set(removing) == {"profile_id", "revision"}
-            and removing["profile_id"] == current
-            and type(removing["revision"]) is int
-            and removing["revision"] > 0
-        ):
-            return "its removal under way is not of its current revision"
-    if current is None:
-        return None
-    if not (isinstance(current, str) and is_id(current, "prof")):
-        return "its current revision is not a revision id"
-    rev = _load_revision(current)
-    if rev is None:
-        return f"it points at revision {current}, which is missing from the store"
-    number = rev.get("revision")
-    if rev.get("name") != name or type(number) is not int or not 1 <= number <= last:
-        return f"it points at revision {current}, which is not a revision of {name} up to {last}"
-    return None
+    """What makes `doc` not a pointer of `name`, or None (`pointer.problem`, the rule the fast
+    run path applies too)."""
+    return pointer_file.problem(name, doc, _load_revision)
 
 
 def _stored_from(doc: dict[str, Any], where: Path, current: bool) -> StoredProfile:
@@ -687,10 +642,14 @@ def get(name: str) -> StoredProfile:
         # Maybe removed (its record written), maybe not: used by nobody until settled.
         raise LinpodxError(
             f"profile {name}: a `sandbox rm` of it was interrupted",
-            f"run `linpodx sandbox rm {name}` to finish it, or `linpodx sandbox apply` to keep "
-            "the profile",
+            interrupted_rm_hint(name),
             exit_code=EXIT_TAMPERED,
         )
+    return _current_of(name, pointer)
+
+
+def _current_of(name: str, pointer: dict[str, Any] | None) -> StoredProfile:
+    """The revision `pointer` (checked by `_pointer`) names as current; NotFound if none."""
     current = pointer.get("current") if pointer else None
     if not isinstance(current, str):
         raise NotFound(f"profile not found: {safe_text(name, 80)}", APPLY_HINT)
@@ -699,7 +658,10 @@ def get(name: str) -> StoredProfile:
         raise _damaged_pointer(
             _pointer_path(name), f"it points at revision {current}, which is missing from the store"
         )
-    return _stored_from(doc, _revisions_dir() / f"{current}.json", True)
+    stored = _stored_from(doc, _revisions_dir() / f"{current}.json", True)
+    if pointer is not None and "removing" in pointer:
+        return replace(stored, removing=True)
+    return stored
 
 
 def get_by_id(profile_id: str) -> StoredProfile:
@@ -717,7 +679,9 @@ def get_by_id(profile_id: str) -> StoredProfile:
 
 
 def list_profiles() -> list[StoredProfile]:
-    """The current revision of every applied (not removed) profile, by name."""
+    """The current revision of every applied (not removed) profile, by name. One whose
+    `sandbox rm` was interrupted is listed too, with `removing` set: `get` refuses it, but
+    it is neither gone nor to be hidden until the next `rm` or `apply` settles it."""
     base = _names_dir()
     if not base.is_dir():
         return []
@@ -725,7 +689,7 @@ def list_profiles() -> list[StoredProfile]:
     for entry in sorted(base.glob("*.json")):
         name = entry.name[: -len(".json")]
         with contextlib.suppress(NotFound):
-            out.append(get(name))
+            out.append(_current_of(name, _pointer(name)))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -14,7 +15,7 @@ import pytest
 
 from linpodx.audit.chain import admin_chain, anchor_session, open_session, session_path
 from linpodx.audit.core import MAX_LINE
-from linpodx.errors import EXIT_BUG, EXIT_NOT_FOUND, EXIT_TAMPERED, EXIT_USAGE
+from linpodx.errors import EXIT_AUDIT, EXIT_BUG, EXIT_NOT_FOUND, EXIT_TAMPERED, EXIT_USAGE
 from tests.conftest import linpodx_argv, run_linpodx
 
 Cli = Callable[..., Any]
@@ -273,6 +274,150 @@ def test_verify_all_reports_a_directory_and_checks_the_others(
     assert both.exit_code == EXIT_TAMPERED
     doc = json.loads(both.stdout)
     assert [s["ok"] for s in doc["error"]["details"]["sessions"]] == [False, False]
+
+
+def _three_sessions(applied: tuple[str, str]) -> list[str]:
+    pid, ah = applied
+    sids = [f"sess_01ARZ3NDEKTSV4RRFFQ69G5FB{c}" for c in "ABC"]
+    for sid in sids:
+        chain, _ = open_session(sid, pid, ah)
+        chain.append("mcp.decision", {"tool": "read_file"})
+    return sids
+
+
+def _unreadable(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """Opening `path` fails as a log of mode 000 does for anyone but root (EACCES)."""
+    from linpodx.audit import chain
+
+    real = chain.open_log
+
+    def open_log(p: Path) -> int:
+        if Path(p) == path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(p))
+        return real(p)
+
+    monkeypatch.setattr(chain, "open_log", open_log)
+
+
+def test_verify_all_reports_an_unreadable_session_log_and_verifies_the_others(
+    cli: Cli, applied: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, middle, last = _three_sessions(applied)
+    _unreadable(monkeypatch, session_path(middle))
+    res = cli("audit", "verify", "--all")
+    assert res.exit_code == EXIT_AUDIT, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[1].startswith("chain:   OK")
+    assert lines[2].startswith(f"session: {first} OK (2 events, tail ")
+    assert lines[3] == (
+        f"session: {middle} UNREADABLE: could not read the audit log {session_path(middle)}: "
+        "Permission denied"
+    )
+    assert lines[4].startswith(f"session: {last} OK (2 events, tail ")
+    assert lines[5] == "sessions: 2 verified, 0 broken, 1 unreadable"
+    err = res.stderr.splitlines()
+    assert err[0] == (
+        f"error: session {middle}: could not read the audit log {session_path(middle)}: "
+        "Permission denied"
+    )
+    assert err[1].startswith("hint: check the file's permissions; then verify it alone with "
+                             f"`linpodx audit verify --session {middle}`")
+    assert err[2] == (
+        f"error: 1 session log of 3 could not be read and was not verified ({middle}); every "
+        "other log verified OK"
+    )
+    assert err[3].startswith("hint: ") and len(err) == 4
+
+    js = cli("audit", "verify", "--all", "--json")
+    assert js.exit_code == EXIT_AUDIT
+    doc = json.loads(js.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "AuditError"
+    sessions = doc["error"]["details"]["sessions"]
+    assert [(s["session_id"], s["ok"]) for s in sessions] == [
+        (first, True), (middle, False), (last, True)
+    ]  # fmt: skip
+    assert sessions[1]["unreadable"]["message"].endswith("Permission denied")
+    assert "linpodx audit verify --session" in sessions[1]["unreadable"]["hint"]
+    assert sessions[0]["unreadable"] is None
+    assert js.stderr.startswith(f"error: session {middle}: could not read the audit log")
+
+
+def test_verify_all_with_a_broken_and_an_unreadable_log_reports_both(
+    cli: Cli, applied: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, middle, last = _three_sessions(applied)
+    _unreadable(monkeypatch, session_path(first))
+    path = session_path(last)
+    path.write_bytes(path.read_bytes().replace(b"read_file", b"rm_rf"))
+    res = cli("audit", "verify", "--all")
+    assert res.exit_code == EXIT_TAMPERED
+    assert f"session: {first} UNREADABLE: " in res.stdout
+    assert f"session: {middle} OK (2 events" in res.stdout
+    assert f"session: {last} BROKEN at seq 1: hash mismatch" in res.stdout
+    assert "sessions: 2 verified, 1 broken, 1 unreadable" in res.stdout
+    err = res.stderr.splitlines()
+    assert err[0].startswith(f"error: session {first}: could not read the audit log")
+    assert err[1].startswith("hint: ")
+    assert err[2].startswith(f"error: session {last}: audit chain broken at seq 1")
+
+
+def _apply(tmp_path: Path) -> tuple[str, str]:
+    from linpodx.profile import store
+
+    f = tmp_path / "p.yaml"
+    f.write_text("name: demo\n")
+    res = store.apply(f)
+    return res.profile_id, res.audit_hash
+
+
+def test_verify_all_with_a_log_of_mode_000_as_a_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with a real permission: as a user other than root (root reads any file), a
+    log of mode 000 cannot be opened. As root the check runs as LINPODX_TEST_USER (the
+    rootless test user scripts/test.sh sets up), on a state dir that user owns."""
+    import pwd
+    import shutil
+    import tempfile
+
+    user = os.environ.get("LINPODX_TEST_USER", "linpodx-test")
+    if os.geteuid() == 0:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            pytest.skip(f"running as root and there is no user {user} to run as")
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser")
+    # A fresh state dir that user can reach (tmp_path's parents are root's, mode 0700).
+    state = Path(tempfile.mkdtemp(prefix="linpodx-verify-"))
+    try:
+        monkeypatch.setenv("LINPODX_STATE_DIR", str(state))
+        first, middle, last = _three_sessions(_apply(tmp_path))
+        session_path(middle).chmod(0)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "LINPODX_STATE_DIR": str(state),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "HOME": str(state),
+        }
+        argv = [*linpodx_argv(), "audit", "verify", "--all"]
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(state)], check=True)
+            os.chmod(state, 0o700)
+            argv = ["runuser", "-u", user, "--", "env", "-i",
+                    *(f"{k}={v}" for k, v in env.items()), *argv]  # fmt: skip
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                             env=None if os.geteuid() == 0 else env)  # fmt: skip
+        assert out.returncode == EXIT_AUDIT, out.stdout + out.stderr
+        assert f"session: {first} OK (2 events" in out.stdout
+        assert f"session: {middle} UNREADABLE: " in out.stdout
+        assert f"session: {last} OK (2 events" in out.stdout
+        assert out.stderr.startswith(f"error: session {middle}: could not read the audit log ")
+        assert "Permission denied\nhint: check the file's permissions" in out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_show_calls_an_oversize_tail_damage_not_a_torn_line(

@@ -177,8 +177,9 @@ def test_list_show_rm(cli: Cli, demo: Path) -> None:
     listed = cli("sandbox", "list")
     assert listed.exit_code == 0
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["NAME", "REVISION", "PROFILE_ID", "APPLIED_AT"]
-    assert row.split()[:3] == ["agent-readonly", "1", pid]
+    assert header.split() == ["NAME", "REVISION", "PROFILE_ID", "APPLIED_AT", "STATE"]
+    assert row.split()[:3] == ["agent-readonly", "1", pid] and row.split()[4] == "applied"
+    assert listed.stderr == ""
     lj = one_json(cli("sandbox", "list", "--json").stdout)
     assert [p["profile_id"] for p in lj["result"]["profiles"]] == [pid]
 
@@ -210,6 +211,55 @@ def test_list_show_rm(cli: Cli, demo: Path) -> None:
     ]
     # The revision stays resolvable by id for containers started under it.
     assert cli("sandbox", "show", pid).exit_code == 0
+
+
+def test_list_shows_every_profile_while_one_rm_is_interrupted(
+    cli: Cli, demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sandbox rm` killed after its record: that profile is listed as `removing` with a hint,
+    every other one as before, and the listing itself succeeds."""
+    from linpodx.profile import store
+
+    other = tmp_path / "other.yml"
+    other.write_text("name: other\n", encoding="utf-8")
+    assert cli("sandbox", "apply", "--profile", str(demo)).exit_code == 0
+    assert cli("sandbox", "apply", "--profile", str(other)).exit_code == 0
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*_a: object, **_k: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(store._Staged, "put_recorded", killed)
+        with pytest.raises(Killed):
+            cli("sandbox", "rm", "agent-readonly")
+
+    listed = cli("sandbox", "list")
+    assert listed.exit_code == 0, listed.stderr
+    header, first, second = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "REVISION", "PROFILE_ID", "APPLIED_AT", "STATE"]
+    assert (first.split()[0], first.split()[-1]) == ("agent-readonly", "removing")
+    assert (second.split()[0], second.split()[-1]) == ("other", "applied")
+    [hint] = listed.stderr.splitlines()
+    assert hint.startswith("hint: profile agent-readonly: a `sandbox rm` of it was interrupted")
+    assert "`linpodx sandbox rm agent-readonly`" in hint
+
+    lj = cli("sandbox", "list", "--json")
+    assert lj.exit_code == 0
+    rows = one_json(lj.stdout)["result"]["profiles"]
+    assert [(p["name"], p["state"]) for p in rows] == [
+        ("agent-readonly", "removing"), ("other", "applied")
+    ]  # fmt: skip
+    assert "linpodx sandbox rm agent-readonly" in rows[0]["hint"] and rows[1]["hint"] is None
+
+    # The profile stays refused for use, and the next rm settles it.
+    shown = cli("sandbox", "show", "agent-readonly")
+    assert shown.exit_code == 7 and "interrupted" in shown.stderr
+    assert cli("sandbox", "rm", "agent-readonly").exit_code == 0
+    after = cli("sandbox", "list", "--json")
+    assert [p["name"] for p in one_json(after.stdout)["result"]["profiles"]] == ["other"]
 
 
 @pytest.mark.parametrize(

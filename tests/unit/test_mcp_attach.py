@@ -123,3 +123,111 @@ def test_a_bug_in_a_reader_ends_the_session_instead_of_hanging(
     sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
     types = [r.type for r in audit_chain.read_records(audit_chain.session_path(sid))]
     assert types[-1] == "session.close"
+
+
+def _session_under(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, lines: bytes
+) -> tuple[int, list[dict[str, Any]]]:
+    """attach() under an applied profile with `mcp.record_arguments: true`, `lines` then EOF on
+    its stdin (fed from a thread: they may be larger than a pipe holds); (its exit status,
+    what it wrote to its stdout). Diagnostics go to sys.stderr, as for a person."""
+    import threading
+
+    from linpodx.profile import store
+
+    f = tmp_path / "rec.yml"
+    f.write_text("name: rec\nmcp: {record_arguments: true}\n", encoding="utf-8")
+    pid = store.apply(f).profile_id
+    fake_podman(monkeypatch)
+    monkeypatch.setattr(
+        attach_mod, "find_container", lambda name: attach_mod.Target(name, "0" * 64, pid)
+    )
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+
+    def feed() -> None:
+        with os.fdopen(in_w, "wb") as w:
+            w.write(lines)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        code = attach_mod.attach("c", ["server"], stdin_fd=in_r, stdout_fd=out_w)
+    finally:
+        feeder.join(60)
+        os.close(in_r)
+        os.close(out_w)
+        with os.fdopen(out_r, "rb") as out:
+            got = [json.loads(line) for line in out]
+    return code, got
+
+
+def _call(i: int, arguments: dict[str, Any]) -> bytes:
+    msg = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+           "params": {"name": "t", "arguments": arguments}}  # fmt: skip
+    return json.dumps(msg).encode() + b"\n"
+
+
+PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
+
+
+@pytest.mark.parametrize("after_ping", [False, True], ids=["first record", "later record"])
+@pytest.mark.parametrize("kind", ["event type", "float", "too large"])
+def test_an_unrecordable_call_is_said_on_stderr_with_a_hint(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Any,
+    kind: str,
+    after_ping: bool,
+) -> None:
+    """A call whose record cannot be written is denied to the client, and the person running
+    the bridge reads why and what to do (`error:`, `hint:`) on stderr; stdout carries only
+    protocol messages."""
+    import re
+
+    from linpodx.audit.core import MAX_LINE
+    from linpodx.mcp import auditlog
+
+    if kind == "event type":
+        # Only linpodx's own constants are event types: make `mcp.request` one the chain refuses.
+        refuse = re.compile(r"^(?!mcp\.request$)[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
+        monkeypatch.setattr(audit_chain, "_TYPE_RE", refuse)
+        monkeypatch.setattr(auditlog, "_TYPE_RE", refuse)
+        bad = _call(2, {"path": "/etc"})
+        message, advice = "invalid event type 'mcp.request'", "this is a bug in linpodx"
+    elif kind == "float":
+        bad = _call(2, {"temperature": 0.5})
+        message, advice = "the event data cannot be recorded", "set record_arguments to false"
+    else:
+        bad = _call(2, {"text": "a" * MAX_LINE})
+        message, advice = f"record larger than {MAX_LINE} bytes", "set record_arguments to false"
+    code, got = _session_under(monkeypatch, tmp_path, (PING if after_ping else b"") + bad)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert all(m.get("jsonrpc") == "2.0" for m in got), got
+    denied = [m for m in got if m.get("id") == 2]
+    assert len(denied) == 1 and "could not record" in json.dumps(denied[0])
+    lines = err.splitlines()
+    [i] = [n for n, line in enumerate(lines) if line.startswith("error: ") and message in line]
+    assert lines[i + 1].startswith("hint: ") and advice in lines[i + 1], lines
+    assert "Traceback" not in err and code == 0
+
+
+def test_a_session_close_that_cannot_be_recorded_says_what_to_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from linpodx.errors import AuditError
+
+    class Full:
+        def append(self, type: str, data: Any) -> Any:
+            raise AuditError("could not record to the audit log x: No space left", "check df -h")
+
+    attach_mod._close(Full(), audit_chain, "sess_x", "client closed its input", 0, {})
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        "error: could not close the session's audit chain: could not record to the audit log x: "
+        "No space left",
+        "hint: check df -h; the session's log then has no closing record "
+        "(`linpodx audit verify --session sess_x` says so)",
+    ]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from linpodx.audit import chain as audit_chain
+from linpodx.audit.core import MAX_LINE
 from linpodx.errors import AuditError
 from linpodx.mcp.auditlog import GroupCommitChain
 from linpodx.mcp.bridge import Bridge
@@ -49,6 +50,34 @@ def test_unrecordable_data_fails_only_that_record() -> None:
     with pytest.raises(AuditError):
         g.append("mcp.request", {"x": 1.5})
     assert g.append("mcp.request", {"x": 1}).seq == 0
+
+
+UNRECORDABLE: dict[str, tuple[str, dict[str, Any], str, str]] = {
+    # kind: (event type, data, what the message says, what the hint advises)
+    "event type": ("Mcp.Request", {"x": 1}, "invalid event type", "this is a bug in linpodx"),
+    "float": ("mcp.request", {"x": 1.5}, "the event data cannot be recorded",
+              "set record_arguments to false"),
+    "too large": ("mcp.request", {"x": "a" * MAX_LINE}, f"record larger than {MAX_LINE} bytes",
+                  "set record_arguments to false"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["first record", "later record"])
+@pytest.mark.parametrize("kind", sorted(UNRECORDABLE))
+def test_a_record_that_cannot_be_written_says_what_to_do(kind: str, later: bool) -> None:
+    """Every AuditError of a record refused for its own content carries a hint: the first
+    record of a group goes through `Chain.append`, later ones through the group's encoder."""
+    typ, data, what, advice = UNRECORDABLE[kind]
+    g = GroupCommitChain(audit_chain.session_chain(f"sess_hint{len(kind)}{later}", GENESIS))
+    if later:
+        g.append("mcp.request", {"x": 0})
+    with pytest.raises(AuditError) as ei:
+        g.append(typ, data)
+    assert what in ei.value.message
+    assert ei.value.hint is not None and advice in ei.value.hint, ei.value.hint
+    assert "what could not be recorded was not done" in ei.value.hint
+    assert g.append("mcp.request", {"x": 2}).seq == (1 if later else 0)  # only that record
+    g.close()
 
 
 def test_write_failure_raises_audit_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,7 +157,10 @@ def test_list_profiles_sorted(tmp_path: Path) -> None:
     store.apply(profile_file(tmp_path, name="alpha", fname="a.yml"))
     assert [s.name for s in store.list_profiles()] == ["alpha", "zeta"]
     summary = store.list_profiles()[0].summary()
-    assert set(summary) == {"name", "revision", "profile_id", "applied_at", "audit_hash"}
+    assert set(summary) == {
+        "name", "revision", "profile_id", "applied_at", "audit_hash", "state", "hint"
+    }  # fmt: skip
+    assert (summary["state"], summary["hint"]) == ("applied", None)
 
 
 def test_file_modes(tmp_path: Path) -> None:
@@ -848,6 +851,41 @@ def test_an_rm_killed_after_its_record_is_finished_by_the_next_rm(
     assert _types() == ["profile.apply", "profile.rm"]
     with pytest.raises(NotFound):
         store.get("demo")
+
+
+def test_list_shows_a_profile_whose_rm_was_interrupted_beside_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A marked pointer makes `get` refuse its profile; `list_profiles` (and so `sandbox list`
+    and the admin log's cross-check of the store) must still see every profile, that one as
+    `removing`."""
+    store.apply(profile_file(tmp_path, name="alpha", fname="a.yml"))
+    marked = store.apply(profile_file(tmp_path))
+    store.apply(profile_file(tmp_path, name="zeta", fname="z.yml"))
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*_a: object, **_k: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(store._Staged, "put_recorded", killed)
+        with pytest.raises(Killed):
+            store.remove("demo")
+    listed = store.list_profiles()
+    assert [(s.name, s.state) for s in listed] == [
+        ("alpha", "applied"), ("demo", "removing"), ("zeta", "applied")
+    ]  # fmt: skip
+    summary = listed[1].summary()
+    assert summary["profile_id"] == marked.profile_id and summary["state"] == "removing"
+    assert "linpodx sandbox rm demo" in summary["hint"]
+    from linpodx.audit import verify
+
+    notes = verify.verify_admin().notes
+    assert "3 profile revision(s) found in the admin chain" in notes, notes
+    store.remove("demo")  # settles it: gone from the list
+    assert [s.name for s in store.list_profiles()] == ["alpha", "zeta"]
 
 
 def test_an_rm_killed_before_its_record_removed_nothing(tmp_path: Path) -> None:
