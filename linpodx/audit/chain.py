@@ -42,11 +42,11 @@ from linpodx.fsutil import fsync_dir
 from linpodx.ids import new_id
 from linpodx.paths import admin_log, sessions_audit_dir
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
-_TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
-_LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}$")
-_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\Z")
+_TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z\Z")
+_LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}\Z")
+_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 _KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
 _KEYS_FIRST = _KEYS | {"log"}
 

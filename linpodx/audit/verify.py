@@ -44,7 +44,7 @@ from linpodx.paths import sessions_audit_dir
 
 BUILTIN_PROFILE_ID = "builtin"
 """profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
-_ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})$")
+_ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})\Z")
 
 
 def parse_anchor(text: str) -> tuple[int, str]:

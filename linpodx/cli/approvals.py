@@ -32,7 +32,7 @@ POLL_SECONDS = 0.1
 FIELD_CAP = 200
 PAYLOAD_CAP = 1000
 
-_REL = re.compile(r"^(\d+)([smhd])$")
+_REL = re.compile(r"^(\d+)([smhd])\Z")
 
 
 def parse_since(value: str, now: datetime | None = None) -> datetime:

@@ -57,7 +57,7 @@ FLUSH_DELAY = 0.05
 """Seconds a deferred record may wait for its fsync (if no decision record comes first)."""
 
 
-_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+$")
+_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\Z")
 
 
 @dataclass

@@ -33,11 +33,11 @@ from linpodx.profile.model import Profile
 LABEL_PREFIX = "linpodx."
 MANAGED_LABEL = "linpodx.managed"
 
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 # Podman's --memory: a number with an optional b/k/m/g unit; --cpus: a decimal.
-_MEMORY_RE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
-_CPUS_RE = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+_MEMORY_RE = re.compile(r"^[0-9]+[bkmgBKMG]?\Z")
+_CPUS_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\Z")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ HOME_TMPFS_SIZE = "512m"
 """Size bound of the tmpfs `$HOME` of `--rm` containers (counted against the memory limit)."""
 
 # podman's own rule for container names, capped so the name also fits as a hostname.
-_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")
 # podman splits --mount on commas and key=value on '='; a path with those cannot be expressed.
 _MOUNT_BAD = (",", "\n", "\x00")
 

@@ -38,7 +38,7 @@ VERSION = 1
 # original and the moved-aside copies are then removed, so recovery finishes instead of undoing).
 STEPS = ("extract", "stop", "rename", "swap", "create", "verify", "commit")
 MAX_BYTES = 4 << 20  # a run spec is a few KiB; anything this large is not ours
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)

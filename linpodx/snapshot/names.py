@@ -9,12 +9,12 @@ from linpodx.errors import InvalidInput
 from linpodx.paths import snapshots_dir
 
 # podman/OCI tag grammar: what `podman tag` accepts after the colon.
-LABEL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+LABEL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 # A container name podman accepts (what `podman create --name` allows).
-CONTAINER_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,252}$")
+CONTAINER_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,252}\Z")
 # One path component of an image repository: lower-case only (OCI distribution grammar).
-REPO_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
-JOB_RE = re.compile(r"^snap-[0-9A-HJKMNP-TV-Z]{26}$")
+REPO_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*\Z")
+JOB_RE = re.compile(r"^snap-[0-9A-HJKMNP-TV-Z]{26}\Z")
 
 IMAGE_REPO_PREFIX = "localhost/linpodx/snapshot"
 

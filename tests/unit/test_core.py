@@ -249,3 +249,21 @@ def test_proc_lending_lets_children_inherit_a_lock_and_only_inside_the_block(tmp
                 time.sleep(0.1)
     finally:
         os.close(probe)
+
+
+def test_validators_refuse_a_trailing_newline() -> None:
+    """Python's `$` also matches before a final newline: every anchored validator uses `\\Z`."""
+    from linpodx import ids
+    from linpodx.podman import runline
+    from linpodx.snapshot import names
+
+    good = ids.new_ulid()
+    assert ids.ULID_RE.match(good) and not ids.ULID_RE.match(good + "\n")
+    assert not ids.is_id(f"sess_{good}\n", "sess")
+    for bad in ("agent-1\n",):
+        with __import__("pytest").raises(Exception, match="name"):
+            runline.validate_name(bad)
+        with __import__("pytest").raises(Exception, match="name"):
+            names.check_container_name(bad)
+    with __import__("pytest").raises(Exception, match="label"):
+        names.check_label("before\n")
