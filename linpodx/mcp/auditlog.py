@@ -312,20 +312,30 @@ class GroupCommitChain:
             if self._tail is None or self._size != size:
                 # Unknown or foreign state: let the chain itself read (and repair) the tail.
                 fcntl.flock(fd, fcntl.LOCK_UN)
-                first = batch[0]
                 try:
-                    first.record = self.chain.append(first.type, first.data)
-                except AuditError as exc:
-                    for b in batch:
-                        b.error = exc
-                    return None
+                    while True:
+                        first = rest[0]
+                        try:
+                            first.record = self.chain.append(first.type, first.data)
+                            break
+                        except AuditError as exc:
+                            if not self._unrecordable(first):
+                                for b in rest:  # the log itself failed: nothing goes in
+                                    b.error = exc
+                                return None
+                            # Only this record cannot be written (as in `_write`): the
+                            # others of the batch are someone else's calls and still go in.
+                            first.error = exc
+                            rest = rest[1:]
+                            if not rest:
+                                return None
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_EX)
                 rec = first.record
                 self._tail = (rec.seq + 1, rec.hash, rec.ts)
                 self._size = durable_upto = os.fstat(fd).st_size
                 self.records += 1
-                rest = batch[1:]
+                rest = rest[1:]
                 if self._size != os.fstat(fd).st_size:  # pragma: no cover - raced again
                     self._tail = None
             if rest:
@@ -390,6 +400,16 @@ class GroupCommitChain:
         self._size = base + len(payload)
         self.batches += 1
         self.records += len(built)
+
+    @classmethod
+    def _unrecordable(cls, item: _Item) -> bool:
+        """Whether `item` itself cannot be recorded (its type or data), whatever the log's
+        state: built as if it came first (a real sequence number adds at most a few bytes)."""
+        try:
+            cls._build(0, "0" * 64, "", item.type, item.data)
+        except AuditError:
+            return True
+        return False
 
     @staticmethod
     def _build(

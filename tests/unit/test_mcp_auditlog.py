@@ -52,6 +52,23 @@ def test_unrecordable_data_fails_only_that_record() -> None:
     assert g.append("mcp.request", {"x": 1}).seq == 0
 
 
+def test_an_unrecordable_first_record_of_a_batch_fails_only_itself() -> None:
+    """The first record of a batch in a fresh session goes through `Chain.append`: a call whose
+    arguments cannot be recorded must not deny the other calls that share its batch."""
+    g = GroupCommitChain(audit_chain.session_chain("sess_batch", GENESIS))
+    bad = g.submit("mcp.request", {"x": 1.5})
+    also_bad = g.submit("mcp.request", {"x": "a" * MAX_LINE})
+    good = g.submit("mcp.request", {"x": 1})
+    later = g.submit("mcp.request", {"x": 2})
+    assert g.wait(good).seq == 0
+    assert g.wait(later).seq == 1
+    for item in (bad, also_bad):
+        with pytest.raises(AuditError):
+            g.wait(item)
+    g.close()
+    assert audit_chain.verify_file(g.path, GENESIS).events == 2
+
+
 UNRECORDABLE: dict[str, tuple[str, dict[str, Any], str, str]] = {
     # kind: (event type, data, what the message says, what the hint advises)
     "event type": ("Mcp.Request", {"x": 1}, "invalid event type", "this is a bug in linpodx"),
