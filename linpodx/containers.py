@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from linpodx import events, runplan
+from linpodx import events, namelock, runplan
 from linpodx.canonical import canonical_bytes, strict_loads
 from linpodx.errors import (
     AuditError,
@@ -275,6 +275,19 @@ def _remove_spec(name: str) -> None:
     shutil.rmtree(spec_dir(name), ignore_errors=True)
 
 
+def lock_name(name: str) -> namelock.NameLock:
+    """Take NAME's lock (`linpodx.namelock`): held while a command writes or removes what lives
+    under `containers_dir()/NAME`, so that a second run of the name finds it taken and leaves
+    the first one's files alone."""
+    try:
+        return namelock.acquire(validate_name(name))
+    except OSError as exc:
+        raise LinpodxError(
+            f"could not lock the container name {name}: {exc.strerror or exc}",
+            f"check that linpodx's state dir ({containers_dir()}) is writable",
+        ) from exc
+
+
 # --- building ---------------------------------------------------------------------------------
 
 
@@ -492,7 +505,18 @@ def save_plan(ref: ProfileRef) -> None:
 
 def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -> ContainerInfo:
     """Create a hardened container for `spec` and start it (or leave it ready for an attached
-    start when `start` is False). Audited first; nothing is left behind on failure."""
+    start when `start` is False). Audited first; nothing is left behind on failure. The name's
+    lock is held throughout (`lock_name`)."""
+    with lock_name(spec.name):
+        info = _create_and_start(spec, ref, start=start)
+    if spec.rm:
+        # Such a container's state dir goes with it (`_rm_cleanup_flags`), but its hook cannot
+        # take the name's lock, so the lock file stays: remove those of earlier ones here.
+        namelock.sweep()
+    return info
+
+
+def _create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool) -> ContainerInfo:
     audit("container.run", _run_record(spec, ref))
     guarded = needs_guard(ref)
     gated = bool(ref.profile.mounts)
@@ -588,7 +612,7 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
     finally:
         mountpin.close_gate(str(spec_dir(info.name)))
     if req.rm:
-        forget(info.name)
+        forget(info.name, info.container_id)
     return rc
 
 
@@ -600,7 +624,20 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
     dir whose `createRuntime` hook hands the container's pid over and holds its command back
     until the guard is ready; the id is announced only after that. If the guard fails, the hook
     fails, runc never starts the command, and everything is removed.
+
+    The name's lock (`lock_name`) is held from before the record until the container is
+    announced or everything is removed again, not while the container runs.
     """
+    lock = lock_name(spec.name)
+    try:
+        return _run_once_locked(spec, ref, announce, lock)
+    finally:
+        lock.release()
+
+
+def _run_once_locked(
+    spec: CreateSpec, ref: ProfileRef, announce: Announce, lock: namelock.NameLock
+) -> int:
     audit("container.run", _run_record(spec, ref))
     where = spec_dir(spec.name)
     made = not where.exists()
@@ -635,7 +672,7 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
     argv = (*global_flags, *build_run_argv(spec, str(cidfile)))
     rc = _relay_run(
         spec, ref, announce, lambda: engine.start_run((engine.podman_bin(), *argv)), cidfile,
-        made=made, guarded=guarded,
+        made=made, guarded=guarded, lock=lock,
     )  # fmt: skip
     save_plan(ref)  # the next run of this revision can take the fast path
     return rc
@@ -650,12 +687,34 @@ def run_started(
     made: bool,
     announce: Announce,
     resolv_conf: str | None = None,
+    lock: namelock.NameLock | None = None,
 ) -> int:
-    """The second half of a run `linpodx.fastrun` began: it recorded `container.run` and started
-    `podman run` (`start` hands over that process, or raises what starting it raised) from a
-    stored plan of revision `profile_id`; with `resolv_conf`, it also launched the egress guard
-    and gave podman the OCI hook (as `_run_once` does). Loads that revision fully and goes on
-    as `_run_once`."""
+    """The second half of a run `linpodx.fastrun` began: it took the name's `lock`, recorded
+    `container.run` and started `podman run` (`start` hands over that process, or raises what
+    starting it raised) from a stored plan of revision `profile_id`; with `resolv_conf`, it also
+    launched the egress guard and gave podman the OCI hook (as `_run_once` does). Loads that
+    revision fully and goes on as `_run_once` (which lets the lock go)."""
+    try:
+        return _run_started(
+            req, profile_id, start, cidfile, made=made, announce=announce,
+            resolv_conf=resolv_conf, lock=lock,
+        )  # fmt: skip
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_started(
+    req: RunRequest,
+    profile_id: str,
+    start: Callable[[], Child],
+    cidfile: Path,
+    *,
+    made: bool,
+    announce: Announce,
+    resolv_conf: str | None,
+    lock: namelock.NameLock | None,
+) -> int:
     guarded = resolv_conf is not None
     try:
         ref = profile_by_id(profile_id)
@@ -677,7 +736,9 @@ def run_started(
         if made:
             _remove_spec(req.name or "")
         raise
-    return _relay_run(spec, ref, announce, start, cidfile, made=made, guarded=guarded)
+    return _relay_run(
+        spec, ref, announce, start, cidfile, made=made, guarded=guarded, lock=lock
+    )
 
 
 def _relay_run(
@@ -689,10 +750,15 @@ def _relay_run(
     *,
     made: bool,
     guarded: bool,
+    lock: namelock.NameLock | None = None,
 ) -> int:
-    """Relay a `podman run --cidfile` that `start` starts (see `_run_once`), then clean up."""
+    """Relay a `podman run --cidfile` that `start` starts (see `_run_once`), then clean up.
+    The name's `lock` is let go once the container is announced (the caller lets it go after
+    a failure, once everything is removed)."""
+    seen: list[str] = []
 
     def created(container_id: str, running: Callable[[], bool]) -> None:
+        seen.append(container_id)
         if guarded:
             guard = _guard()
             try:
@@ -709,6 +775,10 @@ def _relay_run(
         info = ContainerInfo(spec.name, container_id, "running", ref.name, ref.revision,
                              spec.image)  # fmt: skip
         announce(info, spec)
+        if lock is not None:
+            # The container has the name and its spec: whoever comes next finds it taken.
+            # Held on while it runs, it would keep `linpodx rm -f` waiting for it to end.
+            lock.release()
 
     try:
         rc = engine.relay_announced(start(), cidfile, created)
@@ -725,19 +795,21 @@ def _relay_run(
         if ours or made:
             _remove_spec(spec.name)
         raise
+    if lock is not None:
+        lock.release()  # (already, once announced); `forget` takes it again
+    cid = seen[0] if seen else engine.read_cid(cidfile)
     if rc < 0:
-        forget(spec.name)  # podman itself was killed: the container may still be there
+        forget(spec.name, cid)  # podman itself was killed: the container may still be there
         return rc
-    if rc != 0:
+    if rc != 0 and cid is not None:
         # podman 4.3 interrupted (Ctrl-C) between creating and starting the container exits 1
         # and leaves it behind, created or initialized: its command never ran. Remove it by
         # its id (seen here; a container that did run and fail is gone already: --ignore).
-        cid = engine.read_cid(cidfile)
-        if cid is not None:
-            engine.remove_quietly(cid)
+        engine.remove_quietly(cid)
     # podman run --rm removed the container before returning; its guard, if any, ends by
-    # itself with the container's network namespace.
-    _remove_spec(spec.name)
+    # itself with the container's network namespace. The name is free again, so a new run of
+    # it may have begun meanwhile: only this container's state dir goes.
+    forget(spec.name, cid, ask_podman=False)
     return rc
 
 
@@ -799,7 +871,13 @@ def _ref_for(name: str, info: dict[str, Any]) -> ProfileRef:
 
 
 def start(name: str) -> ContainerInfo:
-    """`linpodx start NAME`: init -> guard attach -> start, like run (audited first)."""
+    """`linpodx start NAME`: init -> guard attach -> start, like run (audited first), holding
+    the name's lock (`lock_name`): a second start at once then finds it running."""
+    with lock_name(name):
+        return _start(name)
+
+
+def _start(name: str) -> ContainerInfo:
     info = managed_info(name)
     ref = _ref_for(name, info)
     labels = engine.labels_of(info)
@@ -864,8 +942,14 @@ def stop(name: str, timeout: int = 10) -> dict[str, Any]:
 
 
 def remove(name: str, force: bool = False) -> dict[str, Any]:
-    """`linpodx rm NAME`: the container, its guard and its spec dir (audited first)."""
-    validate_name(name)
+    """`linpodx rm NAME`: the container, its guard and its spec dir (audited first), holding
+    the name's lock (`lock_name`), so that it never removes the files of a run of that name
+    that is under way."""
+    with lock_name(name):
+        return _remove(name, force)
+
+
+def _remove(name: str, force: bool) -> dict[str, Any]:
     present = engine.exists(name)
     if present:
         info = managed_info(name)
@@ -963,12 +1047,26 @@ def _hostname(name: str) -> str:
     return hostname_for(name)
 
 
-def forget(name: str) -> None:
-    """Drop the run spec of a `--rm` container that podman already removed."""
-    with contextlib.suppress(LinpodxError):
-        if engine.exists(name):
+def forget(name: str, container_id: str | None = None, *, ask_podman: bool = True) -> None:
+    """Drop the state dir of a `--rm` container that podman already removed, holding the
+    name's lock; not if a container of that name exists (`ask_podman`), nor if the run spec
+    there is another container's than `container_id` (a run of the name that came after)."""
+    with contextlib.suppress(LinpodxError), lock_name(name):
+        if ask_podman and engine.exists(name):
+            return
+        if container_id is not None and _spec_container_id(name) not in (None, container_id):
             return
         _remove_spec(name)
+
+
+def _spec_container_id(name: str) -> str | None:
+    """The container id in NAME's run spec, or None if it has no readable one."""
+    try:
+        doc = json.loads(spec_path(name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    cid = doc.get("container_id") if isinstance(doc, dict) else None
+    return cid if isinstance(cid, str) else None
 
 
 def logs(name: str, follow: bool) -> int:

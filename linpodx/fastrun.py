@@ -7,12 +7,14 @@ the storage), so the work linpodx must do before podman starts is kept to what c
 and everything else happens while podman runs:
 
 before podman starts (standard library's cheapest modules plus `runplan`, `runline`,
-`audit.core`, `spawn`, `paths`, `errors`; checked by tests/unit/test_fastrun.py):
+`audit.core`, `spawn`, `paths`, `namelock`, `errors`; checked by tests/unit/test_fastrun.py):
   1. the stored plan of the profile's current revision (`linpodx.runplan`: the podman flags
      the full path built for it on this host, used only if everything they came from is
      unchanged);
-  2. the profile's mount sources checked on the host again and pinned for runc's mount-check
-     hook (`linpodx.podman.mountpin`), as the full path does;
+  2. the profile's mount sources checked on the host again, the name's lock taken
+     (`linpodx.namelock`: held until the container is announced, so that a second run of the
+     name waits and then finds it taken) and the sources pinned for runc's mount-check hook
+     (`linpodx.podman.mountpin`), as the full path does;
   3. the `container.run` record, appended to the admin chain and fsynced: audited before it
      takes effect, as always;
   4. with an egress allowlist, the guard's policy file and resolv.conf, the guard launched
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import os
 
-from linpodx import paths, runplan
+from linpodx import namelock, paths, runplan
 from linpodx.audit import core
 from linpodx.errors import LinpodxError
 from linpodx.podman import mountpin, runline, spawn
@@ -78,6 +80,32 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
             return None  # a mount source is no longer fine: the full path refuses and says why
         pins.append((ident[0], ident[1], target))
     where = os.path.join(paths.containers_root(), name)
+    try:
+        # Held until the container is announced (or everything is removed again): another run
+        # of this name waits, then finds the name taken (`linpodx.namelock`).
+        lock = namelock.acquire(name)
+    except OSError:
+        return None  # the full path takes it again and says what is wrong
+    try:
+        rc = _locked(fields, announce, plan, podman, name, head, command, pins, where, lock)
+    finally:
+        lock.release()
+    return rc
+
+
+def _locked(
+    fields: dict[str, Any],
+    announce: Announce,
+    plan: dict[str, Any],
+    podman: str,
+    name: str,
+    head: list[str],
+    command: tuple[str, ...],
+    pins: list[mountpin.Pin],
+    where: str,
+    lock: namelock.NameLock,
+) -> int | None:
+    """`run` from the name's lock on: None (nothing done) if the full path must run it."""
     if os.path.exists(where):
         return None  # the pins (and the guard's files) would be another's: the full path checks
     guarded = plan["guarded"]
@@ -132,8 +160,9 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         failed = exc
     try:
         return _go_on(
-            fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce, resolv
-        )
+            fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce,
+            resolv, lock,
+        )  # fmt: skip
     finally:
         if held is not None:
             spawn.restore_signals(held)
@@ -164,6 +193,7 @@ def _go_on(
     made: bool,
     announce: Announce,
     resolv: str | None,
+    lock: namelock.NameLock,
 ) -> int:
     """The part that runs while podman works: the full modules, then `containers.run_started`."""
     # Most of what this process does while podman creates the container, none of it what
@@ -199,7 +229,8 @@ def _go_on(
     )
     global finished
     rc = containers.run_started(
-        req, profile_id, start, Path(cidfile), made=made, announce=announce, resolv_conf=resolv
-    )
+        req, profile_id, start, Path(cidfile), made=made, announce=announce, resolv_conf=resolv,
+        lock=lock,
+    )  # fmt: skip
     finished = True
     return rc

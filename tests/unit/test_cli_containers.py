@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from linpodx import containers
+from linpodx import containers, namelock
 from linpodx.errors import EngineError, InvalidInput, NotFound
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine
@@ -501,3 +501,60 @@ def test_rm_cleanup_hook_removes_only_its_own_containers_dir(state: str, removed
                          capture_output=True)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert where.exists() is not removed
+
+
+def test_the_loser_of_two_runs_of_one_name_leaves_the_winners_files_alone(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two guarded `run -d --name agent-1` at once. The first (the winner) holds the name while
+    it prepares its guard (policy file, resolv.conf, the guard's log) and podman creates its
+    container; the second must not prepare over those files, nor remove them when podman
+    refuses its create: it waits for the name, then finds it taken."""
+    import threading
+
+    from linpodx.egress import guard
+    from linpodx.egress.state import EgressState
+
+    def launch(name: str) -> None:  # what spawning the guard does to its log: append
+        with EgressState(name).guard_log.open("a") as f:
+            f.write(f"guard of {name} launched\n")
+
+    monkeypatch.setattr(guard, "launch", launch)
+    ref = guarded_ref()
+    st = EgressState("agent-1")
+    winner = namelock.acquire("agent-1")
+    guard.prepare("agent-1", ref)
+    files = {p.name: p.read_bytes() for p in st.dir.iterdir()}
+    assert "guard.log" in files
+    fake.fail["create"] = EngineError(
+        "podman create failed", stderr='Error: the container name "agent-1" is already in use'
+    )
+    failed: list[BaseException] = []
+
+    def loser() -> None:
+        try:
+            containers.create_and_start(containers.make_spec(REQ, ref), ref)
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=loser, daemon=True)
+    t.start()
+    t.join(1.0)  # (without the lock it has run to its end by now)
+    fake.present.add("agent-1")  # the winner's podman create took the name
+    winner.release()
+    t.join(30)
+    assert not t.is_alive()
+    assert {p.name: p.read_bytes() for p in st.dir.iterdir()} == files
+    [err] = failed
+    assert isinstance(err, EngineError) and "already in use" in err.message
+    assert "create" not in fake.names()  # refused before podman was asked
+
+
+def test_a_finished_rm_run_removes_only_its_own_state_dir() -> None:
+    """After a `--rm` container ended, the name is free: a new run of it may already have
+    written its spec. `forget` removes the state dir only if it is still this container's."""
+    containers.save_spec("agent-1", {"container_id": "beef", "name": "agent-1"})
+    containers.forget("agent-1", "c0ffee", ask_podman=False)
+    assert containers.spec_path("agent-1").exists()
+    containers.forget("agent-1", "beef", ask_podman=False)
+    assert not containers.spec_dir("agent-1").exists()
