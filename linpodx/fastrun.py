@@ -228,9 +228,11 @@ def _go_on(
         rm=True,
     )
     global finished
+    what, failed = failure
+    steps = {"the run's state dir": "state_dir", "the egress guard": "egress_guard"}
     rc = containers.run_started(
         req, profile_id, start, Path(cidfile), made=made, announce=announce, resolv_conf=resolv,
-        lock=lock,
+        lock=lock, step=steps.get(what, "podman_run") if failed is not None else "podman_run",
     )  # fmt: skip
     finished = True
     return rc

@@ -558,3 +558,134 @@ def test_a_finished_rm_run_removes_only_its_own_state_dir() -> None:
     assert containers.spec_path("agent-1").exists()
     containers.forget("agent-1", "beef", ask_podman=False)
     assert not containers.spec_dir("agent-1").exists()
+
+
+def failed_records() -> list[dict[str, Any]]:
+    return [r["data"] for r in admin_records() if r["type"].endswith(".failed")]
+
+
+@pytest.mark.parametrize(
+    ("fail", "step", "container"),
+    [
+        ("create", "podman_create", "not_created"),
+        ("create_home", "home", "removed"),
+        ("start", "podman_start", "removed"),
+    ],
+)
+def test_a_run_that_fails_after_its_record_records_how(
+    fake: FakeEngine, fail: str, step: str, container: str
+) -> None:
+    fake.fail[fail] = EngineError(f"podman {fail} failed (exit 125)", stderr="Error: secret-ish")
+    with pytest.raises(EngineError):
+        containers.run(REQ)
+    assert [r["type"] for r in admin_records()] == ["container.run", "container.run.failed"]
+    assert failed_records() == [
+        {"name": "agent-1", "step": step, "error": "EngineError",
+         "reason": f"podman {fail} failed (exit 125)", "container": container},
+    ]  # fmt: skip
+
+
+def test_a_run_whose_clean_up_fails_records_the_container_as_left(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.fail["start"] = EngineError("podman start failed (exit 125)")
+    monkeypatch.setattr(engine, "remove_quietly", lambda name: "Error: device busy")
+    with pytest.raises(EngineError) as ei:
+        containers.run(REQ)
+    assert ei.value.hint and "podman rm -f agent-1" in ei.value.hint
+    assert failed_records()[0]["container"] == "left"
+
+
+def test_a_guarded_run_records_a_guard_failure_and_a_taken_name(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = FakeGuard(fail_attach=True)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers, "_pid_alive", lambda pid: True)
+    spec = containers.make_spec(REQ, guarded_ref())
+    with pytest.raises(EngineError):
+        containers.create_and_start(spec, guarded_ref())
+    # The taken name: refused before anything of the other container's is touched.
+    containers.spec_dir("agent-1").mkdir(parents=True)
+    fake.present.add("agent-1")
+    with pytest.raises(EngineError):
+        containers.create_and_start(spec, guarded_ref())
+    assert [(r["step"], r["reason"].split(":")[0], r["container"]) for r in failed_records()] == [
+        ("egress_guard", "egress guard failed", "removed"),
+        ("name_check", "the container name 'agent-1' is already in use", "not_created"),
+    ]
+
+
+def test_a_start_that_fails_after_its_record_records_how(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.run(REQ)
+    fake.state = "exited"
+    fake.present.add("agent-1")
+    fake.fail["start"] = EngineError("podman start failed (exit 125)")
+    with pytest.raises(EngineError) as ei:
+        containers.start("agent-1")
+    assert ei.value.hint and "agent-1 was left stopped" in ei.value.hint
+    assert [r["type"] for r in admin_records()][-2:] == [
+        "container.start", "container.start.failed"
+    ]  # fmt: skip
+    assert failed_records() == [
+        {"name": "agent-1", "step": "podman_start", "error": "EngineError",
+         "reason": "podman start failed (exit 125)", "stopped": True},
+    ]  # fmt: skip
+
+
+def test_an_attached_start_that_never_started_records_the_run_as_failed(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.create_and_start(containers.make_spec(REQ, containers.builtin_ref()),
+                                containers.builtin_ref(), start=False)  # fmt: skip
+    monkeypatch.setattr(engine, "run_inherited", lambda argv, stop=None: 125)
+    monkeypatch.setattr(
+        engine, "inspect", lambda name: {"State": {"StartedAt": "0001-01-01T00:00:00Z"}}
+    )
+    assert containers.attached_start("agent-1", False, remove_on_failure=True) == 125
+    assert failed_records() == [
+        {"name": "agent-1", "step": "podman_start", "error": "EngineError",
+         "reason": "podman start --attach exited 125 without starting the container",
+         "container": "removed"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("why", ["audit", "bug"])
+def test_an_outcome_record_that_cannot_be_written_keeps_the_original_error(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch, cli: Any, why: str
+) -> None:
+    """The failure record is written after the fact: if it cannot be, that is a warning, and
+    the error and exit code the person sees stay the run's own."""
+    from linpodx.errors import AuditError
+
+    real = containers.audit
+
+    def audit(event_type: str, data: dict[str, Any]) -> None:
+        if event_type.endswith(".failed"):
+            if why == "audit":
+                raise AuditError("could not record to the audit log: disk full")
+            raise RuntimeError("something unexpected")
+        real(event_type, data)
+
+    monkeypatch.setattr(containers, "audit", audit)
+    fake.fail["start"] = EngineError("podman start failed (exit 125)", hint="see podman")
+    res = cli("run", "--image", "localhost/img:1", "--name", "agent-1", "-d")
+    assert res.exit_code == 5
+    assert res.stderr.startswith("warning: could not record container.run.failed for agent-1")
+    said = "disk full" if why == "audit" else "RuntimeError"
+    assert said in res.stderr.splitlines()[0]
+    assert "error: podman start failed (exit 125)" in res.stderr
+    assert "hint: see podman; the container agent-1 was removed again" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert [r["type"] for r in admin_records()] == ["container.run"]
+
+
+def test_the_chain_with_failure_records_verifies(fake: FakeEngine, cli: Any) -> None:
+    fake.fail["create"] = EngineError("podman create failed (exit 125)")
+    assert cli("run", "--image", "localhost/img:1", "--name", "agent-1", "-d").exit_code == 5
+    res = cli("audit", "verify")
+    assert res.exit_code == 0 and "chain:   OK" in res.stdout
+    shown = cli("audit", "show").stdout
+    assert "container.run.failed" in shown and '"step":"podman_create"' in shown
