@@ -1131,12 +1131,27 @@ def _remove(name: str, force: bool) -> dict[str, Any]:
         )
     audit("container.rm", {"name": name, "force": force, "present": present})
     if present:
-        engine.remove(name, force=force)
+        try:
+            engine.remove(name, force=force)
+        except EngineError:
+            if engine.exists(name):
+                raise
+            # Gone meanwhile (a `--rm` container that ended): its state goes all the same.
     with contextlib.suppress(Exception):
         _guard().detach(name)
     _remove_spec(name)
     _emit("container.rm", name=name)
-    return {"name": name, "removed": True}
+    if not present:
+        # What a `linpodx rm` killed after `podman rm` leaves (or a `--rm` container whose
+        # clean-up hook did not run): say so rather than let "removed" suggest a container.
+        from linpodx.output import note
+
+        with contextlib.suppress(OSError):
+            note(
+                f"note: container {name} was already gone (an earlier removal may have been "
+                "interrupted); removed the state linpodx kept for it"
+            )
+    return {"name": name, "removed": True, "present": present}
 
 
 def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -> int:

@@ -243,3 +243,28 @@ def test_a_run_that_fails_after_its_record_gets_a_failed_record(
     assert verified.returncode == 0 and "chain:   OK" in verified.stdout, verified.stdout
     shown = run_linpodx("audit", "show", "--limit", "1")
     assert "container.run.failed" in shown.stdout and f'"step":"{step}"' in shown.stdout
+
+
+def test_what_a_killed_rm_leaves_is_taken_over_by_run_and_removed_by_rm(unique_name: str) -> None:
+    """`linpodx rm -f NAME` killed after `podman rm`, before it removed its state dir (as
+    `podman rm` itself does it here): no container, a state dir. `ps --all` has nothing to
+    list, `run --name NAME` takes the name, and the next `rm` removes the state and says the
+    container was already gone."""
+    argv = ("run", "-d", "--image", BUSYBOX_IMAGE, "--name", unique_name, "--", "sleep", "600")
+    assert run_linpodx(*argv).returncode == 0
+    podman("rm", "-f", "-t", "0", unique_name)
+    assert containers.spec_dir(unique_name).exists()
+    ps = run_linpodx("ps", "--all")
+    assert ps.returncode == 0 and unique_name not in ps.stdout
+    again = run_linpodx(*argv)
+    assert again.returncode == 0, again.stderr
+    cid = again.stdout.split()[1]
+    assert json.loads(containers.spec_path(unique_name).read_text())["container_id"] == cid
+    podman("rm", "-f", "-t", "0", unique_name)
+    res = run_linpodx("rm", unique_name)
+    assert res.returncode == 0, res.stderr
+    assert "present: false" in res.stdout and "already gone" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not containers.spec_dir(unique_name).exists()
+    res = run_linpodx("rm", unique_name)
+    assert res.returncode == 4 and "container not found" in res.stderr and "hint:" in res.stderr

@@ -689,3 +689,79 @@ def test_the_chain_with_failure_records_verifies(fake: FakeEngine, cli: Any) -> 
     assert res.exit_code == 0 and "chain:   OK" in res.stdout
     shown = cli("audit", "show").stdout
     assert "container.run.failed" in shown and '"step":"podman_create"' in shown
+
+
+def _leftover_of_a_killed_rm(fake: FakeEngine) -> None:
+    """What `linpodx rm -f agent-1` killed after `podman rm` leaves: the state dir (run spec,
+    egress files), no container."""
+    from linpodx.egress.state import EgressState
+
+    containers.run(REQ)
+    st = EgressState("agent-1")
+    st.ensure()
+    st.policy_file.write_text("{}")
+    st.guard_log.write_text("old guard\n")
+    fake.present.discard("agent-1")
+    fake.calls.clear()
+
+
+def test_rm_after_a_killed_rm_removes_the_leftover_and_says_so(
+    fake: FakeEngine, cli: Any
+) -> None:
+    _leftover_of_a_killed_rm(fake)
+    assert cli("ps", "--all").exit_code == 0
+    res = cli("rm", "agent-1")
+    assert res.exit_code == 0, res.stderr
+    assert "present: false" in res.stdout
+    assert "note: container agent-1 was already gone" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not containers.spec_dir("agent-1").exists()
+    assert "rm" not in fake.names()  # no podman rm for a container that is not there
+    assert admin_records()[-1]["data"] == {"name": "agent-1", "force": False, "present": False}
+    again = cli("rm", "agent-1")
+    assert again.exit_code == 4 and "container not found: agent-1" in again.stderr
+    assert "hint:" in again.stderr
+
+
+def test_run_after_a_killed_rm_takes_the_name(fake: FakeEngine) -> None:
+    _leftover_of_a_killed_rm(fake)
+    fake.present.discard("agent-1")
+    info, _ = containers.run(REQ)
+    assert info.state == "running"
+    assert containers.load_spec("agent-1")["container_id"] == "c0ffee"
+
+
+def test_rm_of_a_leftover_waits_for_a_run_of_that_name_under_way(fake: FakeEngine) -> None:
+    """A state dir without a container is also what a run looks like before `podman create`:
+    `rm` must not remove that run's files. It waits for the name, then finds the container."""
+    import threading
+
+    _leftover_of_a_killed_rm(fake)
+    run = namelock.acquire("agent-1")  # a new run of agent-1 is under way
+    spec_before = containers.spec_path("agent-1").read_bytes()
+    done: list[dict[str, Any]] = []
+    t = threading.Thread(target=lambda: done.append(containers.remove("agent-1", True)))
+    t.daemon = True
+    t.start()
+    t.join(1.0)  # (without the lock it has removed everything by now)
+    assert containers.spec_path("agent-1").read_bytes() == spec_before
+    fake.present.add("agent-1")  # the run's podman create
+    run.release()
+    t.join(30)
+    assert done and done[0]["present"] is True  # it removed the container, as asked
+    assert ("rm", "agent-1") in fake.calls
+
+
+def test_rm_of_a_container_that_vanishes_meanwhile_is_not_an_error(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.run(REQ)
+    fake.present.add("agent-1")
+
+    def gone(name: str, force: bool = False) -> None:
+        fake.present.discard(name)  # a `--rm` container that ended just now
+        raise EngineError("podman rm failed (exit 1)", stderr="Error: no such container")
+
+    monkeypatch.setattr(engine, "remove", gone)
+    assert containers.remove("agent-1", True)["removed"] is True
+    assert not containers.spec_dir("agent-1").exists()
