@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from linpodx import events, runplan
+from linpodx import events, namelock, runplan
 from linpodx.canonical import canonical_bytes, strict_loads
 from linpodx.errors import (
     AuditError,
@@ -166,6 +166,60 @@ def _emit(event_type: str, **data: Any) -> None:
         events.emit(event_type, **data)
 
 
+REASON_MAX = 300
+"""Characters of an error message an outcome record keeps."""
+
+
+class Outcome:
+    """How far a recorded run (`container.run`) or start (`container.start`) got, for the
+    outcome record it gets if it fails: `container.run.failed` / `container.start.failed`."""
+
+    def __init__(self, record: str, name: str) -> None:
+        self.record = record
+        self.name = name
+        self.step = "prepare"
+        """What was being done when it failed (a short constant, e.g. `podman_create`)."""
+        self.created = False
+        """podman created the container (a run) before the failure."""
+        self.removed = False
+        """The clean-up removed it again (a run), or stopped it (a start)."""
+
+    def failed(self, exc: BaseException) -> None:
+        """Append the `<record>.failed` record for `exc`. It records what already happened and
+        cannot undo anything: if it cannot be written, that is a warning on stderr and `exc`
+        stays the error reported (with its exit code)."""
+        fate: dict[str, bool | str]
+        if self.record == "container.start":
+            fate = {"stopped": self.removed}
+        else:
+            container = "removed" if self.removed else "left"
+            fate = {"container": container if self.created else "not_created"}
+        data = {"name": self.name, "step": self.step, **_reason(exc), **fate}
+        try:
+            audit(f"{self.record}.failed", data)
+        except Exception as err:  # any: it must not replace the error being reported
+            said = err.message if isinstance(err, LinpodxError) else type(err).__name__
+            with contextlib.suppress(Exception):
+                from linpodx.output import note
+
+                note(
+                    f"warning: could not record {self.record}.failed for {self.name} in the "
+                    f"audit log: {said}"
+                )
+
+
+def _reason(exc: BaseException) -> dict[str, str]:
+    """What an outcome record says about an error: its type and linpodx's own message (never
+    podman's stderr, argv or an exception's text, which may hold anything), shortened."""
+    if isinstance(exc, LinpodxError):
+        message = exc.message.splitlines()[0] if exc.message else ""
+        if len(message) > REASON_MAX:
+            message = message[: REASON_MAX - 1] + "…"
+    else:
+        message = "unexpected error" if isinstance(exc, Exception) else "interrupted"
+    return {"error": type(exc).__name__, "reason": message}
+
+
 # --- egress guard (owned by the egress engineer; fail closed if missing) ---------------------
 
 
@@ -276,6 +330,19 @@ def _remove_spec(name: str) -> None:
     shutil.rmtree(spec_dir(name), ignore_errors=True)
 
 
+def lock_name(name: str) -> namelock.NameLock:
+    """Take NAME's lock (`linpodx.namelock`): held while a command writes or removes what lives
+    under `containers_dir()/NAME`, so that a second run of the name finds it taken and leaves
+    the first one's files alone."""
+    try:
+        return namelock.acquire(validate_name(name))
+    except OSError as exc:
+        raise LinpodxError(
+            f"could not lock the container name {name}: {exc.strerror or exc}",
+            f"check that linpodx's state dir ({containers_dir()}) is writable",
+        ) from exc
+
+
 # --- building ---------------------------------------------------------------------------------
 
 
@@ -335,9 +402,19 @@ def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = Non
     )
 
 
-def _cleanup(name: str, why: LinpodxError, *, remove_spec: bool, guard_too: bool) -> LinpodxError:
-    """Remove what was created for NAME and add what happened to the error's hint."""
+def _cleanup(
+    name: str,
+    why: LinpodxError,
+    *,
+    remove_spec: bool,
+    guard_too: bool,
+    outcome: Outcome | None = None,
+) -> LinpodxError:
+    """Remove what was created for NAME and add what happened to the error's hint (and to
+    `outcome`)."""
     leftover = engine.remove_quietly(name)
+    if outcome is not None:
+        outcome.removed = leftover is None
     if guard_too:
         with contextlib.suppress(Exception):
             _guard().detach(name)
@@ -388,6 +465,7 @@ def _bring_up(
     start: bool,
     resolv: str | None = None,
     rm_cleanup: bool = False,
+    outcome: Outcome | None = None,
 ) -> None:
     """(guard.prepare) -> init -> guard attach (when the profile has an allowlist) -> start
     (unless `start` is False, when the caller starts it attached to a terminal).
@@ -405,9 +483,11 @@ def _bring_up(
     `rm_cleanup` (a `--rm` container): podman also gets the hook that removes the state dir
     when podman removes the container (`_rm_cleanup_flags`).
     """
+    outcome = outcome or Outcome("", name)
+    outcome.step = "state_dir"
     extra = _rm_cleanup_flags(name) if rm_cleanup else ()
     try:
-        mounted = _bring_up_gated(name, ref, start=start, resolv=resolv, extra=extra)
+        mounted = _bring_up_gated(name, ref, start=start, resolv=resolv, extra=extra, at=outcome)
     except BaseException:
         mountpin.close_gate(str(spec_dir(name)))
         raise
@@ -416,11 +496,19 @@ def _bring_up(
 
 
 def _bring_up_gated(
-    name: str, ref: ProfileRef, *, start: bool, resolv: str | None, extra: tuple[str, ...]
+    name: str,
+    ref: ProfileRef,
+    *,
+    start: bool,
+    resolv: str | None,
+    extra: tuple[str, ...],
+    at: Outcome,
 ) -> bool:
-    """`_bring_up`'s steps; whether a podman call made the mounts (`init` or `start`)."""
+    """`_bring_up`'s steps (each named in `at`); whether a podman call made the mounts."""
+    at.step = "mount_check"
     mounts = (*pin_mounts(name, ref), *extra)
     if needs_guard(ref):
+        at.step = "egress_guard"
         guard = _guard()
         got = str(guard.prepare(name, ref))
         if resolv and got != resolv:
@@ -435,9 +523,12 @@ def _bring_up_gated(
         for attempt in (1, 2):
             if attempt == 2:
                 # Check again, and reopen the gate the hook closed.
+                at.step = "mount_check"
                 mounts = (*pin_mounts(name, ref), *extra)
+            at.step = "podman_init"
             engine.init(name, mounts)
             pid = guard.init_pid(name) or engine.container_pid(name)
+            at.step = "egress_guard"
             try:
                 guard.attach(name, pid, ref)
                 break
@@ -451,6 +542,7 @@ def _bring_up_gated(
                     f"egress guard failed: {type(exc).__name__}: {exc}", "see `linpodx doctor`"
                 ) from exc
     if start:
+        at.step = "podman_start"
         engine.start(name, mounts)
     return start or needs_guard(ref)
 
@@ -493,10 +585,34 @@ def save_plan(ref: ProfileRef) -> None:
 
 def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -> ContainerInfo:
     """Create a hardened container for `spec` and start it (or leave it ready for an attached
-    start when `start` is False). Audited first; nothing is left behind on failure."""
+    start when `start` is False). Audited first; nothing is left behind on failure. The name's
+    lock is held throughout (`lock_name`)."""
+    with lock_name(spec.name):
+        info = _create_and_start(spec, ref, start=start)
+    if spec.rm:
+        # Such a container's state dir goes with it (`_rm_cleanup_flags`), but its hook cannot
+        # take the name's lock, so the lock file stays: remove those of earlier ones here.
+        namelock.sweep()
+    return info
+
+
+def _create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool) -> ContainerInfo:
     audit("container.run", _run_record(spec, ref))
+    outcome = Outcome("container.run", spec.name)
+    try:
+        return _create_and_start_recorded(spec, ref, start=start, outcome=outcome)
+    except BaseException as exc:
+        outcome.failed(exc)
+        raise
+
+
+def _create_and_start_recorded(
+    spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome
+) -> ContainerInfo:
+    """`create_and_start` after its record; `outcome` follows along."""
     guarded = needs_guard(ref)
     gated = bool(ref.profile.mounts)
+    outcome.step = "name_check"
     if guarded or gated:
         # prepare() and the mount gate write files under this name: if the name is taken,
         # those belong to the other container, so refuse before touching them (and never
@@ -509,8 +625,10 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
             )
     if gated:
         # podman create needs the gate to exist; `_bring_up`'s start closes it again.
+        outcome.step = "mount_check"
         mountpin.open_gate(str(ensure_dir(spec_dir(spec.name))))
     if guarded:
+        outcome.step = "egress_guard"
         try:
             resolv = _guard().prepare(spec.name, ref)
         except LinpodxError:
@@ -519,6 +637,7 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
             raise
         spec = CreateSpec(**{**_fields(spec), "resolv_conf": str(resolv)})
     argv = build_create_argv(spec)
+    outcome.step = "podman_create"
     try:
         container_id = engine.create(argv)
     except LinpodxError:
@@ -528,13 +647,21 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
         if gated:
             mountpin.close_gate(str(spec_dir(spec.name)))
         raise  # podman refused: nothing was created (a name clash leaves the other one alone)
+    outcome.created = True
     try:
+        outcome.step = "run_spec"
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
         if not spec.rm:
+            outcome.step = "home"
             engine.create_home(spec.name)
-        _bring_up(spec.name, ref, start=start, resolv=spec.resolv_conf, rm_cleanup=spec.rm)
+        _bring_up(
+            spec.name, ref, start=start, resolv=spec.resolv_conf, rm_cleanup=spec.rm,
+            outcome=outcome,
+        )  # fmt: skip
     except LinpodxError as err:
-        raise _cleanup(spec.name, err, remove_spec=True, guard_too=guarded) from None
+        raise _cleanup(
+            spec.name, err, remove_spec=True, guard_too=guarded, outcome=outcome
+        ) from None
     state = "running"
     if start and not spec.rm:
         with contextlib.suppress(LinpodxError):
@@ -591,7 +718,7 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
     finally:
         mountpin.close_gate(str(spec_dir(info.name)))
     if req.rm:
-        forget(info.name)
+        forget(info.name, info.container_id)
     return rc
 
 
@@ -603,11 +730,41 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
     dir whose `createRuntime` hook hands the container's pid over and holds its command back
     until the guard is ready; the id is announced only after that. If the guard fails, the hook
     fails, runc never starts the command, and everything is removed.
+
+    The name's lock (`lock_name`) is held from before the record until the container is
+    announced or everything is removed again, not while the container runs.
     """
+    lock = lock_name(spec.name)
+    try:
+        return _run_once_locked(spec, ref, announce, lock)
+    finally:
+        lock.release()
+
+
+def _run_once_locked(
+    spec: CreateSpec, ref: ProfileRef, announce: Announce, lock: namelock.NameLock
+) -> int:
     audit("container.run", _run_record(spec, ref))
+    outcome = Outcome("container.run", spec.name)
+    try:
+        return _run_once_recorded(spec, ref, announce, lock, outcome)
+    except BaseException as exc:
+        outcome.failed(exc)
+        raise
+
+
+def _run_once_recorded(
+    spec: CreateSpec,
+    ref: ProfileRef,
+    announce: Announce,
+    lock: namelock.NameLock,
+    outcome: Outcome,
+) -> int:
+    """`_run_once` after its record; `outcome` follows along."""
     where = spec_dir(spec.name)
     made = not where.exists()
     guarded = needs_guard(ref)
+    outcome.step = "name_check"
     if not made and engine.exists(spec.name):
         # The mount pins (and the guard's files) are written under this name: refuse a taken
         # name first, so the other container's files are left as they are.
@@ -615,6 +772,7 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
             f"the container name {spec.name!r} is already in use",
             engine.NAME_IN_USE_HINT,
         )
+    outcome.step = "mount_check"
     try:
         global_flags = pin_mounts(spec.name, ref)
     except LinpodxError:
@@ -622,6 +780,7 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
             shutil.rmtree(where, ignore_errors=True)
         raise
     if guarded:
+        outcome.step = "egress_guard"
         guard = _guard()
         try:
             resolv = guard.prepare(spec.name, ref)
@@ -634,11 +793,12 @@ def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:
         global_flags = (*global_flags, f"--hooks-dir={hooks}")
     # The id file is named for this run: if the name was taken since, podman refuses before
     # writing it.
+    outcome.step = "state_dir"
     cidfile = ensure_dir(where) / f"cid-{secrets.token_hex(6)}"
     argv = (*global_flags, *build_run_argv(spec, str(cidfile)))
     rc = _relay_run(
         spec, ref, announce, lambda: engine.start_run((engine.podman_bin(), *argv)), cidfile,
-        made=made, guarded=guarded,
+        made=made, guarded=guarded, lock=lock, outcome=outcome,
     )  # fmt: skip
     save_plan(ref)  # the next run of this revision can take the fast path
     return rc
@@ -653,12 +813,42 @@ def run_started(
     made: bool,
     announce: Announce,
     resolv_conf: str | None = None,
+    lock: namelock.NameLock | None = None,
+    step: str = "podman_run",
 ) -> int:
-    """The second half of a run `linpodx.fastrun` began: it recorded `container.run` and started
-    `podman run` (`start` hands over that process, or raises what starting it raised) from a
-    stored plan of revision `profile_id`; with `resolv_conf`, it also launched the egress guard
-    and gave podman the OCI hook (as `_run_once` does). Loads that revision fully and goes on
-    as `_run_once`."""
+    """The second half of a run `linpodx.fastrun` began: it took the name's `lock`, recorded
+    `container.run` and started `podman run` (`start` hands over that process, or raises what
+    starting it raised: then `step` names what failed) from a stored plan of revision
+    `profile_id`; with `resolv_conf`, it also launched the egress guard and gave podman the OCI
+    hook (as `_run_once` does). Loads that revision fully and goes on as `_run_once` (which
+    lets the lock go, and records `container.run.failed` if the run fails)."""
+    outcome = Outcome("container.run", req.name or "")
+    outcome.step = step
+    try:
+        return _run_started(
+            req, profile_id, start, cidfile, made=made, announce=announce,
+            resolv_conf=resolv_conf, lock=lock, outcome=outcome,
+        )  # fmt: skip
+    except BaseException as exc:
+        outcome.failed(exc)
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_started(
+    req: RunRequest,
+    profile_id: str,
+    start: Callable[[], Child],
+    cidfile: Path,
+    *,
+    made: bool,
+    announce: Announce,
+    resolv_conf: str | None,
+    lock: namelock.NameLock | None,
+    outcome: Outcome,
+) -> int:
     guarded = resolv_conf is not None
     try:
         ref = profile_by_id(profile_id)
@@ -666,21 +856,26 @@ def run_started(
     except BaseException:
         # The plan matched this revision byte for byte, so this is not expected; the container
         # must not run on without its spec all the same.
+        outcome.step = "profile"
         with contextlib.suppress(Exception):
             child = start()
             child.terminate()
             child.wait()
             child.close()
         if cidfile.exists():
+            outcome.created = True
             cidfile.unlink(missing_ok=True)
-            engine.remove_quietly(req.name or "")
+            outcome.removed = engine.remove_quietly(req.name or "") is None
         if guarded:
             with contextlib.suppress(Exception):
                 _guard().detach(req.name or "")
         if made:
             _remove_spec(req.name or "")
         raise
-    return _relay_run(spec, ref, announce, start, cidfile, made=made, guarded=guarded)
+    return _relay_run(
+        spec, ref, announce, start, cidfile, made=made, guarded=guarded, lock=lock,
+        outcome=outcome,
+    )  # fmt: skip
 
 
 def _relay_run(
@@ -692,11 +887,22 @@ def _relay_run(
     *,
     made: bool,
     guarded: bool,
+    lock: namelock.NameLock | None = None,
+    outcome: Outcome | None = None,
 ) -> int:
-    """Relay a `podman run --cidfile` that `start` starts (see `_run_once`), then clean up."""
+    """Relay a `podman run --cidfile` that `start` starts (see `_run_once`), then clean up.
+    The name's `lock` is let go once the container is announced (the caller lets it go after
+    a failure, once everything is removed). `outcome` learns how far it got."""
+    seen: list[str] = []
+    at = outcome or Outcome("", spec.name)
+    if at.step in ("prepare", "state_dir"):
+        at.step = "podman_run"
 
     def created(container_id: str, running: Callable[[], bool]) -> None:
+        seen.append(container_id)
+        at.created = True
         if guarded:
+            at.step = "egress_guard"
             guard = _guard()
             try:
                 guard.attach(spec.name, guard.hook_pid(spec.name, running, container_id), ref)
@@ -704,6 +910,7 @@ def _relay_run(
                 guard.hook_release(spec.name, f"not started: {exc}", running)
                 raise
             guard.hook_release(spec.name, "ready", running)
+        at.step = "run_spec"
         save_spec(spec.name, _spec_doc(spec, ref, container_id, events.now_iso()))
         _emit(
             "container.start",
@@ -711,36 +918,46 @@ def _relay_run(
         )  # fmt: skip
         info = ContainerInfo(spec.name, container_id, "running", ref.name, ref.revision,
                              spec.image)  # fmt: skip
+        at.step = "announce"
         announce(info, spec)
+        if lock is not None:
+            # The container has the name and its spec: whoever comes next finds it taken.
+            # Held on while it runs, it would keep `linpodx rm -f` waiting for it to end.
+            lock.release()
 
     try:
         rc = engine.relay_announced(start(), cidfile, created)
     except BaseException as exc:
         ours = cidfile.exists()  # podman created the container: remove it and its spec
+        at.created = at.created or ours
         cidfile.unlink(missing_ok=True)
         if ours and isinstance(exc, LinpodxError):
-            raise _cleanup(spec.name, exc, remove_spec=True, guard_too=guarded) from None
+            raise _cleanup(
+                spec.name, exc, remove_spec=True, guard_too=guarded, outcome=at
+            ) from None
         if guarded:
             with contextlib.suppress(Exception):
                 _guard().detach(spec.name)
         if ours:
-            engine.remove_quietly(spec.name)
+            at.removed = engine.remove_quietly(spec.name) is None
         if ours or made:
             _remove_spec(spec.name)
         raise
+    if lock is not None:
+        lock.release()  # (already, once announced); `forget` takes it again
+    cid = seen[0] if seen else engine.read_cid(cidfile)
     if rc < 0:
-        forget(spec.name)  # podman itself was killed: the container may still be there
+        forget(spec.name, cid)  # podman itself was killed: the container may still be there
         return rc
-    if rc != 0:
+    if rc != 0 and cid is not None:
         # podman 4.3 interrupted (Ctrl-C) between creating and starting the container exits 1
         # and leaves it behind, created or initialized: its command never ran. Remove it by
         # its id (seen here; a container that did run and fail is gone already: --ignore).
-        cid = engine.read_cid(cidfile)
-        if cid is not None:
-            engine.remove_quietly(cid)
+        engine.remove_quietly(cid)
     # podman run --rm removed the container before returning; its guard, if any, ends by
-    # itself with the container's network namespace.
-    _remove_spec(spec.name)
+    # itself with the container's network namespace. The name is free again, so a new run of
+    # it may have begun meanwhile: only this container's state dir goes.
+    forget(spec.name, cid, ask_podman=False)
     return rc
 
 
@@ -751,12 +968,20 @@ def attached_start(
     `global_flags`: the mount-check hook's (`pin_mounts`), as `_bring_up` returned them.
 
     If podman could not start it at all (it never ran), the container and its spec are removed
-    so nothing is left half-created.
+    so nothing is left half-created, and the run's outcome is recorded
+    (`container.run.failed`, as when `podman start` fails for a detached run).
     """
-    rc = engine.run_inherited(
-        engine.start_attach_argv(name, interactive, global_flags),
-        stop=lambda: engine.stop_quietly(name),
-    )
+    outcome = Outcome("container.run", name)
+    outcome.step = "podman_start"
+    outcome.created = True
+    try:
+        rc = engine.run_inherited(
+            engine.start_attach_argv(name, interactive, global_flags),
+            stop=lambda: engine.stop_quietly(name),
+        )
+    except BaseException as exc:
+        outcome.failed(exc)
+        raise
     if rc != 0 and remove_on_failure:
         try:
             info = engine.inspect(name)
@@ -766,8 +991,11 @@ def attached_start(
             return rc
         started = str(info.get("State", {}).get("StartedAt", ""))
         if started.startswith("0001-01-01") or not started:
-            engine.remove_quietly(name)
+            outcome.removed = engine.remove_quietly(name) is None
             _remove_spec(name)
+            outcome.failed(
+                EngineError(f"podman start --attach exited {rc} without starting the container")
+            )
             from linpodx.output import note
 
             note(f"error: podman could not start {name}; it was removed again")
@@ -805,7 +1033,13 @@ def _ref_for(name: str, info: dict[str, Any]) -> ProfileRef:
 
 
 def start(name: str) -> ContainerInfo:
-    """`linpodx start NAME`: init -> guard attach -> start, like run (audited first)."""
+    """`linpodx start NAME`: init -> guard attach -> start, like run (audited first), holding
+    the name's lock (`lock_name`): a second start at once then finds it running."""
+    with lock_name(name):
+        return _start(name)
+
+
+def _start(name: str) -> ContainerInfo:
     info = managed_info(name)
     ref = _ref_for(name, info)
     labels = engine.labels_of(info)
@@ -834,16 +1068,27 @@ def start(name: str) -> ContainerInfo:
         {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},
     )
     resolv = spec.get("resolv_conf") if needs_guard(ref) else None
+    outcome = Outcome("container.start", name)
     try:
-        _bring_up(name, ref, start=True, resolv=resolv)
+        _bring_up(name, ref, start=True, resolv=resolv, outcome=outcome)
     except LinpodxError as err:
         # Do not remove a stopped container's state; make sure it is not left running unguarded.
         with contextlib.suppress(LinpodxError):
             engine.stop(name, timeout=0)
+            outcome.removed = True
         with contextlib.suppress(Exception):
             if needs_guard(ref):
                 _guard().detach(name)
-        err.hint = (err.hint + "; " if err.hint else "") + f"{name} was left stopped"
+        said = (
+            f"{name} was left stopped"
+            if outcome.removed
+            else f"stopping {name} failed too; stop it with `linpodx stop {name}`"
+        )
+        err.hint = (err.hint + "; " if err.hint else "") + said
+        outcome.failed(err)
+        raise
+    except BaseException as exc:
+        outcome.failed(exc)
         raise
     _emit("container.start", name=name, profile=ref.name, revision=ref.revision)
     info = engine.inspect(name)
@@ -870,8 +1115,14 @@ def stop(name: str, timeout: int = 10) -> dict[str, Any]:
 
 
 def remove(name: str, force: bool = False) -> dict[str, Any]:
-    """`linpodx rm NAME`: the container, its guard and its spec dir (audited first)."""
-    validate_name(name)
+    """`linpodx rm NAME`: the container, its guard and its spec dir (audited first), holding
+    the name's lock (`lock_name`), so that it never removes the files of a run of that name
+    that is under way."""
+    with lock_name(name):
+        return _remove(name, force)
+
+
+def _remove(name: str, force: bool) -> dict[str, Any]:
     journal.check_no_interrupted(name)
     present = engine.exists(name)
     if present:
@@ -887,12 +1138,27 @@ def remove(name: str, force: bool = False) -> dict[str, Any]:
         )
     audit("container.rm", {"name": name, "force": force, "present": present})
     if present:
-        engine.remove(name, force=force)
+        try:
+            engine.remove(name, force=force)
+        except EngineError:
+            if engine.exists(name):
+                raise
+            # Gone meanwhile (a `--rm` container that ended): its state goes all the same.
     with contextlib.suppress(Exception):
         _guard().detach(name)
     _remove_spec(name)
     _emit("container.rm", name=name)
-    return {"name": name, "removed": True}
+    if not present:
+        # What a `linpodx rm` killed after `podman rm` leaves (or a `--rm` container whose
+        # clean-up hook did not run): say so rather than let "removed" suggest a container.
+        from linpodx.output import note
+
+        with contextlib.suppress(OSError):
+            note(
+                f"note: container {name} was already gone (an earlier removal may have been "
+                "interrupted); removed the state linpodx kept for it"
+            )
+    return {"name": name, "removed": True, "present": present}
 
 
 def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -> int:
@@ -970,12 +1236,26 @@ def _hostname(name: str) -> str:
     return hostname_for(name)
 
 
-def forget(name: str) -> None:
-    """Drop the run spec of a `--rm` container that podman already removed."""
-    with contextlib.suppress(LinpodxError):
-        if engine.exists(name):
+def forget(name: str, container_id: str | None = None, *, ask_podman: bool = True) -> None:
+    """Drop the state dir of a `--rm` container that podman already removed, holding the
+    name's lock; not if a container of that name exists (`ask_podman`), nor if the run spec
+    there is another container's than `container_id` (a run of the name that came after)."""
+    with contextlib.suppress(LinpodxError), lock_name(name):
+        if ask_podman and engine.exists(name):
+            return
+        if container_id is not None and _spec_container_id(name) not in (None, container_id):
             return
         _remove_spec(name)
+
+
+def _spec_container_id(name: str) -> str | None:
+    """The container id in NAME's run spec, or None if it has no readable one."""
+    try:
+        doc = json.loads(spec_path(name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    cid = doc.get("container_id") if isinstance(doc, dict) else None
+    return cid if isinstance(cid, str) else None
 
 
 def logs(name: str, follow: bool) -> int:

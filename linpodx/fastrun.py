@@ -7,12 +7,15 @@ the storage), so the work linpodx must do before podman starts is kept to what c
 and everything else happens while podman runs:
 
 before podman starts (standard library's cheapest modules plus `runplan`, `profile.pointer`,
-`runline`, `audit.core`, `spawn`, `paths`, `errors`; checked by tests/unit/test_fastrun.py):
+`runline`, `audit.core`, `spawn`, `paths`, `namelock`, `errors`; checked by
+tests/unit/test_fastrun.py):
   1. the stored plan of the profile's current revision (`linpodx.runplan`: the podman flags
      the full path built for it on this host, used only if everything they came from is
      unchanged);
-  2. the profile's mount sources checked on the host again and pinned for runc's mount-check
-     hook (`linpodx.podman.mountpin`), as the full path does;
+  2. the profile's mount sources checked on the host again, the name's lock taken
+     (`linpodx.namelock`: held until the container is announced, so that a second run of the
+     name waits and then finds it taken) and the sources pinned for runc's mount-check hook
+     (`linpodx.podman.mountpin`), as the full path does;
   3. the `container.run` record, appended to the admin chain and fsynced: audited before it
      takes effect, as always;
   4. with an egress allowlist, the guard's policy file and resolv.conf, the guard launched
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import os
 
-from linpodx import paths, runplan
+from linpodx import namelock, paths, runplan
 from linpodx.audit import core
 from linpodx.errors import LinpodxError
 from linpodx.podman import mountpin, runline, spawn
@@ -78,7 +81,45 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
             return None  # a mount source is no longer fine: the full path refuses and says why
         pins.append((ident[0], ident[1], target))
     where = os.path.join(paths.containers_root(), name)
-    if os.path.exists(where) or os.path.lexists(paths.rollback_journal(name)):
+    try:
+        # Held until the container is announced (or everything is removed again): another run
+        # of this name waits, then finds the name taken (`linpodx.namelock`).
+        lock = namelock.acquire(name)
+    except OSError:
+        return None  # the full path takes it again and says what is wrong
+    try:
+        rc = _locked(fields, announce, plan, podman, name, head, command, pins, where, lock)
+    finally:
+        lock.release()
+    return rc
+
+
+def _rollback_pending(name: str) -> bool:
+    """Whether a rollback journal of NAME is there, or might be (anything but "no such file":
+    the full path then looks, and refuses if it cannot)."""
+    try:
+        os.lstat(paths.rollback_journal(name))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _locked(
+    fields: dict[str, Any],
+    announce: Announce,
+    plan: dict[str, Any],
+    podman: str,
+    name: str,
+    head: list[str],
+    command: tuple[str, ...],
+    pins: list[mountpin.Pin],
+    where: str,
+    lock: namelock.NameLock,
+) -> int | None:
+    """`run` from the name's lock on: None (nothing done) if the full path must run it."""
+    if os.path.exists(where) or _rollback_pending(name):
         # The pins (and the guard's files) would be another's, or a rollback of that name was
         # interrupted: the full path checks and refuses with the right words.
         return None
@@ -134,8 +175,9 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
         failed = exc
     try:
         return _go_on(
-            fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce, resolv
-        )
+            fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce,
+            resolv, lock,
+        )  # fmt: skip
     finally:
         if held is not None:
             spawn.restore_signals(held)
@@ -166,6 +208,7 @@ def _go_on(
     made: bool,
     announce: Announce,
     resolv: str | None,
+    lock: namelock.NameLock,
 ) -> int:
     """The part that runs while podman works: the full modules, then `containers.run_started`."""
     # Most of what this process does while podman creates the container, none of it what
@@ -200,8 +243,11 @@ def _go_on(
         rm=True,
     )
     global finished
+    what, failed = failure
+    steps = {"the run's state dir": "state_dir", "the egress guard": "egress_guard"}
     rc = containers.run_started(
-        req, profile_id, start, Path(cidfile), made=made, announce=announce, resolv_conf=resolv
-    )
+        req, profile_id, start, Path(cidfile), made=made, announce=announce, resolv_conf=resolv,
+        lock=lock, step=steps.get(what, "podman_run") if failed is not None else "podman_run",
+    )  # fmt: skip
     finished = True
     return rc

@@ -42,7 +42,7 @@ from linpodx.egress import guard
 from linpodx.egress.state import EgressState
 from linpodx.errors import EngineError
 from linpodx.profile.model import Network, Profile
-from tests.conftest import DEBIAN_IMAGE, ROOTLESS, run_linpodx
+from tests.conftest import DEBIAN_IMAGE, ROOTLESS, linpodx_argv, run_linpodx
 
 pytestmark = pytest.mark.podman
 
@@ -811,3 +811,45 @@ def test_one_call_rm_run_fails_closed_when_the_guard_fails(
     assert not EgressState(unique_name).dir.parent.exists()
     if path == "fast":
         went()  # (a failed full run writes no plan)
+
+
+def test_two_runs_of_one_name_at_once_leave_the_winners_guard_files_alone(
+    servers: Servers, unique_name: str, tmp_path: Path
+) -> None:
+    """Two `linpodx run -d --name X` at once under a profile with an allowlist: podman gives the
+    name to one; the other says so and leaves the winner's files as they are (its guard's log
+    above all, which the loser's clean-up used to delete). Three rounds: how the two overlap
+    is up to the scheduler."""
+    prof = tmp_path / "egress-race.yml"
+    prof.write_text(
+        "version: 1\nname: egress-race\nnetwork:\n"
+        "  egress_dns_allowlist: [allowed.test]\n"
+        f"  upstream_dns: ['127.0.0.1:{servers.upstream.port}']\n"
+        "  allow_private_answers: true\n"
+    )
+    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    for round_ in range(3):
+        name = f"{unique_name}-{round_}"
+        argv = [
+            *linpodx_argv(), "run", "-d", "--profile", "egress-race", "--image", DEBIAN_IMAGE,
+            "--name", name, "--", "sleep", "600",
+        ]  # fmt: skip
+        try:
+            runs = [
+                subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)
+            ]
+            said = [p.communicate(timeout=120) for p in runs]
+            done = [(p.returncode, out, err) for p, (out, err) in zip(runs, said, strict=True)]
+            assert sorted(rc for rc, _, _ in done) == [0, 5], done
+            err = next(e for rc, _, e in done if rc == 5)
+            assert "already in use" in err and "hint:" in err and "Traceback" not in err
+            st = EgressState(name)
+            assert "egress guard ready" in st.guard_log.read_text()
+            assert st.policy_file.exists() and st.guard_file.exists()
+            assert guard.status(name) == "healthy"
+            allowed = curl(name, f"http://allowed.test:{servers.http_port}/")
+            assert allowed.stdout == BODY.decode()
+        finally:
+            removed = run_linpodx("rm", "-f", name)
+        assert removed.returncode == 0, removed.stderr

@@ -198,3 +198,73 @@ def test_start_refuses_a_mount_source_swapped_after_the_container_was_made(
     assert "sensitive path" in res.stderr and "hint:" in res.stderr
     state = podman("inspect", "-f", "{{.State.Status}}", unique_name).stdout.strip()
     assert state in ("exited", "stopped", "created")
+
+
+def _admin_chain() -> list[dict[str, object]]:
+    admin = Path(os.environ["HOME"]) / ".local/state/linpodx/audit/admin.jsonl"
+    return [json.loads(line) for line in admin.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("case", "step", "container"),
+    [
+        ("missing-image", "podman_create", "not_created"),
+        ("missing-image-one-call", "podman_run", "not_created"),
+        ("missing-workdir", "podman_start", "removed"),
+    ],
+)
+def test_a_run_that_fails_after_its_record_gets_a_failed_record(
+    tmp_path: Path, unique_name: str, case: str, step: str, container: str
+) -> None:
+    """Real failures after the `container.run` record (podman refuses the image, or cannot
+    start the command in a working directory that does not exist): the chain says how the run
+    ended, and still verifies."""
+    prof = tmp_path / "p.yml"
+    workdir = "/no/such/dir" if case == "missing-workdir" else "/"
+    prof.write_text(f"version: 1\nname: failing\nworkdir: {workdir}\n")
+    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    image = BUSYBOX_IMAGE if case == "missing-workdir" else "localhost/linpodx-test/no-such:0"
+    how = ["--rm"] if case == "missing-image-one-call" else ["-d"]
+    res = run_linpodx(
+        "run", *how, "--profile", "failing", "--image", image, "--name", unique_name,
+        "--", "true",
+    )  # fmt: skip
+    assert res.returncode == 5, res.stdout + res.stderr
+    assert res.stderr.startswith("error: podman ") and "Traceback" not in res.stderr
+    assert not exists(unique_name)
+    run, failed = _admin_chain()[-2:]
+    assert run["type"] == "container.run" and failed["type"] == "container.run.failed"
+    data = failed["data"]
+    assert isinstance(data, dict)
+    assert data["name"] == unique_name and data["step"] == step
+    assert data["container"] == container and data["error"] == "EngineError"
+    assert str(data["reason"]).startswith("podman ")
+    verified = run_linpodx("audit", "verify")
+    assert verified.returncode == 0 and "chain:   OK" in verified.stdout, verified.stdout
+    shown = run_linpodx("audit", "show", "--limit", "1")
+    assert "container.run.failed" in shown.stdout and f'"step":"{step}"' in shown.stdout
+
+
+def test_what_a_killed_rm_leaves_is_taken_over_by_run_and_removed_by_rm(unique_name: str) -> None:
+    """`linpodx rm -f NAME` killed after `podman rm`, before it removed its state dir (as
+    `podman rm` itself does it here): no container, a state dir. `ps --all` has nothing to
+    list, `run --name NAME` takes the name, and the next `rm` removes the state and says the
+    container was already gone."""
+    argv = ("run", "-d", "--image", BUSYBOX_IMAGE, "--name", unique_name, "--", "sleep", "600")
+    assert run_linpodx(*argv).returncode == 0
+    podman("rm", "-f", "-t", "0", unique_name)
+    assert containers.spec_dir(unique_name).exists()
+    ps = run_linpodx("ps", "--all")
+    assert ps.returncode == 0 and unique_name not in ps.stdout
+    again = run_linpodx(*argv)
+    assert again.returncode == 0, again.stderr
+    cid = again.stdout.split()[1]
+    assert json.loads(containers.spec_path(unique_name).read_text())["container_id"] == cid
+    podman("rm", "-f", "-t", "0", unique_name)
+    res = run_linpodx("rm", unique_name)
+    assert res.returncode == 0, res.stderr
+    assert "present: false" in res.stdout and "already gone" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not containers.spec_dir(unique_name).exists()
+    res = run_linpodx("rm", unique_name)
+    assert res.returncode == 4 and "container not found" in res.stderr and "hint:" in res.stderr

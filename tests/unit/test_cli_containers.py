@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from linpodx import containers
+from linpodx import containers, namelock
 from linpodx.errors import EngineError, InvalidInput, NotFound
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine
@@ -501,3 +501,267 @@ def test_rm_cleanup_hook_removes_only_its_own_containers_dir(state: str, removed
                          capture_output=True)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert where.exists() is not removed
+
+
+def test_the_loser_of_two_runs_of_one_name_leaves_the_winners_files_alone(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two guarded `run -d --name agent-1` at once. The first (the winner) holds the name while
+    it prepares its guard (policy file, resolv.conf, the guard's log) and podman creates its
+    container; the second must not prepare over those files, nor remove them when podman
+    refuses its create: it waits for the name, then finds it taken."""
+    import threading
+
+    from linpodx.egress import guard
+    from linpodx.egress.state import EgressState
+
+    def launch(name: str) -> None:  # what spawning the guard does to its log: append
+        with EgressState(name).guard_log.open("a") as f:
+            f.write(f"guard of {name} launched\n")
+
+    monkeypatch.setattr(guard, "launch", launch)
+    ref = guarded_ref()
+    st = EgressState("agent-1")
+    winner = namelock.acquire("agent-1")
+    guard.prepare("agent-1", ref)
+    files = {p.name: p.read_bytes() for p in st.dir.iterdir()}
+    assert "guard.log" in files
+    fake.fail["create"] = EngineError(
+        "podman create failed", stderr='Error: the container name "agent-1" is already in use'
+    )
+    failed: list[BaseException] = []
+
+    def loser() -> None:
+        try:
+            containers.create_and_start(containers.make_spec(REQ, ref), ref)
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=loser, daemon=True)
+    t.start()
+    t.join(1.0)  # (without the lock it has run to its end by now)
+    fake.present.add("agent-1")  # the winner's podman create took the name
+    winner.release()
+    t.join(30)
+    assert not t.is_alive()
+    assert {p.name: p.read_bytes() for p in st.dir.iterdir()} == files
+    [err] = failed
+    assert isinstance(err, EngineError) and "already in use" in err.message
+    assert "create" not in fake.names()  # refused before podman was asked
+
+
+def test_a_finished_rm_run_removes_only_its_own_state_dir() -> None:
+    """After a `--rm` container ended, the name is free: a new run of it may already have
+    written its spec. `forget` removes the state dir only if it is still this container's."""
+    containers.save_spec("agent-1", {"container_id": "beef", "name": "agent-1"})
+    containers.forget("agent-1", "c0ffee", ask_podman=False)
+    assert containers.spec_path("agent-1").exists()
+    containers.forget("agent-1", "beef", ask_podman=False)
+    assert not containers.spec_dir("agent-1").exists()
+
+
+def failed_records() -> list[dict[str, Any]]:
+    return [r["data"] for r in admin_records() if r["type"].endswith(".failed")]
+
+
+@pytest.mark.parametrize(
+    ("fail", "step", "container"),
+    [
+        ("create", "podman_create", "not_created"),
+        ("create_home", "home", "removed"),
+        ("start", "podman_start", "removed"),
+    ],
+)
+def test_a_run_that_fails_after_its_record_records_how(
+    fake: FakeEngine, fail: str, step: str, container: str
+) -> None:
+    fake.fail[fail] = EngineError(f"podman {fail} failed (exit 125)", stderr="Error: secret-ish")
+    with pytest.raises(EngineError):
+        containers.run(REQ)
+    assert [r["type"] for r in admin_records()] == ["container.run", "container.run.failed"]
+    assert failed_records() == [
+        {"name": "agent-1", "step": step, "error": "EngineError",
+         "reason": f"podman {fail} failed (exit 125)", "container": container},
+    ]  # fmt: skip
+
+
+def test_a_run_whose_clean_up_fails_records_the_container_as_left(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.fail["start"] = EngineError("podman start failed (exit 125)")
+    monkeypatch.setattr(engine, "remove_quietly", lambda name: "Error: device busy")
+    with pytest.raises(EngineError) as ei:
+        containers.run(REQ)
+    assert ei.value.hint and "podman rm -f agent-1" in ei.value.hint
+    assert failed_records()[0]["container"] == "left"
+
+
+def test_a_guarded_run_records_a_guard_failure_and_a_taken_name(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = FakeGuard(fail_attach=True)
+    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers, "_pid_alive", lambda pid: True)
+    spec = containers.make_spec(REQ, guarded_ref())
+    with pytest.raises(EngineError):
+        containers.create_and_start(spec, guarded_ref())
+    # The taken name: refused before anything of the other container's is touched.
+    containers.spec_dir("agent-1").mkdir(parents=True)
+    fake.present.add("agent-1")
+    with pytest.raises(EngineError):
+        containers.create_and_start(spec, guarded_ref())
+    assert [(r["step"], r["reason"].split(":")[0], r["container"]) for r in failed_records()] == [
+        ("egress_guard", "egress guard failed", "removed"),
+        ("name_check", "the container name 'agent-1' is already in use", "not_created"),
+    ]
+
+
+def test_a_start_that_fails_after_its_record_records_how(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.run(REQ)
+    fake.state = "exited"
+    fake.present.add("agent-1")
+    fake.fail["start"] = EngineError("podman start failed (exit 125)")
+    with pytest.raises(EngineError) as ei:
+        containers.start("agent-1")
+    assert ei.value.hint and "agent-1 was left stopped" in ei.value.hint
+    assert [r["type"] for r in admin_records()][-2:] == [
+        "container.start", "container.start.failed"
+    ]  # fmt: skip
+    assert failed_records() == [
+        {"name": "agent-1", "step": "podman_start", "error": "EngineError",
+         "reason": "podman start failed (exit 125)", "stopped": True},
+    ]  # fmt: skip
+
+
+def test_an_attached_start_that_never_started_records_the_run_as_failed(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.create_and_start(containers.make_spec(REQ, containers.builtin_ref()),
+                                containers.builtin_ref(), start=False)  # fmt: skip
+    monkeypatch.setattr(engine, "run_inherited", lambda argv, stop=None: 125)
+    monkeypatch.setattr(
+        engine, "inspect", lambda name: {"State": {"StartedAt": "0001-01-01T00:00:00Z"}}
+    )
+    assert containers.attached_start("agent-1", False, remove_on_failure=True) == 125
+    assert failed_records() == [
+        {"name": "agent-1", "step": "podman_start", "error": "EngineError",
+         "reason": "podman start --attach exited 125 without starting the container",
+         "container": "removed"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("why", ["audit", "bug"])
+def test_an_outcome_record_that_cannot_be_written_keeps_the_original_error(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch, cli: Any, why: str
+) -> None:
+    """The failure record is written after the fact: if it cannot be, that is a warning, and
+    the error and exit code the person sees stay the run's own."""
+    from linpodx.errors import AuditError
+
+    real = containers.audit
+
+    def audit(event_type: str, data: dict[str, Any]) -> None:
+        if event_type.endswith(".failed"):
+            if why == "audit":
+                raise AuditError("could not record to the audit log: disk full")
+            raise RuntimeError("something unexpected")
+        real(event_type, data)
+
+    monkeypatch.setattr(containers, "audit", audit)
+    fake.fail["start"] = EngineError("podman start failed (exit 125)", hint="see podman")
+    res = cli("run", "--image", "localhost/img:1", "--name", "agent-1", "-d")
+    assert res.exit_code == 5
+    assert res.stderr.startswith("warning: could not record container.run.failed for agent-1")
+    said = "disk full" if why == "audit" else "RuntimeError"
+    assert said in res.stderr.splitlines()[0]
+    assert "error: podman start failed (exit 125)" in res.stderr
+    assert "hint: see podman; the container agent-1 was removed again" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert [r["type"] for r in admin_records()] == ["container.run"]
+
+
+def test_the_chain_with_failure_records_verifies(fake: FakeEngine, cli: Any) -> None:
+    fake.fail["create"] = EngineError("podman create failed (exit 125)")
+    assert cli("run", "--image", "localhost/img:1", "--name", "agent-1", "-d").exit_code == 5
+    res = cli("audit", "verify")
+    assert res.exit_code == 0 and "chain:   OK" in res.stdout
+    shown = cli("audit", "show").stdout
+    assert "container.run.failed" in shown and '"step":"podman_create"' in shown
+
+
+def _leftover_of_a_killed_rm(fake: FakeEngine) -> None:
+    """What `linpodx rm -f agent-1` killed after `podman rm` leaves: the state dir (run spec,
+    egress files), no container."""
+    from linpodx.egress.state import EgressState
+
+    containers.run(REQ)
+    st = EgressState("agent-1")
+    st.ensure()
+    st.policy_file.write_text("{}")
+    st.guard_log.write_text("old guard\n")
+    fake.present.discard("agent-1")
+    fake.calls.clear()
+
+
+def test_rm_after_a_killed_rm_removes_the_leftover_and_says_so(
+    fake: FakeEngine, cli: Any
+) -> None:
+    _leftover_of_a_killed_rm(fake)
+    assert cli("ps", "--all").exit_code == 0
+    res = cli("rm", "agent-1")
+    assert res.exit_code == 0, res.stderr
+    assert "present: false" in res.stdout
+    assert "note: container agent-1 was already gone" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not containers.spec_dir("agent-1").exists()
+    assert "rm" not in fake.names()  # no podman rm for a container that is not there
+    assert admin_records()[-1]["data"] == {"name": "agent-1", "force": False, "present": False}
+    again = cli("rm", "agent-1")
+    assert again.exit_code == 4 and "container not found: agent-1" in again.stderr
+    assert "hint:" in again.stderr
+
+
+def test_run_after_a_killed_rm_takes_the_name(fake: FakeEngine) -> None:
+    _leftover_of_a_killed_rm(fake)
+    fake.present.discard("agent-1")
+    info, _ = containers.run(REQ)
+    assert info.state == "running"
+    assert containers.load_spec("agent-1")["container_id"] == "c0ffee"
+
+
+def test_rm_of_a_leftover_waits_for_a_run_of_that_name_under_way(fake: FakeEngine) -> None:
+    """A state dir without a container is also what a run looks like before `podman create`:
+    `rm` must not remove that run's files. It waits for the name, then finds the container."""
+    import threading
+
+    _leftover_of_a_killed_rm(fake)
+    run = namelock.acquire("agent-1")  # a new run of agent-1 is under way
+    spec_before = containers.spec_path("agent-1").read_bytes()
+    done: list[dict[str, Any]] = []
+    t = threading.Thread(target=lambda: done.append(containers.remove("agent-1", True)))
+    t.daemon = True
+    t.start()
+    t.join(1.0)  # (without the lock it has removed everything by now)
+    assert containers.spec_path("agent-1").read_bytes() == spec_before
+    fake.present.add("agent-1")  # the run's podman create
+    run.release()
+    t.join(30)
+    assert done and done[0]["present"] is True  # it removed the container, as asked
+    assert ("rm", "agent-1") in fake.calls
+
+
+def test_rm_of_a_container_that_vanishes_meanwhile_is_not_an_error(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.run(REQ)
+    fake.present.add("agent-1")
+
+    def gone(name: str, force: bool = False) -> None:
+        fake.present.discard(name)  # a `--rm` container that ended just now
+        raise EngineError("podman rm failed (exit 1)", stderr="Error: no such container")
+
+    monkeypatch.setattr(engine, "remove", gone)
+    assert containers.remove("agent-1", True)["removed"] is True
+    assert not containers.spec_dir("agent-1").exists()

@@ -345,7 +345,10 @@ def test_a_guarded_fast_run_starts_the_full_paths_argv_and_fails_closed(
     resolv = f"{launch.egress_dir('agent-1')}/resolv.conf"
     spec = containers.make_spec(req, ref, resolv_conf=resolv)
     assert run_argv == list(argv_mod.build_run_argv(spec, cidfile))
-    assert admin_records()[-1]["data"] == containers._run_record(spec, ref)
+    run, failed = admin_records()[-2:]
+    assert run["type"] == "container.run" and run["data"] == containers._run_record(spec, ref)
+    assert failed["type"] == "container.run.failed"
+    assert failed["data"]["name"] == "agent-1" and failed["data"]["step"] == "egress_guard"
     assert not (containers_dir() / "agent-1").exists()
     assert launch._launched == {}  # the guard's control socket is closed: it ends by itself
 
@@ -377,7 +380,14 @@ def test_podman_that_cannot_start_is_an_error_and_leaves_nothing(
     with pytest.raises(Exception) as err:
         fastrun.run(fields(), not_announced)
     assert "podman run could not be started" in str(err.value)
-    assert admin_records()[-1]["type"] == "container.run"  # recorded, then refused: as a full run
+    # Recorded, then failed, and the failure recorded too: as a full run.
+    run, failed = admin_records()[-2:]
+    assert (run["type"], failed["type"]) == ("container.run", "container.run.failed")
+    assert "podman run could not be started" in failed["data"].pop("reason")
+    assert failed["data"] == {
+        "name": "agent-1", "step": "podman_run", "error": "EngineError",
+        "container": "not_created",
+    }  # fmt: skip
     assert not (containers_dir() / "agent-1").exists()
 
 

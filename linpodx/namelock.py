@@ -1,0 +1,118 @@
+"""One lock per container name, held while linpodx makes, starts or removes a container.
+
+What linpodx keeps under `containers_dir()/NAME` (run spec, mount pins, the egress guard's
+files and log) is written before `podman create` decides who gets the name. Two runs of one
+name at once would both write there, and the one podman refuses would then clean up files that
+are the other's (its guard's log, its policy file). So every command that writes or removes
+what lives under a name takes this lock first, and looks at the name again once it has it:
+the second run then finds the name taken and refuses before touching anything.
+
+The lock is an `flock` on `containers_dir()/.locks/NAME` (no container name starts with a
+dot). It is released when its process ends, however it ends. The file is removed on release
+once nothing is left under the name (names are often random, one per `--rm` run); whoever
+waited on the removed file takes the lock again on the file now there.
+
+Standard library's cheapest modules only: the fast run path (`linpodx.fastrun`) takes the lock
+before podman starts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from linpodx import paths
+
+LOCKS_DIR = ".locks"
+
+
+def lock_path(name: str) -> str:
+    """`containers_dir()/.locks/NAME` (NAME already validated by the caller)."""
+    return os.path.join(paths.containers_root(), LOCKS_DIR, name)
+
+
+class NameLock:
+    """A held name lock; `release` (or leaving a `with` block) lets the next one in."""
+
+    def __init__(self, name: str, path: str, fd: int) -> None:
+        self.name = name
+        self.path = path
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Let go (a second call does nothing); remove the lock file if nothing is left under
+        the name, while still holding it (see the module docstring)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if not os.path.lexists(os.path.join(paths.containers_root(), self.name)):
+                os.unlink(self.path)
+        except OSError:
+            pass  # an empty file left behind costs nothing; the lock goes with the fd
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> NameLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def acquire(name: str) -> NameLock:
+    """Wait for and take the lock of the container name NAME. OSError if the state dir cannot
+    hold it."""
+    path = lock_path(name)
+    paths.ensure_dir_str(os.path.dirname(path))
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    while True:
+        fd = os.open(path, flags, paths.FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            mine = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            return NameLock(name, path, fd)
+        os.close(fd)  # the one before us removed this file on release: take the one there now
+
+
+def sweep() -> None:
+    """Remove the lock files of names that have nothing left under them and that nobody holds
+    (best effort). A `--rm` container's state dir is removed by its poststop hook, which
+    cannot take the lock (its `podman rm` may be what holds it), so its lock file stays."""
+    root = paths.containers_root()
+    where = os.path.join(root, LOCKS_DIR)
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return
+    for name in names:
+        if os.path.lexists(os.path.join(root, name)):
+            continue
+        path = os.path.join(where, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mine, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino) and not os.path.lexists(
+                os.path.join(root, name)
+            ):
+                os.unlink(path)
+        except OSError:
+            pass  # held (a run of that name is under way) or gone meanwhile
+        finally:
+            os.close(fd)

@@ -1,0 +1,62 @@
+"""The per-name lock (linpodx.namelock): exclusive, gone with what it guards, never two holders."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from linpodx import namelock
+from linpodx.paths import containers_dir
+
+
+def test_the_lock_file_goes_once_nothing_is_left_under_the_name() -> None:
+    with namelock.acquire("agent-1") as lock:
+        assert os.path.exists(lock.path)
+    assert not os.path.exists(lock.path)
+    (containers_dir() / "agent-1").mkdir(parents=True)
+    with namelock.acquire("agent-1") as lock:
+        pass
+    assert os.path.exists(lock.path)  # the state dir is still there: so is its lock
+
+
+def test_a_waiter_gets_the_lock_only_after_release_even_when_the_file_was_removed() -> None:
+    first = namelock.acquire("agent-1")
+    order: list[str] = []
+
+    def second() -> None:
+        with namelock.acquire("agent-1"):
+            order.append("second")
+
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    t.join(0.3)
+    order.append("first")
+    first.release()  # removes the file the waiter is blocked on
+    t.join(10)
+    assert not t.is_alive()
+    assert order == ["first", "second"]
+    # And a third comer is not let in beside a holder of a new file.
+    held = namelock.acquire("agent-1")
+    got: list[namelock.NameLock] = []
+    t = threading.Thread(target=lambda: got.append(namelock.acquire("agent-1")), daemon=True)
+    t.start()
+    t.join(0.3)
+    assert got == []
+    held.release()
+    t.join(10)
+    assert [g.name for g in got] == ["agent-1"]
+    got[0].release()
+
+
+def test_sweep_removes_only_unheld_lock_files_of_names_with_nothing_left() -> None:
+    for name in ("gone", "kept", "held"):
+        (containers_dir() / name).mkdir(parents=True)
+        namelock.acquire(name).release()
+    for name in ("gone", "held"):
+        (containers_dir() / name).rmdir()
+    held = namelock.acquire("held")
+    namelock.sweep()
+    left = sorted(os.listdir(containers_dir() / namelock.LOCKS_DIR))
+    assert left == ["held", "kept"]
+    held.release()
+    assert sorted(os.listdir(containers_dir() / namelock.LOCKS_DIR)) == ["kept"]
