@@ -1103,7 +1103,14 @@ def _start(name: str) -> ContainerInfo:
 
 
 def stop(name: str, timeout: int = 10) -> dict[str, Any]:
-    """`linpodx stop NAME` (audited first)."""
+    """`linpodx stop NAME` (audited first), holding the name's lock: a snapshot rollback of
+    NAME in another process holds it too, so a stop waits for it rather than slip in between
+    the rollback's checks and its journal."""
+    with lock_name(name):
+        return _stop(name, timeout)
+
+
+def _stop(name: str, timeout: int) -> dict[str, Any]:
     info = managed_info(name)
     audit("container.stop", {"name": name, "id": info.get("Id")})
     engine.stop(name, timeout)

@@ -18,6 +18,7 @@ before podman starts.
 
 from __future__ import annotations
 
+import _thread  # threading's own id function, without importing threading (see above)
 import fcntl
 import os
 
@@ -38,6 +39,8 @@ class NameLock:
         self.name = name
         self.path = path
         self._fd: int | None = fd
+        self._depth = 1  # `acquire`s of it in this thread not yet released
+        self._key: tuple[str, int] | None = None
 
     @property
     def held(self) -> bool:
@@ -46,9 +49,14 @@ class NameLock:
     def release(self) -> None:
         """Let go (a second call does nothing); remove the lock file if nothing is left under
         the name, while still holding it (see the module docstring)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
+        if self._fd is None:
             return
+        self._depth -= 1
+        if self._depth > 0:
+            return  # an inner `acquire` of a lock this process holds: the outer one lets go
+        if self._key is not None:
+            _HELD.pop(self._key, None)
+        fd, self._fd = self._fd, None
         try:
             if not os.path.lexists(os.path.join(paths.containers_root(), self.name)):
                 os.unlink(self.path)
@@ -64,9 +72,28 @@ class NameLock:
         self.release()
 
 
+# The name locks this process holds, per thread. Taking one again in the same thread is not a
+# wait: a snapshot rollback holds its container's name throughout, and the stop, create and
+# start it makes take it again (flock would make the second open of the file wait for the
+# first, for ever). Another thread waits like another process would.
+_HELD: dict[tuple[str, int], NameLock] = {}
+
+
 def acquire(name: str) -> NameLock:
-    """Wait for and take the lock of the container name NAME. OSError if the state dir cannot
-    hold it."""
+    """Wait for and take the lock of the container name NAME (at once, if this process holds it
+    already: then the outermost release lets go). OSError if the state dir cannot hold it."""
+    key = (name, _thread.get_ident())
+    held = _HELD.get(key)
+    if held is not None and held.held:
+        held._depth += 1
+        return held
+    lock = _acquire(name)
+    lock._key = key
+    _HELD[key] = lock
+    return lock
+
+
+def _acquire(name: str) -> NameLock:
     path = lock_path(name)
     paths.ensure_dir_str(os.path.dirname(path))
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW

@@ -49,3 +49,5 @@ ROLLBACK_STEPS = ("extract", "stop", "rename", "swap", "create", "verify")
 # Where a kill can also land: after the `snapshot.rollback.commit` record, before the original
 # container and the moved-aside copies are removed.
 KILL_STEPS = (*ROLLBACK_STEPS, "commit")
+# And where an undo can be killed: once the original is back, before it is started again.
+RESTART_STEP = "restart"

@@ -34,9 +34,12 @@ from linpodx.snapshot.names import LABEL_RE, image_ref
 from linpodx.snapshot.workspace import DIR, FILE
 
 VERSION = 1
-# In the order a rollback takes them; `commit` comes once the new container was checked (the
-# original and the moved-aside copies are then removed, so recovery finishes instead of undoing).
-STEPS = ("extract", "stop", "rename", "swap", "create", "verify", "commit")
+# In the order a rollback takes them; `commit` comes once the new container was checked, and
+# before its record (the original and the moved-aside copies are then removed, so recovery
+# finishes instead of undoing).
+STEPS = ("extract", "stop", "rename", "swap", "create", "verify", "commit", "undone")
+# `undone` is not a step of the rollback but the last of an undo: the original container and
+# workspace are back and only starting it again (it ran before) is left.
 MAX_BYTES = 4 << 20  # a run spec is a few KiB; anything this large is not ours
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -146,6 +149,20 @@ def clear(name: str) -> None:
         p.unlink()
         with contextlib.suppress(OSError):
             fsync_dir(p.parent)
+
+
+def sweep_temps(name: str) -> None:
+    """Remove the temporary files a killed writer of NAME's journal left (a stage or an atomic
+    replace cut short). Only under the container's snapshot lock, where nobody else writes."""
+    where = Path(rollback_journal(name)).parent
+    prefix = f".{name}.json."
+    try:
+        found = [n for n in os.listdir(where) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for n in found:
+        with contextlib.suppress(OSError):
+            os.unlink(where / n)
 
 
 def exists(name: str) -> bool:

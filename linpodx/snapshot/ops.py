@@ -100,6 +100,14 @@ def create_from(name: str, image: str, profile_id: str, *, start: bool) -> str:
     return str(getattr(info, "container_id", "") or "")
 
 
+def hold_name(name: str) -> Any:
+    """The container name's lock of the containers service (`lock_name`), for the whole of a
+    rollback or a recovery: `linpodx start/stop/rm/run` of NAME in another process wait for
+    it instead of acting between the rollback's checks and its journal. The service's own
+    calls made meanwhile (stop, create, start, remove) take it again without waiting."""
+    return _containers().lock_name(name)
+
+
 def start(name: str) -> None:
     """Start an existing linpodx container the linpodx way (egress guard attached)."""
     _containers().start(name)

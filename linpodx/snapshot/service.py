@@ -379,7 +379,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
     """
     check_container_name(name)
     check_label(label)
-    with container_lock(name) as lock_fd:
+    with container_lock(name) as lock_fd, ops.hold_name(name):
         recovered = _recover_locked(name, lock_fd)
         man = _verify_snapshot(name, label)
         info = require_managed(name)
@@ -497,18 +497,18 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 raise EngineError("the new container is not running")
             faults.fail_point(step)
             # Removing the original cannot be undone: recorded first (a failed record undoes).
-            # The journal that says so is staged before the record and renamed in after it,
-            # so a kill between the two finds the journal still at `verify` only if the record
-            # is not there either.
-            committing = journal.stage(replace(jour, step="commit"))
-            try:
-                audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
-                                                   "container_id": str(new_info["Id"]),
-                                                   "previous_id": orig_id})
-            except BaseException:
-                committing.discard()
-                raise
+            # Write-ahead as for every step: the journal says `commit` before the record does,
+            # so a record in the chain always means that recovery finishes, never undoes.
+            step = at("commit")
+            audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
+                                               "container_id": str(new_info["Id"]),
+                                               "previous_id": orig_id})
         except BaseException as exc:  # Ctrl-C too: the original must come back either way
+            if jour.step == "commit":
+                # Not recorded: undone after all, so first the journal must say so (recovery
+                # would otherwise finish what is being undone).
+                with contextlib.suppress(OSError):
+                    at("verify")
             _audit_quietly("snapshot.rollback.undo", {"rollback_id": rb_id, "container": name,
                                                       "step": step, "reason": _reason(exc)})
             notes: list[str] = []
@@ -538,10 +538,6 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 f"moved-aside workspace copies end in .linpodx-before-{rb_id})",
                 details={"step": step, "restored": False, "problems": problems},
             ) from None
-        # Recorded as committed: from here on this rollback finishes. If the journal cannot say
-        # so, it still says `verify`, which only matters if this process dies before the end.
-        with contextlib.suppress(OSError):
-            committing.commit()
         faults.fail_point("commit")
         # Committed: the old container and the moved-aside workspace copies go.
         leftovers = []
@@ -606,7 +602,7 @@ def recover(name: str) -> dict[str, Any]:
     """`linpodx snapshot recover NAME`: undo (or, once committed, finish) a rollback of NAME
     that was interrupted, from its journal. Nothing to do is not an error."""
     check_container_name(name)
-    with container_lock(name) as lock_fd:
+    with container_lock(name) as lock_fd, ops.hold_name(name):
         done = _recover_locked(name, lock_fd)
     if done is None:
         return {"recovered": False, "container": name}
@@ -616,6 +612,7 @@ def recover(name: str) -> dict[str, Any]:
 def _recover_locked(name: str, lock_fd: int) -> dict[str, Any] | None:
     """Recover NAME's interrupted rollback, if its journal says there is one (the caller holds
     the container's snapshot lock, so its owner cannot still be at work on it)."""
+    journal.sweep_temps(name)
     jour = journal.read(name)
     if jour is None:
         return None
@@ -625,7 +622,7 @@ def _recover_locked(name: str, lock_fd: int) -> dict[str, Any] | None:
             "wait for it to finish, then retry",
         )
     finishing = jour.step == "commit"
-    action = "finish" if finishing else "undo"
+    action = "finish" if finishing else "restart" if jour.step == "undone" else "undo"
     audit(
         "snapshot.rollback.recover",
         {"rollback_id": jour.rollback_id, "container": name, "label": jour.label,
@@ -638,6 +635,9 @@ def _recover_locked(name: str, lock_fd: int) -> dict[str, Any] | None:
     if finishing:
         with proc.lending(lock_fd):  # as in `rollback`: a kill here leaves no podman racing
             problems = _finish_journal(jour)
+    elif action == "restart":
+        problems = []
+        _restart(jour, notes)
     else:
         problems = _undo_journal(jour, notes, lock_fd)
     emit("snapshot.rollback", container=name, label=jour.label, rollback_id=jour.rollback_id,
@@ -653,7 +653,7 @@ def _recover_locked(name: str, lock_fd: int) -> dict[str, Any] | None:
         "rollback_id": jour.rollback_id,
         "label": jour.label,
         "interrupted_at": jour.step,
-        "action": "finished" if finishing else "undone",
+        "action": "finished" if finishing else "undone",  # a restart finishes an undo
     }
     if notes:
         out["notes"] = notes
@@ -739,14 +739,28 @@ def _undo_journal(jour: journal.Journal, notes: list[str], lock_fd: int) -> list
                                     f"{res.stderr.strip()}")
     if problems:
         return problems
-    # The original is back in place: from here on nothing is half done.
-    journal.clear(name)
+    # The original is back in place. If it ran, starting it again is all that is left, and the
+    # journal says so first (a kill during the start is recovered by starting it).
     if jour.was_running and orig is not None:
-        now = _inspect_or_none(name)
-        if now is not None and not (now.get("State") or {}).get("Running"):
-            try:
-                ops.start(name)  # not lending: its conmon lives as long as the container
-            except LinpodxError as exc:
-                notes.append(f"{name} is back but could not be started again: {exc.message}; "
-                             f"start it with `linpodx start {name}`")
+        with contextlib.suppress(OSError):
+            journal.write(replace(jour, step="undone"))
+        _restart(jour, notes)
+    else:
+        journal.clear(name)
     return problems
+
+
+def _restart(jour: journal.Journal, notes: list[str]) -> None:
+    """The last of an undo: start the original again if it is not running (it ran before the
+    rollback), then drop the journal. A start that fails is said, not a reason to keep the
+    container blocked: it is whole, only stopped."""
+    name = jour.container
+    faults.fail_point("restart")
+    now = _inspect_or_none(name)
+    if now is not None and not (now.get("State") or {}).get("Running"):
+        try:
+            ops.start(name)  # not lending: its conmon lives as long as the container
+        except LinpodxError as exc:
+            notes.append(f"{name} is back but could not be started again: {exc.message}; "
+                         f"start it with `linpodx start {name}`")
+    journal.clear(name)

@@ -357,6 +357,21 @@ def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
         again = result(box.cli("snapshot", "recover", box.name, "--json"))
         assert again["recovered"] is False
     assert audit_types().count("snapshot.rollback.recover") == len(faults.KILL_STEPS)
+    # A recovery killed once the original is back but before it runs again is finished by
+    # the next one: the container runs again (it ran before the rollback).
+    before = inspect(box.name)
+    stop_kill = {**os.environ, faults.FAIL_ENV: "kill@stop"}
+    assert run_linpodx("snapshot", "rollback", box.name, "--to", "s1", env=stop_kill).returncode < 0
+    restart_kill = {**os.environ, faults.FAIL_ENV: f"kill@{faults.RESTART_STEP}"}
+    assert run_linpodx("snapshot", "recover", box.name, env=restart_kill).returncode < 0
+    assert inspect(box.name)["State"]["Status"] != "running"  # type: ignore[index]
+    refused = box.cli("start", box.name)
+    assert refused.exit_code != 0 and "was interrupted at step undone" in refused.stderr
+    rec = result(box.cli("snapshot", "recover", box.name, "--json"))
+    assert rec["interrupted_at"] == "undone" and rec["action"] == "undone"
+    after = inspect(box.name)
+    assert after["Id"] == before["Id"] and after["State"]["Status"] == "running"  # type: ignore[index]
+    assert _leftovers(box) == ([box.name], []) and not journal.exists(box.name)
     ok(box.cli("audit", "verify"))
     # A rollback killed part-way is also recovered by the next rollback, which then runs.
     box.sh("echo v3 > /ws/f.txt")

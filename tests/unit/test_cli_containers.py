@@ -341,6 +341,30 @@ def test_stop_audited_before_stop(fake: FakeEngine, cli: Any) -> None:
     assert "stop" in fake.names()
 
 
+def test_stop_waits_for_whoever_holds_the_name(fake: FakeEngine) -> None:
+    """A snapshot rollback holds its container's name lock throughout: a `linpodx stop` of it
+    in another process waits until it is done, instead of slipping in before its journal."""
+    import threading
+
+    from linpodx import namelock
+
+    fake.present.add("agent-1")
+    held = namelock.acquire("agent-1")
+    done: list[str] = []
+
+    def stop() -> None:
+        containers.stop("agent-1")
+        done.append("stopped")
+
+    t = threading.Thread(target=stop, daemon=True)
+    t.start()
+    t.join(0.5)
+    assert done == [] and "stop" not in fake.names()
+    held.release()
+    t.join(10)
+    assert done == ["stopped"] and "stop" in fake.names()
+
+
 def test_guarded_run_with_a_taken_name_leaves_the_other_guard_alone(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,3 +60,25 @@ def test_sweep_removes_only_unheld_lock_files_of_names_with_nothing_left() -> No
     assert left == ["held", "kept"]
     held.release()
     assert sorted(os.listdir(containers_dir() / namelock.LOCKS_DIR)) == ["kept"]
+
+
+def test_the_thread_that_holds_a_name_takes_it_again_at_once() -> None:
+    """A rollback holds its container's name and calls stop/create/start, which take it again:
+    that must not wait for itself. Only the outermost release lets go."""
+    outer = namelock.acquire("agent-1")
+    inner = namelock.acquire("agent-1")
+    assert inner is outer
+    inner.release()
+    assert outer.held
+    got: list[str] = []
+    def other() -> None:
+        with namelock.acquire("agent-1") as lock:
+            got.append(lock.name)
+
+    t = threading.Thread(target=other, daemon=True)
+    t.start()
+    t.join(0.3)
+    assert got == []  # another thread still waits
+    outer.release()
+    t.join(10)
+    assert got == ["agent-1"]

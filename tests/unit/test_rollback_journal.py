@@ -296,3 +296,17 @@ def test_a_state_dir_that_cannot_be_searched_is_not_no_journal(
     monkeypatch.setattr(os, "lstat", denied)
     with pytest.raises(LinpodxError, match="cannot check for an interrupted rollback"):
         journal.check_no_interrupted("agent-1")
+
+
+def test_temp_files_of_a_killed_journal_writer_are_swept(isolated_state: Path) -> None:
+    staged = journal.stage(_journal())  # a stage whose writer was killed before the rename
+    journal.write(_journal(name="agent-2"))
+    other = journal.stage(_journal(name="agent-2"))
+    where = journal.path("agent-1").parent
+    assert len([n for n in os.listdir(where) if n.endswith(".tmp")]) == 2
+    journal.sweep_temps("agent-1")
+    left = sorted(os.listdir(where))
+    assert [n for n in left if n.startswith(".agent-1.")] == []
+    assert "agent-2.json" in left and len([n for n in left if n.endswith(".tmp")]) == 1
+    staged.discard()
+    other.discard()
