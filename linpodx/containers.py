@@ -184,6 +184,15 @@ class Outcome:
         self.removed = False
         """The clean-up removed it again (a run), or stopped it (a start)."""
 
+    def __enter__(self) -> Outcome:
+        return self
+
+    def __exit__(self, _typ: object, exc: BaseException | None, _tb: object) -> None:
+        """Leaving a `with outcome:` block by an exception records the failure (and lets the
+        exception go on)."""
+        if exc is not None:
+            self.failed(exc)
+
     def failed(self, exc: BaseException) -> None:
         """Append the `<record>.failed` record for `exc`. It records what already happened and
         cannot undo anything: if it cannot be written, that is a warning on stderr and `exc`
@@ -598,12 +607,8 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
 
 def _create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool) -> ContainerInfo:
     audit("container.run", _run_record(spec, ref))
-    outcome = Outcome("container.run", spec.name)
-    try:
+    with Outcome("container.run", spec.name) as outcome:
         return _create_and_start_recorded(spec, ref, start=start, outcome=outcome)
-    except BaseException as exc:
-        outcome.failed(exc)
-        raise
 
 
 def _create_and_start_recorded(
@@ -745,12 +750,8 @@ def _run_once_locked(
     spec: CreateSpec, ref: ProfileRef, announce: Announce, lock: namelock.NameLock
 ) -> int:
     audit("container.run", _run_record(spec, ref))
-    outcome = Outcome("container.run", spec.name)
-    try:
+    with Outcome("container.run", spec.name) as outcome:
         return _run_once_recorded(spec, ref, announce, lock, outcome)
-    except BaseException as exc:
-        outcome.failed(exc)
-        raise
 
 
 def _run_once_recorded(
@@ -825,13 +826,11 @@ def run_started(
     outcome = Outcome("container.run", req.name or "")
     outcome.step = step
     try:
-        return _run_started(
-            req, profile_id, start, cidfile, made=made, announce=announce,
-            resolv_conf=resolv_conf, lock=lock, outcome=outcome,
-        )  # fmt: skip
-    except BaseException as exc:
-        outcome.failed(exc)
-        raise
+        with outcome:
+            return _run_started(
+                req, profile_id, start, cidfile, made=made, announce=announce,
+                resolv_conf=resolv_conf, lock=lock, outcome=outcome,
+            )  # fmt: skip
     finally:
         if lock is not None:
             lock.release()
@@ -974,14 +973,11 @@ def attached_start(
     outcome = Outcome("container.run", name)
     outcome.step = "podman_start"
     outcome.created = True
-    try:
+    with outcome:
         rc = engine.run_inherited(
             engine.start_attach_argv(name, interactive, global_flags),
             stop=lambda: engine.stop_quietly(name),
         )
-    except BaseException as exc:
-        outcome.failed(exc)
-        raise
     if rc != 0 and remove_on_failure:
         try:
             info = engine.inspect(name)

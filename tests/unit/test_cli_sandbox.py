@@ -14,6 +14,7 @@ from ruamel.yaml import YAML
 from linpodx import paths
 from linpodx.audit.chain import admin_chain, read_records
 from tests.conftest import CliResult, run_linpodx
+from tests.unit.test_profile_store import rm_killed_after_its_record
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "agent-readonly.yml"
@@ -218,23 +219,13 @@ def test_list_shows_every_profile_while_one_rm_is_interrupted(
 ) -> None:
     """`sandbox rm` killed after its record: that profile is listed as `removing` with a hint,
     every other one as before, and the listing itself succeeds."""
-    from linpodx.profile import store
 
     other = tmp_path / "other.yml"
     other.write_text("name: other\n", encoding="utf-8")
     assert cli("sandbox", "apply", "--profile", str(demo)).exit_code == 0
     assert cli("sandbox", "apply", "--profile", str(other)).exit_code == 0
 
-    class Killed(BaseException):
-        pass
-
-    def killed(*_a: object, **_k: object) -> None:
-        raise Killed
-
-    with monkeypatch.context() as m:
-        m.setattr(store._Staged, "put_recorded", killed)
-        with pytest.raises(Killed):
-            cli("sandbox", "rm", "agent-readonly")
+    rm_killed_after_its_record(monkeypatch, lambda: cli("sandbox", "rm", "agent-readonly"))
 
     listed = cli("sandbox", "list")
     assert listed.exit_code == 0, listed.stderr

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,22 @@ def _plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
 
+
+
+def rm_killed_after_its_record(monkeypatch: pytest.MonkeyPatch, rm: Callable[[], object]) -> None:
+    """Run `rm` (a `sandbox rm` of some profile) and kill it, in effect, between its
+    `profile.rm` record and its last step (`put_recorded` raises what no handler catches)."""
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*_a: object, **_k: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(store._Staged, "put_recorded", killed)
+        with pytest.raises(Killed):
+            rm()
 
 def profile_file(tmp_path: Path, body: str = "", name: str = "demo", fname: str = "p.yml") -> Path:
     f = tmp_path / fname
@@ -829,16 +846,7 @@ def test_an_rm_killed_after_its_record_is_finished_by_the_next_rm(
 
     store.apply(profile_file(tmp_path))
 
-    class Killed(BaseException):
-        pass
-
-    def killed(*_a: object, **_k: object) -> None:
-        raise Killed
-
-    with monkeypatch.context() as m:
-        m.setattr(store._Staged, "put_recorded", killed)
-        with pytest.raises(Killed):
-            store.remove("demo")
+    rm_killed_after_its_record(monkeypatch, lambda: store.remove("demo"))
     assert _types() == ["profile.apply", "profile.rm"]
     assert "removing" in _pointer_doc()
     with pytest.raises(LinpodxError) as ei:
@@ -863,16 +871,7 @@ def test_list_shows_a_profile_whose_rm_was_interrupted_beside_the_others(
     marked = store.apply(profile_file(tmp_path))
     store.apply(profile_file(tmp_path, name="zeta", fname="z.yml"))
 
-    class Killed(BaseException):
-        pass
-
-    def killed(*_a: object, **_k: object) -> None:
-        raise Killed
-
-    with monkeypatch.context() as m:
-        m.setattr(store._Staged, "put_recorded", killed)
-        with pytest.raises(Killed):
-            store.remove("demo")
+    rm_killed_after_its_record(monkeypatch, lambda: store.remove("demo"))
     listed = store.list_profiles()
     assert [(s.name, s.state) for s in listed] == [
         ("alpha", "applied"), ("demo", "removing"), ("zeta", "applied")
