@@ -32,31 +32,23 @@ def lock_path(name: str) -> str:
     return os.path.join(paths.containers_root(), LOCKS_DIR, name)
 
 
-class NameLock:
-    """A held name lock; `release` (or leaving a `with` block) lets the next one in."""
+class _Held:
+    """The flock itself (one per name and thread), shared by every handle of it."""
 
-    def __init__(self, name: str, path: str, fd: int) -> None:
+    def __init__(self, name: str, path: str, fd: int, key: tuple[str, int]) -> None:
         self.name = name
         self.path = path
-        self._fd: int | None = fd
-        self._depth = 1  # `acquire`s of it in this thread not yet released
-        self._key: tuple[str, int] | None = None
+        self.fd: int | None = fd
+        self.key = key
+        self.handles = 0  # handles not yet released
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def release(self) -> None:
-        """Let go (a second call does nothing); remove the lock file if nothing is left under
-        the name, while still holding it (see the module docstring)."""
-        if self._fd is None:
+    def drop(self) -> None:
+        """The last handle went: remove the lock file if nothing is left under the name, while
+        still holding it (see the module docstring), then let go."""
+        _HELD.pop(self.key, None)
+        fd, self.fd = self.fd, None
+        if fd is None:
             return
-        self._depth -= 1
-        if self._depth > 0:
-            return  # an inner `acquire` of a lock this process holds: the outer one lets go
-        if self._key is not None:
-            _HELD.pop(self._key, None)
-        fd, self._fd = self._fd, None
         try:
             if not os.path.lexists(os.path.join(paths.containers_root(), self.name)):
                 os.unlink(self.path)
@@ -64,6 +56,30 @@ class NameLock:
             pass  # an empty file left behind costs nothing; the lock goes with the fd
         finally:
             os.close(fd)
+
+
+class NameLock:
+    """A handle on a held name lock; `release` (or leaving a `with` block) gives it up, and the
+    last handle given up lets the next one in. Each handle is released once, however often
+    `release` is called."""
+
+    def __init__(self, held: _Held) -> None:
+        self.name = held.name
+        self.path = held.path
+        self._held: _Held | None = held
+        held.handles += 1
+
+    @property
+    def held(self) -> bool:
+        return self._held is not None and self._held.fd is not None
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held is None:
+            return
+        held.handles -= 1
+        if held.handles == 0:
+            held.drop()
 
     def __enter__(self) -> NameLock:
         return self
@@ -76,24 +92,22 @@ class NameLock:
 # wait: a snapshot rollback holds its container's name throughout, and the stop, create and
 # start it makes take it again (flock would make the second open of the file wait for the
 # first, for ever). Another thread waits like another process would.
-_HELD: dict[tuple[str, int], NameLock] = {}
+_HELD: dict[tuple[str, int], _Held] = {}
 
 
 def acquire(name: str) -> NameLock:
-    """Wait for and take the lock of the container name NAME (at once, if this process holds it
-    already: then the outermost release lets go). OSError if the state dir cannot hold it."""
+    """Wait for and take the lock of the container name NAME (at once, if this thread holds it
+    already: the lock then goes with the last handle released). OSError if the state dir
+    cannot hold it."""
     key = (name, _thread.get_ident())
     held = _HELD.get(key)
-    if held is not None and held.held:
-        held._depth += 1
-        return held
-    lock = _acquire(name)
-    lock._key = key
-    _HELD[key] = lock
-    return lock
+    if held is None or held.fd is None:
+        path, fd = _acquire(name)
+        held = _HELD[key] = _Held(name, path, fd, key)
+    return NameLock(held)
 
 
-def _acquire(name: str) -> NameLock:
+def _acquire(name: str) -> tuple[str, int]:
     path = lock_path(name)
     paths.ensure_dir_str(os.path.dirname(path))
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -110,7 +124,7 @@ def _acquire(name: str) -> NameLock:
             os.close(fd)
             raise
         if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
-            return NameLock(name, path, fd)
+            return path, fd
         os.close(fd)  # the one before us removed this file on release: take the one there now
 
 

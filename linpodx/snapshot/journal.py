@@ -155,9 +155,11 @@ def sweep_temps(name: str) -> None:
     """Remove the temporary files a killed writer of NAME's journal left (a stage or an atomic
     replace cut short). Only under the container's snapshot lock, where nobody else writes."""
     where = Path(rollback_journal(name)).parent
-    prefix = f".{name}.json."
+    # Exactly the names `fsutil` gives them: a container's name may hold dots, so a looser
+    # match could take another container's temp file (`foo` and `foo.json.x`).
+    ours = re.compile(rf"\.{re.escape(name)}\.json\.[0-9a-f]{{12}}\.tmp\Z")
     try:
-        found = [n for n in os.listdir(where) if n.startswith(prefix) and n.endswith(".tmp")]
+        found = [n for n in os.listdir(where) if ours.match(n)]
     except OSError:
         return
     for n in found:
@@ -265,8 +267,9 @@ def interrupted_notes() -> list[str]:
             notes.append(f"{exc.message}; {exc.hint}")
             continue
         if j is not None and not j.owned_here() and not j.owner_alive():
+            when = "after it was undone" if j.step == "undone" else f"at step {j.step}"
             notes.append(
-                f"a rollback of {name} to {j.label} was interrupted at step {j.step}; run "
+                f"a rollback of {name} to {j.label} was interrupted {when}; run "
                 f"`linpodx snapshot recover {name}`"
             )
     return notes
@@ -295,6 +298,12 @@ def check_no_interrupted(name: str) -> None:
         raise LinpodxError(
             f"a rollback of {name} (to {j.label}) is in progress (pid {j.pid})",
             f"wait for it to finish, then retry; `linpodx ps --all` shows {name}",
+        )
+    if j.step == "undone":
+        raise LinpodxError(
+            f"a rollback of {name} to {j.label} was undone, but interrupted before {name} "
+            "was started again",
+            f"run `linpodx snapshot recover {name}` to start it again",
         )
     raise LinpodxError(
         f"a rollback of {name} to {j.label} was interrupted at step {j.step} and left {name} "

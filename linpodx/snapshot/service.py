@@ -653,7 +653,7 @@ def _recover_locked(name: str, lock_fd: int) -> dict[str, Any] | None:
         "rollback_id": jour.rollback_id,
         "label": jour.label,
         "interrupted_at": jour.step,
-        "action": "finished" if finishing else "undone",  # a restart finishes an undo
+        "action": {"finish": "finished", "restart": "restarted"}.get(action, "undone"),
     }
     if notes:
         out["notes"] = notes

@@ -366,9 +366,9 @@ def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
     assert run_linpodx("snapshot", "recover", box.name, env=restart_kill).returncode < 0
     assert inspect(box.name)["State"]["Status"] != "running"  # type: ignore[index]
     refused = box.cli("start", box.name)
-    assert refused.exit_code != 0 and "was interrupted at step undone" in refused.stderr
+    assert refused.exit_code != 0 and "interrupted before" in refused.stderr
     rec = result(box.cli("snapshot", "recover", box.name, "--json"))
-    assert rec["interrupted_at"] == "undone" and rec["action"] == "undone"
+    assert rec["interrupted_at"] == "undone" and rec["action"] == "restarted"
     after = inspect(box.name)
     assert after["Id"] == before["Id"] and after["State"]["Status"] == "running"  # type: ignore[index]
     assert _leftovers(box) == ([box.name], []) and not journal.exists(box.name)

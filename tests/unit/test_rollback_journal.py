@@ -310,3 +310,23 @@ def test_temp_files_of_a_killed_journal_writer_are_swept(isolated_state: Path) -
     assert "agent-2.json" in left and len([n for n in left if n.endswith(".tmp")]) == 1
     staged.discard()
     other.discard()
+
+
+def test_the_sweep_leaves_a_dotted_neighbours_temp_files_alone(isolated_state: Path) -> None:
+    """Container names may hold dots: sweeping `foo`'s temp files must not take those of a
+    container named `foo.json.x`."""
+    journal.write(_journal(name="foo.json.x"))
+    neighbour = journal.stage(_journal(name="foo.json.x"))
+    journal.sweep_temps("foo")
+    where = journal.path("foo").parent
+    assert len([n for n in os.listdir(where) if n.endswith(".tmp")]) == 1
+    neighbour.discard()
+
+
+def test_an_undo_interrupted_before_the_restart_says_so(cli) -> None:  # type: ignore[no-untyped-def]
+    pid, start = _dead_pid()
+    journal.write(_journal(pid=pid, pid_start=start, step="undone"))
+    r = cli("start", "agent-1")
+    assert r.exit_code == 1
+    assert "was undone, but interrupted before agent-1 was started again" in r.stderr
+    assert "hint: run `linpodx snapshot recover agent-1` to start it again" in r.stderr
