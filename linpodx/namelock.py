@@ -111,10 +111,20 @@ def _acquire(name: str) -> tuple[str, int]:
     path = lock_path(name)
     paths.ensure_dir_str(os.path.dirname(path))
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    said = False
     while True:
         fd = os.open(path, flags, paths.FILE_MODE)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not said:
+                    # A wait can last a guarded bring-up or a snapshot rollback (seconds):
+                    # say why nothing happens, once, on stderr (stdout may be a protocol).
+                    _note(f"note: waiting for another linpodx command on container {name} "
+                          "to finish")
+                    said = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
             mine = os.fstat(fd)
             try:
                 now = os.stat(path, follow_symlinks=False)
@@ -126,6 +136,13 @@ def _acquire(name: str) -> tuple[str, int]:
         if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
             return path, fd
         os.close(fd)  # the one before us removed this file on release: take the one there now
+
+
+def _note(line: str) -> None:
+    try:
+        os.write(2, (line + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass  # a closed stderr is no reason not to wait
 
 
 def sweep() -> None:

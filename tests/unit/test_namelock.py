@@ -83,3 +83,19 @@ def test_the_thread_that_holds_a_name_takes_it_again_at_once() -> None:
     outer.release()
     t.join(10)
     assert got == ["agent-1"]
+
+
+def test_a_wait_for_the_lock_is_said_once_on_stderr(capfd) -> None:  # type: ignore[no-untyped-def]
+    first = namelock.acquire("agent-1")
+    t = threading.Thread(target=lambda: namelock.acquire("agent-1").release(), daemon=True)
+    t.start()
+    t.join(0.5)
+    first.release()
+    t.join(10)
+    assert not t.is_alive()
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert err == "note: waiting for another linpodx command on container agent-1 to finish\n"
+    with namelock.acquire("agent-1"):
+        pass  # no wait, nothing said
+    assert capfd.readouterr() == ("", "")
