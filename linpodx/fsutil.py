@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 
 from linpodx.paths import FILE_MODE, ensure_dir_str
 
@@ -145,3 +146,36 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+class NotRegularFile(Exception):
+    """Something other than a regular file (a FIFO, a device, a directory) is where a store
+    file belongs."""
+
+
+def read_regular(path: Path | str, limit: int) -> bytes | None:
+    """Up to `limit` + 1 bytes of the regular file at `path`; None if nothing is there.
+
+    For files linpodx wrote and reads back (the profile store, the run plans, a rollback's
+    journal). Opened non-blocking and without following a link: a FIFO or a device in such a
+    file's place must not hang the command (or a lock it holds), and a link is not a file
+    linpodx wrote. Raises NotRegularFile, or OSError (a link gives ELOOP).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(path)
+        chunks = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

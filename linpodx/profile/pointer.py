@@ -11,9 +11,9 @@ Standard library only, and only cheap modules: `linpodx.runplan` imports this on
 from __future__ import annotations
 
 import json
-import os
-import stat
 
+# The store's way of reading its files is the generic one; its callers know it by these names.
+from linpodx.fsutil import NotRegularFile, read_regular
 from linpodx.ids import is_id
 from linpodx.output import safe_text
 
@@ -24,39 +24,8 @@ if TYPE_CHECKING:
 
 MAX_BYTES = 4 * 1024 * 1024
 """The most a store file (a pointer or a revision) may hold."""
+__all__ = ["MAX_BYTES", "NotRegularFile", "parse_object", "problem", "read_regular"]
 KEYS = frozenset({"name", "current", "last_revision", "removed_at", "pending", "removing"})
-
-
-class NotRegularFile(Exception):
-    """Something other than a regular file (a FIFO, a device, a directory) is where a store
-    file belongs."""
-
-
-def read_regular(path: str, limit: int = MAX_BYTES) -> bytes | None:
-    """Up to `limit` + 1 bytes of the regular file at `path`; None if nothing is there.
-
-    Opened non-blocking and without following a link: a FIFO or a device in a store file's
-    place must not hang the command (or the store's lock), and a link is not a file linpodx
-    wrote. Raises NotRegularFile, or OSError (a link gives ELOOP).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile(path)
-        chunks = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def parse_object(raw: bytes, limit: int = MAX_BYTES) -> dict[str, Any] | None:

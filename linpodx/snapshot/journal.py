@@ -18,7 +18,6 @@ import binascii
 import contextlib
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import ChainBroken, LinpodxError
-from linpodx.fsutil import Staged, atomic_write, fsync_dir
+from linpodx.fsutil import NotRegularFile, Staged, atomic_write, fsync_dir, read_regular
 from linpodx.ids import ULID_RE
 from linpodx.paths import rollback_journal
 from linpodx.snapshot.jobs import proc_start_time
@@ -185,20 +184,16 @@ def read(name: str) -> Journal | None:
     p = path(name)
     try:
         # No links, no FIFOs: a swapped-in special file must not hang or redirect a command.
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
+        raw = read_regular(p, MAX_BYTES)
+    except NotRegularFile:
+        raise _damaged(p, "not a regular file") from None
     except OSError as exc:
         raise LinpodxError(
             f"cannot read the rollback journal {p}: {exc.strerror}",
             "check the permissions of linpodx's state directory",
         ) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _damaged(p, "not a regular file")
-        raw = os.read(fd, MAX_BYTES + 1)
-    finally:
-        os.close(fd)
+    if raw is None:
+        return None
     if len(raw) > MAX_BYTES:
         raise _damaged(p, "too large")
     try:
