@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from linpodx import events, namelock, runplan
 from linpodx.canonical import canonical_bytes, strict_loads
@@ -33,6 +33,7 @@ from linpodx.errors import (
     NotFound,
 )
 from linpodx.fsutil import atomic_write
+from linpodx.output import note
 from linpodx.paths import containers_dir, ensure_dir
 from linpodx.podman import engine, mountpin, probe
 from linpodx.podman.argv import (
@@ -47,6 +48,8 @@ from linpodx.podman.spawn import Child
 from linpodx.profile import hostpaths
 from linpodx.profile.model import Profile, default_profile
 from linpodx.snapshot import journal
+
+_E = TypeVar("_E", bound=BaseException)
 
 SPEC_VERSION = 1
 BUILTIN_ID = "builtin"
@@ -209,8 +212,6 @@ class Outcome:
         except Exception as err:  # any: it must not replace the error being reported
             said = err.message if isinstance(err, LinpodxError) else type(err).__name__
             with contextlib.suppress(Exception):
-                from linpodx.output import note
-
                 note(
                     f"warning: could not record {self.record}.failed for {self.name} in the "
                     f"audit log: {said}"
@@ -413,14 +414,14 @@ def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = Non
 
 def _cleanup(
     name: str,
-    why: LinpodxError,
+    why: _E,
     *,
     remove_spec: bool,
     guard_too: bool,
     outcome: Outcome | None = None,
-) -> LinpodxError:
+) -> _E:
     """Remove what was created for NAME and add what happened to the error's hint (and to
-    `outcome`)."""
+    `outcome`); an error that is not a LinpodxError has no hint, so it is said on stderr."""
     leftover = engine.remove_quietly(name)
     if outcome is not None:
         outcome.removed = leftover is None
@@ -434,8 +435,16 @@ def _cleanup(
         if leftover is None
         else f"removing {name} also failed ({leftover}); remove it with `podman rm -f {name}`"
     )
-    why.hint = f"{why.hint}; {said}" if why.hint else said
+    if isinstance(why, LinpodxError):
+        why.hint = f"{why.hint}; {said}" if why.hint else said
+    else:
+        _say(f"note: {said}")
     return why
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(Exception):  # stderr gone: nothing more to do
+        note(text)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -636,7 +645,7 @@ def _create_and_start_recorded(
         outcome.step = "egress_guard"
         try:
             resolv = _guard().prepare(spec.name, ref)
-        except LinpodxError:
+        except BaseException:
             with contextlib.suppress(Exception):
                 _guard().detach(spec.name)
             raise
@@ -645,7 +654,7 @@ def _create_and_start_recorded(
     outcome.step = "podman_create"
     try:
         container_id = engine.create(argv)
-    except LinpodxError:
+    except BaseException:
         if guarded:
             with contextlib.suppress(Exception):
                 _guard().detach(spec.name)
@@ -667,6 +676,11 @@ def _create_and_start_recorded(
         raise _cleanup(
             spec.name, err, remove_spec=True, guard_too=guarded, outcome=outcome
         ) from None
+    except BaseException as exc:
+        # Not one of ours (the state dir failing with an OSError, Ctrl-C): the same clean-up,
+        # said on stderr, and the error goes on as it is (the CLI reports it).
+        _cleanup(spec.name, exc, remove_spec=True, guard_too=guarded, outcome=outcome)
+        raise
     state = "running"
     if start and not spec.rm:
         with contextlib.suppress(LinpodxError):
@@ -1067,8 +1081,9 @@ def _start(name: str) -> ContainerInfo:
     outcome = Outcome("container.start", name)
     try:
         _bring_up(name, ref, start=True, resolv=resolv, outcome=outcome)
-    except LinpodxError as err:
-        # Do not remove a stopped container's state; make sure it is not left running unguarded.
+    except BaseException as err:
+        # Any failure (also an OSError of the state dir, or Ctrl-C): do not remove a stopped
+        # container's state; make sure it is not left running unguarded.
         with contextlib.suppress(LinpodxError):
             engine.stop(name, timeout=0)
             outcome.removed = True
@@ -1080,11 +1095,11 @@ def _start(name: str) -> ContainerInfo:
             if outcome.removed
             else f"stopping {name} failed too; stop it with `linpodx stop {name}`"
         )
-        err.hint = (err.hint + "; " if err.hint else "") + said
+        if isinstance(err, LinpodxError):
+            err.hint = (err.hint + "; " if err.hint else "") + said
+        else:
+            _say(f"note: {said}")
         outcome.failed(err)
-        raise
-    except BaseException as exc:
-        outcome.failed(exc)
         raise
     _emit("container.start", name=name, profile=ref.name, revision=ref.revision)
     info = engine.inspect(name)

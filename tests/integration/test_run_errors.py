@@ -245,6 +245,31 @@ def test_a_run_that_fails_after_its_record_gets_a_failed_record(
     assert "container.run.failed" in shown.stdout and f'"step":"{step}"' in shown.stdout
 
 
+def test_a_state_dir_failure_after_podman_create_removes_the_container(unique_name: str) -> None:
+    """An OSError (not one of linpodx's own errors) after `podman create`: here the run spec
+    cannot be written, because a directory sits where it belongs. The run fails with `error:`
+    and `hint:`, and the created container is removed again, never left behind."""
+    containers.spec_path(unique_name).mkdir(parents=True)
+    res = run_linpodx(
+        "run", "-d", "--image", BUSYBOX_IMAGE, "--name", unique_name, "--", "sleep", "600"
+    )  # fmt: skip
+    assert res.returncode == 6, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert "error: cannot use linpodx's state dir: Is a directory" in res.stderr
+    assert "hint:" in res.stderr
+    assert f"note: the container {unique_name} was removed again" in res.stderr
+    assert not exists(unique_name)
+    failed = _admin_chain()[-1]
+    assert failed["type"] == "container.run.failed"
+    assert failed["data"] == {
+        "name": unique_name,
+        "step": "run_spec",
+        "error": "IsADirectoryError",
+        "reason": "unexpected error",
+        "container": "removed",
+    }
+
+
 def test_what_a_killed_rm_leaves_is_taken_over_by_run_and_removed_by_rm(unique_name: str) -> None:
     """`linpodx rm -f NAME` killed after `podman rm`, before it removed its state dir (as
     `podman rm` itself does it here): no container, a state dir. `ps --all` has nothing to

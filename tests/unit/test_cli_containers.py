@@ -7,6 +7,7 @@ may belong to someone else's container); containers without the linpodx label ar
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
-        self.fail: dict[str, EngineError] = {}
+        self.fail: dict[str, BaseException] = {}
         self.labels: dict[str, str] = {"linpodx.managed": "1", "linpodx.profile_id": "builtin"}
         self.state = "running"
         self.present: set[str] = {"other"}
@@ -657,6 +658,40 @@ def test_a_start_that_fails_after_its_record_records_how(
         {"name": "agent-1", "step": "podman_start", "error": "EngineError",
          "reason": "podman start failed (exit 125)", "stopped": True},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("exc", "error"),
+    [(OSError(errno.ENOSPC, "No space left on device"), "OSError"),
+     (KeyboardInterrupt(), "KeyboardInterrupt")],
+)  # fmt: skip
+def test_a_start_that_fails_with_an_error_not_of_linpodx_stops_the_container_too(
+    fake: FakeEngine, capsys: pytest.CaptureFixture[str], exc: BaseException, error: str
+) -> None:
+    """Not only linpodx's own errors: an OSError of the state dir or a Ctrl-C during the
+    bring-up also leaves the container stopped (never running half set up), and says so."""
+    containers.run(REQ)
+    fake.state = "exited"
+    fake.present.add("agent-1")
+    fake.fail["start"] = exc
+    with pytest.raises(type(exc)):
+        containers.start("agent-1")
+    assert fake.names()[-1] == "stop"
+    assert "note: agent-1 was left stopped" in capsys.readouterr().err
+    assert failed_records()[-1]["stopped"] is True
+    assert failed_records()[-1]["error"] == error
+
+
+@pytest.mark.parametrize("exc", [OSError(errno.EIO, "I/O error"), KeyboardInterrupt()])
+def test_a_run_that_fails_with_an_error_not_of_linpodx_removes_the_container(
+    fake: FakeEngine, capsys: pytest.CaptureFixture[str], exc: BaseException
+) -> None:
+    fake.fail["create_home"] = exc
+    with pytest.raises(type(exc)):
+        containers.run(REQ)
+    assert "agent-1" not in fake.present
+    assert "note: the container agent-1 was removed again" in capsys.readouterr().err
+    assert failed_records()[-1]["container"] == "removed"
 
 
 def test_an_attached_start_that_never_started_records_the_run_as_failed(
