@@ -120,9 +120,12 @@ def _acquire(name: str) -> tuple[str, int]:
             except BlockingIOError:
                 if not said:
                     # A wait can last a guarded bring-up or a snapshot rollback (seconds):
-                    # say why nothing happens, once, on stderr (stdout may be a protocol).
-                    _note(f"note: waiting for another linpodx command on container {name} "
-                          "to finish")
+                    # say why nothing happens, and who holds it, once, on stderr (stdout may
+                    # be a protocol).
+                    _note(
+                        f"note: waiting for another linpodx command on container {name} "
+                        f"to finish{_holder(fd)}"
+                    )
                     said = True
                 fcntl.flock(fd, fcntl.LOCK_EX)
             mine = os.fstat(fd)
@@ -134,8 +137,42 @@ def _acquire(name: str) -> tuple[str, int]:
             os.close(fd)
             raise
         if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            _sign(fd)
             return path, fd
         os.close(fd)  # the one before us removed this file on release: take the one there now
+
+
+_PID_FIELD = 11
+"""The holder's pid, right-aligned in a fixed width with a newline: each holder overwrites the
+whole of the last one's in one write."""
+
+
+def _sign(fd: int) -> None:
+    """Write this process's pid into the lock file, for a waiter's note (best effort)."""
+    try:
+        os.pwrite(fd, f"{os.getpid():>{_PID_FIELD - 1}}\n".encode(), 0)
+    except OSError:
+        pass  # the note then just names no holder
+
+
+def _holder(fd: int) -> str:
+    """`` (pid N: linpodx snapshot rollback …)`` for the lock's holder, or "" if unknown.
+
+    The pid is what the holder wrote; a program it lent the lock to (`proc.lending`) may hold
+    it after the holder is gone, so a pid that is not a linpodx command is not named."""
+    try:
+        pid = int(os.pread(fd, _PID_FIELD, 0).decode("ascii"))
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(4096).split(b"\0")
+    except (OSError, ValueError):
+        return ""
+    words = [w.decode("utf-8", "replace") for w in argv if w]
+    at = next((i for i, w in enumerate(words) if os.path.basename(w) == "linpodx"), None)
+    if at is None:
+        return ""
+    from linpodx.output import safe_text  # only on a wait
+
+    return f" (pid {pid}: {safe_text(' '.join(['linpodx', *words[at + 1 :]]), 200)})"
 
 
 def _note(line: str) -> None:

@@ -72,6 +72,7 @@ def test_the_thread_that_holds_a_name_takes_it_again_at_once() -> None:
     inner.release()  # a handle is given up once, however often it is released
     assert outer.held and not inner.held
     got: list[str] = []
+
     def other() -> None:
         with namelock.acquire("agent-1") as lock:
             got.append(lock.name)
@@ -99,3 +100,46 @@ def test_a_wait_for_the_lock_is_said_once_on_stderr(capfd) -> None:  # type: ign
     with namelock.acquire("agent-1"):
         pass  # no wait, nothing said
     assert capfd.readouterr() == ("", "")
+
+
+HOLDER = """
+import sys, time
+from linpodx import namelock
+lock = namelock.acquire("agent-1")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_wait_note_names_the_linpodx_command_that_holds_the_lock(capfd) -> None:  # type: ignore[no-untyped-def]
+    """The holder's pid is in the lock file; a waiter names it with its command line (control
+    characters escaped). A holder that is not a linpodx command is not named."""
+    import subprocess
+    import sys
+
+    for argv, shown in (
+        (
+            ["linpodx", "snapshot", "rollback", "agent-1\x1b[2J"],
+            "linpodx snapshot rollback agent-1\\x1b[2J",
+        ),
+        (["something-else"], None),
+    ):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, *argv],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ,
+        )  # fmt: skip
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == "held\n"
+        t = threading.Thread(target=lambda: namelock.acquire("agent-1").release(), daemon=True)
+        t.start()
+        t.join(0.5)
+        holder.stdin.close()
+        assert holder.wait(10) == 0
+        t.join(10)
+        assert not t.is_alive()
+        err = capfd.readouterr().err
+        prefix = "note: waiting for another linpodx command on container agent-1 to finish"
+        if shown is None:
+            assert err == prefix + "\n"
+        else:
+            assert err == f"{prefix} (pid {holder.pid}: {shown})\n"
