@@ -433,8 +433,8 @@ def follow_chain(reply: Reply, name: str, rdtype: int, max_steps: int) -> Chain:
         if step is None:
             kept.extend(r for r in mine if r.rdtype == rdtype)
             break
-        if step.target is None:
-            break
+        if step.target is None or step.target in names:
+            break  # not a host name, or a loop: no address at the end of it
         kept.append(step)
         current = step.target
         names.add(current)

@@ -320,9 +320,18 @@ class PolicyResolver:
                 return dnsmsg.answer(q, dnsmsg.REFUSED)
         ttl = clamp_ttl(chain.ttl) if chain.records else 0
         with self._set_lock:
-            if not self._policy.allowlist.allows(q.name):
-                # The allowlist changed while we asked upstream.
-                return dnsmsg.answer(q, dnsmsg.NXDOMAIN)
+            now_policy = self._policy
+            if now_policy is not policy:
+                # The policy changed while we asked upstream: the answer is judged again under
+                # the one now in force, which may refuse the name or an address the old one
+                # took (`allow_private_answers` turned off).
+                if not now_policy.allowlist.allows(q.name):
+                    return dnsmsg.answer(q, dnsmsg.NXDOMAIN)
+                for addr in chain.addrs:
+                    why = self._refusal(now_policy, addr)
+                    if why is not None:
+                        self._denied(q.name, q.type_text, f"answer {addr}: {why}")
+                        return dnsmsg.answer(q, dnsmsg.REFUSED)
             with self._lock:
                 left = {
                     a: (self._granted[a].expires - now if a in self._granted else 0.0)

@@ -474,3 +474,43 @@ def test_an_answer_refused_before_is_judged_again_under_a_new_policy() -> None:
     )
     assert [str(a) for a in gone] == ["127.0.0.1"] and sets.deleted == ["127.0.0.1"]
     assert ask(r, "loop.example.com").rcode() == dns.rcode.REFUSED
+
+
+def test_an_answer_in_flight_during_a_policy_swap_is_judged_under_the_new_policy() -> None:
+    """`allow_private_answers` is turned off while a lookup waits for its upstream: the private
+    address it brings back is refused (and recorded), never put in the sets or the cache."""
+    r, up, sets, records, _ = make(allow_private=True)
+    private = ResolverPolicy(r.policy.allowlist, r.policy.upstreams, allow_private=False)
+
+    def swapping(sent: Outgoing, ups: Sequence[tuple[str, int]]) -> Reply:
+        r.set_policy(private)  # what a re-apply does while the upstream is being asked
+        return up(sent, ups)
+
+    r._upstream = swapping  # type: ignore[method-assign]
+    resp = ask(r, "loop.example.com")
+    assert resp.rcode() == dns.rcode.REFUSED and resp.answer == []
+    assert sets.added == []
+    assert records[-1][1]["message"] == "dns lookup denied for loop.example.com"
+    r._upstream = up  # type: ignore[method-assign]
+    assert ask(r, "loop.example.com").rcode() == dns.rcode.REFUSED  # nothing was cached
+    # The allowed path under the new policy still works.
+    assert addrs(ask(r, "crates.io")) == ["9.9.9.10"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        [("self.example.com", "CNAME", 60, "self.example.com.")],
+        [
+            ("self.example.com", "CNAME", 60, "b.provider.test."),
+            ("b.provider.test", "CNAME", 60, "self.example.com."),
+        ],
+    ],
+)
+def test_a_cname_loop_is_followed_once_and_answers_no_address(entry: list[Any]) -> None:
+    r, up, sets, _, _ = make()
+    up.table = {**TABLE, "self.example.com": entry}
+    resp = ask(r, "self.example.com")
+    assert resp.rcode() == dns.rcode.NOERROR and addrs(resp) == [] and sets.added == []
+    steps = [(rr.name.to_text(), rd.target.to_text()) for rr in resp.answer for rd in rr]
+    assert len(steps) == len(set(steps)) == len(entry) - 1
