@@ -69,9 +69,12 @@ def _push_egress(result: dict[str, Any]) -> list[str]:
     """
     from linpodx.egress import guard
 
-    stored = store.get(result["name"])
     try:
-        return guard.update_profile(stored)
+        # Under the store's lock, with the revision current now: two applies close together
+        # push one after the other, and the later push never carries the older revision (an
+        # apply whose push waited for another's pushes whatever is current by then).
+        with store.locked():
+            return guard.update_profile(store.get(result["name"]))
     except LinpodxError as exc:
         raise type(exc)(
             f"profile {result['name']} was applied as revision {result['revision']} "

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from linpodx import namelock
 from linpodx.egress import launch as launcher
 from linpodx.egress import netns
 from linpodx.egress.launch import (
@@ -399,47 +400,15 @@ def update_profile(stored: StoredProfile) -> list[str]:
     """
     updated: list[str] = []
     failed: list[str] = []
-    doc = policy_doc(stored)
     for name in _containers_of(stored.name):
-        st = EgressState(name)
-        info = _read_guard(st)
-        running = info is not None and info.get("state") == "ready" and _guard_alive(info, name)
-        # An empty allowlist is enforced too: every name denied, every set entry flushed;
-        # the next `linpodx start` creates the container without any network.
-        try:
-            from linpodx.audit.chain import admin_chain
-
-            admin_chain().append(
-                "egress.update",
-                {
-                    "container": name,
-                    "profile": stored.name,
-                    "profile_id": stored.profile_id,
-                    "revision": int(stored.revision),
-                    "allowlist": doc["allowlist"],
-                    "running": running,
-                },
-            )
-        except AuditError:
-            raise
-        except Exception as exc:
-            raise AuditError(
-                f"could not record the egress update for {name}: {exc}",
-                "nothing was changed; check the audit log with `linpodx audit verify`",
-            ) from exc
-        _write_policy(st, stored, force=True)
-        if not running or info is None:
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(info["guard_pid"]), signal.SIGHUP)
-        deadline = time.monotonic() + UPDATE_TIMEOUT
-        while time.monotonic() < deadline:
-            now = _read_guard(st)
-            if now is not None and now.get("policy_revision") == int(stored.revision):
-                updated.append(name)
-                break
-            time.sleep(0.05)
-        else:
+        # The container's name lock: a run or start of it that is bringing its guard up
+        # finishes first (its guard is then `ready` and takes the update), and never writes
+        # its creation revision over this one in the middle.
+        with namelock.acquire(name):
+            outcome = _push_one(name, stored)
+        if outcome == "updated":
+            updated.append(name)
+        elif outcome == "failed":
             failed.append(name)
     if failed:
         raise EngineError(
@@ -447,3 +416,47 @@ def update_profile(stored: StoredProfile) -> list[str]:
             "restart those containers with `linpodx stop` and `linpodx start`",
         )
     return updated
+
+
+def _push_one(name: str, stored: StoredProfile) -> str:
+    """Record and push `stored` to container `name`'s guard (its name lock held):
+    "updated" once the guard took it, "stopped" if no guard runs (the file waits for the next
+    start), "failed" if the guard did not take it in time."""
+    st = EgressState(name)
+    info = _read_guard(st)
+    running = info is not None and info.get("state") == "ready" and _guard_alive(info, name)
+    # An empty allowlist is enforced too: every name denied, every set entry flushed;
+    # the next `linpodx start` creates the container without any network.
+    try:
+        from linpodx.audit.chain import admin_chain
+
+        admin_chain().append(
+            "egress.update",
+            {
+                "container": name,
+                "profile": stored.name,
+                "profile_id": stored.profile_id,
+                "revision": int(stored.revision),
+                "allowlist": list(stored.profile.network.egress_dns_allowlist),
+                "running": running,
+            },
+        )
+    except AuditError:
+        raise
+    except Exception as exc:
+        raise AuditError(
+            f"could not record the egress update for {name}: {exc}",
+            "nothing was changed; check the audit log with `linpodx audit verify`",
+        ) from exc
+    _write_policy(st, stored, force=True)
+    if not running or info is None:
+        return "stopped"
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(int(info["guard_pid"]), signal.SIGHUP)
+    deadline = time.monotonic() + UPDATE_TIMEOUT
+    while time.monotonic() < deadline:
+        now = _read_guard(st)
+        if now is not None and now.get("policy_revision") == int(stored.revision):
+            return "updated"
+        time.sleep(0.05)
+    return "failed"

@@ -78,11 +78,27 @@ def await_order(control: socket.socket, timeout: float) -> tuple[int, str | None
     return pid, helper
 
 
+PolicyVersion = tuple[int, int]
+"""Which policy file was read: its inode and mtime (the CLI replaces it by rename, so a new
+file is a new inode even within one clock tick)."""
+
+
+def policy_version(st: EgressState) -> PolicyVersion | None:
+    try:
+        got = st.policy_file.stat()
+    except OSError:
+        return None
+    return got.st_ino, got.st_mtime_ns
+
+
 def load_policy(
     st: EgressState, host_addrs: frozenset[Any] | None = None
-) -> tuple[ResolverPolicy, dict[str, Any]]:
-    """Read the policy file the CLI wrote (fail closed on anything odd)."""
-    raw = json.loads(st.policy_file.read_text(encoding="utf-8"))
+) -> tuple[ResolverPolicy, dict[str, Any], PolicyVersion]:
+    """Read the policy file the CLI wrote (fail closed on anything odd), and which file it was:
+    a version taken from the very file read, so a file replaced any time after it differs."""
+    with open(st.policy_file, "rb") as f:
+        got = os.fstat(f.fileno())
+        raw = json.loads(f.read().decode("utf-8"))
     allow = Allowlist.from_entries(raw["allowlist"])
     try:
         host_conf = Path("/etc/resolv.conf").read_text(encoding="utf-8")
@@ -93,6 +109,7 @@ def load_policy(
     return (
         ResolverPolicy(allow, ups, bool(raw.get("allow_private_answers", False)), host),
         raw,
+        (got.st_ino, got.st_mtime_ns),
     )
 
 
@@ -154,6 +171,24 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
     pid, preferred = order
     report = Reporter(st, control)
     helper: netns.Helper | None = None
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    reload_flag = threading.Event()
+    term_flag = threading.Event()
+
+    def on_hup(_s: int, _f: object) -> None:
+        reload_flag.set()
+        os.write(wake_w, b"h")
+
+    def on_term(_s: int, _f: object) -> None:
+        term_flag.set()
+        os.write(wake_w, b"t")
+
+    # A re-apply's SIGHUP may come as soon as `ready` is written, before the serve loop: the
+    # default action would end the guard (and with it the container's network). Caught from
+    # the start, it only asks for a reload, which the serve loop does. SIGTERM keeps its
+    # default until then: a start-up that is told to stop just stops.
+    signal.signal(signal.SIGHUP, on_hup)
     stop = threading.Event()
     recorder = DenialRecorder(name, default_sink)
     try:
@@ -165,7 +200,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         if os.stat(netns.netns_path(pid)).st_ino == os.stat(netns.netns_path(os.getpid())).st_ino:
             # A wrong pid must never make the guard filter (and bind port 53 in) its own netns.
             raise RuntimeError(f"process {pid} is not in a network namespace of its own")
-        policy, raw = load_policy(st, host)
+        policy, raw, version = load_policy(st, host)
         if not policy.upstreams:
             raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
 
@@ -209,7 +244,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             helper=kind,
             helper_pid=helper.pid,
             policy_revision=applied,
-            policy_mtime=st.policy_file.stat().st_mtime_ns,
+            policy_mtime=version[1],
         )
         log.info("egress guard ready: container=%s pid=%s helper=%s", name, pid, kind)
         # dnspython (every DNS message goes through it, ~0.1 s to import) is imported by the
@@ -233,23 +268,8 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         report.write(state="failed", container=name, container_pid=pid, error=str(exc))
         return 1
 
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    reload_flag = threading.Event()
-    term_flag = threading.Event()
-
-    def on_hup(_s: int, _f: object) -> None:
-        reload_flag.set()
-        os.write(wake_w, b"h")
-
-    def on_term(_s: int, _f: object) -> None:
-        term_flag.set()
-        os.write(wake_w, b"t")
-
-    signal.signal(signal.SIGHUP, on_hup)
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    mtime = st.policy_file.stat().st_mtime_ns
     while True:
         r, _, _ = select.select([pidfd, wake_r], [], [], 1.0)
         if pidfd in r:
@@ -265,15 +285,13 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             # `linpodx ps` shows the guard as down.
             log.error("%s exited; stopping the guard", helper.kind)
             break
-        try:
-            now_mtime = st.policy_file.stat().st_mtime_ns
-        except OSError:
-            now_mtime = mtime
-        if reload_flag.is_set() or now_mtime != mtime:
+        # The version of the file read, not of the file there now: a re-apply that replaced
+        # it while the guard was starting (after it read the policy) is loaded here.
+        now = policy_version(st)
+        if reload_flag.is_set() or (now is not None and now != version):
             reload_flag.clear()
-            mtime = now_mtime
             try:
-                new_policy, raw = load_policy(st)
+                new_policy, raw, version = load_policy(st)
                 gone = resolver.set_policy(new_policy)
                 log.info(
                     "policy revision %s loaded; %d addresses removed",
@@ -287,12 +305,15 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
                     helper=helper.kind,
                     helper_pid=helper.pid,
                     policy_revision=int(raw.get("revision", 0)),
-                    policy_mtime=mtime,
+                    policy_mtime=version[1],
                 )
             except Exception:
                 # Keep the previous (already enforced) policy rather than none: the CLI
                 # that asked for the update sees the revision did not change and says so.
+                # This file is not tried again each second; a new one (or a SIGHUP) is.
                 log.exception("could not load the new policy")
+                if now is not None:
+                    version = now
     stop.set()
     helper.stop()
     recorder.flush()

@@ -181,8 +181,9 @@ def _names_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    """Exclusive flock on the store (apply and remove; readers rely on atomic files)."""
+def locked() -> Iterator[None]:
+    """Exclusive flock on the store, held by apply and remove (readers rely on atomic files),
+    and by whoever must see no other apply until it is done (the egress push after an apply)."""
     # The state dir first: mkdir(parents=True) would create it with the umask's mode.
     paths.ensure_dir(paths.state_dir())
     base = paths.ensure_dir(paths.profiles_dir())
@@ -396,7 +397,7 @@ def apply(path: Path | str) -> ApplyResult:
     digest = digest_of(profile)
     source = os.path.abspath(path)
     name = profile.name
-    with _state_writes(), _locked():
+    with _state_writes(), locked():
         pointer = _pointer(name)
         before = (pointer or {}).get("current")
         if pointer is not None:
@@ -722,7 +723,7 @@ class RemoveResult:
 def remove(name: str) -> RemoveResult:
     """Forget `name` as an applied profile (audited `profile.rm`); its revisions stay readable
     by id so containers started under them keep working."""
-    with _state_writes(), _locked():
+    with _state_writes(), locked():
         pointer = _pointer(name)
         removing = pointer.get("removing") if pointer is not None else None
         if pointer is not None:

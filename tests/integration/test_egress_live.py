@@ -15,10 +15,12 @@ resolv.conf bind-mounted), then `podman init` -> guard.attach -> `podman start`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -558,6 +560,103 @@ def test_reapply_changes_the_allowlist_live_and_is_audited(
     recs = [r for r in admin_records("egress.update") if r["data"]["container"] == container]
     assert recs and recs[-1]["data"]["revision"] == 2
     assert recs[-1]["data"]["allowlist"] == ["second.test"]
+
+
+def _guard_pid_of(container: str) -> int | None:
+    """The pid of `container`'s guard process, by its command line (before it reports one)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--container" in argv and container.encode() in argv and any(
+            b"guardproc" in a or b"_egress-guard" in a for a in argv
+        ):
+            return int(entry)
+    return None
+
+
+def test_a_policy_replaced_while_the_guard_starts_is_enforced_once_it_is_ready(
+    servers: Servers, container: str
+) -> None:
+    """A re-apply can replace the policy file after the starting guard read it and before it
+    reported `ready` (no SIGHUP then: the guard is not running yet). The guard must notice and
+    load it, instead of enforcing the old one until the next re-apply. The guard is stopped
+    (SIGSTOP) right after it read the policy, so the window is certain."""
+    st = stored(servers, ("allowed.test", "second.test"), rev=1)
+    create(container, st)
+    pid = init(container)
+    log = EgressState(container).guard_log
+    paused: list[int] = []
+
+    def pause_after_reading_the_policy() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            gpid = _guard_pid_of(container)
+            try:
+                text = log.read_bytes()
+            except OSError:
+                text = b""
+            if gpid is not None and b"loading the nft filter" in text:
+                os.kill(gpid, signal.SIGSTOP)
+                paused.append(gpid)
+                st2 = stored(servers, ("allowed.test",), rev=2)
+                guard._write_policy(EgressState(container), st2, force=True)  # what a push does
+                os.kill(gpid, signal.SIGCONT)
+                return
+            time.sleep(0.002)
+
+    t = threading.Thread(target=pause_after_reading_the_policy, daemon=True)
+    t.start()
+    guard.attach(container, pid, st)
+    t.join(30)
+    assert paused, "the guard was never seen between reading its policy and being ready"
+    podman("start", container)
+    guard_file = EgressState(container).guard_file
+    assert wait_for(lambda: json.loads(guard_file.read_text()).get("policy_revision") == 2)
+    assert resolves(container, "second.test").returncode != 0  # gone with revision 2
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
+
+
+def test_sighups_while_the_guard_starts_never_end_it(servers: Servers, container: str) -> None:
+    """A re-apply nudges a guard with SIGHUP as soon as it is `ready`, which may be before the
+    guard reached its serve loop. SIGHUPs sent all through its start-up (from its first log
+    line to `ready`) must not end it: before, the default action could, and the container was
+    left without a network."""
+    st = stored(servers, ("allowed.test",))
+    create(container, st)
+    pid = init(container)
+    log = EgressState(container).guard_log
+    sent: list[int] = []
+    done = threading.Event()
+
+    def nudge() -> None:
+        end = time.monotonic() + 30
+        while not done.is_set() and time.monotonic() < end:
+            gpid = _guard_pid_of(container)
+            try:
+                started = b"egress guard starting" in log.read_bytes()
+            except OSError:
+                started = False
+            if gpid is not None and started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(gpid, signal.SIGHUP)
+                    sent.append(gpid)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=nudge, daemon=True)
+    t.start()
+    try:
+        guard.attach(container, pid, st)
+    finally:
+        done.set()
+        t.join(10)
+    assert sent, "no SIGHUP was sent during the start-up"
+    podman("start", container)
+    assert guard.status(container) == "healthy"
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
 
 
 def test_reapply_that_stops_allowing_private_answers_cuts_them_off_live(

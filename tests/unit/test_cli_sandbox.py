@@ -281,3 +281,49 @@ def test_subprocess_apply_and_audit_verify(demo: Path) -> None:
     assert v.returncode == 0, v.stderr
     assert "chain:   OK" in v.stdout
     assert audit_hash[:12] in v.stdout
+
+
+def test_two_applies_close_together_leave_the_containers_on_the_newer_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apply A's push to running containers is slow (a guard taking its time); apply B of the
+    same profile comes meanwhile. The push that ends last must carry the newer revision:
+    before, A's push of revision 2 landed after B's of revision 3 and left the containers on
+    the older allowlist."""
+    import threading
+    import time
+
+    from linpodx.cli import sandbox
+    from linpodx.egress import guard
+    from linpodx.profile import store
+
+    pushing = threading.Event()
+    pushed: list[int] = []
+
+    def slow_push(stored: Any) -> list[str]:
+        pushing.set()
+        if stored.revision == 2:
+            time.sleep(0.5)
+        pushed.append(int(stored.revision))
+        return []
+
+    monkeypatch.setattr(guard, "update_profile", slow_push)
+    files = []
+    for i, hosts in enumerate((["a.test"], ["a.test", "b.test"], ["c.test"])):
+        f = tmp_path / f"p{i}.yml"
+        f.write_text(f"version: 1\nname: race\nnetwork:\n  egress_dns_allowlist: {hosts}\n")
+        files.append(f)
+    assert store.apply(files[0]).revision == 1
+
+    def apply(f: Path) -> None:
+        sandbox._push_egress(store.apply(f).to_dict())
+
+    first = threading.Thread(target=apply, args=(files[1],))
+    first.start()
+    assert pushing.wait(10)
+    second = threading.Thread(target=apply, args=(files[2],))
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert int(store.get("race").revision) == 3
+    assert pushed[-1] == 3, pushed

@@ -103,3 +103,49 @@ def test_init_pid_comes_from_the_pidfile_beside_the_resolv_conf() -> None:
     assert guard.init_pid(name) is None
     guard.detach(name)
     assert not st.dir.parent.exists()  # nothing of the container's was left
+
+
+def test_a_push_waits_for_a_command_holding_the_container_name() -> None:
+    """A re-apply's push to a container takes the container's name lock: a run or start that
+    is bringing the container's guard up (and writing its policy file) finishes first."""
+    import threading
+    from dataclasses import dataclass
+
+    from linpodx import namelock
+    from linpodx.audit.chain import admin_chain, read_records
+    from linpodx.egress.state import EgressState
+    from linpodx.profile.model import Network, Profile
+
+    @dataclass
+    class Stored:
+        profile: Profile
+        name: str
+        profile_id: str
+        revision: int
+
+    def stored(rev: int) -> Stored:
+        net = Network(egress_dns_allowlist=(f"r{rev}.test",))
+        return Stored(Profile(name="p", network=net), "p", f"prof_TEST{rev}", rev)
+
+    def updates() -> list[object]:
+        path = admin_chain().path
+        found = read_records(path) if path.exists() else []
+        return [r.data["revision"] for r in found if r.type == "egress.update"]
+
+    guard._write_policy(EgressState("agent-1"), stored(1))  # type: ignore[arg-type]
+    held = namelock.acquire("agent-1")
+    result: list[list[str]] = []
+    t = threading.Thread(
+        target=lambda: result.append(guard.update_profile(stored(2))),  # type: ignore[arg-type]
+        daemon=True,
+    )
+    try:
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and result == []  # waiting for the name
+        assert updates() == []
+    finally:
+        held.release()
+    t.join(10)
+    assert result == [[]]  # no guard runs: recorded and written, nothing to nudge
+    assert updates() == [2]
