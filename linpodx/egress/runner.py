@@ -189,7 +189,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             filtering.wait()
         sets = nfsets.NftSets(netns.netns_path(pid))
         resolver = PolicyResolver(
-            policy, add_to_sets=sets.add, delete_from_sets=sets.delete, on_denied=recorder.deny
+            policy, add_to_sets=sets.add, delete_from_sets=sets.revoke, on_denied=recorder.deny
         )
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
