@@ -13,6 +13,13 @@ belongs to the netns it was created in, forever), so every thread can then use i
 Each address is added (so it surely exists), deleted and added again with its new timeout, all
 in one batch: `add` alone leaves an existing element's timeout unchanged, and inside one
 transaction packets never see the address missing.
+
+A policy change that takes addresses away revokes them: one batch removes them from the
+allowed sets and puts them into the revoked sets, which the ruleset checks before it accepts
+established flows, so a connection opened while they were allowed stops too. An allowed
+element that merely lapsed is not revoked (see `ruleset`). A later `add` of a revoked
+address takes it out of the revoked sets in its own batch, so it is allowed again, new and
+established flows alike, at the same instant.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from collections.abc import Iterable
 
 from linpodx.egress.netns import CLONE_NEWNET, setns
 from linpodx.egress.policy import IPAddress
-from linpodx.egress.ruleset import SET4, SET6, TABLE
+from linpodx.egress.ruleset import REVOKED4, REVOKED6, SET4, SET6, TABLE
 
 NETLINK_NETFILTER = 12
 NLMSG_ERROR = 2
@@ -90,15 +97,51 @@ def _elements(
     return _message((NFNL_SUBSYS_NFTABLES << 8) | kind, flags, seq, NFPROTO_INET, 0, body)
 
 
-def _by_set(entries: Iterable[tuple[IPAddress, int]]) -> dict[str, list[tuple[IPAddress, int]]]:
+ALLOWED = (SET4, SET6)
+REVOKED = (REVOKED4, REVOKED6)
+
+Step = tuple[int, bool]
+"""One message per set: NEWSETELEM or DELSETELEM, and whether its elements carry a timeout."""
+_ADD_REFRESH: tuple[Step, ...] = (
+    (NFT_MSG_NEWSETELEM, True),
+    (NFT_MSG_DELSETELEM, False),
+    (NFT_MSG_NEWSETELEM, True),
+)
+# Added first (with 1 s where the set has timeouts), so an element that has lapsed or was
+# never there cannot make the delete, and with it the whole batch, fail.
+_ADD_DELETE_TIMED: tuple[Step, ...] = ((NFT_MSG_NEWSETELEM, True), (NFT_MSG_DELSETELEM, False))
+_ADD_DELETE: tuple[Step, ...] = ((NFT_MSG_NEWSETELEM, False), (NFT_MSG_DELSETELEM, False))
+# The revoked sets have no timeouts (nf_tables refuses one there): plain add, which is a
+# no-op for an element already in.
+_ADD: tuple[Step, ...] = ((NFT_MSG_NEWSETELEM, False),)
+
+Message = tuple[int, str, list[tuple[IPAddress, int | None]]]
+"""(NEWSETELEM or DELSETELEM, set name, each address with its timeout in seconds or none)."""
+
+
+def _by_set(
+    entries: Iterable[tuple[IPAddress, int]], names: tuple[str, str]
+) -> dict[str, list[tuple[IPAddress, int]]]:
+    """Each address once, under names[0] (IPv4) or names[1] (IPv6)."""
     out: dict[str, list[tuple[IPAddress, int]]] = {}
     seen: set[IPAddress] = set()
     for addr, timeout in entries:
         if addr in seen:
             continue
         seen.add(addr)
-        name = SET4 if isinstance(addr, ipaddress.IPv4Address) else SET6
+        name = names[0] if isinstance(addr, ipaddress.IPv4Address) else names[1]
         out.setdefault(name, []).append((addr, timeout))
+    return out
+
+
+def _steps(
+    by_set: dict[str, list[tuple[IPAddress, int]]], steps: tuple[Step, ...]
+) -> list[Message]:
+    """The messages of `steps` for each set in turn (sets in name order)."""
+    out: list[Message] = []
+    for set_name, elems in sorted(by_set.items()):
+        for kind, timed in steps:
+            out.append((kind, set_name, [(a, t if timed else None) for a, t in elems]))
     return out
 
 
@@ -106,37 +149,37 @@ Batch = tuple[bytes, list[int]]
 """The bytes to send and the sequence numbers the kernel will acknowledge."""
 
 
-def add_batch(entries: Iterable[tuple[IPAddress, int]], seq: int) -> Batch:
-    """The batch (sequence numbers from `seq` on) that (re)adds each address with a fresh
-    timeout in seconds."""
-    steps = ((NFT_MSG_NEWSETELEM, True), (NFT_MSG_DELSETELEM, False), (NFT_MSG_NEWSETELEM, True))
-    return _batch(_by_set(entries), steps, seq)
-
-
-def delete_batch(addrs: Iterable[IPAddress], seq: int) -> Batch:
-    """The batch that removes each address (added first with 1 s, so one that has lapsed
-    cannot make the delete fail)."""
-    steps = ((NFT_MSG_NEWSETELEM, True), (NFT_MSG_DELSETELEM, False))
-    return _batch(_by_set((a, 1) for a in addrs), steps, seq)
-
-
-def _batch(
-    by_set: dict[str, list[tuple[IPAddress, int]]],
-    steps: tuple[tuple[int, bool], ...],
-    seq: int,
+def add_batch(
+    entries: Iterable[tuple[IPAddress, int]], seq: int, unrevoke: Iterable[IPAddress] = ()
 ) -> Batch:
-    """BATCH_BEGIN, one message per (set, step), BATCH_END; only the middle ones are acked."""
-    if not by_set:
+    """The batch (sequence numbers from `seq` on) that (re)adds each address with a fresh
+    timeout in seconds, and takes each address of `unrevoke` out of the revoked sets."""
+    msgs = _steps(_by_set(entries, ALLOWED), _ADD_REFRESH)
+    msgs += _steps(_by_set(((a, 0) for a in unrevoke), REVOKED), _ADD_DELETE)
+    return _batch(msgs, seq)
+
+
+def revoke_batch(addrs: Iterable[IPAddress], seq: int) -> Batch:
+    """The batch that removes each address from the allowed sets (added first with 1 s) and
+    puts it into the revoked ones, in one transaction: there is no instant at which it is in
+    neither, when an established flow to it would still pass."""
+    addrs = list(addrs)
+    msgs = _steps(_by_set(((a, 1) for a in addrs), ALLOWED), _ADD_DELETE_TIMED)
+    msgs += _steps(_by_set(((a, 0) for a in addrs), REVOKED), _ADD)
+    return _batch(msgs, seq)
+
+
+def _batch(msgs: list[Message], seq: int) -> Batch:
+    """BATCH_BEGIN, the messages, BATCH_END; only the middle ones are acked."""
+    if not msgs:
         return b"", []
     res = NFNL_SUBSYS_NFTABLES
     parts = [_message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, socket.AF_UNSPEC, res, b"")]
     acked: list[int] = []
-    for set_name, elems in sorted(by_set.items()):
-        for kind, timed in steps:
-            seq += 1
-            acked.append(seq)
-            chosen = [(a, t if timed else None) for a, t in elems]
-            parts.append(_elements(kind, set_name, chosen, seq))
+    for kind, set_name, elems in msgs:
+        seq += 1
+        acked.append(seq)
+        parts.append(_elements(kind, set_name, elems, seq))
     parts.append(_message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq + 1, socket.AF_UNSPEC, res, b""))
     return b"".join(parts), acked
 
@@ -159,24 +202,37 @@ def check_acks(data: bytes, waiting: set[int]) -> None:
 
 
 class NftSets:
-    """The allowed sets of one container's netns, updated over netlink (thread-safe)."""
+    """The allowed and revoked sets of one container's netns, updated over netlink
+    (thread-safe)."""
 
     def __init__(self, netns_fd_path: str) -> None:
         self._sock = _open_in_netns(netns_fd_path)
         self._sock.settimeout(ACK_TIMEOUT)
         self._seq = int.from_bytes(os.urandom(3), "big")
         self._lock = threading.Lock()
+        # The addresses this process may have put into the revoked sets (they are filled by
+        # nothing else): only an `add` of one of them needs the extra messages that take it
+        # out again, so the usual lookup's batch stays as small as before.
+        self._revoked: set[IPAddress] = set()
 
     def add(self, entries: list[tuple[IPAddress, int]]) -> None:
-        """(Re)add each address with its timeout in seconds; returns once the kernel has."""
+        """(Re)add each address with its timeout in seconds, no longer revoked if it was;
+        returns once the kernel has."""
         with self._lock:
-            data, acked = add_batch(entries, self._seq)
+            back = [a for a, _ in entries if a in self._revoked]
+            data, acked = add_batch(entries, self._seq, unrevoke=back)
             self._send(data, acked)
+            # Only once the kernel took it: after a failure the next add takes them out again.
+            self._revoked.difference_update(back)
 
-    def delete(self, addrs: list[IPAddress]) -> None:
-        """Remove each address; returns once the kernel has."""
+    def revoke(self, addrs: list[IPAddress]) -> None:
+        """Take each address out of the allowed sets and refuse every packet to it, of an
+        established flow too, until an `add` allows it again; returns once the kernel has."""
         with self._lock:
-            data, acked = delete_batch(addrs, self._seq)
+            # Remembered before sending: a batch whose acks did not come may still have been
+            # applied, and taking out an address that is not in is harmless (add, then delete).
+            self._revoked.update(addrs)
+            data, acked = revoke_batch(addrs, self._seq)
             self._send(data, acked)
 
     def _send(self, data: bytes, acked: list[int]) -> None:

@@ -36,7 +36,8 @@ UPSTREAM_TIMEOUT = 3.0
 CACHE_MAX = 4096
 
 SetUpdater = Callable[[list[tuple[IPAddress, int]]], None]
-SetDeleter = Callable[[list[IPAddress]], None]
+SetRevoker = Callable[[list[IPAddress]], None]
+"""Takes addresses away: out of the allowed sets, and established flows to them stopped."""
 DeniedHook = Callable[[str, str, str], None]
 """(name, record type, reason)"""
 Upstream = Callable[["Outgoing", Sequence[tuple[str, int]]], "Reply"]
@@ -182,14 +183,14 @@ class PolicyResolver:
         policy: ResolverPolicy,
         *,
         add_to_sets: SetUpdater,
-        delete_from_sets: SetDeleter,
+        revoke_in_sets: SetRevoker,
         on_denied: DeniedHook,
         upstream: Upstream = query_upstream,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._policy = policy
         self._add = add_to_sets
-        self._delete = delete_from_sets
+        self._revoke = revoke_in_sets
         self._denied = on_denied
         self._upstream = upstream
         self._clock = clock
@@ -216,7 +217,14 @@ class PolicyResolver:
         allows justified, and those of addresses it refuses (a private answer once
         `allow_private_answers` is turned off, a new host address).
 
-        Returns the addresses removed from the sets.
+        Those addresses are revoked, not just deleted from the sets: the ruleset accepts the
+        packets of established flows before it looks at the allowed sets, so a connection
+        opened while an address was allowed would otherwise go on for as long as it lasts.
+        (A set entry that merely lapses by its TTL is not revoked: its open flows go on.) A
+        later lookup of a name allowed again grants the address afresh (`_answer` finds it
+        no longer granted and adds it, which also ends the revocation).
+
+        Returns the addresses revoked.
         """
         with self._set_lock:
             with self._lock:
@@ -238,7 +246,7 @@ class PolicyResolver:
                         gone.append(addr)
                         del self._granted[addr]
             if gone:
-                self._delete(gone)
+                self._revoke(gone)
             return gone
 
     # -- one query ------------------------------------------------------------------------

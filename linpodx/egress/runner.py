@@ -224,7 +224,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             filtering.wait()
         sets = nfsets.NftSets(netns.netns_path(pid))
         resolver = PolicyResolver(
-            policy, add_to_sets=sets.add, delete_from_sets=sets.delete, on_denied=recorder.deny
+            policy, add_to_sets=sets.add, revoke_in_sets=sets.revoke, on_denied=recorder.deny
         )
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
@@ -294,7 +294,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
                 new_policy, raw, version = load_policy(st)
                 gone = resolver.set_policy(new_policy)
                 log.info(
-                    "policy revision %s loaded; %d addresses removed",
+                    "policy revision %s loaded; %d addresses revoked",
                     raw.get("revision"),
                     len(gone),
                 )

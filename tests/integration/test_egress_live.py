@@ -19,9 +19,11 @@ import contextlib
 import json
 import os
 import pwd
+import queue
 import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import threading
 import time
@@ -129,12 +131,27 @@ def _http(addr: str) -> ThreadingHTTPServer:
     return srv
 
 
+class _Echo(socketserver.BaseRequestHandler):
+    """Sends back what it gets, for as long as the connection lasts (a long-lived flow)."""
+
+    def handle(self) -> None:
+        with contextlib.suppress(OSError):
+            while data := self.request.recv(4096):
+                self.request.sendall(data)
+
+
+class _EchoServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
 @dataclass
 class Servers:
     upstream: Upstream
     http_port: int
     loopback_port: int
     rogue_dns_port: int
+    echo_port: int
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +168,15 @@ def servers() -> Iterator[Servers]:
     rogue.sock.bind((HOST, 0))
     rogue.port = rogue.sock.getsockname()[1]
     threading.Thread(target=rogue._loop, daemon=True).start()
-    yield Servers(up, web.server_address[1], loop.server_address[1], rogue.port)
+    echo = _EchoServer((HOST, 0), _Echo)
+    threading.Thread(target=echo.serve_forever, daemon=True).start()
+    yield Servers(
+        up, web.server_address[1], loop.server_address[1], rogue.port, echo.server_address[1]
+    )
     web.shutdown()
     loop.shutdown()
+    echo.shutdown()
+    echo.server_close()
 
 
 # --- containers -------------------------------------------------------------------------------
@@ -677,6 +700,87 @@ def test_reapply_that_stops_allowing_private_answers_cuts_them_off_live(
     assert resolves(container, "allowed.test").returncode != 0
     reasons = [r["data"].get("reason", "") for r in admin_records("dns.denied")]
     assert any("own address" in r or "private" in r for r in reasons)
+
+
+# Run in the container: one connection to the echo server at argv[1]:argv[2], a ping every
+# 0.1 s for argv[3] seconds; one line per answer, then "alive", or "cut <error>" at once.
+CONNECTION_SCRIPT = """\
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+end = time.monotonic() + float(sys.argv[3])
+i = 0
+while time.monotonic() < end:
+    try:
+        s.sendall(b"ping%d\\n" % i)
+        got = b""
+        while not got.endswith(b"\\n"):
+            chunk = s.recv(100)
+            if not chunk:
+                raise EOFError("closed by the peer")
+            got += chunk
+    except Exception as e:
+        print("cut", type(e).__name__, e, flush=True)
+        sys.exit(0)
+    print("echo", got.decode().strip(), flush=True)
+    i += 1
+    time.sleep(0.1)
+print("alive", i, flush=True)
+"""
+
+
+def revoked_resets(pid: int) -> int:
+    """Packets the tcp reset rule for revoked IPv4 addresses has rejected."""
+    for line in nft_list(pid).splitlines():
+        if "@revoked4 meta l4proto tcp counter packets" in line:
+            return int(line.split("counter packets", 1)[1].split()[0])
+    raise AssertionError("no tcp reset rule for @revoked4 in the ruleset")
+
+
+def test_reapply_cuts_established_connections_to_the_addresses_it_takes_away(
+    servers: Servers, container: str
+) -> None:
+    """An open connection to an address only a name the re-apply drops justified stops at
+    once (tcp reset), not only new ones; allowing the name again and looking it up lets
+    connections through again."""
+    st = stored(servers, ("allowed.test",), rev=1)
+    create(container, st)
+    pid = bring_up(container, st)
+    argv = ["podman", "exec", container, "python3", "-c", CONNECTION_SCRIPT]
+    port = str(servers.echo_port)
+    conn = subprocess.Popen([*argv, "allowed.test", port, "30"], stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in conn.stdout or ()], daemon=True).start()
+    try:
+        # The allowed path: connected, and the established flow carries data both ways.
+        for i in range(3):
+            assert lines.get(timeout=20).split() == ["echo", f"ping{i}"]
+
+        assert guard.update_profile(stored(servers, ("second.test",), rev=2)) == [container]
+        revoked = time.monotonic()
+        line = ""
+        while not line.startswith(("cut", "alive")) and time.monotonic() < revoked + 5:
+            with contextlib.suppress(queue.Empty):
+                line = lines.get(timeout=0.2)
+        assert line.startswith("cut"), f"the open connection outlived the re-apply: {line}"
+        assert time.monotonic() - revoked < 3, "cut, but not at once"
+        assert line.split()[1] == "ConnectionResetError", line  # a reset: it failed at once
+        assert conn.wait(timeout=10) == 0
+    finally:
+        if conn.poll() is None:
+            conn.kill()
+            conn.wait()
+    assert revoked_resets(pid) > 0  # cut by the filter, not by anything else
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
+    again = podman(*argv[1:], HOST, port, "0.3", check=False)  # not by name: that is denied
+    assert again.returncode != 0 and "ConnectionRefusedError" in again.stderr, again.stderr
+
+    # Allowed again: a new lookup grants the address afresh, new and established flows alike.
+    assert guard.update_profile(stored(servers, ("allowed.test",), rev=3)) == [container]
+    assert resolves(container, "allowed.test").returncode == 0
+    back = podman(*argv[1:], "allowed.test", port, "0.5", check=False)
+    assert back.stdout.splitlines()[0] == "echo ping0" and "alive" in back.stdout, back.stdout
+    assert "cut" not in back.stdout
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
 
 
 def test_attach_fails_closed_and_leaves_nothing_running(

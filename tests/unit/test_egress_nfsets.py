@@ -11,6 +11,7 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
@@ -76,13 +77,96 @@ def test_add_batch_readds_each_address_with_its_timeout_per_family() -> None:
     assert elements(body[5][3]) == [(V6.packed, 3_600_000)]
 
 
-def test_delete_batch_adds_first_so_a_lapsed_element_cannot_fail() -> None:
-    data, acked = nfsets.delete_batch([V4], seq=7)
+def kinds_and_sets(data: bytes) -> list[tuple[int, bytes]]:
+    """(NEWSETELEM or DELSETELEM, set name) of each message between BEGIN and END."""
+    return [
+        (m[0] & 0xFF, dict(attrs(m[3]))[nfsets.NFTA_SET_ELEM_LIST_SET])
+        for m in messages(data)[1:-1]
+    ]
+
+
+NEW, DEL = nfsets.NFT_MSG_NEWSETELEM, nfsets.NFT_MSG_DELSETELEM
+
+
+def test_revoke_batch_moves_each_address_to_the_revoked_sets_in_one_transaction() -> None:
+    data, acked = nfsets.revoke_batch([V4, V6, V4], seq=7)
+    msgs = messages(data)
+    assert msgs[0][0] == nfsets.NFNL_MSG_BATCH_BEGIN and msgs[-1][0] == nfsets.NFNL_MSG_BATCH_END
+    assert len(msgs) == 8 and acked == list(range(8, 14))  # one batch: applied all at once
+    assert kinds_and_sets(data) == [
+        (NEW, b"allowed4\0"),  # added first with 1 s, so a lapsed one cannot fail the delete
+        (DEL, b"allowed4\0"),
+        (NEW, b"allowed6\0"),
+        (DEL, b"allowed6\0"),
+        (NEW, b"revoked4\0"),
+        (NEW, b"revoked6\0"),
+    ]
+    body = msgs[1:-1]
+    assert elements(body[0][3]) == [(V4.packed, 1000)]  # the duplicate went once
+    assert elements(body[1][3]) == [(V4.packed, None)]
+    # The revoked sets have no timeouts: an element with one would be refused.
+    assert elements(body[4][3]) == [(V4.packed, None)]
+    assert elements(body[5][3]) == [(V6.packed, None)]
+    assert nfsets.revoke_batch([], seq=1) == (b"", [])
+
+
+def test_add_batch_can_take_addresses_out_of_the_revoked_sets_too() -> None:
+    data, acked = nfsets.add_batch([(V4, 60), (V6, 30)], seq=40, unrevoke=[V4])
+    assert acked == list(range(41, 49))
+    assert kinds_and_sets(data) == [
+        (NEW, b"allowed4\0"),
+        (DEL, b"allowed4\0"),
+        (NEW, b"allowed4\0"),
+        (NEW, b"allowed6\0"),
+        (DEL, b"allowed6\0"),
+        (NEW, b"allowed6\0"),
+        (NEW, b"revoked4\0"),  # added first: the delete cannot fail on a missing element
+        (DEL, b"revoked4\0"),
+    ]
     body = messages(data)[1:-1]
-    assert [m[0] & 0xFF for m in body] == [nfsets.NFT_MSG_NEWSETELEM, nfsets.NFT_MSG_DELSETELEM]
-    assert elements(body[0][3]) == [(V4.packed, 1000)]
-    assert acked == [8, 9]
+    assert elements(body[2][3]) == [(V4.packed, 60_000)]
+    assert elements(body[6][3]) == elements(body[7][3]) == [(V4.packed, None)]
+    # Nothing revoked: the very batch of before, no message for the revoked sets.
+    assert nfsets.add_batch([(V4, 60)], seq=1) == nfsets.add_batch([(V4, 60)], seq=1, unrevoke=[])
     assert nfsets.add_batch([], seq=1) == (b"", [])
+
+
+class AckingSocket:
+    """Stands in for the netlink socket: keeps what was sent, acknowledges every message."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.answer = b""
+
+    def sendto(self, data: bytes, _addr: object) -> None:
+        self.sent.append(data)
+        self.answer = b"".join(ack(m[2], 0) for m in messages(data)[1:-1])
+
+    def recv(self, _size: int) -> bytes:
+        return self.answer
+
+
+def fake_sets() -> tuple[nfsets.NftSets, AckingSocket]:
+    sets = nfsets.NftSets.__new__(nfsets.NftSets)
+    sock = AckingSocket()
+    sets._sock = sock  # type: ignore[assignment]
+    sets._seq = 1
+    sets._lock = threading.Lock()
+    sets._revoked = set()
+    return sets, sock
+
+
+def test_nftsets_unrevokes_what_it_revoked_when_it_is_added_again() -> None:
+    sets, sock = fake_sets()
+    sets.add([(V4, 60)])
+    assert {n for _, n in kinds_and_sets(sock.sent[-1])} == {b"allowed4\0"}
+    sets.revoke([V4])
+    assert (NEW, b"revoked4\0") in kinds_and_sets(sock.sent[-1])
+    sets.add([(V4, 60), (V6, 60)])  # granted again by a new lookup
+    assert kinds_and_sets(sock.sent[-1])[-2:] == [(NEW, b"revoked4\0"), (DEL, b"revoked4\0")]
+    assert len(sock.sent) == 3  # in the same batch as the add
+    sets.add([(V4, 60)])  # no longer revoked: back to the plain add
+    assert {n for _, n in kinds_and_sets(sock.sent[-1])} == {b"allowed4\0"}
 
 
 def ack(seq: int, err: int) -> bytes:
@@ -132,15 +216,32 @@ def listed(pid: int) -> str:
 def test_the_kernel_takes_the_batches(netns_pid: int) -> None:
     load_ruleset(netns_pid, build_ruleset())
     sets = nfsets.NftSets(netns_path(netns_pid))
+    never = ipaddress.ip_address("198.51.100.1")
     try:
         sets.add([(V4, 60), (V6, 3600)])
         sets.add([(V4, 1000)])  # refreshed: the timeout is the new one
         text = listed(netns_pid)
         assert "203.0.113.7 timeout 16m40s" in text and "2001:db8::1 timeout 1h" in text
-        sets.delete([V4, ipaddress.ip_address("198.51.100.1")])  # the second was never there
-        assert "203.0.113.7" not in listed(netns_pid)
+        sets.revoke([V4, V6, never])  # the third was never there
+        text = listed(netns_pid)
+        assert "elements" not in set_text(text, "allowed4") + set_text(text, "allowed6")
+        for addr, name in ((V4, "revoked4"), (V6, "revoked6"), (never, "revoked4")):
+            assert str(addr) in set_text(text, name)
+        sets.revoke([V4])  # again: already revoked, already not allowed, still fine
+        sets.add([(V4, 60)])  # granted again
+        text = listed(netns_pid)
+        assert "203.0.113.7 timeout 1m" in set_text(text, "allowed4")
+        assert "203.0.113.7" not in set_text(text, "revoked4")
+        assert "198.51.100.1" in set_text(text, "revoked4")  # the others stay revoked
         load_ruleset(netns_pid, "delete table inet linpodx_egress\n")
         with pytest.raises(OSError):
             sets.add([(V4, 60)])  # no set: refused, never silently ignored
     finally:
         sets.close()
+
+
+def set_text(listing: str, name: str) -> str:
+    """The part of `nft list table` output that describes set `name`."""
+    start = listing.index(f"set {name} {{")
+    end = listing.find("\n\t}", start)
+    return listing[start:end]

@@ -59,7 +59,7 @@ class FakeUpstream:
 class FakeSets:
     def __init__(self, fail: bool = False) -> None:
         self.added: list[tuple[str, int]] = []
-        self.deleted: list[str] = []
+        self.revoked: list[str] = []
         self.fail = fail
 
     def add(self, entries: list[tuple[Any, int]]) -> None:
@@ -67,8 +67,8 @@ class FakeSets:
             raise RuntimeError("nft failed")
         self.added.extend((str(a), t) for a, t in entries)
 
-    def delete(self, addrs: list[Any]) -> None:
-        self.deleted.extend(str(a) for a in addrs)
+    def revoke(self, addrs: list[Any]) -> None:
+        self.revoked.extend(str(a) for a in addrs)
 
 
 class Clock:
@@ -110,7 +110,7 @@ def make(
     r = PolicyResolver(
         pol,
         add_to_sets=sets.add,
-        delete_from_sets=sets.delete,
+        revoke_in_sets=sets.revoke,
         on_denied=rec.deny,
         upstream=up,
         clock=clock,
@@ -228,7 +228,7 @@ def test_live_policy_update_removes_only_disallowed_entries() -> None:
     new = ResolverPolicy(Allowlist.from_entries(["crates.io"]), (("127.0.0.1", 53),), False)
     gone = r.set_policy(new)
     assert sorted(str(a) for a in gone) == ["9.9.9.20", "9.9.9.21"]
-    assert sorted(sets.deleted) == ["9.9.9.20", "9.9.9.21"]
+    assert sorted(sets.revoked) == ["9.9.9.20", "9.9.9.21"]
     assert ask(r, "www.example.com").rcode() == dns.rcode.NXDOMAIN
     assert ask(r, "crates.io").rcode() == dns.rcode.NOERROR
     widened = ResolverPolicy(
@@ -237,6 +237,36 @@ def test_live_policy_update_removes_only_disallowed_entries() -> None:
     r.set_policy(widened)
     assert ask(r, "github.qkg1.top").rcode() == dns.rcode.NXDOMAIN  # upstream has no such name
     assert ("github.qkg1.top", "A") in up.asked
+
+
+def test_removed_address_is_revoked_and_granted_again_by_a_new_lookup() -> None:
+    r, _up, sets, _, clock = make()
+    ask(r, "crates.io")
+
+    def allowing(*names: str) -> ResolverPolicy:
+        return ResolverPolicy(Allowlist.from_entries(names), r.policy.upstreams, False)
+
+    assert [str(a) for a in r.set_policy(allowing("*.example.com"))] == ["9.9.9.10"]
+    assert sets.revoked == ["9.9.9.10"]
+    # Allowed again: the next lookup adds the address afresh (that add ends the revocation),
+    # although its earlier set entry would not have lapsed yet.
+    r.set_policy(allowing("crates.io"))
+    clock.t += 10
+    assert addrs(ask(r, "crates.io")) == ["9.9.9.10"]
+    assert sets.added == [("9.9.9.10", 300), ("9.9.9.10", 300)]
+    assert sets.revoked == ["9.9.9.10"]
+
+
+def test_a_lapsed_set_entry_is_not_revoked() -> None:
+    """Only a policy change revokes: an entry whose TTL ran out keeps its open flows, and a new
+    lookup simply adds the address again."""
+    r, _up, sets, _, clock = make()
+    ask(r, "crates.io")
+    clock.t += 1000  # long past the 300 s TTL
+    assert addrs(ask(r, "crates.io")) == ["9.9.9.10"]
+    assert r.set_policy(r.policy) == []  # the same names: nothing to take away
+    assert sets.revoked == []
+    assert sets.added == [("9.9.9.10", 300), ("9.9.9.10", 300)]
 
 
 @pytest.mark.parametrize(
@@ -472,7 +502,7 @@ def test_an_answer_refused_before_is_judged_again_under_a_new_policy() -> None:
     gone = r.set_policy(
         ResolverPolicy(r.policy.allowlist, r.policy.upstreams, allow_private=False)
     )
-    assert [str(a) for a in gone] == ["127.0.0.1"] and sets.deleted == ["127.0.0.1"]
+    assert [str(a) for a in gone] == ["127.0.0.1"] and sets.revoked == ["127.0.0.1"]
     assert ask(r, "loop.example.com").rcode() == dns.rcode.REFUSED
 
 

@@ -21,9 +21,19 @@ table inet linpodx_egress {
 		type ipv6_addr
 		flags timeout
 	}
+	set revoked4 {
+		type ipv4_addr
+	}
+	set revoked6 {
+		type ipv6_addr
+	}
 	chain output {
 		type filter hook output priority 0; policy drop;
 		oifname "lo" accept
+		ip daddr @revoked4 meta l4proto tcp counter reject with tcp reset
+		ip daddr @revoked4 counter reject with icmp type admin-prohibited
+		ip6 daddr @revoked6 meta l4proto tcp counter reject with tcp reset
+		ip6 daddr @revoked6 counter reject with icmpv6 type admin-prohibited
 		ct state established,related accept
 		ct state invalid drop
 		ip daddr @allowed4 accept
@@ -46,6 +56,15 @@ table inet linpodx_egress {
 
 def test_ruleset_is_exactly_the_expected_text() -> None:
     assert build_ruleset() == EXPECTED
+
+
+def test_revoked_addresses_are_refused_before_established_flows_are_accepted() -> None:
+    """A connection opened while its address was allowed must not outlive the revocation."""
+    lines = [line.strip() for line in build_ruleset().splitlines()]
+    established = lines.index("ct state established,related accept")
+    revoked = [i for i, line in enumerate(lines) if "@revoked" in line]
+    assert len(revoked) == 4 and max(revoked) < established
+    assert lines.index('oifname "lo" accept') < min(revoked)
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
