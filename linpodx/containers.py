@@ -31,6 +31,7 @@ from linpodx.errors import (
     InvalidInput,
     LinpodxError,
     NotFound,
+    UsageError,
 )
 from linpodx.fsutil import atomic_write
 from linpodx.output import note
@@ -1113,10 +1114,20 @@ def _start(name: str) -> ContainerInfo:
     )
 
 
+STOP_TIME_MAX = 86_400
+"""The longest `stop --time` (a day): podman refuses a negative one, and Python's own
+timeouts overflow on huge ones, both after the stop would have been recorded."""
+
+
 def stop(name: str, timeout: int = 10) -> dict[str, Any]:
     """`linpodx stop NAME` (audited first), holding the name's lock: a snapshot rollback of
     NAME in another process holds it too, so a stop waits for it rather than slip in between
     the rollback's checks and its journal."""
+    if not 0 <= timeout <= STOP_TIME_MAX:
+        raise UsageError(
+            f"--time must be between 0 and {STOP_TIME_MAX} seconds, not {timeout}",
+            "give the seconds podman waits after SIGTERM before it sends SIGKILL",
+        )
     with lock_name(name):
         return _stop(name, timeout)
 

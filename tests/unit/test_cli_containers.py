@@ -342,6 +342,19 @@ def test_stop_audited_before_stop(fake: FakeEngine, cli: Any) -> None:
     assert "stop" in fake.names()
 
 
+@pytest.mark.parametrize("time", ["-1", "86401", "99999999999999999999"])
+def test_stop_refuses_a_time_out_of_range_before_anything_is_recorded(
+    fake: FakeEngine, cli: Any, time: str
+) -> None:
+    fake.present.add("agent-1")
+    res = cli("stop", "agent-1", "--time", time)
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith("error: --time must be between 0 and 86400 seconds")
+    assert "hint:" in res.stderr and "internal error" not in res.stderr
+    assert "stop" not in fake.names()
+    assert [r["type"] for r in admin_records()] == []
+
+
 def test_stop_waits_for_whoever_holds_the_name(fake: FakeEngine) -> None:
     """A snapshot rollback holds its container's name lock throughout: a `linpodx stop` of it
     in another process waits until it is done, instead of slipping in before its journal."""
