@@ -21,12 +21,21 @@ ENVELOPE_SCHEMA = "linpodx/v1"
 KEY_WIDTH = 8  # `status:  ok`, `mcp:     3 rules`: values line up after 9 columns
 
 
+_ESCAPED_ABOVE_C1 = frozenset(
+    {0x2028, 0x2029, 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+)
+"""Line and paragraph separators (a line break to some readers), and Unicode's bidirectional
+controls (the "Trojan Source" set): a terminal that implements right-to-left text reorders
+what follows them, so an approver could be shown one tool name while the bytes say another."""
+
+
 def safe_text(value: str, limit: int | None = None) -> str:
-    """Escape control characters (C0, DEL, C1, line/paragraph separators) and cap the length."""
+    """Escape control characters (C0, DEL, C1, line/paragraph separators, bidirectional
+    controls) and cap the length."""
     out = []
     for ch in value:
         o = ord(ch)
-        if o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or o in (0x2028, 0x2029):
+        if o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or o in _ESCAPED_ABOVE_C1:
             out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
         else:
             out.append(ch)

@@ -110,6 +110,14 @@ class TestOutput:
         assert "\u2028" not in shown
         assert shown.startswith("ok\\x1b[2J")
 
+    def test_safe_text_escapes_bidirectional_controls(self) -> None:
+        """A right-to-left override could make a terminal show `write_file` reversed or
+        reordered: every bidirectional control is escaped, other text (accents, CJK) is not."""
+        for o in (0x061C, 0x200E, 0x200F, 0x202A, 0x202E, 0x2066, 0x2069):
+            shown = output.safe_text(f"read{chr(o)}_file")
+            assert shown == f"read\\u{o:04x}_file"
+        assert output.safe_text("café 工具 \u200d") == "café 工具 \u200d"
+
     def test_safe_text_caps(self) -> None:
         assert output.safe_text("x" * 50, limit=10).startswith("x" * 10 + "…(+40")
 
