@@ -8,6 +8,7 @@ pathlib): a guarded `linpodx run` writes its guard's files with these before pod
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 
@@ -151,6 +152,31 @@ def _unlink_quietly(path: str) -> None:
 class NotRegularFile(Exception):
     """Something other than a regular file (a FIFO, a device, a directory) is where a store
     file belongs."""
+
+
+def present(path: Path | str) -> bool:
+    """Is anything at `path` itself (a link, even dangling, counts)? False only when nothing
+    is (ENOENT); any other error is raised. `os.path.lexists` says False for a directory it
+    may not search (EACCES) or a file where a directory belongs (ENOTDIR), which would make
+    an unreadable log look like no log at all."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def is_dir(path: Path | str) -> bool:
+    """A directory at `path` (links followed): True; nothing there: False; anything else (a
+    file in its place, a parent that may not be searched) raises, where `Path.is_dir` would
+    say False and a listing would look empty."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+    return True
 
 
 def read_regular(path: Path | str, limit: int) -> bytes | None:

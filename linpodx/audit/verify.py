@@ -21,11 +21,9 @@ detect, and how:
 from __future__ import annotations
 
 import importlib
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from linpodx.audit.chain import (
@@ -40,6 +38,7 @@ from linpodx.audit.chain import (
 )
 from linpodx.audit.core import ZERO_HASH
 from linpodx.errors import AuditError, ChainBroken, LinpodxError, NotFound, UsageError
+from linpodx.fsutil import present
 from linpodx.paths import sessions_audit_dir
 
 BUILTIN_PROFILE_ID = "builtin"
@@ -124,16 +123,10 @@ class _AdminIndex:
                 (self.opens if rec.type == "session.open" else self.closes)[sid] = rec
 
 
-def _present(path: Path) -> bool:
-    """Is anything at `path` itself? A link (even dangling), a directory or a FIFO in a log's
-    place counts: verification then reports it as not a log, instead of as "no log yet"."""
-    return os.path.lexists(path)
-
-
 def _admin_scan() -> tuple[VerifyReport | None, _AdminIndex]:
     index = _AdminIndex()
     path = admin_chain().path
-    if not _present(path):
+    if not present(path):
         return None, index
     return verify_file(path, collect=index.collect), index
 
@@ -141,14 +134,14 @@ def _admin_scan() -> tuple[VerifyReport | None, _AdminIndex]:
 def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
     """Verify the admin chain, its seals, and that the profile store's revisions are in it."""
     path = admin_chain().path
-    if not _present(path) and not anchors:
+    if not present(path) and not anchors:
         raise NotFound(
             f"no admin audit log yet ({path})",
             "it is created by the first recorded action, "
             "e.g. `linpodx sandbox apply --profile FILE`",
         )
     index = _AdminIndex()
-    if _present(path):
+    if present(path):
         report = verify_file(path, anchors=anchors, collect=index.collect)
     else:
         # Sealed, yet gone: the log was deleted. Report it as the broken chain it is.
@@ -246,7 +239,7 @@ def verify_session(
     except AuditError as exc:
         admin_report, index = None, _AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
-    if path is None or not _present(path):
+    if path is None or not present(path):
         opened_rec = index.opens.get(session_id)
         if path is not None and opened_rec is not None:
             # The admin chain says this session existed: its log is gone, not unknown.

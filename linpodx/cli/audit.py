@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import deque
 from typing import Annotated, Any
@@ -33,6 +32,7 @@ from linpodx.audit.verify import (
 )
 from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import AuditError, ChainBroken, NotFound, UsageError
+from linpodx.fsutil import present
 from linpodx.output import kv_line, print_error, safe_text
 
 app = new_app("Verify, show and seal the hash-chained audit logs.")
@@ -174,14 +174,14 @@ def _records(
             path = session_path(session)
         except AuditError:
             path = None
-        if path is None or not os.path.lexists(path):
+        if path is None or not present(path):
             raise NotFound(
                 f"no audit log for session {session}",
                 "session ids are listed by `linpodx audit show` (session.open records)",
             )
     else:
         path = admin_chain().path
-        if not os.path.lexists(path):
+        if not present(path):
             raise NotFound(
                 f"no admin audit log yet ({path})",
                 "it is created by the first recorded action, e.g. "

@@ -63,7 +63,7 @@ from linpodx.errors import (
     NotFound,
     ProfileError,
 )
-from linpodx.fsutil import discard, fsync_dir
+from linpodx.fsutil import discard, fsync_dir, is_dir
 from linpodx.fsutil import stage as stage_file
 from linpodx.ids import is_id, new_id
 from linpodx.output import safe_text
@@ -684,7 +684,7 @@ def list_profiles() -> list[StoredProfile]:
     `sandbox rm` was interrupted is listed too, with `removing` set: `get` refuses it, but
     it is neither gone nor to be hidden until the next `rm` or `apply` settles it."""
     base = _names_dir()
-    if not base.is_dir():
+    if not is_dir(base):
         return []
     out = []
     for entry in sorted(base.glob("*.json")):

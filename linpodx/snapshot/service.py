@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from linpodx import paths, proc
+from linpodx import fsutil, paths, proc
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
 from linpodx.snapshot import faults, freeze, jobs, journal, manifest, ops, workspace
@@ -265,7 +265,7 @@ def list_snapshots(name: str | None = None) -> list[dict[str, Any]]:
         dirs = [container_root(name)]
     else:
         dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if root.is_dir() else []
+            if fsutil.is_dir(root) else []
     out: list[dict[str, Any]] = []
     for cdir in dirs:
         if not cdir.is_dir():

@@ -471,3 +471,26 @@ def test_seal_of_an_empty_log_has_a_hint(cli: Cli) -> None:
     res = cli("audit", "seal")
     assert res.exit_code == EXIT_NOT_FOUND
     assert res.stderr.startswith(f"error: the audit log {path} has no records to seal\nhint: ")
+
+
+@pytest.mark.parametrize("command", [("audit", "verify"), ("audit", "show")])
+def test_an_admin_log_that_cannot_be_looked_at_is_an_error_not_no_log_yet(
+    cli: Any, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:
+    """An audit dir the user may not search (EACCES, e.g. chowned to root) hides the log; that
+    must be said, not reported as "no admin audit log yet" (which reads as nothing to check)."""
+    admin_chain().append("profile.apply", {"name": "p"})
+    path = admin_chain().path
+    real = os.lstat
+
+    def lstat(p: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if Path(p) == path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(p))
+        return real(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    res = cli(*command)
+    assert res.exit_code != 0 and res.exit_code != EXIT_NOT_FOUND, res.stderr
+    assert "no admin audit log yet" not in res.stderr
+    assert "Permission denied" in res.stderr and "hint:" in res.stderr
+    assert "Traceback" not in res.stderr

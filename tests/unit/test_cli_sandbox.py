@@ -327,3 +327,27 @@ def test_two_applies_close_together_leave_the_containers_on_the_newer_revision(
     second.join(10)
     assert int(store.get("race").revision) == 3
     assert pushed[-1] == 3, pushed
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("sandbox", "list"), ("snapshot", "list"), ("audit", "verify"), ("audit", "show")],
+)
+def test_a_state_dir_that_is_a_file_is_an_error_not_an_empty_listing(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:
+    """LINPODX_STATE_DIR naming a regular file: listings must not read as "nothing there"
+    (exit 0), since nothing can be stored there either."""
+    state = tmp_path / "state-file"
+    state.write_text("")
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(state))
+    res = cli(*command)
+    assert res.exit_code == 6, res.stdout + res.stderr
+    assert res.stderr.startswith("error: cannot use linpodx's state dir: Not a directory")
+    assert "hint:" in res.stderr and res.stdout == ""
+    # With no state dir at all, the listings are simply empty.
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(tmp_path / "none-yet"))
+    if command[1] == "list":
+        res = cli(*command)
+        assert res.exit_code == 0, res.stdout + res.stderr
+        assert (res.stdout + res.stderr).startswith("no "), res.stdout + res.stderr
