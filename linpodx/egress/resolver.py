@@ -34,6 +34,15 @@ ADDRESS_TYPES = frozenset({1, 28})
 MAX_CNAME_CHAIN = 8
 UPSTREAM_TIMEOUT = 3.0
 CACHE_MAX = 4096
+GRANTED_MAX = 65536
+"""Addresses granted and not yet expired, at most: the guard's memory and the nft sets stay
+bounded even when an allowed wildcard's upstream hands out a new address for every name
+asked (past it, a lookup needing a new address fails, recorded, until some expire). Expired
+entries are kept below it, so that a policy change also cuts the open flows to them."""
+NAMES_PER_ADDRESS_MAX = 64
+"""Names remembered per granted address (a CDN address serves many). Forgetting one only
+means a policy change may revoke the address though that name is still allowed: it fails
+closed, and the next lookup of the name grants the address again."""
 
 SetUpdater = Callable[[list[tuple[IPAddress, int]]], None]
 SetRevoker = Callable[[list[IPAddress]], None]
@@ -351,6 +360,11 @@ class PolicyResolver:
                 # The answer and its cache line never outlive the shortest remaining entry.
                 life = int(min(left.values()))
             elif chain.addrs:
+                if not self._room_for(chain.addrs, now):
+                    self._denied(
+                        q.name, q.type_text, f"more than {GRANTED_MAX} addresses granted at once"
+                    )
+                    return dnsmsg.answer(q, dnsmsg.SERVFAIL)
                 # Re-adding resets an element's timeout, so never shorten a longer one.
                 entries = [(a, max(ttl, int(left[a]) + 1)) for a in chain.addrs]
                 try:
@@ -363,13 +377,27 @@ class PolicyResolver:
                         g.expires = now + t
             with self._lock:
                 for a in chain.addrs:
-                    self._granted[a].names.add(q.name)
+                    names = self._granted[a].names
+                    if len(names) < NAMES_PER_ADDRESS_MAX:
+                        names.add(q.name)
                 if len(self._cache) >= CACHE_MAX:
                     self._cache.clear()
                 if life:
                     self._cache[key] = _CacheEntry(chain.records, now + life, chain.names)
         ttl = min(life, chain.ttl) if chain.records else 0
         return dnsmsg.answer(q, dnsmsg.NOERROR, chain.records, ttl)
+
+
+    def _room_for(self, addrs: Sequence[IPAddress], now: float) -> bool:
+        """Whether `addrs` may be granted without passing GRANTED_MAX (expired entries are
+        dropped first, only when it would be passed: they are out of the sets already)."""
+        with self._lock:
+            new = sum(1 for a in set(addrs) if a not in self._granted)
+            if len(self._granted) + new <= GRANTED_MAX:
+                return True
+            for a in [a for a, g in self._granted.items() if g.expires <= now]:
+                del self._granted[a]
+            return len(self._granted) + new <= GRANTED_MAX
 
 
 # -- servers -------------------------------------------------------------------------------

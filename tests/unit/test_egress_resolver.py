@@ -499,9 +499,7 @@ def test_an_answer_refused_before_is_judged_again_under_a_new_policy() -> None:
     assert addrs(ask(r, "loop.example.com")) == ["127.0.0.1"] and sets.added
     # Turned off again (a live re-apply): the address leaves the sets at once, and the
     # cached answer is not served any more.
-    gone = r.set_policy(
-        ResolverPolicy(r.policy.allowlist, r.policy.upstreams, allow_private=False)
-    )
+    gone = r.set_policy(ResolverPolicy(r.policy.allowlist, r.policy.upstreams, allow_private=False))
     assert [str(a) for a in gone] == ["127.0.0.1"] and sets.revoked == ["127.0.0.1"]
     assert ask(r, "loop.example.com").rcode() == dns.rcode.REFUSED
 
@@ -544,3 +542,34 @@ def test_a_cname_loop_is_followed_once_and_answers_no_address(entry: list[Any]) 
     assert resp.rcode() == dns.rcode.NOERROR and addrs(resp) == [] and sets.added == []
     steps = [(rr.name.to_text(), rd.target.to_text()) for rr in resp.answer for rd in rr]
     assert len(steps) == len(set(steps)) == len(entry) - 1
+
+
+def test_granted_addresses_are_bounded_and_expired_ones_make_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An allowed wildcard whose upstream hands out a new address per name cannot grow the
+    guard's memory and the nft sets without bound: past the cap a new address is refused
+    (SERVFAIL, recorded) until granted ones expire."""
+    monkeypatch.setattr(resolver, "GRANTED_MAX", 3)
+    r, up, sets, records, clock = make()
+    up.table = {
+        f"n{i}.example.com": [(f"n{i}.example.com", "A", 60, f"9.9.8.{i}")] for i in range(5)
+    }
+    for i in range(3):
+        assert addrs(ask(r, f"n{i}.example.com")) == [f"9.9.8.{i}"]
+    assert ask(r, "n0.example.com").rcode() == dns.rcode.NOERROR  # known address: fine
+    refused = ask(r, "n3.example.com")
+    assert refused.rcode() == dns.rcode.SERVFAIL and "9.9.8.3" not in [a for a, _ in sets.added]
+    assert "more than 3 addresses granted" in records[-1][1]["reason"]
+    clock.t += 61  # the first three expired
+    assert addrs(ask(r, "n4.example.com")) == ["9.9.8.4"]
+
+
+def test_names_remembered_per_address_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resolver, "NAMES_PER_ADDRESS_MAX", 2)
+    r, up, *_ = make()
+    up.table = {f"n{i}.example.com": [(f"n{i}.example.com", "A", 60, "9.9.8.1")] for i in range(4)}
+    for i in range(4):
+        assert addrs(ask(r, f"n{i}.example.com")) == ["9.9.8.1"]
+    (granted,) = r._granted.values()
+    assert len(granted.names) == 2
