@@ -237,7 +237,7 @@ class Prompter:
 
 def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow: bool) -> None:
     """Print (and follow) the event stream."""
-    since_t = parse_since(since) if since else None
+    since_t = parse_since(since) if since is not None else None
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
     interactive = not json_mode and not no_follow and wants_approvals and sys.stdin.isatty()

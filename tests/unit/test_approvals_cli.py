@@ -113,6 +113,16 @@ def test_events_since_filters_old_events(cli: Any) -> None:
     assert "new.event" in res.stdout and "old.event" not in res.stdout
 
 
+@pytest.mark.parametrize("since", ["", " ", "yesterday"])
+def test_events_refuses_an_empty_or_bad_since(cli: Any, since: str) -> None:
+    """`--since ""` once meant "no --since" while `--since " "` was refused."""
+    events.emit("old.event")
+    res = cli("events", "--no-follow", "--since", since)
+    assert res.exit_code == 2 and res.stdout == ""
+    assert f"error: invalid --since value: {since!r}" in res.stderr
+    assert "hint: use an ISO time like 2026-11-30T04:00:00Z or a duration like 10m" in res.stderr
+
+
 def test_event_file_keeps_partial_lines() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
