@@ -59,12 +59,21 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 
 
 def _event_time(event: dict[str, Any]) -> datetime | None:
+    """The event's `ts` in UTC, or None when it has no time we can use.
+
+    linpodx writes `…Z`; anything else is damage and is treated like a `ts` that does not parse:
+    shown as `??:??:??`, left out by --since. That includes a time without a zone (it cannot be
+    compared with --since's) and one that leaves datetime's range once converted to UTC
+    (`0001-01-01T00:00:00+14:00`).
+    """
     ts = event.get("ts")
     if not isinstance(ts, str):
         return None
-    with contextlib.suppress(ValueError):
-        return datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    return None
+    try:
+        t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        return t.astimezone(UTC) if t.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        return None
 
 
 def matches(event: dict[str, Any], filters: list[str]) -> bool:
@@ -79,7 +88,12 @@ def matches(event: dict[str, Any], filters: list[str]) -> bool:
 
 def _clock(event: dict[str, Any]) -> str:
     t = _event_time(event)
-    return t.astimezone().strftime("%H:%M:%S") if t else "??:??:??"
+    if t is None:
+        return "??:??:??"
+    try:
+        return t.astimezone().strftime("%H:%M:%S")
+    except (OverflowError, ValueError, OSError):  # a UTC time near year 9999 in a zone east of it
+        return "??:??:??"
 
 
 def _s(value: Any, cap: int = FIELD_CAP) -> str:

@@ -123,6 +123,52 @@ def test_events_refuses_an_empty_or_bad_since(cli: Any, since: str) -> None:
     assert "hint: use an ISO time like 2026-11-30T04:00:00Z or a duration like 10m" in res.stderr
 
 
+def write_lines(*lines: str) -> None:
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def test_a_time_without_zone_or_out_of_range_is_no_time(cli: Any) -> None:
+    """Such a `ts` once ended the listener with "internal error" (TypeError comparing it with
+    --since, OverflowError converting it): it is treated like a `ts` that does not parse."""
+    write_lines(
+        '{"ts":"2999-01-01T00:00:00","type":"naive.time"}',
+        '{"ts":"0001-01-01T00:00:00+14:00","type":"early.time"}',
+        '{"ts":"9999-12-31T23:59:59-14:00","type":"late.time"}',
+    )
+    events.emit("good.event")
+    res = cli("events", "--no-follow", "--since", "1h")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.count("\n") == 1 and "good.event" in res.stdout
+    res = cli("events", "--no-follow")
+    assert res.exit_code == 0, res.stderr
+    shown = res.stdout.splitlines()
+    assert [line.split()[1] for line in shown] == [
+        "naive.time", "early.time", "late.time", "good.event"
+    ]  # fmt: skip
+    assert all(line.startswith("[??:??:??] ") for line in shown[:3])
+
+
+def test_a_time_the_local_zone_cannot_show_is_no_clock() -> None:
+    import os
+    import time
+
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "JST-9"  # 9 hours east of UTC: 9999-12-31T23:00Z is past year 9999 there
+    time.tzset()
+    try:
+        (line,) = cli_approvals.render({"ts": "9999-12-31T23:00:00Z", "type": "x.y"})
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+    assert line.startswith("[??:??:??] x.y")
+
+
 def test_event_file_keeps_partial_lines() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
