@@ -23,6 +23,7 @@ from typing import Annotated, Any, TextIO
 import typer
 
 from linpodx.approvals import store as approvals
+from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.cli.common import JsonOpt, run_command
 from linpodx.errors import EXIT_FAILURE, LinpodxError, UsageError
 from linpodx.output import print_error, safe_text
@@ -146,6 +147,23 @@ def render(event: dict[str, Any]) -> list[str]:
     return [f"[{_clock(event)}] {_s(etype)} {body}".rstrip()]
 
 
+def parse_event(line: bytes) -> dict[str, Any] | None:
+    """One event from one line of events.jsonl, None for a line that is not one.
+
+    Parsed with the strict parser: a line that nests deeper than it allows, holds NaN, Infinity,
+    a number that overflows to it (1e999) or an integer beyond 2^53, or repeats a key is skipped
+    like any damaged line. json.loads would have let NaN through to `--json` (which then prints
+    invalid JSON) and ended the listener with RecursionError on deep nesting.
+    """
+    if not line.strip():
+        return None
+    try:
+        event = strict_loads(line, allow_floats=True)
+    except CanonicalError:
+        return None  # not ours to interpret; the stream is for people, not a record
+    return event if isinstance(event, dict) else None
+
+
 class EventFile:
     """Reads complete lines from events.jsonl from an offset; tolerant of a growing file."""
 
@@ -172,13 +190,8 @@ class EventFile:
         lines = data.split(b"\n")
         self.rest = lines.pop()
         for line in lines:
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # not ours to interpret; the stream is for people, not a record
-            if isinstance(event, dict):
+            event = parse_event(line)
+            if event is not None:
                 yield event
 
 

@@ -169,6 +169,34 @@ def test_a_time_the_local_zone_cannot_show_is_no_clock() -> None:
     assert line.startswith("[??:??:??] x.y")
 
 
+def test_damaged_lines_are_skipped_and_json_output_stays_json(cli: Any) -> None:
+    """Deep nesting once ended the listener with RecursionError, and NaN or 1e999 came out of
+    `--json` as NaN/Infinity, which is not JSON."""
+    write_lines(
+        "[" * 100_000 + "]" * 100_000,
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.nan","a":NaN}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.inf","a":1e999}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.neg","a":-Infinity}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.dup","type":"approval.pending"}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.float","a":1.5}',
+    )
+    events.emit("good.event")
+
+    def no_constant(name: str) -> Any:
+        raise AssertionError(f"{name} printed")
+
+    for args in (("--json",), ()):
+        res = cli("events", "--no-follow", *args)
+        assert res.exit_code == 0, res.stderr
+        assert res.stderr == ""
+        if args:
+            shown = [json.loads(x, parse_constant=no_constant) for x in res.stdout.splitlines()]
+            assert [e["type"] for e in shown] == ["x.float", "good.event"]
+            assert shown[0]["a"] == 1.5
+        else:
+            assert [x.split()[1] for x in res.stdout.splitlines()] == ["x.float", "good.event"]
+
+
 def test_event_file_keeps_partial_lines() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
