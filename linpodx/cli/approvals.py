@@ -14,6 +14,7 @@ import json
 import os
 import re
 import select
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from typing import Annotated, Any, TextIO
 import typer
 
 from linpodx.approvals import store as approvals
+from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.cli.common import JsonOpt, run_command
 from linpodx.errors import EXIT_FAILURE, LinpodxError, UsageError
@@ -165,34 +167,82 @@ def parse_event(line: bytes) -> dict[str, Any] | None:
 
 
 class EventFile:
-    """Reads complete lines from events.jsonl from an offset; tolerant of a growing file."""
+    """Reads the events added to events.jsonl since the last read, in bounded memory.
+
+    Lines are read in chunks (`audit.chain.fd_lines`, as audit chains are), so at most a chunk
+    and one line of MAX_LINE bytes are held. An unfinished last line stays in the file and is
+    read once its newline is there. A line longer than MAX_LINE (linpodx writes none) is
+    skipped up to its newline without being held, also while it is still being written.
+    """
 
     def __init__(self) -> None:
         self.path = events_file()
         self.offset = 0
-        self.rest = b""
+        """Where the next line starts (or where the rest of a line being skipped starts)."""
+        self.skipping = False
+        """The bytes from `offset` up to the next newline belong to a line too long to read."""
 
     def skip_to_end(self) -> None:
+        """Start after what the file holds now (a follower shows only what comes next)."""
         try:
             self.offset = self.path.stat().st_size
         except FileNotFoundError:
             self.offset = 0
 
     def read_new(self) -> Iterator[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
+        """The events in the lines completed since the last call; damaged lines are skipped."""
+        fd = self._open()
+        if fd is None:
             return
-        self.offset += len(data)
-        data = self.rest + data
-        lines = data.split(b"\n")
-        self.rest = lines.pop()
-        for line in lines:
-            event = parse_event(line)
-            if event is not None:
-                yield event
+        try:
+            yield from self._events(fd)
+        finally:
+            os.close(fd)
+
+    def _open(self) -> int | None:
+        try:
+            # O_NONBLOCK: a FIFO in the file's place must not hang the listener (refused below).
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LinpodxError(
+                f"cannot follow the event stream: {self.path} is not a regular file",
+                "linpodx writes events.jsonl as a regular file; move what is there aside",
+                exit_code=EXIT_FAILURE,
+            )
+        return fd
+
+    def _events(self, fd: int) -> Iterator[dict[str, Any]]:
+        while True:
+            if self.skipping and not self._skip_long_line(fd):
+                return  # the long line's newline is not written yet
+            try:
+                for offset, line, complete in fd_lines(fd, self.offset):
+                    if not complete:
+                        return  # still being written: read it again once it is whole
+                    self.offset = offset + len(line) + 1
+                    event = parse_event(line)
+                    if event is not None:
+                        yield event
+                return
+            except OverlongLine as exc:
+                self.offset = exc.offset
+                self.skipping = True
+
+    def _skip_long_line(self, fd: int) -> bool:
+        """Move `offset` past the newline of the line being skipped; False if none is there yet."""
+        while True:
+            chunk = os.pread(fd, READ_CHUNK, self.offset)
+            if not chunk:
+                return False
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                self.offset += newline + 1
+                self.skipping = False
+                return True
+            self.offset += len(chunk)
 
 
 class Prompter:

@@ -10,6 +10,7 @@ import pytest
 
 from linpodx import events
 from linpodx.approvals import store
+from linpodx.audit.core import MAX_LINE
 from linpodx.cli import approvals as cli_approvals
 from linpodx.errors import UsageError
 from linpodx.paths import events_file
@@ -206,6 +207,90 @@ def test_event_file_keeps_partial_lines() -> None:
     with open(path, "ab") as f:
         f.write(b'd"}\n')
     assert [e["type"] for e in reader.read_new()] == ["c.d"]
+
+
+def big_event(n: int) -> bytes:
+    """A valid event line (without newline) of about `n` bytes."""
+    return json.dumps({"type": "big.event", "pad": "x" * n}).encode()
+
+
+def test_a_line_longer_than_any_event_is_skipped_to_its_newline(cli: Any) -> None:
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(big_event(MAX_LINE + 1) + b"\n" + big_event(MAX_LINE - 100) + b"\n")
+    events.emit("good.event")
+    res = cli("events", "--no-follow", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert [json.loads(x)["type"] for x in res.stdout.splitlines()] == ["big.event", "good.event"]
+    assert len(res.stdout) < MAX_LINE + 1000  # the longer one was skipped
+
+
+def peak_bytes(fn: Any) -> int:
+    """Most memory (bytes) Python held at once while `fn` ran."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_large_file_is_read_in_bounded_memory() -> None:
+    """A 251 MB events.jsonl once took ~546 MB: it was read whole, then split."""
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = big_event(100_000) + b"\n"
+    with open(path, "wb") as f:
+        for _ in range(320):  # 32 MB
+            f.write(line)
+    reader = cli_approvals.EventFile()
+    count = 0
+
+    def read_all() -> None:
+        nonlocal count
+        for _event in reader.read_new():
+            count += 1
+
+    assert peak_bytes(read_all) < 8 * 1024 * 1024
+    assert count == 320
+
+
+def test_an_endless_line_is_skipped_in_bounded_memory_while_following() -> None:
+    """A follower once kept an unterminated line in memory however long it grew."""
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    reader = cli_approvals.EventFile()
+    got: list[str] = []
+
+    def poll() -> None:
+        got.extend(e["type"] for e in reader.read_new())
+
+    with open(path, "ab") as f:
+        f.write(b'{"type":"endless","pad":"')
+        for _ in range(32):  # 32 MB, polled after each MB as a follower would
+            f.write(b"x" * 1024 * 1024)
+            f.flush()
+            assert peak_bytes(poll) < 8 * 1024 * 1024
+        f.write(b'"}\n')
+    events.emit("good.event")
+    poll()
+    assert got == ["good.event"]
+
+
+@pytest.mark.usefixtures("watchdog")
+def test_a_fifo_in_place_of_the_stream_is_refused_not_waited_on(cli: Any) -> None:
+    import os
+
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path, 0o600)
+    res = cli("events", "--no-follow")
+    assert res.exit_code == 1 and res.stdout == ""
+    assert f"error: cannot follow the event stream: {path} is not a regular file" in res.stderr
+    assert "hint: linpodx writes events.jsonl as a regular file" in res.stderr
 
 
 def test_approve_and_deny_commands(cli: Any) -> None:
