@@ -173,6 +173,10 @@ class EventFile:
     and one line of MAX_LINE bytes are held. An unfinished last line stays in the file and is
     read once its newline is there. A line longer than MAX_LINE (linpodx writes none) is
     skipped up to its newline without being held, also while it is still being written.
+
+    The file is only ever appended to. One that shrank, or another file in its place (a new
+    inode, or none for a while), was truncated or replaced: all its lines are new, and it is
+    read from its start.
     """
 
     def __init__(self) -> None:
@@ -181,23 +185,43 @@ class EventFile:
         """Where the next line starts (or where the rest of a line being skipped starts)."""
         self.skipping = False
         """The bytes from `offset` up to the next newline belong to a line too long to read."""
+        self.file_id: tuple[int, int] | None = None
+        """(st_dev, st_ino) of the file `offset` is in; None before it exists."""
+        self.size = 0
+        """How many bytes that file held at the last read: an append-only file never holds less."""
 
     def skip_to_end(self) -> None:
         """Start after what the file holds now (a follower shows only what comes next)."""
         try:
-            self.offset = self.path.stat().st_size
+            st = self.path.stat()
         except FileNotFoundError:
-            self.offset = 0
+            self._start(None)
+            return
+        self.file_id = (st.st_dev, st.st_ino)
+        self.offset = self.size = st.st_size
 
     def read_new(self) -> Iterator[dict[str, Any]]:
         """The events in the lines completed since the last call; damaged lines are skipped."""
         fd = self._open()
         if fd is None:
+            self._start(None)  # a file that appears later is read from its start
             return
         try:
+            st = os.fstat(fd)
+            file_id = (st.st_dev, st.st_ino)
+            if file_id != self.file_id or st.st_size < self.size:
+                self._start(file_id)
+            elif st.st_size == self.size:
+                return  # nothing appended (an unfinished line is read again only when it grows)
             yield from self._events(fd)
+            self.size = max(st.st_size, self.offset)  # it may have grown while it was read
         finally:
             os.close(fd)
+
+    def _start(self, file_id: tuple[int, int] | None) -> None:
+        self.file_id = file_id
+        self.offset = self.size = 0
+        self.skipping = False
 
     def _open(self) -> int | None:
         try:

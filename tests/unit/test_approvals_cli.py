@@ -293,6 +293,36 @@ def test_a_fifo_in_place_of_the_stream_is_refused_not_waited_on(cli: Any) -> Non
     assert "hint: linpodx writes events.jsonl as a regular file" in res.stderr
 
 
+def test_a_follower_reads_a_truncated_or_replaced_file_from_its_start() -> None:
+    """A follower once kept its byte offset into the old file and showed nothing more."""
+    import os
+
+    for i in range(50):
+        events.emit("old.event", message=f"padding padding padding {i}")
+    path = events_file()
+    reader = cli_approvals.EventFile()
+    reader.skip_to_end()
+    events.emit("before.truncate")
+    assert [e["type"] for e in reader.read_new()] == ["before.truncate"]
+
+    path.write_bytes(b"")  # truncated in place
+    for i in range(3):
+        events.emit("after.truncate", n=i)
+    assert [e.get("n") for e in reader.read_new()] == [0, 1, 2]
+
+    new = path.with_name("events.jsonl.new")  # replaced by a longer file
+    new.write_text("".join(json.dumps({"type": "replaced", "n": i}) + "\n" for i in range(80)))
+    os.replace(new, path)
+    assert [e.get("n") for e in reader.read_new()] == list(range(80))
+
+    path.unlink()  # removed, then written again
+    assert list(reader.read_new()) == []
+    events.emit("recreated")
+    assert [e["type"] for e in reader.read_new()] == ["recreated"]
+    events.emit("appended")
+    assert [e["type"] for e in reader.read_new()] == ["appended"]
+
+
 def test_approve_and_deny_commands(cli: Any) -> None:
     p = pending()
     ok = cli("approve", p.approval_id)
