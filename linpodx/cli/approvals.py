@@ -27,7 +27,7 @@ from linpodx.approvals import store as approvals
 from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.cli.common import JsonOpt, run_command
-from linpodx.errors import EXIT_FAILURE, LinpodxError, UsageError
+from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
 from linpodx.output import print_error, safe_text
 from linpodx.paths import events_file
 
@@ -337,30 +337,22 @@ class Prompter:
 
 
 def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow: bool) -> None:
-    """Print (and follow) the event stream."""
+    """Print (and follow) the event stream.
+
+    Ctrl-C is how a follower is stopped: it ends quietly (exit 0). A `--no-follow` listing cut
+    short by Ctrl-C is incomplete, so it ends as other commands do: `error: interrupted`, 130.
+    """
     since_t = parse_since(since) if since is not None else None
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
     interactive = not json_mode and not no_follow and wants_approvals and sys.stdin.isatty()
     prompter = Prompter(sys.stdin, out) if interactive else None
     reader = EventFile()
-    if not no_follow and since_t is None:
-        reader.skip_to_end()
-        if wants_approvals:
-            # Requests made before this listener started still wait for someone.
-            for p in approvals.pending_requests():
-                ev = {
-                    "ts": p.to_dict()["created"],
-                    "type": "approval.pending",
-                    "session": p.session,
-                    "approval_id": p.approval_id,
-                    "method": p.method,
-                    "tool": p.tool,
-                    "payload": p.payload,
-                    "digest": p.digest,
-                }
-                _show(ev, out, json_mode, prompter)
     try:
+        if not no_follow and since_t is None:
+            reader.skip_to_end()
+            if wants_approvals:
+                _show_waiting(out, json_mode, prompter)
         while True:
             for event in reader.read_new():
                 if not matches(event, filters):
@@ -373,9 +365,27 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
                 return
             time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
+        if no_follow:
+            raise LinpodxError("interrupted", exit_code=EXIT_INTERRUPTED) from None
         return
     except BrokenPipeError:
         return
+
+
+def _show_waiting(out: TextIO, json_mode: bool, prompter: Prompter | None) -> None:
+    """Show the requests made before this listener started: they still wait for someone."""
+    for p in approvals.pending_requests():
+        ev = {
+            "ts": p.to_dict()["created"],
+            "type": "approval.pending",
+            "session": p.session,
+            "approval_id": p.approval_id,
+            "method": p.method,
+            "tool": p.tool,
+            "payload": p.payload,
+            "digest": p.digest,
+        }
+        _show(ev, out, json_mode, prompter)
 
 
 def _show(event: dict[str, Any], out: TextIO, json_mode: bool, prompter: Prompter | None) -> None:

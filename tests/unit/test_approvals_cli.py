@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -321,6 +322,34 @@ def test_a_follower_reads_a_truncated_or_replaced_file_from_its_start() -> None:
     assert [e["type"] for e in reader.read_new()] == ["recreated"]
     events.emit("appended")
     assert [e["type"] for e in reader.read_new()] == ["appended"]
+
+
+def interrupted_after_one_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the reader see one event, then Ctrl-C."""
+
+    def read_new(_self: object) -> Iterator[dict[str, Any]]:
+        yield {"ts": "2026-01-01T00:00:00Z", "type": "first.event"}
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_approvals.EventFile, "read_new", read_new)
+
+
+def test_ctrl_c_cuts_a_listing_short_with_an_error(
+    cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`events --no-follow` once exited 0 after Ctrl-C, its partial output looking complete."""
+    interrupted_after_one_event(monkeypatch)
+    res = cli("events", "--no-follow")
+    assert res.exit_code == 130
+    assert res.stderr == "error: interrupted\n"
+    assert "first.event" in res.stdout
+
+
+def test_ctrl_c_stops_a_follower_quietly(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    interrupted_after_one_event(monkeypatch)
+    res = cli("events")
+    assert res.exit_code == 0 and res.stderr == ""
+    assert "first.event" in res.stdout
 
 
 def test_approve_and_deny_commands(cli: Any) -> None:
