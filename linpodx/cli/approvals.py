@@ -1,10 +1,11 @@
 """Top-level commands `linpodx events`, `linpodx approve ID`, `linpodx deny ID`.
 
 `events` follows the event stream file by polling (like `podman events` with its file logger,
-no daemon). With approvals in the filter and a terminal on stdin, each pending approval is shown
-and answered right there: the answer is bound to the digest of the request file this listener
-displayed, and it comes only from this terminal (input typed ahead is discarded first), so a
-"y" inside a payload or server output can never answer anything.
+no daemon), in bounded memory; a damaged line is skipped, never the end of a listener (see
+`EventFile`, `parse_event`). With approvals in the filter and a terminal on stdin, each pending
+approval is shown and answered right there: the answer is bound to the digest of the request
+file this listener displayed, and it comes only from this terminal (input typed ahead is
+discarded first), so a "y" inside a payload or server output can never answer anything.
 """
 
 from __future__ import annotations
