@@ -20,6 +20,7 @@ EXIT_AUDIT = 6  # the audit log could not be written or read
 EXIT_TAMPERED = 7  # verification found damage
 EXIT_DENIED = 8  # a policy or a person said no
 EXIT_BUG = 70  # EX_SOFTWARE: an unexpected exception
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, what a shell reports for a command it killed
 
 
 class LinpodxError(Exception):

@@ -315,11 +315,11 @@ def open_log(path: Path) -> int:
     return fd
 
 
-_READ_CHUNK = 1024 * 1024
+READ_CHUNK = 1024 * 1024
 """Bytes read at a time: a reader holds at most this plus MAX_LINE of one unfinished line."""
 
 
-def _fd_lines(fd: int, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
+def fd_lines(fd: int, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
     """(offset, line without newline, complete) for the lines starting in [start, end) of an
     open file (to its end when `end` is None), read with pread in bounded chunks.
 
@@ -330,7 +330,7 @@ def _fd_lines(fd: int, start: int = 0, end: int | None = None) -> Iterator[tuple
     pos = start
     rest = b""
     while end is None or pos < end:
-        want = _READ_CHUNK if end is None else min(_READ_CHUNK, end - pos)
+        want = READ_CHUNK if end is None else min(READ_CHUNK, end - pos)
         chunk = os.pread(fd, want, pos)
         if not chunk:
             break
@@ -359,7 +359,7 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
     """
     fd = open_log(path)
     try:
-        yield from _fd_lines(fd)
+        yield from fd_lines(fd)
     finally:
         os.close(fd)
 
@@ -610,7 +610,7 @@ def _check_range(
     w = _Walk(genesis, check_genesis, anchors)
     first: dict[str, Any] | None = None
     torn = None
-    lines = _fd_lines(fd, start, end)
+    lines = fd_lines(fd, start, end)
     while True:
         try:
             offset, line, complete = next(lines)

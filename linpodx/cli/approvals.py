@@ -1,10 +1,11 @@
 """Top-level commands `linpodx events`, `linpodx approve ID`, `linpodx deny ID`.
 
 `events` follows the event stream file by polling (like `podman events` with its file logger,
-no daemon). With approvals in the filter and a terminal on stdin, each pending approval is shown
-and answered right there: the answer is bound to the digest of the request file this listener
-displayed, and it comes only from this terminal (input typed ahead is discarded first), so a
-"y" inside a payload or server output can never answer anything.
+no daemon), in bounded memory; a damaged line is skipped, never the end of a listener (see
+`EventFile`, `parse_event`). With approvals in the filter and a terminal on stdin, each pending
+approval is shown and answered right there: the answer is bound to the digest of the request
+file this listener displayed, and it comes only from this terminal (input typed ahead is
+discarded first), so a "y" inside a payload or server output can never answer anything.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import select
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -23,8 +25,10 @@ from typing import Annotated, Any, TextIO
 import typer
 
 from linpodx.approvals import store as approvals
+from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
+from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.cli.common import JsonOpt, run_command
-from linpodx.errors import EXIT_FAILURE, LinpodxError, UsageError
+from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
 from linpodx.output import print_error, safe_text
 from linpodx.paths import events_file
 
@@ -59,12 +63,21 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 
 
 def _event_time(event: dict[str, Any]) -> datetime | None:
+    """The event's `ts` in UTC, or None when it has no time we can use.
+
+    linpodx writes `…Z`; anything else is damage and is treated like a `ts` that does not parse:
+    shown as `??:??:??`, left out by --since. That includes a time without a zone (it cannot be
+    compared with --since's) and one that leaves datetime's range once converted to UTC
+    (`0001-01-01T00:00:00+14:00`).
+    """
     ts = event.get("ts")
     if not isinstance(ts, str):
         return None
-    with contextlib.suppress(ValueError):
-        return datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    return None
+    try:
+        t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        return t.astimezone(UTC) if t.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        return None
 
 
 def matches(event: dict[str, Any], filters: list[str]) -> bool:
@@ -79,7 +92,12 @@ def matches(event: dict[str, Any], filters: list[str]) -> bool:
 
 def _clock(event: dict[str, Any]) -> str:
     t = _event_time(event)
-    return t.astimezone().strftime("%H:%M:%S") if t else "??:??:??"
+    if t is None:
+        return "??:??:??"
+    try:
+        return t.astimezone().strftime("%H:%M:%S")
+    except (OverflowError, ValueError, OSError):  # a UTC time near year 9999 in a zone east of it
+        return "??:??:??"
 
 
 def _s(value: Any, cap: int = FIELD_CAP) -> str:
@@ -132,40 +150,124 @@ def render(event: dict[str, Any]) -> list[str]:
     return [f"[{_clock(event)}] {_s(etype)} {body}".rstrip()]
 
 
+def parse_event(line: bytes) -> dict[str, Any] | None:
+    """One event from one line of events.jsonl, None for a line that is not one.
+
+    Parsed with the strict parser: a line that nests deeper than it allows, holds NaN, Infinity,
+    a number that overflows to it (1e999) or an integer beyond 2^53, or repeats a key is skipped
+    like any damaged line. json.loads would have let NaN through to `--json` (which then prints
+    invalid JSON) and ended the listener with RecursionError on deep nesting.
+    """
+    if not line.strip():
+        return None
+    try:
+        event = strict_loads(line, allow_floats=True)
+    except CanonicalError:
+        return None  # not ours to interpret; the stream is for people, not a record
+    return event if isinstance(event, dict) else None
+
+
 class EventFile:
-    """Reads complete lines from events.jsonl from an offset; tolerant of a growing file."""
+    """Reads the events added to events.jsonl since the last read, in bounded memory.
+
+    Lines are read in chunks (`audit.chain.fd_lines`, as audit chains are), so at most a chunk
+    and one line of MAX_LINE bytes are held. An unfinished last line stays in the file and is
+    read once its newline is there. A line longer than MAX_LINE (linpodx writes none) is
+    skipped up to its newline without being held, also while it is still being written.
+
+    The file is only ever appended to. One that shrank, or another file in its place (a new
+    inode, or none for a while), was truncated or replaced: all its lines are new, and it is
+    read from its start.
+    """
 
     def __init__(self) -> None:
         self.path = events_file()
         self.offset = 0
-        self.rest = b""
+        """Where the next line starts (or where the rest of a line being skipped starts)."""
+        self.skipping = False
+        """The bytes from `offset` up to the next newline belong to a line too long to read."""
+        self.file_id: tuple[int, int] | None = None
+        """(st_dev, st_ino) of the file `offset` is in; None before it exists."""
+        self.size = 0
+        """How many bytes that file held at the last read: an append-only file never holds less."""
 
     def skip_to_end(self) -> None:
+        """Start after what the file holds now (a follower shows only what comes next)."""
         try:
-            self.offset = self.path.stat().st_size
+            st = self.path.stat()
         except FileNotFoundError:
-            self.offset = 0
+            self._start(None)
+            return
+        self.file_id = (st.st_dev, st.st_ino)
+        self.offset = self.size = st.st_size
 
     def read_new(self) -> Iterator[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
+        """The events in the lines completed since the last call; damaged lines are skipped."""
+        fd = self._open()
+        if fd is None:
+            self._start(None)  # a file that appears later is read from its start
             return
-        self.offset += len(data)
-        data = self.rest + data
-        lines = data.split(b"\n")
-        self.rest = lines.pop()
-        for line in lines:
-            if not line.strip():
-                continue
+        try:
+            st = os.fstat(fd)
+            file_id = (st.st_dev, st.st_ino)
+            if file_id != self.file_id or st.st_size < self.size:
+                self._start(file_id)
+            elif st.st_size == self.size:
+                return  # nothing appended (an unfinished line is read again only when it grows)
+            yield from self._events(fd)
+            self.size = max(st.st_size, self.offset)  # it may have grown while it was read
+        finally:
+            os.close(fd)
+
+    def _start(self, file_id: tuple[int, int] | None) -> None:
+        self.file_id = file_id
+        self.offset = self.size = 0
+        self.skipping = False
+
+    def _open(self) -> int | None:
+        try:
+            # O_NONBLOCK: a FIFO in the file's place must not hang the listener (refused below).
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LinpodxError(
+                f"cannot follow the event stream: {self.path} is not a regular file",
+                "linpodx writes events.jsonl as a regular file; move what is there aside",
+                exit_code=EXIT_FAILURE,
+            )
+        return fd
+
+    def _events(self, fd: int) -> Iterator[dict[str, Any]]:
+        while True:
+            if self.skipping and not self._skip_long_line(fd):
+                return  # the long line's newline is not written yet
             try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # not ours to interpret; the stream is for people, not a record
-            if isinstance(event, dict):
-                yield event
+                for offset, line, complete in fd_lines(fd, self.offset):
+                    if not complete:
+                        return  # still being written: read it again once it is whole
+                    self.offset = offset + len(line) + 1
+                    event = parse_event(line)
+                    if event is not None:
+                        yield event
+                return
+            except OverlongLine as exc:
+                self.offset = exc.offset
+                self.skipping = True
+
+    def _skip_long_line(self, fd: int) -> bool:
+        """Move `offset` past the newline of the line being skipped; False if none is there yet."""
+        while True:
+            chunk = os.pread(fd, READ_CHUNK, self.offset)
+            if not chunk:
+                return False
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                self.offset += newline + 1
+                self.skipping = False
+                return True
+            self.offset += len(chunk)
 
 
 class Prompter:
@@ -236,30 +338,22 @@ class Prompter:
 
 
 def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow: bool) -> None:
-    """Print (and follow) the event stream."""
-    since_t = parse_since(since) if since else None
+    """Print (and follow) the event stream.
+
+    Ctrl-C is how a follower is stopped: it ends quietly (exit 0). A `--no-follow` listing cut
+    short by Ctrl-C is incomplete, so it ends as other commands do: `error: interrupted`, 130.
+    """
+    since_t = parse_since(since) if since is not None else None
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
     interactive = not json_mode and not no_follow and wants_approvals and sys.stdin.isatty()
     prompter = Prompter(sys.stdin, out) if interactive else None
     reader = EventFile()
-    if not no_follow and since_t is None:
-        reader.skip_to_end()
-        if wants_approvals:
-            # Requests made before this listener started still wait for someone.
-            for p in approvals.pending_requests():
-                ev = {
-                    "ts": p.to_dict()["created"],
-                    "type": "approval.pending",
-                    "session": p.session,
-                    "approval_id": p.approval_id,
-                    "method": p.method,
-                    "tool": p.tool,
-                    "payload": p.payload,
-                    "digest": p.digest,
-                }
-                _show(ev, out, json_mode, prompter)
     try:
+        if not no_follow and since_t is None:
+            reader.skip_to_end()
+            if wants_approvals:
+                _show_waiting(out, json_mode, prompter)
         while True:
             for event in reader.read_new():
                 if not matches(event, filters):
@@ -272,9 +366,27 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
                 return
             time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
+        if no_follow:
+            raise LinpodxError("interrupted", exit_code=EXIT_INTERRUPTED) from None
         return
     except BrokenPipeError:
         return
+
+
+def _show_waiting(out: TextIO, json_mode: bool, prompter: Prompter | None) -> None:
+    """Show the requests made before this listener started: they still wait for someone."""
+    for p in approvals.pending_requests():
+        ev = {
+            "ts": p.to_dict()["created"],
+            "type": "approval.pending",
+            "session": p.session,
+            "approval_id": p.approval_id,
+            "method": p.method,
+            "tool": p.tool,
+            "payload": p.payload,
+            "digest": p.digest,
+        }
+        _show(ev, out, json_mode, prompter)
 
 
 def _show(event: dict[str, Any], out: TextIO, json_mode: bool, prompter: Prompter | None) -> None:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from linpodx import __version__
-from linpodx.errors import EXIT_BUG, EXIT_USAGE, LinpodxError
+from linpodx.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, LinpodxError
 from linpodx.output import envelope, envelopes_printed, print_error, print_json, safe_text
 
 TYPE_CHECKING = False  # not typing's: `linpodx run` starts here (see linpodx/fastrun.py)
@@ -181,7 +181,7 @@ def _main(args: list[str]) -> int | LinpodxError:
         return clean
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:
         kind = _kind(exc)
         if "NoArgsIsHelpError" in kind:
@@ -203,7 +203,7 @@ def _main(args: list[str]) -> int | LinpodxError:
             return int(getattr(exc, "exit_code", 0))
         if "Abort" in kind:
             sys.stderr.write("error: aborted\n")
-            return 130
+            return EXIT_INTERRUPTED
         if "ClickException" in kind:
             click_err = LinpodxError(
                 exc.format_message(),  # type: ignore[attr-defined]

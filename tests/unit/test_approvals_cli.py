@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from linpodx import events
 from linpodx.approvals import store
+from linpodx.audit.core import MAX_LINE
 from linpodx.cli import approvals as cli_approvals
 from linpodx.errors import UsageError
 from linpodx.paths import events_file
@@ -113,6 +115,90 @@ def test_events_since_filters_old_events(cli: Any) -> None:
     assert "new.event" in res.stdout and "old.event" not in res.stdout
 
 
+@pytest.mark.parametrize("since", ["", " ", "yesterday"])
+def test_events_refuses_an_empty_or_bad_since(cli: Any, since: str) -> None:
+    """`--since ""` once meant "no --since" while `--since " "` was refused."""
+    events.emit("old.event")
+    res = cli("events", "--no-follow", "--since", since)
+    assert res.exit_code == 2 and res.stdout == ""
+    assert f"error: invalid --since value: {since!r}" in res.stderr
+    assert "hint: use an ISO time like 2026-11-30T04:00:00Z or a duration like 10m" in res.stderr
+
+
+def write_lines(*lines: str) -> None:
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def test_a_time_without_zone_or_out_of_range_is_no_time(cli: Any) -> None:
+    """Such a `ts` once ended the listener with "internal error" (TypeError comparing it with
+    --since, OverflowError converting it): it is treated like a `ts` that does not parse."""
+    write_lines(
+        '{"ts":"2999-01-01T00:00:00","type":"naive.time"}',
+        '{"ts":"0001-01-01T00:00:00+14:00","type":"early.time"}',
+        '{"ts":"9999-12-31T23:59:59-14:00","type":"late.time"}',
+    )
+    events.emit("good.event")
+    res = cli("events", "--no-follow", "--since", "1h")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.count("\n") == 1 and "good.event" in res.stdout
+    res = cli("events", "--no-follow")
+    assert res.exit_code == 0, res.stderr
+    shown = res.stdout.splitlines()
+    assert [line.split()[1] for line in shown] == [
+        "naive.time", "early.time", "late.time", "good.event"
+    ]  # fmt: skip
+    assert all(line.startswith("[??:??:??] ") for line in shown[:3])
+
+
+def test_a_time_the_local_zone_cannot_show_is_no_clock() -> None:
+    import os
+    import time
+
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "JST-9"  # 9 hours east of UTC: 9999-12-31T23:00Z is past year 9999 there
+    time.tzset()
+    try:
+        (line,) = cli_approvals.render({"ts": "9999-12-31T23:00:00Z", "type": "x.y"})
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+    assert line.startswith("[??:??:??] x.y")
+
+
+def test_damaged_lines_are_skipped_and_json_output_stays_json(cli: Any) -> None:
+    """Deep nesting once ended the listener with RecursionError, and NaN or 1e999 came out of
+    `--json` as NaN/Infinity, which is not JSON."""
+    write_lines(
+        "[" * 100_000 + "]" * 100_000,
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.nan","a":NaN}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.inf","a":1e999}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.neg","a":-Infinity}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.dup","type":"approval.pending"}',
+        '{"ts":"2026-01-01T00:00:00Z","type":"x.float","a":1.5}',
+    )
+    events.emit("good.event")
+
+    def no_constant(name: str) -> Any:
+        raise AssertionError(f"{name} printed")
+
+    for args in (("--json",), ()):
+        res = cli("events", "--no-follow", *args)
+        assert res.exit_code == 0, res.stderr
+        assert res.stderr == ""
+        if args:
+            shown = [json.loads(x, parse_constant=no_constant) for x in res.stdout.splitlines()]
+            assert [e["type"] for e in shown] == ["x.float", "good.event"]
+            assert shown[0]["a"] == 1.5
+        else:
+            assert [x.split()[1] for x in res.stdout.splitlines()] == ["x.float", "good.event"]
+
+
 def test_event_file_keeps_partial_lines() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +208,148 @@ def test_event_file_keeps_partial_lines() -> None:
     with open(path, "ab") as f:
         f.write(b'd"}\n')
     assert [e["type"] for e in reader.read_new()] == ["c.d"]
+
+
+def big_event(n: int) -> bytes:
+    """A valid event line (without newline) of about `n` bytes."""
+    return json.dumps({"type": "big.event", "pad": "x" * n}).encode()
+
+
+def test_a_line_longer_than_any_event_is_skipped_to_its_newline(cli: Any) -> None:
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(big_event(MAX_LINE + 1) + b"\n" + big_event(MAX_LINE - 100) + b"\n")
+    events.emit("good.event")
+    res = cli("events", "--no-follow", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert [json.loads(x)["type"] for x in res.stdout.splitlines()] == ["big.event", "good.event"]
+    assert len(res.stdout) < MAX_LINE + 1000  # the longer one was skipped
+
+
+def peak_bytes(fn: Any) -> int:
+    """Most memory (bytes) Python held at once while `fn` ran."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_large_file_is_read_in_bounded_memory() -> None:
+    """A 251 MB events.jsonl once took ~546 MB: it was read whole, then split."""
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = big_event(100_000) + b"\n"
+    with open(path, "wb") as f:
+        for _ in range(320):  # 32 MB
+            f.write(line)
+    reader = cli_approvals.EventFile()
+    count = 0
+
+    def read_all() -> None:
+        nonlocal count
+        for _event in reader.read_new():
+            count += 1
+
+    assert peak_bytes(read_all) < 8 * 1024 * 1024
+    assert count == 320
+
+
+def test_an_endless_line_is_skipped_in_bounded_memory_while_following() -> None:
+    """A follower once kept an unterminated line in memory however long it grew."""
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    reader = cli_approvals.EventFile()
+    got: list[str] = []
+
+    def poll() -> None:
+        got.extend(e["type"] for e in reader.read_new())
+
+    with open(path, "ab") as f:
+        f.write(b'{"type":"endless","pad":"')
+        for _ in range(32):  # 32 MB, polled after each MB as a follower would
+            f.write(b"x" * 1024 * 1024)
+            f.flush()
+            assert peak_bytes(poll) < 8 * 1024 * 1024
+        f.write(b'"}\n')
+    events.emit("good.event")
+    poll()
+    assert got == ["good.event"]
+
+
+@pytest.mark.usefixtures("watchdog")
+def test_a_fifo_in_place_of_the_stream_is_refused_not_waited_on(cli: Any) -> None:
+    import os
+
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path, 0o600)
+    res = cli("events", "--no-follow")
+    assert res.exit_code == 1 and res.stdout == ""
+    assert f"error: cannot follow the event stream: {path} is not a regular file" in res.stderr
+    assert "hint: linpodx writes events.jsonl as a regular file" in res.stderr
+
+
+def test_a_follower_reads_a_truncated_or_replaced_file_from_its_start() -> None:
+    """A follower once kept its byte offset into the old file and showed nothing more."""
+    import os
+
+    for i in range(50):
+        events.emit("old.event", message=f"padding padding padding {i}")
+    path = events_file()
+    reader = cli_approvals.EventFile()
+    reader.skip_to_end()
+    events.emit("before.truncate")
+    assert [e["type"] for e in reader.read_new()] == ["before.truncate"]
+
+    path.write_bytes(b"")  # truncated in place
+    for i in range(3):
+        events.emit("after.truncate", n=i)
+    assert [e.get("n") for e in reader.read_new()] == [0, 1, 2]
+
+    new = path.with_name("events.jsonl.new")  # replaced by a longer file
+    new.write_text("".join(json.dumps({"type": "replaced", "n": i}) + "\n" for i in range(80)))
+    os.replace(new, path)
+    assert [e.get("n") for e in reader.read_new()] == list(range(80))
+
+    path.unlink()  # removed, then written again
+    assert list(reader.read_new()) == []
+    events.emit("recreated")
+    assert [e["type"] for e in reader.read_new()] == ["recreated"]
+    events.emit("appended")
+    assert [e["type"] for e in reader.read_new()] == ["appended"]
+
+
+def interrupted_after_one_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the reader see one event, then Ctrl-C."""
+
+    def read_new(_self: object) -> Iterator[dict[str, Any]]:
+        yield {"ts": "2026-01-01T00:00:00Z", "type": "first.event"}
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_approvals.EventFile, "read_new", read_new)
+
+
+def test_ctrl_c_cuts_a_listing_short_with_an_error(
+    cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`events --no-follow` once exited 0 after Ctrl-C, its partial output looking complete."""
+    interrupted_after_one_event(monkeypatch)
+    res = cli("events", "--no-follow")
+    assert res.exit_code == 130
+    assert res.stderr == "error: interrupted\n"
+    assert "first.event" in res.stdout
+
+
+def test_ctrl_c_stops_a_follower_quietly(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    interrupted_after_one_event(monkeypatch)
+    res = cli("events")
+    assert res.exit_code == 0 and res.stderr == ""
+    assert "first.event" in res.stdout
 
 
 def test_approve_and_deny_commands(cli: Any) -> None:
