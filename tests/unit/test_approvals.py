@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from linpodx.approvals import store
-from linpodx.errors import NotFound
+from linpodx.errors import InvalidInput, NotFound
 
 REQ = {
     "jsonrpc": "2.0",
@@ -135,3 +139,80 @@ def test_payload_hides_meta_but_digest_covers_it() -> None:
     assert "_meta" not in p.payload and '"arguments":{"a":1}' in p.payload
     other = {**req, "params": {**params, "_meta": {"progressToken": 6}}}
     assert store.request_digest(other) != p.digest
+
+
+def _within(seconds: float, fn: Any) -> Any:
+    """fn() run in a thread; fails (instead of hanging the suite) if it does not return in time."""
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert box, f"no return within {seconds}s (blocked, or raised)"
+    return box[0]
+
+
+def _valid_approval(p: store.PendingRequest) -> bytes:
+    doc = {"approval_id": p.approval_id, "digest": p.digest, "decision": store.APPROVE}
+    return json.dumps(doc).encode()
+
+
+def _damage(where: Path, how: str, valid: bytes) -> None:
+    """Put something other than a file linpodx wrote at `where` (its parent exists)."""
+    if how == "deep":
+        where.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    elif how == "fifo":
+        os.mkfifo(where)
+    elif how == "huge":  # a valid document, padded past the size bound
+        where.write_bytes(valid[:-1] + b" " * 300_000 + b"}")
+    elif how == "symlink":  # to a valid document: a link is still not a file linpodx wrote
+        target = where.with_name("elsewhere.json")
+        target.write_bytes(valid)
+        where.symlink_to(target.name)
+    elif how == "directory":
+        where.mkdir()
+    elif how == "list":
+        where.write_bytes(b"[]")
+
+
+DAMAGE = ["deep", "fifo", "huge", "symlink", "directory", "list"]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_damaged_answer_denies_at_once_with_its_reason(how: str) -> None:
+    p = make(timeout=30)
+    _damage(store.approvals_dir() / p.approval_id / "answer.json", how, _valid_approval(p))
+    out = _within(5, lambda: store.wait(p, poll=0.01))  # at once: it can never become valid
+    assert not out.approved and out.reason.startswith("the answer file is unreadable (")
+    assert _within(5, lambda: store.status(p.approval_id)) == "denied"
+    assert _within(5, store.pending_requests) == []
+
+
+@pytest.mark.parametrize("how", [*DAMAGE, "stray_file"])
+def test_damaged_request_is_refused_alone(how: str) -> None:
+    good = make()
+    bad_id = make().approval_id
+    entry = store.approvals_dir() / bad_id
+    if how == "stray_file":  # a file where the approval's directory belongs
+        for f in entry.iterdir():
+            f.unlink()
+        entry.rmdir()
+        entry.write_bytes(b"")
+    else:
+        (entry / "request.json").unlink()
+        _damage(entry / "request.json", how, json.dumps(good.to_dict()).encode())
+
+    def load_bad() -> str:
+        with pytest.raises(InvalidInput) as exc:
+            store.load(bad_id)
+        return exc.value.message
+
+    assert f"approval request is unreadable: {bad_id} (" in _within(5, load_bad)
+    assert [p.approval_id for p in _within(5, store.pending_requests)] == [good.approval_id]
+
+
+def test_long_method_and_tool_are_capped_and_still_readable() -> None:
+    long = "t" * (store.PAYLOAD_CAP * 10)
+    p = store.create("sess_X", long, "\x1b" * (store.PAYLOAD_CAP * 10), REQ, REQ["params"], 5)
+    assert len(p.method) < store.PAYLOAD_CAP + 50 and p.tool is not None
+    assert len(p.tool) < store.PAYLOAD_CAP + 50
+    assert store.load(p.approval_id) == p
