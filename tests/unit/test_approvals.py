@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from linpodx.approvals import store
 from linpodx.errors import InvalidInput, NotFound
+from tests.unit.approval_damage import DAMAGES, damage, valid_approval
 
 REQ = {
     "jsonrpc": "2.0",
@@ -151,43 +150,17 @@ def _within(seconds: float, fn: Any) -> Any:
     return box[0]
 
 
-def _valid_approval(p: store.PendingRequest) -> bytes:
-    doc = {"approval_id": p.approval_id, "digest": p.digest, "decision": store.APPROVE}
-    return json.dumps(doc).encode()
-
-
-def _damage(where: Path, how: str, valid: bytes) -> None:
-    """Put something other than a file linpodx wrote at `where` (its parent exists)."""
-    if how == "deep":
-        where.write_bytes(b"[" * 100_000 + b"]" * 100_000)
-    elif how == "fifo":
-        os.mkfifo(where)
-    elif how == "huge":  # a valid document, padded past the size bound
-        where.write_bytes(valid[:-1] + b" " * 300_000 + b"}")
-    elif how == "symlink":  # to a valid document: a link is still not a file linpodx wrote
-        target = where.with_name("elsewhere.json")
-        target.write_bytes(valid)
-        where.symlink_to(target.name)
-    elif how == "directory":
-        where.mkdir()
-    elif how == "list":
-        where.write_bytes(b"[]")
-
-
-DAMAGE = ["deep", "fifo", "huge", "symlink", "directory", "list"]
-
-
-@pytest.mark.parametrize("how", DAMAGE)
+@pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_answer_denies_at_once_with_its_reason(how: str) -> None:
     p = make(timeout=30)
-    _damage(store.approvals_dir() / p.approval_id / "answer.json", how, _valid_approval(p))
+    damage(store.approvals_dir() / p.approval_id / "answer.json", how, valid_approval(p))
     out = _within(5, lambda: store.wait(p, poll=0.01))  # at once: it can never become valid
     assert not out.approved and out.reason.startswith("the answer file is unreadable (")
     assert _within(5, lambda: store.status(p.approval_id)) == "denied"
     assert _within(5, store.pending_requests) == []
 
 
-@pytest.mark.parametrize("how", [*DAMAGE, "stray_file"])
+@pytest.mark.parametrize("how", [*DAMAGES, "stray_file"])
 def test_damaged_request_is_refused_alone(how: str) -> None:
     good = make()
     bad_id = make().approval_id
@@ -199,7 +172,7 @@ def test_damaged_request_is_refused_alone(how: str) -> None:
         entry.write_bytes(b"")
     else:
         (entry / "request.json").unlink()
-        _damage(entry / "request.json", how, json.dumps(good.to_dict()).encode())
+        damage(entry / "request.json", how, json.dumps(good.to_dict()).encode())
 
     def load_bad() -> str:
         with pytest.raises(InvalidInput) as exc:
