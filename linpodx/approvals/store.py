@@ -7,7 +7,7 @@ Layout, one directory per approval `apr_<ULID>/`:
   approval id AND the digest it approves; the bridge accepts it only when both match the request,
   so an answer cannot be moved to another call. A timeout or the end of the session is itself an
   answer (`deny`) written the same way, which makes "already decided" a single question: does
-  `answer.json` exist?
+  `answer.json` exist? One that exists but is damaged is therefore a deny, at once.
 - `consumed`: created exclusively by the bridge when it acts on the answer (used once).
 
 Anyone running as the same user can write these files; that user can also drive the agent, so
