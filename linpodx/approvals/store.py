@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -219,6 +220,16 @@ def create(
     return pending
 
 
+def _base_usable() -> bool:
+    """Whether approvals/ itself is a directory we can enter: if it is not (or the state dir is
+    a file), an error below it is the state dir's, not one approval's."""
+    base = approvals_dir()
+    try:
+        return stat.S_ISDIR(os.stat(base).st_mode) and os.access(base, os.X_OK)
+    except OSError:
+        return False
+
+
 class _Unreadable(Exception):
     """A store file is there but is not one linpodx wrote; the message says why."""
 
@@ -235,7 +246,7 @@ def _read_object(path: Path, limit: int) -> dict[str, Any] | None:
     except fsutil.NotRegularFile:
         raise _Unreadable("not a regular file") from None
     except OSError as exc:
-        if exc.errno not in _ENTRY_ERRNOS:
+        if exc.errno not in _ENTRY_ERRNOS or not _base_usable():
             raise  # the state dir itself is unusable: the CLI's to report
         raise _Unreadable(exc.strerror or str(exc)) from None
     if raw is None:

@@ -189,3 +189,13 @@ def test_long_method_and_tool_are_capped_and_still_readable() -> None:
     assert len(p.method) < store.PAYLOAD_CAP + 50 and p.tool is not None
     assert len(p.tool) < store.PAYLOAD_CAP + 50
     assert store.load(p.approval_id) == p
+
+
+def test_approvals_dir_that_is_a_file_is_the_state_dirs_problem() -> None:
+    base = store.approvals_dir()
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.write_bytes(b"")
+    with pytest.raises(NotADirectoryError):  # the CLI reports it as the state dir's
+        store.load("apr_01M8Q50RSSHGZYNDRRHMFW6H6K")
+    with pytest.raises(NotADirectoryError):
+        store.read_answer("apr_01M8Q50RSSHGZYNDRRHMFW6H6K")
