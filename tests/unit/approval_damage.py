@@ -18,7 +18,7 @@ def valid_approval(p: store.PendingRequest) -> bytes:
 def damage(where: Path, how: str, valid: bytes) -> None:
     """Put something other than a file linpodx wrote at `where` (its parent exists)."""
     if how == "deep":
-        where.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+        where.write_bytes(b"[" * 10_000 + b"]" * 10_000)  # within the size bounds
     elif how == "fifo":
         os.mkfifo(where)
     elif how == "huge":  # a valid document, padded past the size bound
