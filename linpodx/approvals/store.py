@@ -7,7 +7,7 @@ Layout, one directory per approval `apr_<ULID>/`:
   approval id AND the digest it approves; the bridge accepts it only when both match the request,
   so an answer cannot be moved to another call. A timeout or the end of the session is itself an
   answer (`deny`) written the same way, which makes "already decided" a single question: does
-  `answer.json` exist?
+  `answer.json` exist? One that exists but is damaged is therefore a deny, at once.
 - `consumed`: created exclusively by the bridge when it acts on the answer (used once).
 
 Anyone running as the same user can write these files; that user can also drive the agent, so
@@ -18,11 +18,13 @@ reach the host's state dir) and against mistakes: stale answers, replays, double
 from __future__ import annotations
 
 import contextlib
+import errno
 import getpass
 import hashlib
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,7 +38,20 @@ from linpodx.errors import InvalidInput, NotFound
 from linpodx.paths import approvals_dir, ensure_dir
 
 PAYLOAD_CAP = 4096
-"""Characters of the canonical payload kept for display."""
+"""Characters of the canonical payload (and of the method and tool name) kept for display."""
+
+REQUEST_LIMIT = 256 * 1024
+"""Bytes of `request.json` read back. What `create` writes stays far below: its three texts from
+the client are capped at PAYLOAD_CAP characters, and JSON spends at most 6 bytes on one."""
+
+ANSWER_LIMIT = 64 * 1024
+"""Bytes of `answer.json` read back; `answer` writes a few hundred."""
+
+_ENTRY_ERRNOS = frozenset(
+    {errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.EACCES, errno.EPERM, errno.ENXIO, errno.ENODEV}
+)
+"""Errors that say one approval's entry is damaged (a file where its directory belongs, a link,
+a socket, no permission), not that the state dir as a whole is unusable."""
 
 POLL_SECONDS = 0.05
 
@@ -65,15 +80,17 @@ def request_digest(request: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _capped(text: str, cap: int = PAYLOAD_CAP) -> str:
+    return text[:cap] + f"…(+{len(text) - cap} chars)" if len(text) > cap else text
+
+
 def display_payload(value: Any, cap: int = PAYLOAD_CAP) -> str:
     """Compact JSON of `value`, capped at `cap` characters (escaping is the renderer's job)."""
     try:
         text = canonical.canonical_str(value)
     except canonical.CanonicalError:
         text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    if len(text) > cap:
-        text = text[:cap] + f"…(+{len(text) - cap} chars)"
-    return text
+    return _capped(text, cap)
 
 
 def _without_meta(params: Any) -> Any:
@@ -157,6 +174,12 @@ class Answer:
     reason: str
     by: dict[str, Any]
     at: str
+    unreadable: bool = False
+    """The file is there but is no answer (damaged): a deny that `reason` explains."""
+
+
+def _unreadable_answer(approval_id: str, why: str) -> Answer:
+    return Answer(approval_id, "", DENY, f"the answer file is unreadable ({why})", {}, "", True)
 
 
 DAMAGED_HINT = (
@@ -179,8 +202,9 @@ def create(
     pending = PendingRequest(
         approval_id=ids.new_id("apr"),
         session=session,
-        method=method,
-        tool=tool,
+        # Display only, like the payload; capped so that `request.json` fits REQUEST_LIMIT.
+        method=_capped(method),
+        tool=None if tool is None else _capped(tool),
         # What a person needs to judge: the params without the protocol's `_meta` envelope
         # (client info, protocol version). The digest still covers the whole request.
         payload=display_payload(_without_meta(params)),
@@ -196,38 +220,78 @@ def create(
     return pending
 
 
-def load(approval_id: str) -> PendingRequest:
-    """Read a request; NotFound if there is none."""
-    path = _dir(approval_id) / "request.json"
+def _base_usable() -> bool:
+    """Whether approvals/ itself is a directory we can enter: if it is not (or the state dir is
+    a file), an error below it is the state dir's, not one approval's."""
+    base = approvals_dir()
     try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+        return stat.S_ISDIR(os.stat(base).st_mode) and os.access(base, os.X_OK)
+    except OSError:
+        return False
+
+
+class _Unreadable(Exception):
+    """A store file is there but is not one linpodx wrote; the message says why."""
+
+
+def _read_object(path: Path, limit: int) -> dict[str, Any] | None:
+    """The JSON object in `path`, None if there is no file; _Unreadable if it is damaged.
+
+    The bridge and every listener read these files: a FIFO must not hang them, a link is not a
+    file linpodx wrote, and a huge or deeply nested document must cost neither memory nor a
+    RecursionError (hence `fsutil.read_regular`, a size bound and the strict parser).
+    """
+    try:
+        raw = fsutil.read_regular(path, limit)
+    except fsutil.NotRegularFile:
+        raise _Unreadable("not a regular file") from None
+    except OSError as exc:
+        if exc.errno not in _ENTRY_ERRNOS or not _base_usable():
+            raise  # the state dir itself is unusable: the CLI's to report
+        raise _Unreadable(exc.strerror or str(exc)) from None
+    if raw is None:
+        return None
+    if len(raw) > limit:
+        raise _Unreadable(f"larger than {limit} bytes")
+    try:
+        doc = canonical.strict_loads(raw, allow_floats=True)
+    except canonical.CanonicalError as exc:
+        raise _Unreadable(str(exc)) from None
+    if not isinstance(doc, dict):
+        raise _Unreadable("not a JSON object")
+    return doc
+
+
+def load(approval_id: str) -> PendingRequest:
+    """Read a request; NotFound if there is none, InvalidInput if it is damaged."""
+    try:
+        data = _read_object(_dir(approval_id) / "request.json", REQUEST_LIMIT)
+    except _Unreadable as exc:
+        # This one request is damaged; the others (and the listeners that show them) are not.
+        raise InvalidInput(
+            f"approval request is unreadable: {approval_id} ({exc})", DAMAGED_HINT
+        ) from None
+    if data is None:
         raise NotFound(
             f"approval not found: {approval_id}",
             "list pending ones with `linpodx events --filter approval --no-follow`",
-        ) from None
-    except (IsADirectoryError, ValueError) as exc:
-        # Not a state dir problem (that is the CLI's to report): this one request is damaged.
-        why = f" ({exc.strerror})" if isinstance(exc, OSError) and exc.strerror else ""
-        raise InvalidInput(
-            f"approval request is unreadable: {approval_id}{why}", DAMAGED_HINT
-        ) from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"approval request is unreadable: {approval_id}", DAMAGED_HINT)
+        )
     return PendingRequest.from_dict(data)
 
 
 def read_answer(approval_id: str) -> Answer | None:
-    """The answer, or None if nobody answered yet. A malformed answer reads as a deny."""
-    path = _dir(approval_id) / "answer.json"
+    """The answer, or None if nobody answered yet. A damaged answer reads as a deny.
+
+    `answer.json` is created complete and only once, so a damaged one will never turn into a
+    valid answer: the deny holds at once rather than at the end of the window.
+    """
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        d = _read_object(_dir(approval_id) / "answer.json", ANSWER_LIMIT)
+    except _Unreadable as exc:
+        return _unreadable_answer(approval_id, str(exc))
+    if d is None:
         return None
-    except IsADirectoryError:  # there, but not a file: no approval in it
-        return Answer(approval_id, "", DENY, "unreadable answer file", {}, "")
     try:
-        d = json.loads(raw)
         return Answer(
             approval_id=str(d["approval_id"]),
             digest=str(d["digest"]),
@@ -236,8 +300,8 @@ def read_answer(approval_id: str) -> Answer | None:
             by=dict(d.get("by") or {}),
             at=str(d.get("at", "")),
         )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return Answer(approval_id, "", DENY, "malformed answer file", {}, "")
+    except (ValueError, KeyError, TypeError):
+        return _unreadable_answer(approval_id, "malformed")
 
 
 def answer(
@@ -274,6 +338,8 @@ class Outcome:
 
 def check_answer(pending: PendingRequest, ans: Answer) -> Outcome:
     """Accept `ans` only if it names this approval and this request's digest (pure)."""
+    if ans.unreadable:
+        return Outcome(False, ans.reason, ans)
     if ans.approval_id != pending.approval_id:
         return Outcome(False, "answer names another approval", ans)
     if ans.digest != pending.digest:

@@ -427,10 +427,10 @@ def decide(approval_id: str, decision: str) -> dict[str, Any]:
     return {
         "approval_id": approval_id,
         "decision": "approved" if decision == approvals.APPROVE else "denied",
-        "session": pending.session,
+        "session": safe_text(pending.session, FIELD_CAP),
         "method": safe_text(pending.method, FIELD_CAP),
         "tool": safe_text(pending.tool, FIELD_CAP) if pending.tool else None,
-        "digest": pending.digest,
+        "digest": safe_text(pending.digest, FIELD_CAP),
     }
 
 

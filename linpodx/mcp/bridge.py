@@ -693,6 +693,12 @@ class Bridge:
             outcome = approvals.wait(pending, cancelled=lambda: self._stop_reason(key))
         except (OSError, LinpodxError) as exc:
             outcome = approvals.Outcome(False, f"approval could not be read ({exc})", None)
+        except Exception as exc:
+            # A bug here must not end this thread with the call unanswered and unaudited: the
+            # client would wait forever. Whatever went wrong, the call is denied (fail closed).
+            outcome = approvals.Outcome(
+                False, f"approval could not be read ({type(exc).__name__})", None
+            )
         by = outcome.answer.by if outcome.answer is not None else {}
         decision = "approve" if outcome.approved else "deny"
         try:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from linpodx.approvals import store
-from linpodx.errors import NotFound
+from linpodx.errors import InvalidInput, NotFound
+from tests.unit.approval_damage import DAMAGES, damage, valid_approval
 
 REQ = {
     "jsonrpc": "2.0",
@@ -135,3 +138,65 @@ def test_payload_hides_meta_but_digest_covers_it() -> None:
     assert "_meta" not in p.payload and '"arguments":{"a":1}' in p.payload
     other = {**req, "params": {**params, "_meta": {"progressToken": 6}}}
     assert store.request_digest(other) != p.digest
+
+
+def _within(seconds: float, fn: Any) -> Any:
+    """fn() run in a thread; fails (instead of hanging the suite) if it does not return in time."""
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert box, f"no return within {seconds}s (blocked, or raised)"
+    return box[0]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_answer_denies_at_once_with_its_reason(how: str) -> None:
+    p = make(timeout=30)
+    damage(store.approvals_dir() / p.approval_id / "answer.json", how, valid_approval(p))
+    out = _within(5, lambda: store.wait(p, poll=0.01))  # at once: it can never become valid
+    assert not out.approved and out.reason.startswith("the answer file is unreadable (")
+    assert how != "deep" or "nesting deeper than" in out.reason  # the parser's bound, no crash
+    assert _within(5, lambda: store.status(p.approval_id)) == "denied"
+    assert _within(5, store.pending_requests) == []
+
+
+@pytest.mark.parametrize("how", [*DAMAGES, "stray_file"])
+def test_damaged_request_is_refused_alone(how: str) -> None:
+    good = make()
+    bad_id = make().approval_id
+    entry = store.approvals_dir() / bad_id
+    if how == "stray_file":  # a file where the approval's directory belongs
+        for f in entry.iterdir():
+            f.unlink()
+        entry.rmdir()
+        entry.write_bytes(b"")
+    else:
+        (entry / "request.json").unlink()
+        damage(entry / "request.json", how, json.dumps(good.to_dict()).encode())
+
+    def load_bad() -> str:
+        with pytest.raises(InvalidInput) as exc:
+            store.load(bad_id)
+        return exc.value.message
+
+    assert f"approval request is unreadable: {bad_id} (" in _within(5, load_bad)
+    assert [p.approval_id for p in _within(5, store.pending_requests)] == [good.approval_id]
+
+
+def test_long_method_and_tool_are_capped_and_still_readable() -> None:
+    long = "t" * (store.PAYLOAD_CAP * 10)
+    p = store.create("sess_X", long, "\x1b" * (store.PAYLOAD_CAP * 10), REQ, REQ["params"], 5)
+    assert len(p.method) < store.PAYLOAD_CAP + 50 and p.tool is not None
+    assert len(p.tool) < store.PAYLOAD_CAP + 50
+    assert store.load(p.approval_id) == p
+
+
+def test_approvals_dir_that_is_a_file_is_the_state_dirs_problem() -> None:
+    base = store.approvals_dir()
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.write_bytes(b"")
+    with pytest.raises(NotADirectoryError):  # the CLI reports it as the state dir's
+        store.load("apr_01M8Q50RSSHGZYNDRRHMFW6H6K")
+    with pytest.raises(NotADirectoryError):
+        store.read_answer("apr_01M8Q50RSSHGZYNDRRHMFW6H6K")

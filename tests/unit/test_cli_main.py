@@ -128,7 +128,7 @@ def test_a_damaged_approval_neither_stops_the_listener_nor_crashes_approve(
     capsys.readouterr()
     assert main(["approve", bad.approval_id]) == EXIT_INVALID
     err = capsys.readouterr().err
-    assert f"error: approval request is unreadable: {bad.approval_id} (Is a directory)" in err
+    assert f"error: approval request is unreadable: {bad.approval_id} (not a regular file)" in err
     assert "hint: its files under the state dir's approvals/ are damaged" in err
     # An answer that is not a file reads as a deny, never as an approval.
     ans = store.approvals_dir() / good.approval_id / "answer.json"

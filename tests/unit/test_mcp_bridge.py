@@ -16,6 +16,7 @@ from linpodx.mcp.bridge import Bridge
 from linpodx.mcp.framing import Line, Oversize
 from linpodx.profile.model import Decision as A
 from linpodx.profile.model import McpRule, McpSettings, Profile
+from tests.unit.approval_damage import damage, valid_approval
 
 
 class FakeChain:
@@ -308,3 +309,37 @@ def test_modern_requests_get_result_type_on_denial() -> None:
     h.c(call(2, "run_shell"))
     assert h.client[0]["result"]["resultType"] == "complete"
     assert "resultType" not in h.client[1]["result"]
+
+
+@pytest.mark.parametrize("how", ["deep", "fifo", "huge", "symlink"])
+def test_unreadable_answer_denies_audits_and_the_bridge_goes_on(how: str) -> None:
+    h = Harness(approval_timeout_seconds=30)
+    h.c(call(4, "write_file"))
+    _wait_for(lambda: any(e[0] == "approval.pending" for e in h.events))
+    p = approvals.load(next(e[1] for e in h.events if e[0] == "approval.pending")["approval_id"])
+    damage(approvals.approvals_dir() / p.approval_id / "answer.json", how, valid_approval(p))
+    _wait_for(lambda: h.client, timeout=3)  # at once, not at the window's end
+    assert h.server == [] and h.client[0]["result"]["isError"] is True
+    assert "answer file is unreadable" in h.client[0]["result"]["content"][0]["text"]
+    decided = [r[1] for r in h.chain.records if r[0] == "approval.decided"]
+    assert [(d["decision"], d["reason"].split(" (")[0]) for d in decided] == [
+        ("deny", "the answer file is unreadable")
+    ]
+    h.c(call(5, "read_file"))
+    assert h.server == [call(5, "read_file")]
+    t0 = time.monotonic()
+    h.bridge.shutdown("end")
+    assert time.monotonic() - t0 < 2
+
+
+def test_unexpected_error_while_waiting_denies(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: Any, **_kwargs: Any) -> approvals.Outcome:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(approvals, "wait", broken)
+    h = Harness()
+    h.c(call(4, "write_file"))
+    _wait_for(lambda: h.client, timeout=3)
+    assert h.server == [] and "RecursionError" in h.client[0]["result"]["content"][0]["text"]
+    decided = [r[1] for r in h.chain.records if r[0] == "approval.decided"]
+    assert [d["decision"] for d in decided] == ["deny"]
