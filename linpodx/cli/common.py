@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from linpodx.errors import LinpodxError
+from linpodx.errors import EXIT_INTERRUPTED, LinpodxError
 from linpodx.output import envelope, print_error, print_json, print_kv
 
 JsonOpt = Annotated[
@@ -35,10 +35,14 @@ def run_command(
     """Call `fn`, then render its result (key/value lines, a custom renderer, or JSON).
 
     A `LinpodxError` becomes `error:`/`hint:` on stderr (plus the JSON envelope on stdout with
-    `--json`) and the error's exit code.
+    `--json`) and the error's exit code. So does Ctrl-C (`error: interrupted`, 130): typer
+    would otherwise turn it into a bare exit 130 with nothing said.
     """
     try:
-        result = fn()
+        try:
+            result = fn()
+        except KeyboardInterrupt:
+            raise LinpodxError("interrupted", exit_code=EXIT_INTERRUPTED) from None
     except LinpodxError as err:
         if json_mode:
             print_json(envelope(name, error=err))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,25 @@ def test_a_state_dir_path_that_is_not_a_directory_is_never_chmodded(
         err = capsys.readouterr().err
         assert err.startswith("error: ") and "hint: " in err
         assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_ctrl_c_inside_a_command_says_interrupted(
+    cli: Any, monkeypatch: pytest.MonkeyPatch, json_mode: bool
+) -> None:
+    """typer turns a KeyboardInterrupt into a bare exit 130; a command cut short must say so
+    like any other failure (and with --json, in its envelope)."""
+    from linpodx import containers
+
+    def interrupted(*_args: Any, **_kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(containers, "stop", interrupted)
+    res = cli("stop", "agent-1", *(["--json"] if json_mode else []))
+    assert res.exit_code == 130
+    assert res.stderr == "error: interrupted\n"
+    if json_mode:
+        doc = json.loads(res.stdout)
+        assert doc["ok"] is False and doc["error"]["exit_code"] == 130
+    else:
+        assert res.stdout == ""
