@@ -22,6 +22,7 @@ import errno
 import getpass
 import hashlib
 import json
+import math
 import os
 import socket
 import stat
@@ -157,11 +158,21 @@ class PendingRequest:
                 tool=None if d.get("tool") is None else str(d["tool"]),
                 payload=str(d["payload"]),
                 digest=str(d["digest"]),
-                created=float(d["created_unix"]),
-                expires=float(d["expires_unix"]),
+                created=_unix_time(d["created_unix"]),
+                expires=_unix_time(d["expires_unix"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"malformed approval request: {exc}", DAMAGED_HINT) from None
+
+
+def _unix_time(value: Any) -> float:
+    """A JSON number of seconds, finite: `float()` would also take the strings "nan" and
+    "inf", and a request that expires at NaN never looks expired."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a time in seconds: {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError("not a finite time")
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -200,3 +200,17 @@ def test_approvals_dir_that_is_a_file_is_the_state_dirs_problem() -> None:
         store.load("apr_01M8Q50RSSHGZYNDRRHMFW6H6K")
     with pytest.raises(NotADirectoryError):
         store.read_answer("apr_01M8Q50RSSHGZYNDRRHMFW6H6K")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e30", True, None, float("nan")])
+def test_a_request_whose_times_are_not_finite_numbers_is_damaged(value: object) -> None:
+    """`float()` takes the strings "nan" and "inf": a request expiring at NaN would never
+    look expired to `approve` or `status`."""
+    p = make()
+    path = store.approvals_dir() / p.approval_id / "request.json"
+    doc = json.loads(path.read_text())
+    doc["expires_unix"] = value
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InvalidInput) as exc:
+        store.load(p.approval_id)
+    assert "approval request is unreadable" in exc.value.message or "malformed" in exc.value.message
