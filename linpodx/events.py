@@ -7,9 +7,11 @@ never a record of truth: the audit chain is that.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import stat
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,15 +31,7 @@ def emit(event_type: str, **data: Any) -> dict[str, Any]:
     matches the first component.
     """
     event = {"ts": now_iso(), "type": event_type, **data}
-    line = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    path = events_file()
-    ensure_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    _append((json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
     return event
 
 
@@ -52,12 +46,26 @@ def emit_many(items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     data = b"".join(
         (json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n").encode() for e in out
     )
+    _append(data)
+    return out
+
+
+_APPEND_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+)
+
+
+def _append(data: bytes) -> None:
+    """Append whole lines to the stream under its lock. Only to a regular file, opened without
+    blocking or following a link: a FIFO put in its place would otherwise hang every command
+    that emits (OSError instead, which emitters treat as a lost notice)."""
     path = events_file()
     ensure_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    fd = os.open(path, _APPEND_FLAGS, FILE_MODE)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "the event stream is not a regular file", str(path))
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, data)
     finally:
         os.close(fd)
-    return out

@@ -415,3 +415,42 @@ def test_emit_many_writes_what_emit_would(cli: Any) -> None:
     ]
     assert all(set(e) == {"ts", "type", "session", "method", "tool", "decision"} for e in lines)
     assert events.emit_many([]) == []
+
+
+@pytest.mark.parametrize("reader", [False, True])
+def test_emitting_into_a_fifo_or_a_link_fails_at_once_without_writing_through(
+    tmp_path: Any, reader: bool
+) -> None:
+    """Every command that emits an event would hang on a FIFO in the stream's place (no
+    reader) or write into whatever reads it; a link would take the lines elsewhere."""
+    import os
+    import threading
+
+    path = events_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path, 0o600)
+    got: list[bytes] = []
+    if reader:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    done = threading.Event()
+
+    def emit() -> None:
+        try:
+            events.emit("x.y")
+        except OSError as exc:
+            got.append(str(exc).encode())
+        done.set()
+
+    threading.Thread(target=emit, daemon=True).start()
+    assert done.wait(5), "emit blocked on a FIFO"
+    assert got, "emit wrote into a FIFO"
+    if reader:
+        assert os.read(fd, 100) == b""
+        os.close(fd)
+    path.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"")
+    path.symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        events.emit_many([("x.y", {})])
+    assert elsewhere.read_bytes() == b""
