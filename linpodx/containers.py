@@ -661,7 +661,10 @@ def _create_and_start_recorded(
                 _guard().detach(spec.name)
         if gated:
             mountpin.close_gate(str(spec_dir(spec.name)))
-        raise  # podman refused: nothing was created (a name clash leaves the other one alone)
+        # podman refused: nothing was created (a name clash leaves the other one alone). Only
+        # a Ctrl-C that lands after podman made the container can leave one, without a run
+        # spec: not removed here, as the name may have been someone else's (`podman rm` it).
+        raise
     outcome.created = True
     try:
         outcome.step = "run_spec"

@@ -56,6 +56,10 @@ NFTA_SET_ELEM_TIMEOUT = 4
 NFTA_DATA_VALUE = 1
 
 ACK_TIMEOUT = 5.0
+BATCH_ADDRESSES = 512
+"""Addresses per batch. A message carries a set's elements in one netlink attribute, whose
+length field has 16 bits (~2,300 addresses with timeouts), and a batch must fit the socket's
+send buffer (~200 KiB): 512 addresses make at most ~60 KiB, in messages of ~20 KiB."""
 
 _NLMSGHDR = struct.Struct("=IHHII")
 
@@ -80,12 +84,13 @@ def _elements(
     kind: int, set_name: str, elems: list[tuple[IPAddress, int | None]], seq: int
 ) -> bytes:
     """One NEWSETELEM/DELSETELEM message for `set_name` (timeout in seconds, or none)."""
-    items = b""
+    parts = []
     for addr, timeout in elems:
         elem = _nest(NFTA_SET_ELEM_KEY, _attr(NFTA_DATA_VALUE, addr.packed))
         if timeout is not None:
             elem += _attr(NFTA_SET_ELEM_TIMEOUT, struct.pack("!Q", int(timeout) * 1000))
-        items += _nest(NFTA_LIST_ELEM, elem)
+        parts.append(_nest(NFTA_LIST_ELEM, elem))
+    items = b"".join(parts)
     body = (
         _attr(NFTA_SET_ELEM_LIST_TABLE, TABLE.encode() + b"\0")
         + _attr(NFTA_SET_ELEM_LIST_SET, set_name.encode() + b"\0")
@@ -217,23 +222,28 @@ class NftSets:
 
     def add(self, entries: list[tuple[IPAddress, int]]) -> None:
         """(Re)add each address with its timeout in seconds, no longer revoked if it was;
-        returns once the kernel has."""
+        returns once the kernel has (in batches of at most BATCH_ADDRESSES)."""
         with self._lock:
-            back = [a for a, _ in entries if a in self._revoked]
-            data, acked = add_batch(entries, self._seq, unrevoke=back)
-            self._send(data, acked)
-            # Only once the kernel took it: after a failure the next add takes them out again.
-            self._revoked.difference_update(back)
+            for i in range(0, len(entries), BATCH_ADDRESSES):
+                chunk = entries[i : i + BATCH_ADDRESSES]
+                back = [a for a, _ in chunk if a in self._revoked]
+                data, acked = add_batch(chunk, self._seq, unrevoke=back)
+                self._send(data, acked)
+                # Only once the kernel took it: after a failure the next add takes them out.
+                self._revoked.difference_update(back)
 
     def revoke(self, addrs: list[IPAddress]) -> None:
         """Take each address out of the allowed sets and refuse every packet to it, of an
-        established flow too, until an `add` allows it again; returns once the kernel has."""
+        established flow too, until an `add` allows it again; returns once the kernel has
+        (in batches of at most BATCH_ADDRESSES, each one atomic)."""
         with self._lock:
-            # Remembered before sending: a batch whose acks did not come may still have been
-            # applied, and taking out an address that is not in is harmless (add, then delete).
-            self._revoked.update(addrs)
-            data, acked = revoke_batch(addrs, self._seq)
-            self._send(data, acked)
+            for i in range(0, len(addrs), BATCH_ADDRESSES):
+                chunk = addrs[i : i + BATCH_ADDRESSES]
+                # Remembered before sending: a batch whose acks did not come may still have
+                # been applied, and taking out an address that is not in is harmless.
+                self._revoked.update(chunk)
+                data, acked = revoke_batch(chunk, self._seq)
+                self._send(data, acked)
 
     def _send(self, data: bytes, acked: list[int]) -> None:
         if not data:

@@ -233,6 +233,13 @@ class PolicyResolver:
         later lookup of a name allowed again grants the address afresh (`_answer` finds it
         no longer granted and adds it, which also ends the revocation).
 
+        Cache lines that hold a revoked address go too, even for a name still allowed (its
+        address may have been justified by names no longer remembered, see
+        NAMES_PER_ADDRESS_MAX): its next lookup goes upstream and grants the address again.
+
+        If the revocation fails (raises), the addresses stay granted here, with no allowed
+        name left, so the next policy load revokes them again.
+
         Returns the addresses revoked.
         """
         with self._set_lock:
@@ -240,22 +247,27 @@ class PolicyResolver:
                 self._policy = policy
                 self._fast = {}
                 self._refusals = (policy, {})
+                gone: list[IPAddress] = []
+                for addr, g in self._granted.items():
+                    g.names = {n for n in g.names if policy.allowlist.allows(n)}
+                    if not g.names or self._refusal(policy, addr) is not None:
+                        gone.append(addr)
+                taken = set(gone)
                 self._cache = {
                     k: v
                     for k, v in self._cache.items()
                     if all(policy.allowlist.allows(n) for n in v.names)
                     and not any(
-                        self._refusal(policy, r.address) for r in v.records if r.address is not None
+                        r.address in taken or self._refusal(policy, r.address)
+                        for r in v.records
+                        if r.address is not None
                     )
                 }
-                gone: list[IPAddress] = []
-                for addr, g in list(self._granted.items()):
-                    g.names = {n for n in g.names if policy.allowlist.allows(n)}
-                    if not g.names or self._refusal(policy, addr) is not None:
-                        gone.append(addr)
-                        del self._granted[addr]
             if gone:
                 self._revoke(gone)
+                with self._lock:
+                    for addr in gone:
+                        del self._granted[addr]
             return gone
 
     # -- one query ------------------------------------------------------------------------
@@ -270,7 +282,10 @@ class PolicyResolver:
         q = dnsmsg.read_query(data)
         if not isinstance(q, dnsmsg.Query):
             return q
-        if q.rdclass != dnsmsg.IN or not self._policy.allowlist.allows(q.name):
+        # One read of the policy for the whole lookup: `_answer` compares it with the one in
+        # force when it grants, and judges again if a re-apply came in between.
+        policy = self._policy
+        if q.rdclass != dnsmsg.IN or not policy.allowlist.allows(q.name):
             self._denied(q.name, q.type_text, "name not in the allowlist")
             return dnsmsg.answer(q, dnsmsg.NXDOMAIN)
         if q.rdtype not in ADDRESS_TYPES:
@@ -286,7 +301,7 @@ class PolicyResolver:
         # A plain query (header + one question, nothing else) can be answered from the bytes
         # cache next time: same flags, same question bytes -> same answer bytes but the id.
         plain = q.plain and len(data) <= 512
-        return self._answer(q, data[2:] if plain else None)
+        return self._answer(q, data[2:] if plain else None, policy)
 
     def _refusal(self, policy: ResolverPolicy, addr: IPAddress) -> str | None:
         judged_under, refusals = self._refusals
@@ -300,7 +315,7 @@ class PolicyResolver:
         refusals[addr] = why
         return why
 
-    def _answer(self, q: Query, wire_key: bytes | None) -> bytes:
+    def _answer(self, q: Query, wire_key: bytes | None, policy: ResolverPolicy) -> bytes:
         from linpodx.egress import dnsmsg
 
         now = self._clock()
@@ -317,7 +332,6 @@ class PolicyResolver:
                         self._fast.clear()
                     self._fast[wire_key] = (hit.expires - ttl, out[2:])
                 return out
-        policy = self._policy
         sent = dnsmsg.upstream_query(int.from_bytes(os.urandom(2), "big"), q.qname, q.rdtype)
         try:
             resp = self._upstream(sent, policy.upstreams)

@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -245,3 +246,27 @@ def set_text(listing: str, name: str) -> str:
     start = listing.index(f"set {name} {{")
     end = listing.find("\n\t}", start)
     return listing[start:end]
+
+
+def test_thousands_of_addresses_go_in_batches_that_fit(netns_pid: int) -> None:
+    """One message carries a set's elements in one attribute with a 16-bit length (~2,300
+    addresses), and a batch must fit the socket's send buffer: a revoke of thousands of
+    addresses (a long-lived container behind a wildcard) must not fail on either."""
+    load_ruleset(netns_pid, build_ruleset())
+    sets = nfsets.NftSets(netns_path(netns_pid))
+    many: list[Any] = [ipaddress.ip_address(f"10.{i // 256}.{i % 256}.1") for i in range(3000)]
+    many += [ipaddress.ip_address(f"2001:db8::{i:x}") for i in range(3000)]
+    try:
+        sets.add([(a, 600) for a in many])
+        text = listed(netns_pid)
+        assert "10.11.183.1" in set_text(text, "allowed4")  # the 3000th
+        sets.revoke(many)
+        text = listed(netns_pid)
+        assert "elements" not in set_text(text, "allowed4") + set_text(text, "allowed6")
+        assert "10.11.183.1" in set_text(text, "revoked4")
+        assert "2001:db8::bb7" in set_text(text, "revoked6")
+        sets.add([(a, 600) for a in many])  # all granted again
+        text = listed(netns_pid)
+        assert "elements" not in set_text(text, "revoked4") + set_text(text, "revoked6")
+    finally:
+        sets.close()

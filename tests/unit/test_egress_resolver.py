@@ -573,3 +573,58 @@ def test_names_remembered_per_address_are_bounded(monkeypatch: pytest.MonkeyPatc
         assert addrs(ask(r, f"n{i}.example.com")) == ["9.9.8.1"]
     (granted,) = r._granted.values()
     assert len(granted.names) == 2
+
+
+def test_a_swap_between_the_name_check_and_the_lookup_is_judged_under_the_new_policy() -> None:
+    """A re-apply that lands after the name was checked but before the lookup went upstream:
+    the name the new policy forbids must not be granted (the lookup's policy is the one it
+    checked the name under, and the grant compares it with the one in force)."""
+    r, _up, sets, _, _ = make(allow=("crates.io", "*.example.com"))
+    narrowed = ResolverPolicy(Allowlist.from_entries(["crates.io"]), r.policy.upstreams, False)
+    real = r._answer
+
+    def racing(q: Any, key: Any, policy: Any) -> bytes:
+        r.set_policy(narrowed)
+        return real(q, key, policy)
+
+    r._answer = racing  # type: ignore[method-assign]
+    resp = ask(r, "long.example.com")
+    assert resp.rcode() == dns.rcode.NXDOMAIN and addrs(resp) == []
+    assert sets.added == []
+
+
+def test_a_revoked_address_is_not_served_from_the_cache_of_a_name_still_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With more names per address than remembered, a re-apply can revoke an address that a
+    still allowed name also resolves to: that name's cache line goes too, so its next lookup
+    asks upstream and grants the address again."""
+    monkeypatch.setattr(resolver, "NAMES_PER_ADDRESS_MAX", 2)
+    r, up, sets, _, clock = make(allow=("*.example.com", "keep.other.test"))
+    up.table = {f"n{i}.example.com": [(f"n{i}.example.com", "A", 300, "9.9.8.1")] for i in range(2)}
+    up.table["keep.other.test"] = [("keep.other.test", "A", 300, "9.9.8.1")]
+    for name in ("n0.example.com", "n1.example.com", "keep.other.test"):
+        assert addrs(ask(r, name)) == ["9.9.8.1"]
+    keep = ResolverPolicy(Allowlist.from_entries(["keep.other.test"]), r.policy.upstreams, False)
+    assert [str(a) for a in r.set_policy(keep)] == ["9.9.8.1"]
+    granted_before = len(sets.added)
+    clock.t += 10
+    assert addrs(ask(r, "keep.other.test")) == ["9.9.8.1"]
+    assert [a for a, _ in sets.added[granted_before:]] == ["9.9.8.1"]  # granted again
+    assert up.asked[-1] == ("keep.other.test", "A")
+
+
+def test_a_revocation_that_fails_is_tried_again_by_the_next_policy_load() -> None:
+    r, _up, sets, _, _ = make()
+    assert addrs(ask(r, "crates.io")) == ["9.9.9.10"]
+
+    def failing(addrs_: list[Any]) -> None:
+        raise OSError("nf_tables refused the set update")
+
+    r._revoke = failing
+    gone = ResolverPolicy(Allowlist.from_entries(["*.example.com"]), r.policy.upstreams, False)
+    with pytest.raises(OSError):
+        r.set_policy(gone)
+    r._revoke = sets.revoke
+    assert [str(a) for a in r.set_policy(gone)] == ["9.9.9.10"]
+    assert sets.revoked == ["9.9.9.10"]
