@@ -22,15 +22,25 @@ from types import FrameType
 from typing import Any
 
 from linpodx import ids, proc
-from linpodx.errors import EXIT_BUG, InvalidInput, LinpodxError, NotFound, UsageError
+from linpodx.errors import (
+    EXIT_BUG,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    InvalidInput,
+    LinpodxError,
+    NotFound,
+    UsageError,
+)
 from linpodx.mcp.auditlog import GroupCommitChain
 from linpodx.mcp.bridge import Bridge
 from linpodx.mcp.framing import Frame, FrameReader
 
 SERVER_EXIT_GRACE = 5.0
+"""Seconds the server gets to exit after its stdin closes before it is terminated."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM (also for SIGHUP): how a shell reports a process ended by SIGTERM."""
 INTERNAL_ERROR = "internal error"
 """How a session-ending bug in a reader thread starts its reason (exit status EXIT_BUG)."""
-"""Seconds the server gets to exit after its stdin closes before it is terminated."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +54,11 @@ class Target:
 
 def find_container(name: str) -> Target:
     """Look the container up; it must be a running linpodx container with a profile label."""
+    from linpodx.podman.runline import validate_name
     from linpodx.snapshot import journal
 
+    # A name podman could read as an option (`--latest`) is refused before it reaches podman.
+    validate_name(name)
     # Not one that a rollback is replacing, or that a killed rollback left half done.
     journal.check_no_interrupted(name)
     res = proc.run(["podman", "container", "inspect", name], check=False, what="podman inspect")
@@ -95,9 +108,6 @@ def attach(
     log: Callable[[str], None] | None = None,
 ) -> int:
     """Run one bridged session; returns linpodx's exit code (the server's when it ended it)."""
-    from linpodx import containers
-    from linpodx.audit import chain as audit_chain
-
     if not command:
         raise UsageError(
             "no server command given", "usage: linpodx mcp attach --container NAME -- CMD…"
@@ -110,10 +120,50 @@ def attach(
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
 
+    done = threading.Event()
+    why: dict[str, Any] = {}
+
+    def finish(reason: str) -> None:
+        why.setdefault("reason", reason)
+        done.set()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        finish(f"signal {signal.Signals(signum).name}")
+
+    # Caught from the start: a signal that comes once the session is open (even before its
+    # reader threads run) must still end it with its closing record, and one that comes
+    # before ends it the moment it is open.
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _session(container, command, stdin_fd, stdout_fd, say, done, why, finish)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _session(
+    container: str,
+    command: Sequence[str],
+    stdin_fd: int,
+    stdout_fd: int,
+    say: Callable[[str], None],
+    done: threading.Event,
+    why: dict[str, Any],
+    finish: Callable[[str], None],
+) -> int:
+    """`attach` once its signal handlers are in place (they call `finish`)."""
+    from linpodx import containers
+    from linpodx.audit import chain as audit_chain
+
     target = find_container(container)
     # The revision the container was started with (`builtin` is the default profile).
     stored = containers.profile_by_id(target.profile_id)
     profile = stored.profile
+    if done.is_set():  # a signal before the session was opened: it is not opened at all
+        raise LinpodxError(
+            "interrupted",
+            exit_code=EXIT_INTERRUPTED if "SIGINT" in why["reason"] else EXIT_TERMINATED,
+        )
     session_id = ids.new_id("sess")
     # The session's first record is written before anything runs: no record, no session.
     chain, _first = audit_chain.open_session(
@@ -132,7 +182,9 @@ def attach(
     say("bridge: host stdio <-> container stdio")
     say(f"policy: {len(profile.mcp_policy)} rules loaded")
 
-    argv = ["podman", "exec", "-i", target.name, *command]
+    # By the id that was inspected: the container whose labels and revision were checked is
+    # the one the server runs in, even if the name changed hands since.
+    argv = ["podman", "exec", "-i", target.container_id, *command]
     try:
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
     except OSError as exc:
@@ -168,13 +220,6 @@ def attach(
         log=say,
         pipeline=True,
     )
-    done = threading.Event()
-    why: dict[str, Any] = {}
-
-    def finish(reason: str) -> None:
-        why.setdefault("reason", reason)
-        done.set()
-
     def pump(fd: int, on_frame: Callable[[Frame, bool], None], at_eof: str, side: str) -> None:
         # An unexpected exception here is a bug; it must end the session (every pending call
         # denied, the log closed) rather than leave this direction dead and the session hanging.
@@ -193,10 +238,6 @@ def attach(
     def server_loop() -> None:
         pump(server_out, bridge.on_server_frame, "server exited", "server")
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        finish(f"signal {signal.Signals(signum).name}")
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     threads = [
         threading.Thread(target=client_loop, name="client", daemon=True),
         threading.Thread(target=server_loop, name="server", daemon=True),
@@ -205,26 +246,37 @@ def attach(
         t.start()
     closed = False
     try:
-        try:
-            while not done.wait(0.2):
-                pass
-            reason = why["reason"]
-            # Pending approvals are denied first: nothing waits for a person past the session.
-            bridge.shutdown(reason)
-            bridge.settle_client()
-            close_server_input()
-            code = _wait_child(child, SERVER_EXIT_GRACE)
-            threads[1].join(2.0)  # let the last server messages through
-            bridge.drain()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+        while not done.wait(0.2):
+            pass
+        reason = why["reason"]
+        # No request the client sends from now on is acted on (nor recorded): nothing may
+        # follow the session's closing record.
+        bridge.fence("client")
+        # Pending approvals are denied first: nothing waits for a person past the session.
+        bridge.shutdown(reason)
+        bridge.settle_client()
+        close_server_input()
+        status, ended = _wait_child(child, SERVER_EXIT_GRACE)
+        code: int | None = status
+        threads[1].join(2.0)  # let the last server messages through
+        bridge.fence("server")
+        bridge.drain()
+        if ended:
+            # podman exec gives up the moment it is told to (its exit status then says
+            # nothing of the server's), and the process in the container may run on.
+            say(
+                f"bridge: the server did not exit within {SERVER_EXIT_GRACE:g} s of its input "
+                "closing; its podman exec was ended (the process may still run in the container)"
+            )
+            code = None
         if reason.startswith("signal"):
-            exit_code = 130 if "SIGINT" in reason else 143
+            exit_code = EXIT_INTERRUPTED if "SIGINT" in reason else EXIT_TERMINATED
         elif reason.startswith(INTERNAL_ERROR):
             say(f"error: {reason}")
             say("hint: this is a bug in linpodx; the session was ended and is in the audit log")
             exit_code = EXIT_BUG
+        elif code is None:
+            exit_code = EXIT_FAILURE
         else:
             exit_code = code if code >= 0 else 128 - code
         _close(group, audit_chain, session_id, reason, code, bridge.summary(), bridge)
@@ -237,20 +289,22 @@ def attach(
             say(f"error: {group.failure.message}")
             if group.failure.hint:
                 say(f"hint: {group.failure.hint}")
-    say(f"bridge: session {session_id} ended ({reason}; server exit {code})")
+    shown = "unknown" if code is None else code
+    say(f"bridge: session {session_id} ended ({reason}; server exit {shown})")
     return exit_code
 
 
-def _wait_child(child: subprocess.Popen[bytes], grace: float) -> int:
+def _wait_child(child: subprocess.Popen[bytes], grace: float) -> tuple[int, bool]:
+    """The child's exit status, and whether linpodx had to end it (after `grace` seconds)."""
     try:
-        return child.wait(grace)
+        return child.wait(grace), False
     except subprocess.TimeoutExpired:
         child.terminate()
     try:
-        return child.wait(grace)
+        return child.wait(grace), True
     except subprocess.TimeoutExpired:
         child.kill()
-        return child.wait()
+        return child.wait(), True
 
 
 def _close(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -210,6 +211,26 @@ def _short(value: Any) -> Any:
     return value
 
 
+_HEAD_ID = re.compile(
+    rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*'
+    rb'(-?(?:0|[1-9][0-9]{0,15})|"[^"\\\x00-\x1f]{0,128}")\s*,'
+)
+"""A response's id when it is the object's first member, or follows `"jsonrpc":"2.0"` (how
+the SDKs write it): nothing nested comes before it, so it is the top-level id."""
+
+
+def _head_id(head: bytes) -> int | str | None:
+    """The id at the start of an oversize line's first bytes (`_HEAD_ID`), or None."""
+    m = _HEAD_ID.match(head)
+    if m is None:
+        return None
+    token = m.group(1)
+    if token.startswith(b'"'):
+        return token[1:-1].decode("utf-8", "replace")
+    value = int(token)
+    return value if abs(value) <= 2**53 else None
+
+
 def _modern(msg: Message) -> bool:
     """True for a request in the per-request-envelope era (MCP 2026-07-28 and later)."""
     meta = (msg.params or {}).get("_meta")
@@ -289,6 +310,12 @@ class Bridge:
             self._lanes = {d: _Lane(chain, d, log) for d in ("client", "server")}
         self._notices = _Notices(emit, log) if pipeline else None
         self._said: set[str] = set()  # audit errors already said on stderr (`_unrecorded`)
+        # The fence (`fence`): frames of a direction handled at the moment, and the directions
+        # closed to new frames because the session is ending.
+        self._fence_cv = threading.Condition()
+        self._handling: dict[str, int] = {"client": 0, "server": 0}
+        self._fenced: set[str] = set()
+        self.ignored_after_end = 0
 
     # ---- plumbing -------------------------------------------------------------------------
 
@@ -416,10 +443,44 @@ class Bridge:
             out["arguments"] = args
         return out
 
+    # ---- the fence ------------------------------------------------------------------------
+
+    def fence(self, direction: str, timeout: float = 5.0) -> None:
+        """Take no more frames from `direction` ("client" or "server"), and wait (at most
+        `timeout`) for those being handled. The session is ending: a frame that comes later
+        is neither acted on nor recorded (it is counted, `ignored_after_end`), so no record
+        can follow the session's closing one."""
+        deadline = time.monotonic() + timeout
+        with self._fence_cv:
+            self._fenced.add(direction)
+            while self._handling[direction] and time.monotonic() < deadline:
+                self._fence_cv.wait(max(0.0, deadline - time.monotonic()))
+
+    def _enter(self, direction: str) -> bool:
+        with self._fence_cv:
+            if direction in self._fenced:
+                self.ignored_after_end += 1
+                return False
+            self._handling[direction] += 1
+            return True
+
+    def _leave(self, direction: str) -> None:
+        with self._fence_cv:
+            self._handling[direction] -= 1
+            self._fence_cv.notify_all()
+
     # ---- client → server ------------------------------------------------------------------
 
     def on_client_frame(self, frame: Frame, more: bool = False) -> None:
         """Handle one frame the client sent (`more`: further frames are already waiting)."""
+        if not self._enter("client"):
+            return
+        try:
+            self._client_frame(frame, more)
+        finally:
+            self._leave("client")
+
+    def _client_frame(self, frame: Frame, more: bool) -> None:
         self._backlog["client"] = more
         if isinstance(frame, Oversize):
             answer = jsonrpc.error_response(
@@ -750,6 +811,14 @@ class Bridge:
 
     def on_server_frame(self, frame: Frame, more: bool = False) -> None:
         """Handle one frame the server sent (`more`: further frames are already waiting)."""
+        if not self._enter("server"):
+            return
+        try:
+            self._server_frame(frame, more)
+        finally:
+            self._leave("server")
+
+    def _server_frame(self, frame: Frame, more: bool) -> None:
         self._backlog["server"] = more
         if isinstance(frame, Oversize):
             self._invalid(
@@ -760,6 +829,7 @@ class Bridge:
                 lane="server",
             )
             self._log(f"bridge: dropped a {frame.size}-byte line from the server (over the bound)")
+            self._answer_oversize(frame)
             return
         try:
             parsed = jsonrpc.parse(frame.data)
@@ -781,6 +851,26 @@ class Bridge:
                     self._server_message(item)
             return
         self._server_message(parsed)
+
+    def _answer_oversize(self, frame: Oversize) -> None:
+        """The call whose response crossed the bound gets an error instead of no answer at all,
+        when the line's first bytes name a request in flight (see `_head_id`). A server could
+        name another call's id here, but it can answer any call with an error anyway."""
+        msg_id = _head_id(frame.head)
+        key = jsonrpc.id_key(msg_id)
+        with self._lock:
+            entry = self.inflight.get(key) if key is not None else None
+        if entry is None or not entry.forwarded:
+            return
+        error = jsonrpc.error_response(
+            msg_id,
+            jsonrpc.DENIED_BY_POLICY,
+            f"the server's response ({frame.size} bytes) exceeds mcp.max_line_bytes "
+            f"({self.settings.max_line_bytes}); linpodx dropped it",
+        )
+        parsed = jsonrpc.parse(jsonrpc.serialize(error))
+        if isinstance(parsed, Message):
+            self._server_message(parsed)  # recorded and delivered as the server's own error
 
     def _server_message(self, msg: Message) -> None:
         if msg.kind in ("response", "error"):
@@ -955,5 +1045,6 @@ class Bridge:
                 "dropped": s.dropped,
                 "responses": s.responses,
                 "in_flight": len(self.inflight),
+                "ignored_after_end": self.ignored_after_end,
                 "pid": os.getpid(),
             }

@@ -231,3 +231,114 @@ def test_a_session_close_that_cannot_be_recorded_says_what_to_do(
         "hint: check df -h; the session's log then has no closing record "
         "(`linpodx audit verify --session sess_x` says so)",
     ]
+
+
+def _attach_with(
+    monkeypatch: pytest.MonkeyPatch, server: str, feed: Any, before_exec: Any = None
+) -> tuple[int | None, list[str], list[list[str]]]:
+    """attach() with `server` (Python source) standing in for `podman exec -i`, and `feed`
+    writing to its stdin from a thread (it gets the write end and must close it, or not);
+    (exit status, what it said, the argv given to podman)."""
+    import threading
+
+    real_popen = subprocess.Popen
+    argvs: list[list[str]] = []
+
+    def popen(argv: list[str], **kw: Any) -> Any:
+        argvs.append(list(argv))
+        if before_exec is not None:
+            before_exec()
+        return real_popen([sys.executable, "-c", server], **kw)
+
+    monkeypatch.setattr(
+        attach_mod, "find_container", lambda name: attach_mod.Target(name, "c0ffee" * 10, "builtin")
+    )
+    monkeypatch.setattr(attach_mod.subprocess, "Popen", popen)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    def drain_all() -> None:
+        while os.read(out_r, 1 << 20):
+            pass
+
+    drain = threading.Thread(target=drain_all, daemon=True)
+    drain.start()
+    feeder = threading.Thread(target=feed, args=(in_w,), daemon=True)
+    feeder.start()
+    said: list[str] = []
+    code: int | None = None
+    try:
+        code = attach_mod.attach("c", ["server"], stdin_fd=in_r, stdout_fd=out_w, log=said.append)
+    finally:
+        os.close(in_r)
+        os.close(out_w)
+        feeder.join(10)
+        drain.join(10)
+        os.close(out_r)
+    return code, said, argvs
+
+
+def _session_records(said: list[str]) -> list[Any]:
+    sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
+    return audit_chain.read_records(audit_chain.session_path(sid))
+
+
+def test_a_client_still_sending_when_the_session_ends_leaves_no_record_after_its_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server exits while the client floods requests: nothing is recorded after
+    `session.close` (before, `audit verify --session` then reported the chain broken)."""
+    from linpodx.audit.verify import verify_session
+
+    server = "import sys; sys.stdin.readline(); sys.exit(7)"
+
+    def flood(fd: int) -> None:
+        try:
+            while True:
+                os.write(fd, PING * 50)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    for _ in range(3):
+        code, said, _ = _attach_with(monkeypatch, server, flood)
+        assert code == 7
+        records = _session_records(said)
+        assert records[-1].type == "session.close"
+        assert verify_session(records[0].data["session_id"]).ok
+
+
+def test_a_server_that_does_not_exit_is_reported_as_ended_not_as_exit_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(attach_mod, "SERVER_EXIT_GRACE", 0.3)
+    server = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
+    code, said, _ = _attach_with(monkeypatch, server, os.close)
+    assert code == 1
+    assert any("did not exit within 0.3 s of its input closing" in m for m in said)
+    close = _session_records(said)[-1]
+    assert close.type == "session.close" and close.data["server_exit"] is None
+
+
+def test_a_signal_right_after_the_session_opened_still_closes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM as the server is being started (the session is open, its readers not yet):
+    the session ends with its closing record and exit status 143."""
+    import signal
+
+    code, said, argvs = _attach_with(
+        monkeypatch, RESPONDER, os.close, before_exec=lambda: os.kill(os.getpid(), signal.SIGTERM)
+    )
+    assert code == 143
+    close = _session_records(said)[-1]
+    assert close.type == "session.close" and close.data["reason"] == "signal SIGTERM"
+    assert argvs == [["podman", "exec", "-i", "c0ffee" * 10, "server"]]  # by the inspected id
+
+
+@pytest.mark.parametrize("name", ["--latest", "-l", "a b"])
+def test_a_container_name_podman_could_read_as_an_option_is_refused(name: str) -> None:
+    from linpodx.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="invalid container name"):
+        attach_mod.find_container(name)

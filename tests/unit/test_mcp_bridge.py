@@ -343,3 +343,34 @@ def test_unexpected_error_while_waiting_denies(monkeypatch: pytest.MonkeyPatch) 
     assert h.server == [] and "RecursionError" in h.client[0]["result"]["content"][0]["text"]
     decided = [r[1] for r in h.chain.records if r[0] == "approval.decided"]
     assert [d["decision"] for d in decided] == ["deny"]
+
+
+def test_a_fenced_direction_takes_no_more_frames_and_records_nothing() -> None:
+    """Once the session ends, a request the client still sends is neither forwarded nor
+    recorded: nothing may follow the session's closing record."""
+    h = Harness()
+    h.c(call(1, "read_file", path="a"))
+    before = list(h.chain.records)
+    h.bridge.fence("client")
+    h.c(call(2, "read_file", path="b"))
+    h.bridge.fence("server")
+    h.s({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+    assert h.server == [call(1, "read_file", path="a")] and h.client == []
+    assert h.chain.records == before
+    assert h.bridge.summary()["ignored_after_end"] == 2
+
+
+def test_an_oversize_response_is_answered_with_an_error_for_its_call() -> None:
+    """The response line crossed mcp.max_line_bytes and was dropped: the call it answers (its
+    id read from the line's first bytes) gets an error, not silence until the session ends."""
+    h = Harness()
+    h.c(call(6, "read_file", path="big"))
+    h.bridge.on_server_frame(Oversize(6_000_123, b'{"jsonrpc":"2.0","id":6,"result":{"content'))
+    (answer,) = h.client
+    assert answer["id"] == 6 and "exceeds mcp.max_line_bytes" in answer["error"]["message"]
+    types = [(t, r.get("status")) for t, r in h.chain.records]
+    assert types[-2:] == [("mcp.invalid", None), ("mcp.response", "error")]
+    # An id nobody is waiting for, or none to be found, answers nothing.
+    h.bridge.on_server_frame(Oversize(6_000_123, b'{"jsonrpc":"2.0","id":7,"result":{'))
+    h.bridge.on_server_frame(Oversize(6_000_123, b'{"result":{"id":6},"id":6,'))
+    assert len(h.client) == 1
