@@ -456,29 +456,27 @@ class Bridge:
             while self._handling[direction] and time.monotonic() < deadline:
                 self._fence_cv.wait(max(0.0, deadline - time.monotonic()))
 
-    def _enter(self, direction: str) -> bool:
+    def _handle(
+        self, direction: str, handler: Callable[[Frame, bool], None], frame: Frame, more: bool
+    ) -> None:
+        """`handler(frame, more)`, unless `direction` is fenced (then the frame is counted)."""
         with self._fence_cv:
             if direction in self._fenced:
                 self.ignored_after_end += 1
-                return False
+                return
             self._handling[direction] += 1
-            return True
-
-    def _leave(self, direction: str) -> None:
-        with self._fence_cv:
-            self._handling[direction] -= 1
-            self._fence_cv.notify_all()
+        try:
+            handler(frame, more)
+        finally:
+            with self._fence_cv:
+                self._handling[direction] -= 1
+                self._fence_cv.notify_all()
 
     # ---- client → server ------------------------------------------------------------------
 
     def on_client_frame(self, frame: Frame, more: bool = False) -> None:
         """Handle one frame the client sent (`more`: further frames are already waiting)."""
-        if not self._enter("client"):
-            return
-        try:
-            self._client_frame(frame, more)
-        finally:
-            self._leave("client")
+        self._handle("client", self._client_frame, frame, more)
 
     def _client_frame(self, frame: Frame, more: bool) -> None:
         self._backlog["client"] = more
@@ -811,12 +809,7 @@ class Bridge:
 
     def on_server_frame(self, frame: Frame, more: bool = False) -> None:
         """Handle one frame the server sent (`more`: further frames are already waiting)."""
-        if not self._enter("server"):
-            return
-        try:
-            self._server_frame(frame, more)
-        finally:
-            self._leave("server")
+        self._handle("server", self._server_frame, frame, more)
 
     def _server_frame(self, frame: Frame, more: bool) -> None:
         self._backlog["server"] = more
