@@ -31,6 +31,7 @@ from linpodx.errors import (
     NotFound,
     UsageError,
 )
+from linpodx.mcp import reap
 from linpodx.mcp.auditlog import GroupCommitChain
 from linpodx.mcp.bridge import Bridge
 from linpodx.mcp.framing import Frame, FrameReader
@@ -184,7 +185,9 @@ def _session(
 
     # By the id that was inspected: the container whose labels and revision were checked is
     # the one the server runs in, even if the name changed hands since.
-    argv = ["podman", "exec", "-i", target.container_id, *command]
+    # The mark lets linpodx find the server in the container if it has to end it (`reap`).
+    mark = f"{reap.ENV}={session_id}"
+    argv = ["podman", "exec", "-i", "--env", mark, target.container_id, *command]
     try:
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
     except OSError as exc:
@@ -263,10 +266,16 @@ def _session(
         bridge.drain()
         if ended:
             # podman exec gives up the moment it is told to (its exit status then says
-            # nothing of the server's), and the process in the container may run on.
+            # nothing of the server's), and the process in the container runs on: end it.
+            killed = _end_server(target.container_id, session_id, say)
+            how = (
+                f"linpodx killed {killed} of its processes in the container"
+                if killed is not None
+                else "it may still run in the container"
+            )
             say(
                 f"bridge: the server did not exit within {SERVER_EXIT_GRACE:g} s of its input "
-                "closing; its podman exec was ended (the process may still run in the container)"
+                f"closing; its podman exec was ended and {how}"
             )
             code = None
         if reason.startswith("signal"):
@@ -279,7 +288,10 @@ def _session(
             exit_code = EXIT_FAILURE
         else:
             exit_code = code if code >= 0 else 128 - code
-        _close(group, audit_chain, session_id, reason, code, bridge.summary(), bridge)
+        summary = bridge.summary()
+        if ended:
+            summary["server_killed"] = killed  # processes linpodx had to kill (None: could not)
+        _close(group, audit_chain, session_id, reason, code, summary, bridge)
         closed = True  # (_close says itself when it could not record)
     finally:
         # Whatever happened above: every record written (deferred outcomes too) is made durable
@@ -292,6 +304,16 @@ def _session(
     shown = "unknown" if code is None else code
     say(f"bridge: session {session_id} ended ({reason}; server exit {shown})")
     return exit_code
+
+
+def _end_server(container_id: str, session_id: str, say: Callable[[str], None]) -> int | None:
+    """Kill what the server left running in the container (`reap`); how many processes, or
+    None (said on stderr) if that could not be done."""
+    try:
+        return reap.end_left_behind(container_id, session_id)
+    except LinpodxError as exc:
+        say(f"bridge: could not end the server in the container: {exc.message}")
+        return None
 
 
 def _wait_child(child: subprocess.Popen[bytes], grace: float) -> tuple[int, bool]:

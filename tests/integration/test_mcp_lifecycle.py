@@ -110,3 +110,82 @@ def test_container_stop_ends_the_session(tmp_path: Path, unique_name: str) -> No
     assert approvals.status(ev["approval_id"]) == "denied"
     data = _closing(sid)
     assert data["reason"] == "server exited"
+
+
+def _marked_in(name: str) -> list[str]:
+    """Command lines of the container's processes that carry an `mcp attach` session's mark."""
+    res = subprocess.run(
+        [
+            "podman",
+            "exec",
+            name,
+            "sh",
+            "-c",
+            'for e in /proc/[0-9]*/environ; do if tr "\\0" "\\n" <"$e" 2>/dev/null | '
+            'grep -q "^LINPODX_MCP_SESSION="; then tr "\\0" " " <"${e%/environ}/cmdline"; '
+            "echo; fi; done",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return [line for line in res.stdout.splitlines() if line.strip()]
+
+
+def test_a_server_that_ignores_its_input_closing_is_ended_in_the_container(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """The client closes its input, the server (and a child it started) ignore it: linpodx
+    ends its podman exec after the grace period, then kills both processes in the container
+    by the session's mark (rootless through `podman unshare`), says so and records it."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "linpodx",
+            "mcp",
+            "attach",
+            "--container",
+            unique_name,
+            "--",
+            "sh",
+            "-c",
+            "sleep 1000 & exec sleep 1001 </dev/null",
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+    )
+    err = res.stderr.decode()
+    assert res.returncode == 1, err
+    assert res.stdout == b""
+    assert "linpodx killed 2 of its processes in the container" in err, err
+    sid = next(x.split(": ", 1)[1] for x in err.splitlines() if x.startswith("mcp_session_id: "))
+    data = _closing(sid)
+    assert data["server_exit"] is None and data["server_killed"] == 2
+    assert _marked_in(unique_name) == []
+    assert linpodx("audit", "verify", "--session", sid).returncode == 0
+
+
+def test_only_the_sessions_own_processes_are_ended(tmp_path: Path, unique_name: str) -> None:
+    """A process of another session (still running) keeps running when this one is ended."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    other = subprocess.run(
+        ["podman", "exec", "-d", "--env", "LINPODX_MCP_SESSION=sess_other", unique_name,
+         "sleep", "1002"],
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    res = subprocess.run(
+        [sys.executable, "-m", "linpodx", "mcp", "attach", "--container", unique_name, "--",
+         "sleep", "1003"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "linpodx killed 1 of its processes in the container" in res.stderr.decode()
+    assert _marked_in(unique_name) == ["sleep 1002 "]

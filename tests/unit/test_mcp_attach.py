@@ -308,16 +308,53 @@ def test_a_client_still_sending_when_the_session_ends_leaves_no_record_after_its
         assert verify_session(records[0].data["session_id"]).ok
 
 
+@pytest.mark.parametrize("reaped", [2, None])
 def test_a_server_that_does_not_exit_is_reported_as_ended_not_as_exit_0(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, reaped: int | None
 ) -> None:
+    """Its podman exec is ended, then what it left in the container is killed by its mark
+    (here a stand-in for `reap.end_left_behind`); both outcomes are said and recorded."""
+    from linpodx.errors import EngineError
+
+    asked: list[tuple[str, str]] = []
+
+    def end_left_behind(container_id: str, session_id: str) -> int:
+        asked.append((container_id, session_id))
+        if reaped is None:
+            raise EngineError("podman unshare failed")
+        return reaped
+
+    monkeypatch.setattr(attach_mod.reap, "end_left_behind", end_left_behind)
     monkeypatch.setattr(attach_mod, "SERVER_EXIT_GRACE", 0.3)
     server = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
-    code, said, _ = _attach_with(monkeypatch, server, os.close)
+    code, said, argvs = _attach_with(monkeypatch, server, os.close)
     assert code == 1
-    assert any("did not exit within 0.3 s of its input closing" in m for m in said)
     close = _session_records(said)[-1]
+    sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
+    assert asked == [("c0ffee" * 10, sid)]
+    # The server was started with the session's mark, which is how it is found again.
+    assert argvs[0][:5] == ["podman", "exec", "-i", "--env", f"LINPODX_MCP_SESSION={sid}"]
     assert close.type == "session.close" and close.data["server_exit"] is None
+    assert close.data["server_killed"] == reaped
+    ended = [m for m in said if "did not exit within 0.3 s of its input closing" in m]
+    assert len(ended) == 1
+    if reaped is None:
+        assert "it may still run in the container" in ended[0]
+        assert any("could not end the server in the container: podman unshare failed" in m
+                   for m in said)
+    else:
+        assert "linpodx killed 2 of its processes in the container" in ended[0]
+
+
+def test_a_server_that_exits_is_not_looked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    def end_left_behind(container_id: str, session_id: str) -> int:
+        raise AssertionError("no reaping after a server that exited by itself")
+
+    monkeypatch.setattr(attach_mod.reap, "end_left_behind", end_left_behind)
+    code, said, _ = _attach_with(monkeypatch, "import sys; sys.stdin.read(); sys.exit(4)", os.close)
+    assert code == 4
+    close = _session_records(said)[-1]
+    assert close.data["server_exit"] == 4 and "server_killed" not in close.data
 
 
 def test_a_signal_right_after_the_session_opened_still_closes_it(
@@ -333,7 +370,10 @@ def test_a_signal_right_after_the_session_opened_still_closes_it(
     assert code == 143
     close = _session_records(said)[-1]
     assert close.type == "session.close" and close.data["reason"] == "signal SIGTERM"
-    assert argvs == [["podman", "exec", "-i", "c0ffee" * 10, "server"]]  # by the inspected id
+    sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
+    mark = f"LINPODX_MCP_SESSION={sid}"
+    # By the inspected id, marked with the session (see linpodx.mcp.reap).
+    assert argvs == [["podman", "exec", "-i", "--env", mark, "c0ffee" * 10, "server"]]
 
 
 @pytest.mark.parametrize("name", ["--latest", "-l", "a b"])
