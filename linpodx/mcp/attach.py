@@ -264,10 +264,12 @@ def _session(
         threads[1].join(2.0)  # let the last server messages through
         bridge.fence("server")
         bridge.drain()
+        # The end of `podman exec` is not the end of the server: podman gives up the moment
+        # it is told to (then its exit status says nothing of the server's), a Ctrl-C ends it
+        # and not the server, and a server's children may outlive it. Whatever carries the
+        # session's mark in the container is ended now (`reap`).
+        killed = _end_server(target.container_id, session_id, say)
         if ended:
-            # podman exec gives up the moment it is told to (its exit status then says
-            # nothing of the server's), and the process in the container runs on: end it.
-            killed = _end_server(target.container_id, session_id, say)
             how = (
                 f"linpodx killed {killed} of its processes in the container"
                 if killed is not None
@@ -278,6 +280,8 @@ def _session(
                 f"closing; its podman exec was ended and {how}"
             )
             code = None
+        elif killed:
+            say(f"bridge: linpodx killed {killed} processes the server left in the container")
         if reason.startswith("signal"):
             exit_code = EXIT_INTERRUPTED if "SIGINT" in reason else EXIT_TERMINATED
         elif reason.startswith(INTERNAL_ERROR):
@@ -289,8 +293,7 @@ def _session(
         else:
             exit_code = code if code >= 0 else 128 - code
         summary = bridge.summary()
-        if ended:
-            summary["server_killed"] = killed  # processes linpodx had to kill (None: could not)
+        summary["server_killed"] = killed  # processes linpodx had to kill (None: could not)
         _close(group, audit_chain, session_id, reason, code, summary, bridge)
         closed = True  # (_close says itself when it could not record)
     finally:

@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 
-from linpodx.errors import EngineError
+from linpodx.errors import EngineError, NotFound
 
 ENV = "LINPODX_MCP_SESSION"
 ROUNDS = 5
@@ -115,7 +115,13 @@ def end_left_behind(container_id: str, session_id: str) -> int:
     from linpodx.podman import engine
     from linpodx.proc import run, which
 
-    pid = engine.container_pid(container_id)
+    try:
+        info = engine.inspect(container_id)
+    except NotFound:
+        return 0  # gone, and all its processes with it
+    pid = info.get("State", {}).get("Pid", 0)
+    if engine.state(info) != "running" or not isinstance(pid, int) or pid <= 0:
+        return 0  # stopped: nothing of it runs
     if os.geteuid() == 0:
         try:
             killed, left = kill_marked(pid, session_id)

@@ -189,3 +189,37 @@ def test_only_the_sessions_own_processes_are_ended(tmp_path: Path, unique_name: 
     assert res.returncode == 1, res.stderr
     assert "linpodx killed 1 of its processes in the container" in res.stderr.decode()
     assert _marked_in(unique_name) == ["sleep 1002 "]
+
+
+def test_ctrl_c_ends_the_server_in_the_container_too(tmp_path: Path, unique_name: str) -> None:
+    """Ctrl-C reaches linpodx and its podman exec (one process group); podman exec gives up
+    and the server would run on in the container. linpodx ends it and exits 130."""
+    import os
+    import time
+
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "linpodx", "mcp", "attach", "--container", unique_name, "--",
+         "sleep", "1005"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while _marked_in(unique_name) != ["sleep 1005 "]:
+            assert time.monotonic() < deadline, "the server never started"
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(60) == 130
+        assert p.stderr is not None
+        err = p.stderr.read().decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "linpodx killed 1 processes the server left in the container" in err, err
+    sid = next(x.split(": ", 1)[1] for x in err.splitlines() if x.startswith("mcp_session_id: "))
+    data = _closing(sid)
+    assert data["reason"] == "signal SIGINT" and data["server_killed"] == 1
+    assert _marked_in(unique_name) == []

@@ -34,6 +34,7 @@ def fake_podman(monkeypatch: pytest.MonkeyPatch) -> None:
         attach_mod, "find_container", lambda name: attach_mod.Target(name, "0" * 64, "builtin")
     )
     monkeypatch.setattr(attach_mod.subprocess, "Popen", responder)
+    monkeypatch.setattr(attach_mod.reap, "end_left_behind", lambda _cid, _sid: 0)
 
 
 def run(lines: bytes, said: list[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -233,6 +234,9 @@ def test_a_session_close_that_cannot_be_recorded_says_what_to_do(
     ]
 
 
+REAL_END_LEFT_BEHIND = attach_mod.reap.end_left_behind
+
+
 def _attach_with(
     monkeypatch: pytest.MonkeyPatch, server: str, feed: Any, before_exec: Any = None
 ) -> tuple[int | None, list[str], list[list[str]]]:
@@ -254,6 +258,8 @@ def _attach_with(
         attach_mod, "find_container", lambda name: attach_mod.Target(name, "c0ffee" * 10, "builtin")
     )
     monkeypatch.setattr(attach_mod.subprocess, "Popen", popen)
+    if attach_mod.reap.end_left_behind is REAL_END_LEFT_BEHIND:  # (unless the test set one)
+        monkeypatch.setattr(attach_mod.reap, "end_left_behind", lambda _cid, _sid: 0)
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     def drain_all() -> None:
@@ -346,15 +352,26 @@ def test_a_server_that_does_not_exit_is_reported_as_ended_not_as_exit_0(
         assert "linpodx killed 2 of its processes in the container" in ended[0]
 
 
-def test_a_server_that_exits_is_not_looked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("left", [0, 3])
+def test_what_a_server_that_exited_left_behind_is_ended_too(
+    monkeypatch: pytest.MonkeyPatch, left: int
+) -> None:
+    """The server exited (or only its podman exec did, as on Ctrl-C): the container is still
+    searched for the session's processes; none found is the usual case and is not said."""
+    asked: list[str] = []
+
     def end_left_behind(container_id: str, session_id: str) -> int:
-        raise AssertionError("no reaping after a server that exited by itself")
+        asked.append(session_id)
+        return left
 
     monkeypatch.setattr(attach_mod.reap, "end_left_behind", end_left_behind)
     code, said, _ = _attach_with(monkeypatch, "import sys; sys.stdin.read(); sys.exit(4)", os.close)
-    assert code == 4
+    assert code == 4 and len(asked) == 1
     close = _session_records(said)[-1]
-    assert close.data["server_exit"] == 4 and "server_killed" not in close.data
+    assert close.data["server_exit"] == 4 and close.data["server_killed"] == left
+    note = [m for m in said if "processes the server left in the container" in m]
+    assert note == ([f"bridge: linpodx killed {left} processes the server left in the container"]
+                    if left else [])
 
 
 def test_a_signal_right_after_the_session_opened_still_closes_it(
