@@ -965,7 +965,7 @@ def _relay_run(
     cid = seen[0] if seen else engine.read_cid(cidfile)
     if rc < 0:
         forget(spec.name, cid)  # podman itself was killed: the container may still be there
-        return rc
+        return 128 - rc  # as a shell reports it (an exit status cannot be negative)
     if rc != 0 and cid is not None:
         # podman 4.3 interrupted (Ctrl-C) between creating and starting the container exits 1
         # and leaves it behind, created or initialized: its command never ran. Remove it by
@@ -1032,6 +1032,13 @@ def managed_info(name: str) -> dict[str, Any]:
             "linpodx acts only on containers it created (label linpodx.managed=1); "
             "use podman directly",
         )
+    if info.get("Name") != name:
+        # podman also resolves ids and id prefixes; the lock, the run spec and the records go
+        # by name, so acting on an id would lock, record and clean up the wrong name.
+        raise InvalidInput(
+            f"{name} is not a container name (podman resolves it to {info.get('Name')!r})",
+            "give the container's name (`linpodx ps --all` lists them)",
+        )
     return info
 
 
@@ -1077,6 +1084,16 @@ def _start(name: str) -> ContainerInfo:
             f"container {name} has no linpodx run spec: its `linpodx run` did not finish",
             f"remove it with `linpodx rm {name}` and run it again",
         ) from None
+    if spec.get("container_id") != info.get("Id"):
+        # Labels are only labels: anyone with podman can put linpodx's on a container created
+        # with other flags (privileged, the host's network, host paths). Only the container
+        # linpodx's own run created is started, audited and given an egress guard.
+        raise Denied(
+            f"container {name} is not the one linpodx created under that name (its id differs "
+            "from the run spec's)",
+            f"it was created or replaced outside linpodx; remove it with `podman rm {name}` "
+            "and create it again with `linpodx run`",
+        )
     audit(
         "container.start",
         {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},

@@ -23,6 +23,32 @@ EXIT_BUG = 70  # EX_SOFTWARE: an unexpected exception
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, what a shell reports for a command it killed
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived while a command ran (`cli.main` installs the handler that
+    raises it). Like Ctrl-C's KeyboardInterrupt it is not an Exception: it unwinds through the
+    same cleanup (`except BaseException`), so a command killed the polite way leaves nothing
+    half done, as one interrupted by Ctrl-C does. Before, these signals ended linpodx on the
+    spot, e.g. between `podman create` and the start, with the container left behind."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def raise_terminated(signum: int, _frame: object) -> None:
+    """The SIGTERM/SIGHUP handler of every linpodx command (see `Terminated`)."""
+    raise Terminated(signum)
+
+
+def terminated_error(exc: Terminated) -> LinpodxError:
+    """How a `Terminated` is reported: `error: terminated (SIGTERM)`, exit 128 + the signal."""
+    import signal
+
+    return LinpodxError(
+        f"terminated ({signal.Signals(exc.signum).name})", exit_code=128 + exc.signum
+    )
+
+
 class LinpodxError(Exception):
     """Base class: `message` for what happened, `hint` for what to do about it."""
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from linpodx.errors import EXIT_INTERRUPTED, LinpodxError
+from linpodx.errors import EXIT_INTERRUPTED, LinpodxError, Terminated, terminated_error
 from linpodx.output import envelope, print_error, print_json, print_kv
 
 JsonOpt = Annotated[
@@ -43,6 +43,8 @@ def run_command(
             result = fn()
         except KeyboardInterrupt:
             raise LinpodxError("interrupted", exit_code=EXIT_INTERRUPTED) from None
+        except Terminated as exc:
+            raise terminated_error(exc) from None
     except LinpodxError as err:
         if json_mode:
             print_json(envelope(name, error=err))

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
+import signal
 import sys
 
 from linpodx import __version__
-from linpodx.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, LinpodxError
+from linpodx.errors import (
+    EXIT_BUG,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    LinpodxError,
+    Terminated,
+    raise_terminated,
+    terminated_error,
+)
 from linpodx.output import envelope, envelopes_printed, print_error, print_json, safe_text
 
 TYPE_CHECKING = False  # not typing's: `linpodx run` starts here (see linpodx/fastrun.py)
@@ -160,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: list[str]) -> int | LinpodxError:
     """`main` without the `--json` last resort; a failure is returned as the error it is."""
     command = args[0] if args and not args[0].startswith("-") else None
+    # SIGTERM and SIGHUP unwind like Ctrl-C (see `Terminated`); commands that wait on a child
+    # or serve a session put their own handlers in place meanwhile and restore these.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, raise_terminated)
     try:
         if command == "run":
             # typer costs ~0.2 s of start-up; the plain forms of `run` skip it (see runcmd).
@@ -182,6 +196,11 @@ def _main(args: list[str]) -> int | LinpodxError:
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         return EXIT_INTERRUPTED
+    except Terminated as exc:
+        err = terminated_error(exc)
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print_error(err)
+        return err
     except Exception as exc:
         kind = _kind(exc)
         if "NoArgsIsHelpError" in kind:

@@ -293,9 +293,11 @@ def run_inherited(argv: Sequence[str], stop: Callable[[], None] | None = None) -
         raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
     old = spawn.hold_signals(child.send_signal, stop)
     try:
-        return child.wait()
+        rc = old.status(child.wait())
     finally:
         spawn.restore_signals(old)
+    # podman itself ended by a signal: report it as a shell does (not as Python's -N).
+    return 128 - rc if rc < 0 else rc
 
 
 HELD_STDERR_MAX = 1024 * 1024
@@ -438,7 +440,7 @@ def relay_announced(
             raise
         finally:
             release(show=True)
-        rc = child.wait()
+        rc = old.status(child.wait())
         for t in pumps:
             t.join()
         return rc

@@ -121,6 +121,15 @@ class Held:
         self.old = old
         self.fired = fired
         self.ended = ended
+        self.received: list[int] = []
+        """The forwarded signals that arrived, in order."""
+
+    def status(self, rc: int) -> int:
+        """podman's exit status `rc`, unless a forwarded signal arrived and podman still said
+        0: podman 4.3 exits 0 when the signal lands between creating and starting the
+        container (which it leaves behind, never started). Then 128 + the signal, as a shell
+        reports a command its signal ended, so that the caller cleans up as after a failure."""
+        return 128 + self.received[0] if rc == 0 and self.received else rc
 
 
 def hold_signals(send: Callable[[int], None], stop: Callable[[], None] | None = None) -> Held:
@@ -140,6 +149,7 @@ def hold_signals(send: Callable[[int], None], stop: Callable[[], None] | None = 
         ).start()
 
     def on_signal(signum: int, _frame: Any) -> None:
+        held.received.append(signum)
         send(signum)
         if held.fired is not None:
             held.fired.set()

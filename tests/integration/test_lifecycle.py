@@ -251,3 +251,80 @@ def test_signalled_foreground_run_ends_its_container_and_cleans_up(
         assert state.stdout.strip() == "exited"
         assert (spec_dir(unique_name) / "spec.json").is_file()
         assert run_ok("start", unique_name).returncode == 0  # linpodx still knows it
+
+
+def test_start_refuses_a_container_made_outside_linpodx_with_its_labels(unique_name: str) -> None:
+    """A stopped linpodx container is removed and made again with plain podman under the same
+    name and with linpodx's labels (it could have any flags: privileged, the host's network).
+    `linpodx start` refuses it, records no start and leaves it stopped; `linpodx rm` removes
+    it and the name's state."""
+    run_ok("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "sleep", "600")
+    run_ok("stop", "--time", "0", unique_name)
+    podman("rm", unique_name)
+    podman(
+        "create", "--name", unique_name, "--label", "linpodx.managed=1",
+        "--label", "linpodx.profile_id=builtin", "--label", "linpodx.revision=0",
+        "--network", "none", BUSYBOX_IMAGE, "sleep", "600",
+    )  # fmt: skip
+    before = admin_types()
+    res = run_linpodx("start", unique_name)
+    assert res.returncode == 8, res.stderr
+    assert "is not the one linpodx created under that name" in res.stderr
+    assert admin_types() == before
+    state = podman("inspect", "--format", "{{.State.Status}}", unique_name).stdout.strip()
+    assert state in ("created", "configured")
+    run_ok("rm", "-f", unique_name)
+    assert podman("container", "exists", unique_name, check=False).returncode == 1
+
+
+def test_an_id_is_refused_where_a_name_is_expected(unique_name: str) -> None:
+    run_ok("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "sleep", "600")
+    cid = podman("inspect", "--format", "{{.Id}}", unique_name).stdout.strip()
+    before = admin_types()
+    res = run_linpodx("rm", "-f", cid[:12])
+    assert res.returncode == 3, res.stderr
+    assert f"podman resolves it to '{unique_name}'" in res.stderr
+    assert admin_types() == before
+    assert podman("container", "exists", unique_name, check=False).returncode == 0
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.15, 0.3])
+def test_sigterm_while_the_container_is_being_set_up_leaves_nothing_half_made(
+    unique_name: str, tmp_path: Path, delay: float
+) -> None:
+    """SIGTERM lands right after podman created the container, before it started: linpodx
+    unwinds as on Ctrl-C (exit 143, `error: terminated (SIGTERM)` if it was not yet waiting on
+    the container). Whatever the moment, no container is left that never started; before, one
+    was left `created` with its mount gate open, which a plain `podman start` then ran with
+    the profile's host paths mounted unchecked."""
+    project = tmp_path / "project"
+    project.mkdir()
+    prof = tmp_path / "setup.yml"
+    prof.write_text(
+        f"version: 1\nname: setup\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    run_ok("sandbox", "apply", "--profile", str(prof))
+    argv = [*linpodx_argv(), "run", "--profile", "setup", "--image", BUSYBOX_IMAGE,
+            "--name", unique_name, "--", "sleep", "30"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while podman("container", "exists", unique_name, check=False).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert "Traceback" not in err and "internal error" not in err, err
+    info = podman("container", "inspect", "--format", "{{.State.Status}} {{.State.StartedAt}}",
+                  unique_name, check=False)  # fmt: skip
+    if info.returncode == 0:
+        status, started = info.stdout.strip().split(" ", 1)
+        assert status == "exited" and not started.startswith("0001-01-01"), info.stdout

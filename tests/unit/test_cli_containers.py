@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from linpodx import containers, namelock
-from linpodx.errors import EngineError, InvalidInput, NotFound
+from linpodx.errors import Denied, EngineError, InvalidInput, NotFound
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine
 from linpodx.profile.model import Network, Profile
@@ -30,6 +30,7 @@ class FakeEngine:
         self.labels: dict[str, str] = {"linpodx.managed": "1", "linpodx.profile_id": "builtin"}
         self.state = "running"
         self.present: set[str] = {"other"}
+        self.renamed: dict[str, str] = {}  # what podman resolves a given name or id to
 
     def _step(self, what: str, *args: str) -> None:
         self.calls.append((what, *args))
@@ -51,6 +52,7 @@ class FakeEngine:
             self.calls.append(("inspect", name))
             return {
                 "Id": "c0ffee",
+                "Name": self.renamed.get(name, name),
                 "State": {"Status": self.state, "Pid": 42},
                 "Config": {"Labels": dict(self.labels)},
                 "ImageName": "img",
@@ -449,6 +451,44 @@ def test_start_of_a_container_whose_run_was_killed_is_refused_before_its_record(
     assert ei.value.hint == "remove it with `linpodx rm agent-1` and run it again"
     assert len(admin_records()) == records
     assert "start" not in fake.names() and "init" not in fake.names()
+
+
+def test_start_refuses_a_labelled_container_that_its_run_did_not_create(
+    fake: FakeEngine,
+) -> None:
+    """The container was removed and made again outside linpodx with linpodx's labels (any
+    flags: privileged, the host's network): its id is not the run spec's, so it is neither
+    started nor recorded nor given a guard."""
+    containers.run(REQ)
+    doc = containers.load_spec("agent-1")
+    doc["container_id"] = "a" * 64  # what linpodx created; podman now has c0ffee
+    containers.save_spec("agent-1", doc)
+    fake.state = "exited"
+    fake.present.add("agent-1")
+    fake.calls.clear()
+    records = len(admin_records())
+    with pytest.raises(Denied) as ei:
+        containers.start("agent-1")
+    assert "is not the one linpodx created under that name" in ei.value.message
+    assert "podman rm agent-1" in (ei.value.hint or "")
+    assert len(admin_records()) == records
+    assert "start" not in fake.names() and "init" not in fake.names()
+
+
+@pytest.mark.parametrize("command", [("stop",), ("start",), ("rm", "-f"), ("exec",)])
+def test_an_id_is_not_taken_for_a_name(
+    fake: FakeEngine, cli: Any, command: tuple[str, ...]
+) -> None:
+    """podman resolves ids and their prefixes too; linpodx's lock, spec and records go by name,
+    so an id is refused before anything is done or recorded."""
+    fake.renamed["c0ffee"] = "agent-1"
+    fake.present.add("c0ffee")
+    tail = ["--", "true"] if command == ("exec",) else []
+    res = cli(*command, "c0ffee", *tail)
+    assert res.exit_code == 3, res.stderr
+    assert "c0ffee is not a container name (podman resolves it to 'agent-1')" in res.stderr
+    assert admin_records() == []
+    assert [c for c in fake.names() if c != "inspect"] == []
 
 
 def _mounted_ref(source: Path, *, allowlist: tuple[str, ...] = ()) -> containers.ProfileRef:
