@@ -66,6 +66,11 @@ MAX_PROBLEMS = 200
 
 _YAML_CORE = "tag:yaml.org,2002:"
 _ALLOWED_TAGS = {_YAML_CORE + t for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+# YAML 1.2 core schema spellings; the resolver only tags these, but an explicit `!!bool` or
+# `!!null` tag puts any text under them.
+_YAML_TRUE = ("true", "True", "TRUE")
+_YAML_FALSE = ("false", "False", "FALSE")
+_YAML_NULLS = ("", "~", "null", "Null", "NULL")
 
 ALL_CAPS = frozenset(
     """CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
@@ -287,11 +292,41 @@ def read_profile_text(path: Path, display: str | None = None) -> str:
     return text.removeprefix("\ufeff")
 
 
+_DIRECTIVE_AREA = re.compile(r"(?:[ \t\r]*(?:#[^\n]*)?\n|%[^\n]*\n)*")
+_YAML_DIRECTIVE = re.compile(r"^%YAML(?:[ \t]+([^ \t\r\n#]*))?", re.MULTILINE)
+
+
+def _yaml_version_ok(text: str, col: _Collector) -> bool:
+    """Refuse a `%YAML` directive other than 1.2 (checked on the text: ruamel's parser asserts,
+    a traceback, on versions it does not know, and reads `%YAML 1.1` files by YAML 1.1 rules)."""
+    # Directives sit at the start of a line before the document; blank and comment lines may
+    # come between them.
+    area = _DIRECTIVE_AREA.match(text)
+    head = text[: area.end()] if area else ""
+    for m in _YAML_DIRECTIVE.finditer(head):
+        version = m.group(1) or ""
+        if version == "1.2":
+            continue
+        # Under `%YAML 1.1` the same text means other values (`yes` and `on` are true, `0777`
+        # is octal): a reviewer reading the file as YAML 1.2 would misjudge it.
+        line = text.count("\n", 0, m.start()) + 1
+        col.add(
+            (),
+            f"YAML version {show(version)} is not supported: a profile is YAML 1.2",
+            "remove the `%YAML` line (or write `%YAML 1.2`)",
+            pos=(line, 1),
+        )
+        return False
+    return True
+
+
 def _compose(text: str, col: _Collector) -> Node | None:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
     from ruamel.yaml.events import CollectionEndEvent, CollectionStartEvent
 
+    if not _yaml_version_ok(text, col):
+        return None
     # The safe (not round-trip) parser: we need positions, not comments, and it is faster.
     yaml = YAML(typ="safe", pure=True)
     try:
@@ -525,9 +560,23 @@ class _Converter:
                 self.col.suppressed.add(path)
             return value
         if kind == "null":
+            if text not in _YAML_NULLS:
+                # `!!null delete_file` would turn a rule for one tool into one for every tool.
+                self.col.add(path, f"{show(text)} tagged !!null is not a YAML null",
+                             "write `null` or `~`, without a tag", pos=pos)
+                self.col.suppressed.add(path)
             return None
         if kind == "bool":
-            return text.lower() == "true"
+            # Only YAML 1.2's spellings: `!!bool yes` or `!!bool "1"` must not quietly mean
+            # false (a read-only mount made writable). Anything else is refused (fail closed).
+            if text in _YAML_TRUE:
+                return True
+            if text in _YAML_FALSE:
+                return False
+            self.col.add(path, f"{show(text)} tagged !!bool is not a YAML boolean",
+                         "write true or false, without a tag", pos=pos)
+            self.col.suppressed.add(path)
+            return None
         if kind == "int":
             digits = text.replace("_", "")
             for base in (0, 10):

@@ -556,6 +556,42 @@ def test_read_only_yes_is_refused_with_a_hint(tmp_path: Path) -> None:
     assert "write true or false" in (exc.value.hint or "")
 
 
+@pytest.mark.parametrize("text", ["yes", "on", "'1'", '"false "', "y", "1"])
+def test_bool_tag_takes_only_yaml_1_2_spellings(tmp_path: Path, text: str) -> None:
+    # `!!bool yes` used to load as false: a read-only mount made writable (fail-open).
+    probs = refused(write(tmp_path, f"name: a\nmounts: [{{source: /x, target: /y, "
+                                    f"read_only: !!bool {text}}}]\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:46: mounts[0].read_only:",
+                   "tagged !!bool is not a YAML boolean")
+    assert not any("got null" in p for p in probs), probs
+
+
+@pytest.mark.parametrize(("text", "value"), [("TRUE", True), ("True", True), ("False", False)])
+def test_bool_tag_with_a_core_spelling_loads(text: str, value: bool) -> None:
+    p = load_text(f"name: a\nnetwork: {{allow_private_answers: !!bool {text}}}\n", "t.yml")
+    assert p.network.allow_private_answers is value
+
+
+def test_null_tag_takes_only_null_spellings(tmp_path: Path) -> None:
+    # `tool_name: !!null delete_file` would be a rule for every tool.
+    probs = refused(write(tmp_path, "name: a\nmcp_policy:\n  - {method: tools/call, "
+                                    "tool_name: !!null delete_file, decision: auto_allow}\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:37: mcp_policy[0].tool_name:",
+                   "tagged !!null is not a YAML null")
+    p = load_text("name: a\nmcp_policy: [{method: x, tool_name: !!null '', decision: deny}]\n")
+    assert p.mcp_policy[0].tool_name is None
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0", "1.3", "2.0", "1.2.0", ""])
+def test_yaml_versions_other_than_1_2_are_refused(tmp_path: Path, version: str) -> None:
+    # Under %YAML 1.1 `yes` is true and `0777` octal: the file means what a reader would not.
+    probs = refused(write(tmp_path, f"# c\n%YAML {version}\n---\nname: a\n"
+                                    "mounts: [{source: /x, target: /y, read_only: yes}]\n"))
+    assert probs == [f"{tmp_path / 'p.yml'}:2:1: YAML version \"{version}\" is not supported: a "
+                     "profile is YAML 1.2"]
+    assert load_text("%YAML 1.2\n---\nname: a\n", "t.yml").name == "a"
+
+
 def test_not_a_regular_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as exc:
         load_file(tmp_path)
