@@ -20,7 +20,7 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,6 +138,12 @@ def format_path(path: Sequence[str | int]) -> str:
     return safe_text(out, 200)
 
 
+_VALIDATOR_RULES = b"\n# pattern: $ is \\Z\n"
+"""How `_validator` departs from plain Draft 2020-12, as part of `schema_digest`: change it
+when a rule changes, so that revisions stored under the old rule get the schema pass again
+(a `tool_name` of `"delete_file\\n"` passed the old `pattern` check; see `_anchored`)."""
+
+
 @functools.cache
 def schema() -> dict[str, Any]:
     """The profile JSON Schema shipped as package data."""
@@ -150,9 +156,10 @@ def schema() -> dict[str, Any]:
 
 @functools.cache
 def schema_digest() -> str:
-    """sha256 of the schema file: names the schema a stored revision was validated against."""
+    """sha256 of the schema file and of `_VALIDATOR_RULES`: names the schema (as this loader
+    applies it) a stored revision was validated against."""
     data = Path(__file__).with_name("schema.json").read_bytes()
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return "sha256:" + hashlib.sha256(data + _VALIDATOR_RULES).hexdigest()
 
 
 def _is_integer(_checker: object, instance: object) -> bool:
@@ -160,8 +167,33 @@ def _is_integer(_checker: object, instance: object) -> bool:
 
 
 @functools.cache
+def _anchored(pattern: str) -> re.Pattern[str]:
+    """`pattern` with a final `$` meaning the end of the string (`\\Z`).
+
+    JSON Schema's regexes are ECMA-262's, where `$` is the end of the string; Python's `$` also
+    matches before a trailing newline, so `^[!-~]{1,256}$` let `"delete_file\\n"` through: a
+    `deny` rule that never matched, a memory limit that crashed the loader, a name the store
+    could not use.
+    """
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.compile(pattern)
+
+
+def _pattern(
+    validator: Any, pattern: str, instance: Any, _schema: Any
+) -> Iterator[ValidationError]:
+    """The `pattern` keyword, with `$` anchored at the very end (see `_anchored`)."""
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not _anchored(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+@functools.cache
 def _validator() -> Draft202012Validator:
-    """The schema's validator, with `integer` meaning a YAML/JSON integer only.
+    """The schema's validator, with `integer` meaning a YAML/JSON integer only and `$` in a
+    `pattern` meaning the end of the string (`_anchored`).
 
     Draft 2020-12 counts `1.0` and `1e3` as integers; the store then refuses them (floats have
     no canonical form), so `validate` would say OK to a profile `apply` refuses. Written as
@@ -172,7 +204,7 @@ def _validator() -> Draft202012Validator:
 
     Draft202012Validator.check_schema(schema())
     checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer)
-    strict = extend(Draft202012Validator, type_checker=checker)
+    strict = extend(Draft202012Validator, {"pattern": _pattern}, type_checker=checker)
     return strict(schema())
 
 
@@ -848,7 +880,11 @@ def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     return addr.compressed, None
 
 
-def _memory_bytes(value: str) -> int:
+def _memory_bytes(value: str) -> int | None:
+    """Bytes of a `512m` form, None for anything else (the schema refuses it first, except for
+    a stored revision, whose schema pass may be skipped)."""
+    if not re.fullmatch(r"[1-9][0-9]{0,9}[kmgKMG]", value):
+        return None
     return int(value[:-1]) * {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[value[-1].lower()]
 
 
@@ -1002,7 +1038,10 @@ class _Semantics:
         mem = res.get("memory")
         if isinstance(mem, str) and self.ok(("resources", "memory")):
             n = _memory_bytes(mem)
-            if not (6 << 20) <= n <= (1024 << 30):
+            if n is None:
+                self.col.add(("resources", "memory"), f"{show(mem)} is not a memory size",
+                             _PATTERN_HINTS["memory"])
+            elif not (6 << 20) <= n <= (1024 << 30):
                 self.col.add(("resources", "memory"), f"{show(mem)} is out of range: must be "
                              "between 6m and 1024g")
             else:

@@ -95,6 +95,19 @@ HOSTILE = [
      "2:45: mcp_policy[0].decision: \"yes\" is not one of: auto_allow, prompt, deny"),
     ("name: a\naudit: {hash_chain: false}\n",
      "2:21: audit.hash_chain: hash_chain: false is refused"),
+    ("%YAML 1.1\n---\nname: a\nmounts: [{source: /x, target: /y, read_only: yes}]\n",
+     "1:1: YAML version \"1.1\" is not supported"),
+    ("name: a\nmounts:\n  - read_only: !!bool yes\n    source: ${HOME}/demo-project\n"
+     "    target: /y\n", "3:16: mounts[0].read_only: \"yes\" tagged !!bool is not a YAML boolean"),
+    # A folded scalar ends in a newline: this deny rule never matched and the next rule won.
+    ("name: a\nmcp_policy:\n  - method: tools/call\n    tool_name: >\n      delete_file\n"
+     "    decision: deny\n  - {method: tools/call, decision: auto_allow}\n",
+     "4:16: mcp_policy[0].tool_name: \"delete_file\\n\" is not valid here"),
+    ("name: a\nresources: {memory: \"2g\\n\"}\n",
+     "2:21: resources.memory: \"2g\\n\" is not valid here"),
+    ("name: \"abc\\n\"\n", "1:7: name: \"abc\\n\" is not valid here"),
+    ("name: a\nenv: {\"X\\n\": v}\n",
+     "2:7: env[\"X\\n\"]: \"X\\n\" is not a valid environment variable name"),
 ]
 
 
@@ -114,6 +127,8 @@ def test_validate_and_apply_refuse_hostile_profiles(
         assert all(line.startswith(("error: ", "hint: ")) for line in lines)
         assert "Traceback" not in r.stderr
         assert nothing_stored()
+        base = paths.profiles_dir()
+        assert not base.exists() or not [p for p in base.rglob("*") if p.is_dir()]
 
 
 def test_validate_failure_json_is_one_document(cli: Cli, tmp_path: Path) -> None:

@@ -592,6 +592,72 @@ def test_yaml_versions_other_than_1_2_are_refused(tmp_path: Path, version: str) 
     assert load_text("%YAML 1.2\n---\nname: a\n", "t.yml").name == "a"
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('name: "abc\\n"\n', "1:7: name:"),
+        ('name: a\nresources: {memory: "2g\\n"}\n', "2:21: resources.memory:"),
+        ('name: a\nresources: {cpus: "2\\n"}\n', "2:19: resources.cpus:"),
+        ('name: a\nmcp_policy: [{method: "tools/call\\n", decision: deny}]\n',
+         "2:23: mcp_policy[0].method:"),
+        ("name: a\nmcp_policy:\n- method: tools/call\n  tool_name: |\n    delete_file\n"
+         "  decision: deny\n", "4:14: mcp_policy[0].tool_name:"),
+        ('name: a\nmcp: {allow_server_requests: ["sampling/createMessage\\n"]}\n',
+         "2:31: mcp.allow_server_requests[0]:"),
+        ('name: a\ncap_add: ["CHOWN\\n"]\n', "2:11: cap_add[0]:"),
+    ],
+)
+def test_pattern_dollar_does_not_match_before_a_trailing_newline(
+    tmp_path: Path, text: str, where: str
+) -> None:
+    # Python's `$` matches before a final newline; JSON Schema's (ECMA-262) does not.
+    probs = refused(write(tmp_path, text))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:{where}", "is not valid here (must match")
+
+
+def test_env_name_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, 'name: a\nenv: {"X\\n": v}\n'))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:7: env[", "not a valid environment variable")
+
+
+def test_every_schema_pattern_is_anchored_at_the_very_end() -> None:
+    def walk(node: object) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+            return found + [p for v in node.values() for p in walk(v)]
+        if isinstance(node, list):
+            return [p for v in node for p in walk(v)]
+        return []
+
+    patterns = walk(loader.schema())
+    assert len(patterns) >= 8
+    for pattern in patterns:
+        assert pattern.startswith("^") and pattern.endswith("$"), pattern
+        assert loader._anchored(pattern).pattern.endswith(r"\Z")
+
+
+def test_a_revision_stored_under_the_old_pattern_rule_is_checked_again() -> None:
+    import hashlib
+
+    good = load_text("name: a\nmcp_policy: [{method: tools/call, tool_name: x, decision: deny}]\n")
+    data = good.to_dict()
+    data["mcp_policy"][0]["tool_name"] = "delete_file\n"
+    old = "sha256:" + hashlib.sha256(
+        (REPO / "linpodx" / "profile" / "schema.json").read_bytes()
+    ).hexdigest()
+    with pytest.raises(ProfileError) as exc:
+        profile_from_dict(data, "rev.json", validated_with=old)
+    assert any("mcp_policy[0].tool_name" in p for p in exc.value.problems), exc.value.problems
+
+
+def test_memory_that_is_not_a_size_is_refused_without_the_schema() -> None:
+    data = load_text("name: a\n").to_dict()
+    data["resources"]["memory"] = "2g\n"
+    with pytest.raises(ProfileError) as exc:
+        profile_from_dict(data, "rev.json", validated_with=loader.schema_digest())
+    assert any("is not a memory size" in p for p in exc.value.problems), exc.value.problems
+
+
 def test_not_a_regular_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as exc:
         load_file(tmp_path)
