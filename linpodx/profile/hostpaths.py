@@ -43,6 +43,7 @@ _HOME_SECRETS = (
     ".config/gh",
     ".local/share/containers",
     ".local/share/keyrings",
+    ".local/state/linpodx",
 )
 _SYSTEM_TREES = (
     "/etc",

@@ -212,6 +212,42 @@ def test_linpodx_state_dir_is_refused(home: Path, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("elsewhere", ["LINPODX_STATE_DIR", "XDG_STATE_HOME"])
+def test_default_state_dir_is_refused_while_another_is_in_use(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, elsewhere: str
+) -> None:
+    # The person's own state (audit logs, approvals) stays where it was when a profile is
+    # applied with the state dir pointed elsewhere.
+    monkeypatch.delenv("XDG_STATE_HOME")
+    default = home / ".local" / "state" / "linpodx"
+    default.mkdir(parents=True)
+    monkeypatch.setenv(elsewhere, str(tmp_path / "other"))
+    assert paths.state_root() != str(default)
+    probs = refused(write(tmp_path, mount_profile(str(default))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {default}")
+
+
+def test_xdg_state_dir_is_refused_while_an_override_is_in_use(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    xdg = tmp_path / "xdg-state"
+    (xdg / "linpodx").mkdir(parents=True)
+    monkeypatch.setenv("XDG_STATE_HOME", str(xdg))
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(tmp_path / "override"))
+    probs = refused(write(tmp_path, mount_profile(str(xdg / "linpodx"))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {xdg / 'linpodx'}")
+    assert str(tmp_path / "override") in paths.protected_roots()
+
+
+def test_another_homes_state_dir_is_a_home_secret() -> None:
+    from linpodx.profile import hostpaths
+
+    trees, _exact = hostpaths.sensitive_paths()
+    assert "/root/.local/state/linpodx" in trees
+
+
 def test_relative_source_is_refused(tmp_path: Path) -> None:
     probs = refused(write(tmp_path, mount_profile("project/src")))
     assert_problem(
