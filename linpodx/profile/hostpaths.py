@@ -76,9 +76,40 @@ def show(value: Any) -> str:
 
 def _home_dirs() -> list[str]:
     homes = []
-    for h in (os.environ.get("HOME", ""), _passwd_home(), "/root"):
-        if h and os.path.isabs(h) and h not in homes:
-            homes.append(posixpath.normpath(h))
+    candidates = [os.environ.get("HOME", ""), _passwd_home(), "/root"]
+    if os.geteuid() == 0:
+        # Root can read every other account's home: those homes (and their secrets) are as
+        # sensitive as our own.
+        candidates.extend(_other_homes())
+    for h in candidates:
+        if h and os.path.isabs(h):
+            h = posixpath.normpath(h)
+            if h not in homes:
+                homes.append(h)
+    return homes
+
+
+_REGULAR_UID_MIN = 1000
+"""Lowest uid of people's accounts (shadow's default UID_MIN)."""
+
+
+def _other_homes() -> list[str]:
+    """Homes of every passwd account: real directories owned by the account, or named by a
+    regular account. Not the directories system accounts merely name as home (`/usr/sbin` for
+    daemon, `/bin`, `/dev`, `/`): treating those as homes would refuse `/usr` and the like."""
+    homes = []
+    for pw in pwd.getpwall():
+        home = pw.pw_dir
+        if not home or not os.path.isabs(home) or posixpath.normpath(home) == "/":
+            continue
+        try:
+            st = os.stat(home)
+        except OSError:
+            continue  # `/nonexistent` and the like: nothing there to protect
+        if stat.S_ISDIR(st.st_mode) and (
+            st.st_uid == pw.pw_uid or pw.pw_uid >= _REGULAR_UID_MIN
+        ):
+            homes.append(home)
     return homes
 
 

@@ -248,6 +248,59 @@ def test_another_homes_state_dir_is_a_home_secret() -> None:
     assert "/root/.local/state/linpodx" in trees
 
 
+def _accounts(tmp_path: Path) -> list[object]:
+    import pwd
+
+    other = tmp_path / "other-home"
+    (other / ".local" / "share" / "containers").mkdir(parents=True)
+    (other / "project").mkdir()
+    system = tmp_path / "usr-sbin"  # a system account's "home" it does not own
+    system.mkdir()
+    uid = os.getuid()
+    return [
+        pwd.struct_passwd(("person", "x", uid, uid, "", str(other), "/bin/sh")),
+        pwd.struct_passwd(("daemon", "x", uid + 1 if uid < 999 else 1, 1, "", str(system),
+                           "/usr/sbin/nologin")),
+        pwd.struct_passwd(("gone", "x", 1002, 1002, "", "/nonexistent/x", "/bin/sh")),
+    ]
+
+
+def test_as_root_other_homes_and_their_secrets_are_refused(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pwd
+
+    from linpodx.profile import hostpaths
+
+    accounts = _accounts(tmp_path)
+    monkeypatch.setattr(pwd, "getpwall", lambda: accounts)
+    monkeypatch.setattr(hostpaths.os, "geteuid", lambda: 0)
+    other = tmp_path / "other-home"
+    probs = refused(write(tmp_path, mount_profile(str(other))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"contains the sensitive path {other}/.ssh")
+    store = other / ".local" / "share" / "containers"
+    probs = refused(write(tmp_path, mount_profile(str(store))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {store}")
+    # A project inside it is fine, as in one's own home; so is a system account's "home".
+    assert load_text(mount_profile(str(other / "project")), "t.yml").mounts
+    assert load_text(mount_profile(str(tmp_path / "usr-sbin")), "t.yml").mounts
+
+
+def test_other_homes_are_not_looked_up_without_root(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pwd
+
+    from linpodx.profile import hostpaths
+
+    accounts = _accounts(tmp_path)
+    monkeypatch.setattr(pwd, "getpwall", lambda: accounts)
+    monkeypatch.setattr(hostpaths.os, "geteuid", lambda: 1000)
+    assert str(tmp_path / "other-home") not in hostpaths._home_dirs()
+
+
 def test_relative_source_is_refused(tmp_path: Path) -> None:
     probs = refused(write(tmp_path, mount_profile("project/src")))
     assert_problem(
