@@ -62,7 +62,10 @@ _SYSTEM_TREES = (
 )
 # Refused only as the whole thing: subdirectories are fine (`/root/project` when HOME=/root).
 _SYSTEM_EXACT = ("/", "/root", "/home")
-PATH_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f:,]")
+# podman reads `--mount` as one CSV record (Go's encoding/csv: `,` splits, a bare `"` is an
+# error) and `-v` splits on `:`; control characters have no place in a path we print.
+PATH_FORBIDDEN = re.compile(r'[\x00-\x1f\x7f:,"]')
+FORBIDDEN_TEXT = 'control characters, `:`, `,` or `"`'
 
 
 def show(value: Any) -> str:
@@ -184,6 +187,9 @@ def check_mount_source(source: str) -> tuple[str | None, str | None, str | None]
         return None, *_changed(source)
 
 
+_FORBIDDEN_HINT = "podman's mount syntax uses these characters; rename or move the directory"
+
+
 def _changed(source: str) -> tuple[str, str]:
     return f"mount source {show(source)} changed while it was being checked", (
         "something replaced it (or a directory on its path) just now; if that keeps "
@@ -193,9 +199,7 @@ def _changed(source: str) -> tuple[str, str]:
 
 def _check_mount_source(source: str) -> tuple[str | None, str | None, str | None]:
     if PATH_FORBIDDEN.search(source):
-        return None, "mount source must not contain control characters, `:` or `,`", (
-            "podman's mount syntax uses `:` and `,`; rename or move the directory"
-        )
+        return None, f"mount source must not contain {FORBIDDEN_TEXT}", _FORBIDDEN_HINT
     if not os.path.isabs(source):
         return None, f"mount source {show(source)} must be an absolute path", (
             "write the full path, e.g. `${HOME}/project`"
@@ -222,6 +226,13 @@ def _check_mount_source(source: str) -> tuple[str | None, str | None, str | None
             "mount the project subdirectory instead, never a sensitive path or a directory "
             "that contains one"
         )
+    if PATH_FORBIDDEN.search(resolved):
+        # The written path was fine but a symlink on it leads to one podman cannot be given:
+        # stored, it would make every run fail.
+        return None, (
+            f"mount source {show(source)} resolves to {show(resolved)}, which contains "
+            f"{FORBIDDEN_TEXT}"
+        ), _FORBIDDEN_HINT
     try:
         st = os.stat(resolved)
     except OSError as exc:

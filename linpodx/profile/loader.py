@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 from linpodx.canonical import CanonicalError, canonical_bytes
 from linpodx.errors import ProfileError
 from linpodx.output import safe_text
-from linpodx.profile.hostpaths import PATH_FORBIDDEN, check_mount_source, has_dotdot, inside, show
+from linpodx.profile.hostpaths import (
+    FORBIDDEN_TEXT,
+    PATH_FORBIDDEN,
+    check_mount_source,
+    has_dotdot,
+    inside,
+    show,
+)
 from linpodx.profile.model import (
     SCHEMA_VERSION,
     Audit,
@@ -784,7 +791,9 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
 def check_mount_target(target: str) -> tuple[str | None, str | None]:
     """(problem, hint) for a container path, or (None, None)."""
     if PATH_FORBIDDEN.search(target):
-        return "mount target must not contain control characters, `:` or `,`", None
+        return f"mount target must not contain {FORBIDDEN_TEXT}", (
+            "podman's mount syntax uses these characters; choose another container path"
+        )
     if not target.startswith("/"):
         return f"mount target {show(target)} must be an absolute path", "e.g. `/workspace`"
     if has_dotdot(target):

@@ -220,6 +220,8 @@ def test_refuses_bad_name_and_image(field: str, value: str) -> None:
         Profile(name="p", cap_add=("sys_admin",)),
         Profile(name="p", mounts=(Mount(source="/a,b", target="/x"),)),
         Profile(name="p", mounts=(Mount(source="/a", target="/x,ro=false"),)),
+        Profile(name="p", mounts=(Mount(source='/a"b', target="/x"),)),
+        Profile(name="p", mounts=(Mount(source="/a", target='/w"x'),)),
         Profile(name="p", mounts=(Mount(source="relative", target="/x"),)),
         Profile(name="p", resources=Resources(memory="2g; rm -rf /")),
         Profile(name="p", resources=Resources(cpus="-1")),

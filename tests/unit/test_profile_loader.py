@@ -321,7 +321,28 @@ def test_missing_source_is_refused(home: Path, tmp_path: Path) -> None:
 def test_colon_and_comma_in_source_are_refused(home: Path, tmp_path: Path) -> None:
     (home / "a,b").mkdir()
     probs = refused(write(tmp_path, mount_profile("'${HOME}/a,b'")))
-    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "`:` or `,`")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "`:`, `,` or `\"`")
+
+
+@pytest.mark.parametrize("name", ["a,b=c", "x:y", "nl\ndir", 'q"x', "tab\tdir"])
+def test_source_resolving_to_a_path_podman_cannot_take_is_refused(
+    home: Path, tmp_path: Path, name: str
+) -> None:
+    # Written without the character, resolved through a symlink with it: stored, every run
+    # failed.
+    (home / name).mkdir()
+    (home / "link").symlink_to(home / name)
+    probs = refused(write(tmp_path, mount_profile("${HOME}/link")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   "which contains control characters, `:`, `,` or `\"`")
+
+
+def test_double_quote_in_source_or_target_is_refused(home: Path, tmp_path: Path) -> None:
+    # podman parses --mount as CSV: a bare `"` makes every run fail.
+    (home / 'q"x').mkdir()
+    probs = refused(write(tmp_path, mount_profile("'${HOME}/q\"x'", "'/w\"x'")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "`,` or `\"`")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:5:13: mounts[0].target:", "`,` or `\"`")
 
 
 def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
