@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from linpodx.canonical import CanonicalError, canonical_bytes
 from linpodx.errors import ProfileError
 from linpodx.output import safe_text
+from linpodx.podman.runline import HOME_DIR
 from linpodx.profile.hostpaths import (
     FORBIDDEN_TEXT,
     PATH_FORBIDDEN,
@@ -98,10 +99,15 @@ DANGEROUS_CAPS = frozenset(
 
 # Targets linpodx (or podman) manages itself, or that would hand the container the kernel.
 # `/run` and `/run/linpodx` would hold the mount gate (linpodx.podman.mountpin): runc would
-# make its mount point inside the person's directory.
+# make its mount point inside the person's directory. `$HOME` (`/home/agent`) is linpodx's: a
+# tmpfs for `--rm` containers (a second mount there is a duplicate destination, every run
+# fails), made by `podman cp` (which chowns) for the others; over `/home` the tmpfs's mount
+# point, or the copied `$HOME`, would land in the person's directory. Paths inside `$HOME` are
+# fine: they are mounted over it.
 _TARGET_TREES = ("/proc", "/sys", "/dev", "/run/linpodx")
 _TARGET_EXACT = (
-    "/", "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/run", "/run/.containerenv"
+    "/", "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/run", "/run/.containerenv",
+    posixpath.dirname(HOME_DIR), HOME_DIR,
 )  # fmt: skip
 
 _HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")

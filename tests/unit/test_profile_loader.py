@@ -377,6 +377,10 @@ def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
         ("/run", "linpodx manages it"),
         ("/run/linpodx", "is over /run/linpodx"),
         ("/run/linpodx/mount-gate", "is over /run/linpodx"),
+        # linpodx's $HOME: a tmpfs in --rm containers (a second mount there is a duplicate
+        # destination), and its parent (the tmpfs's mount point would be made in the host path).
+        ("/home/agent", "linpodx manages it"),
+        ("/home", "linpodx manages it"),
         ("workspace", "must be an absolute path"),
         ("/w/../proc", "must not contain `..`"),
         ("/w/./x", "is not normalized"),
@@ -385,6 +389,11 @@ def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
 def test_bad_targets_are_refused(home: Path, tmp_path: Path, target: str, fragment: str) -> None:
     probs = refused(write(tmp_path, mount_profile("${HOME}/project", target)))
     assert_problem(probs, f"{tmp_path / 'p.yml'}:5:13: mounts[0].target:", fragment)
+
+
+def test_target_inside_the_container_home_is_allowed(home: Path) -> None:
+    p = load_text(mount_profile("${HOME}/project", "/home/agent/work"), "t.yml")
+    assert p.mounts[0].target == "/home/agent/work"
 
 
 def test_duplicate_targets_are_refused(home: Path, tmp_path: Path) -> None:
