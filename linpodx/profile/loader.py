@@ -825,6 +825,10 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
     """(normalized, problem) for an allowlist entry."""
     import ipaddress
 
+    if not raw.isascii():
+        # Before lower-casing: str.lower maps some non-ASCII letters to ASCII (the Kelvin sign
+        # U+212A becomes `k`), which would allow a name other than the one written.
+        return None, f"{show(raw)} is not ASCII; write the name in its `xn--` (IDNA) form"
     name = raw.lower()
     if name.endswith(".") and not name.endswith(".."):
         name = name[:-1]
@@ -836,8 +840,6 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
         pass
     else:
         return None, f"{show(raw)} is an IP address; only DNS names can be allowed"
-    if not name.isascii():
-        return None, f"{show(raw)} is not ASCII; write the name in its `xn--` (IDNA) form"
     wildcard = name.startswith("*.")
     body = name[2:] if wildcard else name
     if "*" in body:

@@ -858,6 +858,9 @@ def test_keys_are_not_expanded(tmp_path: Path) -> None:
         ("a" * 64 + ".com", "longer than 63"),
         (".".join(["a" * 63] * 3 + ["a" * 62]), "longer than 253"),
         ("bücher.de", "xn--"),
+        # Lower-cased, the Kelvin sign is `k`: checked for ASCII before lower-casing.
+        ("\u212aexample.com", "is not ASCII"),
+        ("*.\u0130stanbul.example", "is not ASCII"),
         ("example.123", "IP address"),
     ],
 )
