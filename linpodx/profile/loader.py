@@ -874,6 +874,13 @@ def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     """(normalized `IP` / `IP:PORT` / `[V6]:PORT`, problem)."""
     import ipaddress
 
+    if "%" in raw:
+        # ipaddress takes `fe80::1%eth0` (and `%` followed by anything, spaces too): an
+        # interface name is host-specific, and the resolver's address form has no place for it.
+        return None, (
+            f"{show(raw)}: IPv6 zone ids (`%eth0`) are not allowed; give an address reachable "
+            "without one"
+        )
     host, port = raw, None
     m = re.fullmatch(r"\[([^\]]+)\](?::([0-9]{1,5}))?", raw)
     if m:

@@ -938,3 +938,11 @@ def test_bad_resolvers_are_refused(tmp_path: Path) -> None:
     assert_problem(probs, f"{tmp_path / 'p.yml'}:3:18: network.upstream_dns[0]:", "port")
     assert_problem(probs, f"{tmp_path / 'p.yml'}:3:33: network.upstream_dns[1]:", "is not `IP`")
     assert_problem(probs, f"{tmp_path / 'p.yml'}:3:48: network.upstream_dns[2]:", "is not `IP`")
+
+
+@pytest.mark.parametrize("resolver", ["fe80::1%eth0", "[fe80::1%eth0]:53", "fe80::1%a b",
+                                      "[fe80::1%$$x]:53", "fe80::1%25eth0"])
+def test_ipv6_zone_ids_are_refused(tmp_path: Path, resolver: str) -> None:
+    probs = refused(write(tmp_path, f"name: a\nnetwork:\n  upstream_dns: ['{resolver}']\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:18: network.upstream_dns[0]:",
+                   "zone ids (`%eth0`) are not allowed")
