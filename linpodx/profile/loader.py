@@ -433,10 +433,29 @@ def _compose(text: str, col: _Collector) -> Node | None:
 # Nodes → plain values (with positions), `${VAR}` expansion
 
 
+HOST_VARS = (
+    "HOME", "USER", "LOGNAME", "PWD",
+    "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
+)  # fmt: skip
+"""Host variables a profile may expand: where things are, never secrets."""
+
+OPT_IN_PREFIX = "LINPODX_VAR_"
+"""Any other value reaches a profile only through a variable with this prefix, which the person
+sets on purpose when running the command."""
+
+
+def var_allowed(name: str) -> bool:
+    """May a profile expand `${name}`? A hostile profile must not copy the host's environment
+    (`${AWS_SECRET_ACCESS_KEY}`) into the container's `env`, or leak it in an allowed DNS name."""
+    return name in HOST_VARS or (name.startswith(OPT_IN_PREFIX) and len(name) > len(OPT_IN_PREFIX))
+
+
 def expand_vars(
     value: str, env: Mapping[str, str]
 ) -> tuple[str, list[tuple[str, str]]]:
-    """Expand `${VAR}`, `${VAR:-default}` and `$$`; return (text, problems as (msg, hint))."""
+    """Expand `${VAR}`, `${VAR:-default}` and `$$`; return (text, problems as (msg, hint)).
+
+    Only names `var_allowed` accepts are expanded; any other is a problem, default or not."""
     out: list[str] = []
     problems: list[tuple[str, str]] = []
     i = 0
@@ -460,6 +479,17 @@ def expand_vars(
         name, default, dollar = m.group(1), m.group(2), m.group(3)
         if dollar:
             out.append("$")
+        elif not var_allowed(name):
+            shown = safe_text(name, 60)
+            suggested = shown if shown.startswith(OPT_IN_PREFIX) else OPT_IN_PREFIX + shown
+            problems.append(
+                (
+                    f"`${{{shown}}}` is not expanded: a profile may only use "
+                    f"{', '.join(HOST_VARS)} and variables named {OPT_IN_PREFIX}*",
+                    f"use one of those host variables, or pass the value in on purpose: "
+                    f"`export {suggested}=…` and write `${{{suggested}}}`",
+                )
+            )
         elif default is not None:
             # Shell semantics of `:-`: the default also replaces a set-but-empty variable.
             out.append(env.get(name) or default)

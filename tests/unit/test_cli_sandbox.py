@@ -86,8 +86,11 @@ HOSTILE = [
      "4:13: mounts[0].target: mount target \"/sys/x\" is over /sys, which is not allowed"),
     ("name: a\nname: b\n", "2:1: name: duplicate key \"name\" (first at line 1, column 1)"),
     ("name: a\nx: &a [1]\ny: *a\n", "2:4: x: YAML anchors and aliases are not allowed (&a)"),
-    ("name: a\ndescription: ${LINPODX_NOT_SET_ANYWHERE}\n",
-     "2:14: description: environment variable LINPODX_NOT_SET_ANYWHERE is not set"),
+    ("name: a\ndescription: ${LINPODX_VAR_NOT_SET_ANYWHERE}\n",
+     "2:14: description: environment variable LINPODX_VAR_NOT_SET_ANYWHERE is not set"),
+    # Set or not, a host variable outside the fixed set is never expanded (HOME is set here).
+    ("name: a\nenv: {STOLEN: \"${SECRET_TOKEN:-x}\"}\n",
+     "2:15: env.STOLEN: `${SECRET_TOKEN}` is not expanded"),
     ("name: a\nnetwork: {egress_dns_allowlist: ['*.com']}\n",
      "2:34: network.egress_dns_allowlist[0]: \"*.com\": a wildcard needs a domain of at least "
      "two labels"),

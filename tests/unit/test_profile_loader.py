@@ -663,7 +663,8 @@ def test_escaped_control_characters_are_refused(tmp_path: Path, escape: str, cod
 
 def test_expanded_control_characters_are_refused() -> None:
     with pytest.raises(ProfileError) as exc:
-        load_text("name: a\nenv: {A: '${X}'}\n", "t.yml", env={"X": "a\x1bb"})
+        load_text("name: a\nenv: {A: '${LINPODX_VAR_X}'}\n", "t.yml",
+                  env={"LINPODX_VAR_X": "a\x1bb"})
     assert exc.value.problems[0].startswith("t.yml:2:10: env.A: strings must not contain")
 
 
@@ -795,9 +796,9 @@ def test_not_a_regular_file(tmp_path: Path) -> None:
 
 
 def test_unknown_var_is_refused_with_position(tmp_path: Path) -> None:
-    probs = refused(write(tmp_path, "name: a\ndescription: 'x ${LINPODX_TEST_UNSET_VAR}'\n"))
+    probs = refused(write(tmp_path, "name: a\ndescription: 'x ${LINPODX_VAR_TEST_UNSET}'\n"))
     assert probs == [
-        f"{tmp_path / 'p.yml'}:2:14: description: environment variable LINPODX_TEST_UNSET_VAR "
+        f"{tmp_path / 'p.yml'}:2:14: description: environment variable LINPODX_VAR_TEST_UNSET "
         "is not set"
     ]
 
@@ -805,19 +806,55 @@ def test_unknown_var_is_refused_with_position(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "env", "expected"),
     [
-        ("${A}", {"A": "1"}, "1"),
-        ("${A:-d}", {}, "d"),
-        ("${A:-d}", {"A": ""}, "d"),
-        ("${A}", {"A": ""}, ""),
+        ("${LINPODX_VAR_A}", {"LINPODX_VAR_A": "1"}, "1"),
+        ("${LINPODX_VAR_A:-d}", {}, "d"),
+        ("${LINPODX_VAR_A:-d}", {"LINPODX_VAR_A": ""}, "d"),
+        ("${LINPODX_VAR_A}", {"LINPODX_VAR_A": ""}, ""),
         ("$${A}", {}, "${A}"),
         ("a$$b", {}, "a$b"),
-        ("${A}${B:-}x", {"A": "1"}, "1x"),
+        ("${HOME}${LINPODX_VAR_B:-}x", {"HOME": "/h"}, "/hx"),
+        ("${XDG_RUNTIME_DIR:-/run/user/1}/x", {}, "/run/user/1/x"),
+        ("${USER}${LOGNAME}${PWD}", {"USER": "u", "LOGNAME": "l", "PWD": "/p"}, "ul/p"),
     ],
 )
 def test_expansion_forms(value: str, env: dict[str, str], expected: str) -> None:
     out, problems = loader.expand_vars(value, env)
     assert problems == []
     assert out == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["${SECRET_TOKEN}", "${SECRET_TOKEN:-x}", "${PATH}", "${LINPODX_VAR_}", "${home}",
+              "${LINPODX_STATE_DIR}"]
+)
+def test_only_a_fixed_set_of_host_variables_is_expanded(value: str) -> None:
+    # A hostile profile must not copy the host's environment into the container (or a DNS name).
+    env = {"SECRET_TOKEN": "s3cret", "PATH": "/bin", "home": "/h", "LINPODX_VAR_": "x",
+           "LINPODX_STATE_DIR": "/s"}
+    out, problems = loader.expand_vars(value, env)
+    assert len(problems) == 1
+    message, hint = problems[0]
+    assert "is not expanded: a profile may only use HOME, USER" in message
+    assert "LINPODX_VAR_*" in message
+    assert "`export LINPODX_VAR_" in hint and "and write `${LINPODX_VAR_" in hint
+    assert "s3cret" not in out and "/bin" not in out
+
+
+def test_a_host_secret_never_reaches_env_or_the_allowlist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "s3cret")
+    text = ('name: a\nenv:\n  STOLEN: "${SECRET_TOKEN}"\nnetwork:\n'
+            '  egress_dns_allowlist: ["${SECRET_TOKEN}.attacker.example"]\n')
+    probs = refused(write(tmp_path, text))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:11: env.STOLEN:",
+                   "`${SECRET_TOKEN}` is not expanded")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:5:26: network.egress_dns_allowlist[0]:",
+                   "`${SECRET_TOKEN}` is not expanded")
+    assert not any("s3cret" in p for p in probs)
+    monkeypatch.setenv("LINPODX_VAR_TOKEN", "opted-in")
+    p = load_text('name: a\nenv: {T: "${LINPODX_VAR_TOKEN}"}\n', "t.yml")
+    assert p.env == (("T", "opted-in"),)
 
 
 @pytest.mark.parametrize("value", ["$A", "${A", "${}", "${1A}", "${A:=x}", "cost: 5$"])
@@ -827,9 +864,10 @@ def test_other_dollar_forms_are_refused(value: str) -> None:
 
 
 def test_expansion_happens_before_path_checks(home: Path, tmp_path: Path) -> None:
-    probs = refused(write(tmp_path, mount_profile("${LPX_SRC:-/etc}")))
+    probs = refused(write(tmp_path, mount_profile("${LINPODX_VAR_SRC:-/etc}")))
     assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "sensitive path /etc")
-    p = load_text(mount_profile("${LPX_SRC}"), "t.yml", env={"LPX_SRC": str(home / "project")})
+    p = load_text(mount_profile("${LINPODX_VAR_SRC}"), "t.yml",
+                  env={"LINPODX_VAR_SRC": str(home / "project")})
     assert p.mounts[0].source == os.path.realpath(home / "project")
 
 
