@@ -59,7 +59,13 @@ _SYSTEM_TREES = (
     "/run/containerd",
     "/var/lib/containers",
     "/var/lib/docker",
+    # Sockets of the person's desktop and terminal multiplexer: with the X server's or tmux's
+    # socket the agent can type into the person's sessions (code execution on the host).
+    "/tmp/.X11-unix",  # noqa: S108 - a path refused, nothing is made in /tmp
+    "/tmp/.ICE-unix",  # noqa: S108 - a path refused, nothing is made in /tmp
 )
+# tmux's per-user socket directories (`/tmp/tmux-UID`), any user's (root may reach them all).
+_TMUX_DIR = re.compile(r"/tmp/tmux-[0-9]+(?:/|\Z)")  # noqa: S108 - refused, not used
 # Refused only as the whole thing: subdirectories are fine (`/root/project` when HOME=/root).
 _SYSTEM_EXACT = ("/", "/root", "/home")
 # podman reads `--mount` as one CSV record (Go's encoding/csv: `,` splits, a bare `"` is an
@@ -136,6 +142,9 @@ def sensitive_paths() -> tuple[list[str], list[str]]:
     agent = os.environ.get("SSH_AUTH_SOCK", "")
     if agent and os.path.isabs(agent):
         trees.append(posixpath.normpath(agent))
+    tmux = os.environ.get("TMUX_TMPDIR", "")
+    if tmux and os.path.isabs(tmux):
+        trees.append(posixpath.join(posixpath.normpath(tmux), f"tmux-{os.getuid()}"))
     trees.extend(paths.protected_roots())
     exact = list(_SYSTEM_EXACT)
     return trees, exact
@@ -156,6 +165,9 @@ def sensitive_reason(source: str, resolved: str | None = None) -> str | None:
     against both forms of every sensitive path."""
     trees, exact = sensitive_paths()
     src_forms = _forms(source, resolved)
+    for src in src_forms:
+        if _TMUX_DIR.match(src):
+            return "is inside a tmux socket directory (/tmp/tmux-UID)"
     for s in exact:
         for sf in _forms(s):
             if sf in src_forms:
@@ -241,7 +253,39 @@ def _check_mount_source(source: str) -> tuple[str | None, str | None, str | None
         return None, f"mount source {show(source)} is not a directory or regular file", (
             "sockets and devices cannot be mounted into a sandbox"
         )
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            sock = _socket_in(resolved)
+        except PermissionError as exc:
+            # Not listed, not checked: refused (fail closed).
+            return None, f"mount source {show(source)} cannot be read: {exc.strerror}", None
+        if sock is not None:
+            # A directory of sockets is as good as the socket (a tmux or X server socket lets
+            # the agent run commands as the person); the usual ones are listed above, this
+            # catches the rest one level down.
+            return None, (
+                f"mount source {show(source)} holds the socket {show(sock)}; a sandbox must "
+                "not reach host sockets"
+            ), "mount a subdirectory without sockets, or remove the socket"
     return resolved, None, None
+
+
+def _socket_in(directory: str) -> str | None:
+    """The first Unix socket directly in `directory` (symlinks not followed), else None."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            # d_type answers these without a system call; only the rest need an lstat.
+            if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                continue
+            if entry.is_symlink():
+                continue  # resolved inside the container, never to a host socket
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            if stat.S_ISSOCK(mode):
+                return entry.path
+    return None
 
 
 def pin_mount_source(source: str) -> tuple[tuple[int, int] | None, str | None, str | None]:

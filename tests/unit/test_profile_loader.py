@@ -360,6 +360,54 @@ def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
     )
 
 
+def test_directory_holding_a_socket_is_refused(home: Path, tmp_path: Path) -> None:
+    # A tmux or X server socket one level down is as good as the socket itself.
+    import socket
+
+    d = home / "project" / "tmux-1000"
+    d.mkdir()
+    (d / "sub").mkdir()
+    (d / "link").symlink_to("/tmp")
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(d / "default"))
+        probs = refused(write(tmp_path, mount_profile(str(d))))
+        assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                       f"holds the socket \"{d / 'default'}\"")
+        # One level only: the parent, whose direct entries are no sockets, is fine.
+        assert load_text(mount_profile(str(home / "project")), "t.yml").mounts
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        ("/tmp/.X11-unix", "is the sensitive path /tmp/.X11-unix"),
+        ("/tmp/.X11-unix/X0", "inside the sensitive path /tmp/.X11-unix"),
+        ("/tmp/tmux-1000", "tmux socket directory"),
+        ("/tmp/tmux-0/default", "tmux socket directory"),
+        ("/tmp", "contains the sensitive path /tmp/.X11-unix"),
+    ],
+)
+def test_desktop_and_tmux_sockets_are_sensitive(
+    tmp_path: Path, source: str, fragment: str
+) -> None:
+    probs = refused(write(tmp_path, mount_profile(source)))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", fragment)
+
+
+def test_tmux_tmpdir_socket_directory_is_sensitive(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmux = home / "project" / f"tmux-{os.getuid()}"
+    tmux.mkdir()
+    monkeypatch.setenv("TMUX_TMPDIR", str(home / "project"))
+    probs = refused(write(tmp_path, mount_profile(str(tmux))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {tmux}")
+
+
 # --- mount targets ------------------------------------------------------------------------
 
 
