@@ -369,3 +369,29 @@ def test_a_state_dir_that_is_a_file_is_an_error_not_an_empty_listing(
         res = cli(*command)
         assert res.exit_code == 0, res.stdout + res.stderr
         assert (res.stdout + res.stderr).startswith("no "), res.stdout + res.stderr
+
+
+def test_show_escapes_bidi_and_zero_width_characters(cli: Cli, tmp_path: Path) -> None:
+    # The loader refuses control characters, not these; shown raw they reorder or hide text.
+    f = tmp_path / "bidi.yml"
+    f.write_text('name: bidi\ndescription: "safe \\u202e gnp.exe caf\u00e9"\n'
+                 'env: {X: "a\\u200bb"}\n', encoding="utf-8")
+    assert cli("sandbox", "apply", "--profile", str(f)).exit_code == 0
+    for args in (("sandbox", "show", "bidi"), ("sandbox", "show", "bidi", "--format", "json"),
+                 ("sandbox", "show", "bidi", "--json")):
+        r = cli(*args)
+        assert r.exit_code == 0, r.stderr
+        assert "\u202e" not in r.stdout and "\u200b" not in r.stdout, args
+        doc = YAML(typ="safe", pure=True).load(r.stdout)  # JSON is YAML too
+        profile = doc["result"]["profile"] if "--json" in args else doc
+        assert profile["description"] == "safe \u202e gnp.exe caf\u00e9"
+        assert profile["env"] == {"X": "a\u200bb"}
+    plain = cli("sandbox", "show", "bidi", "--format", "json")
+    assert "\\u202e" in plain.stdout
+
+
+def test_show_keeps_ordinary_non_ascii_text_as_is(cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "cafe.yml"
+    f.write_text("name: cafe\ndescription: caf\u00e9\n", encoding="utf-8")
+    assert cli("sandbox", "apply", "--profile", str(f)).exit_code == 0
+    assert "caf\u00e9" in cli("sandbox", "show", "cafe").stdout
