@@ -975,10 +975,20 @@ class _Semantics:
         wd = data.get("workdir")
         if isinstance(wd, str) and self.ok(("workdir",)):
             norm = posixpath.normpath(wd) if wd.startswith("/") else ""
-            if not wd.startswith("/") or has_dotdot(wd) or norm != wd or "\x00" in wd:
+            # Tab and newline pass the loader's character check (text may hold them), not a
+            # working directory: `"/w\n"` made every run start somewhere else.
+            if (
+                not wd.startswith("/")
+                or has_dotdot(wd)
+                or norm != wd
+                or _bad_char(wd)
+                or "\n" in wd
+                or "\t" in wd
+            ):
                 self.col.add(
                     ("workdir",),
-                    f"workdir {show(wd)} must be an absolute, normalized path without `..`",
+                    f"workdir {show(wd)} must be an absolute, normalized path without `..` "
+                    "or control characters",
                     "e.g. `/workspace`",
                 )
 

@@ -501,6 +501,8 @@ def test_unknown_keys_are_refused_with_a_suggestion(tmp_path: Path) -> None:
         ("name: a\nresources: {memory: 1m}\n", "2:21: resources.memory:", "out of range"),
         ("name: a\nresources: {cpus: 0}\n", "2:19: resources.cpus:", "out of range"),
         ("name: a\nworkdir: rel\n", "2:10: workdir:", "absolute"),
+        ("name: a\nworkdir: \"/w\\n\"\n", "2:10: workdir:", "or control characters"),
+        ("name: a\nworkdir: \"/w\\tx\"\n", "2:10: workdir:", "or control characters"),
         ("version: 2\nname: a\n", "1:10: version:", "version 2 is not supported"),
     ],
 )
