@@ -858,7 +858,12 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
     if not raw.isascii():
         # Before lower-casing: str.lower maps some non-ASCII letters to ASCII (the Kelvin sign
         # U+212A becomes `k`), which would allow a name other than the one written.
-        return None, f"{show(raw)} is not ASCII; write the name in its `xn--` (IDNA) form"
+        first = next(ch for ch in raw if not ch.isascii())
+        # The code point too: U+212A looks just like `K`.
+        return None, (
+            f"{show(raw)} is not ASCII (U+{ord(first):04X}); write the name in its `xn--` "
+            "(IDNA) form"
+        )
     name = raw.lower()
     if name.endswith(".") and not name.endswith(".."):
         name = name[:-1]

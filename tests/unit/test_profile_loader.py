@@ -947,7 +947,7 @@ def test_keys_are_not_expanded(tmp_path: Path) -> None:
         (".".join(["a" * 63] * 3 + ["a" * 62]), "longer than 253"),
         ("bücher.de", "xn--"),
         # Lower-cased, the Kelvin sign is `k`: checked for ASCII before lower-casing.
-        ("\u212aexample.com", "is not ASCII"),
+        ("\u212aexample.com", "is not ASCII (U+212A)"),
         ("*.\u0130stanbul.example", "is not ASCII"),
         ("example.123", "IP address"),
     ],
