@@ -22,11 +22,31 @@ KEY_WIDTH = 8  # `status:  ok`, `mcp:     3 rules`: values line up after 9 colum
 
 
 _ESCAPED_ABOVE_C1 = frozenset(
-    {0x2028, 0x2029, 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
-)
-"""Line and paragraph separators (a line break to some readers), and Unicode's bidirectional
+    {0x2028, 0x2029, 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+     0x200B, 0x2060, 0xFEFF}
+)  # fmt: skip
+"""Line and paragraph separators (a line break to some readers), Unicode's bidirectional
 controls (the "Trojan Source" set): a terminal that implements right-to-left text reorders
-what follows them, so an approver could be shown one tool name while the bytes say another."""
+what follows them, so an approver could be shown one tool name while the bytes say another;
+and the invisible zero-width space, word joiner and BOM, which make two different strings
+look the same. (Not the zero-width joiners, which emoji and some scripts need.)"""
+
+
+def _escaped(o: int) -> bool:
+    return o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or o in _ESCAPED_ABOVE_C1
+
+
+def hides_text(value: Any) -> bool:
+    """Does any string in `value` (a JSON-like document) hold a character `safe_text` escapes,
+    other than tab and newline? Such a document is printed with every non-ASCII character
+    escaped (YAML and JSON both have `\\uXXXX`), so that it still reads back the same."""
+    if isinstance(value, str):
+        return any(_escaped(ord(ch)) for ch in value if ch not in "\t\n")
+    if isinstance(value, dict):
+        return any(hides_text(k) or hides_text(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(hides_text(v) for v in value)
+    return False
 
 
 def safe_text(value: str, limit: int | None = None) -> str:
@@ -35,7 +55,7 @@ def safe_text(value: str, limit: int | None = None) -> str:
     out = []
     for ch in value:
         o = ord(ch)
-        if o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or o in _ESCAPED_ABOVE_C1:
+        if _escaped(o):
             out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
         else:
             out.append(ch)
@@ -78,11 +98,14 @@ _envelopes_printed = 0
 
 
 def print_json(doc: Any, stream: TextIO | None = None, *, compact: bool = False) -> None:
-    """Print one JSON document (pretty, UTF-8; `compact`: on one line)."""
+    """Print one JSON document (pretty, UTF-8; `compact`: on one line). A document holding
+    characters that would hide or reorder text on a terminal is printed ASCII-only
+    (`hides_text`)."""
     global _envelopes_printed
     stream = stream or sys.stdout
     indent = None if compact else 2
-    stream.write(json.dumps(doc, ensure_ascii=False, indent=indent, sort_keys=False) + "\n")
+    ascii_only = hides_text(doc)
+    stream.write(json.dumps(doc, ensure_ascii=ascii_only, indent=indent, sort_keys=False) + "\n")
     stream.flush()
     if isinstance(doc, dict) and doc.get("schema") == ENVELOPE_SCHEMA:
         _envelopes_printed += 1

@@ -135,14 +135,31 @@ def containers_dir() -> Path:
     return _path(containers_root())
 
 
-def protected_roots() -> tuple[str, str]:
+def protected_roots() -> tuple[str, ...]:
     """`protected_dirs()` as strings."""
-    return state_root(), os.path.join(_xdg("XDG_CONFIG_HOME", ".config"), "linpodx")
+    home = _home()
+    found = [
+        # Every place the state dir can be, not only the one in use: a profile applied with
+        # LINPODX_STATE_DIR (or XDG_STATE_HOME) set elsewhere must not mount the default state
+        # dir, where the person's own audit logs, approvals and profiles live.
+        os.environ.get("LINPODX_STATE_DIR", ""),
+        os.path.join(os.environ.get("XDG_STATE_HOME", ""), "linpodx"),
+        os.path.join(home, ".local", "state", "linpodx"),
+        os.path.join(os.environ.get("XDG_CONFIG_HOME", ""), "linpodx"),
+        os.path.join(home, ".config", "linpodx"),
+    ]
+    roots: list[str] = []
+    for p in found:
+        # Relative values are ignored (XDG) or refused where used (LINPODX_STATE_DIR).
+        if os.path.isabs(p) and os.path.normpath(p) not in roots:
+            roots.append(os.path.normpath(p))
+    return tuple(roots)
 
 
 def protected_dirs() -> tuple[Path, ...]:
-    """Directories a profile must never mount into a container (our own state and config)."""
-    return (state_dir(), config_dir())
+    """Directories a profile must never mount into a container (our own state and config,
+    wherever the environment puts them and where they are by default)."""
+    return tuple(_path(p) for p in protected_roots())
 
 
 def ensure_dir(path: Path) -> Path:

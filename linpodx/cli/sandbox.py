@@ -14,7 +14,7 @@ from ruamel.yaml import YAML
 from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import LinpodxError, UsageError
 from linpodx.ids import is_id
-from linpodx.output import kv_line, note, safe_text
+from linpodx.output import hides_text, kv_line, note, safe_text
 from linpodx.profile import store
 from linpodx.profile.loader import load_file
 
@@ -184,8 +184,12 @@ def show_cmd(
         return _show_doc(name)
 
     def render(r: dict[str, Any]) -> None:
+        # A description or env value may hold bidirectional or zero-width characters (the
+        # loader refuses only control characters): shown raw, they reorder or hide what the
+        # person reads. Then every non-ASCII character is printed escaped (valid YAML/JSON).
+        hidden = hides_text(r["profile"])
         if fmt == "json":
-            sys.stdout.write(json.dumps(r["profile"], ensure_ascii=False, indent=2) + "\n")
+            sys.stdout.write(json.dumps(r["profile"], ensure_ascii=hidden, indent=2) + "\n")
             return
         head = (
             f"# profile_id: {r['profile_id']}\n# revision: {r['revision']}"
@@ -195,6 +199,7 @@ def show_cmd(
         out = io.StringIO()
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
+        yaml.allow_unicode = not hidden
         # Keep the model's field order (ruamel types this attribute as None).
         yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
         yaml.dump(r["profile"], out)

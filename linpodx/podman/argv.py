@@ -33,6 +33,7 @@ from linpodx.profile.model import Profile
 LABEL_PREFIX = "linpodx."
 MANAGED_LABEL = "linpodx.managed"
 
+_HOME_TARGETS = (HOME_DIR, os.path.dirname(HOME_DIR))
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 # Podman's --memory: a number with an optional b/k/m/g unit; --cpus: a decimal.
@@ -206,6 +207,15 @@ def profile_flags(spec: CreateSpec) -> list[str]:
         argv.append(f"--env={key}={value}")
     argv.append(f"--workdir={p.workdir or HOME_DIR}")
     for m in p.mounts:
+        if m.target in _HOME_TARGETS:
+            # The loader refuses these; a revision stored before it did still reaches here.
+            # Over `$HOME` a `--rm` container gets two mounts at one destination (podman
+            # refuses it), another gets `$HOME` made by `podman cp` (chowning) in the host path.
+            raise InvalidInput(
+                f"mount target {m.target} is linpodx's $HOME ({HOME_DIR}) or holds it",
+                "apply the profile again with another target, e.g. /workspace or "
+                f"{HOME_DIR}/work",
+            )
         argv.append(runline.mount_arg(m.source, m.target, m.read_only))
     return argv
 

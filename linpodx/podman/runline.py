@@ -22,8 +22,9 @@ HOME_TMPFS_SIZE = "512m"
 
 # podman's own rule for container names, capped so the name also fits as a hostname.
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")
-# podman splits --mount on commas and key=value on '='; a path with those cannot be expressed.
-_MOUNT_BAD = (",", "\n", "\x00")
+# podman reads --mount as one CSV record (Go's encoding/csv: commas split it, a bare `"` is a
+# parse error) and key=value on '='; a path with those cannot be expressed.
+_MOUNT_BAD = (",", '"', "\n", "\x00")
 
 
 def validate_name(name: str) -> str:
@@ -58,7 +59,7 @@ def mount_arg(source: str, target: str, read_only: bool) -> str:
         if any(b in part for b in _MOUNT_BAD) or not part.startswith("/"):
             raise InvalidInput(
                 f"mount path cannot be passed to podman: {part!r}",
-                "use absolute paths without commas or control characters",
+                "use absolute paths without commas, double quotes or control characters",
             )
     ro = "true" if read_only else "false"
     return (

@@ -43,6 +43,7 @@ _HOME_SECRETS = (
     ".config/gh",
     ".local/share/containers",
     ".local/share/keyrings",
+    ".local/state/linpodx",
 )
 _SYSTEM_TREES = (
     "/etc",
@@ -58,10 +59,19 @@ _SYSTEM_TREES = (
     "/run/containerd",
     "/var/lib/containers",
     "/var/lib/docker",
+    # Sockets of the person's desktop and terminal multiplexer: with the X server's or tmux's
+    # socket the agent can type into the person's sessions (code execution on the host).
+    "/tmp/.X11-unix",  # noqa: S108 - a path refused, nothing is made in /tmp
+    "/tmp/.ICE-unix",  # noqa: S108 - a path refused, nothing is made in /tmp
 )
+# tmux's per-user socket directories (`/tmp/tmux-UID`), any user's (root may reach them all).
+_TMUX_DIR = re.compile(r"/tmp/tmux-[0-9]+(?:/|\Z)")  # noqa: S108 - refused, not used
 # Refused only as the whole thing: subdirectories are fine (`/root/project` when HOME=/root).
 _SYSTEM_EXACT = ("/", "/root", "/home")
-PATH_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f:,]")
+# podman reads `--mount` as one CSV record (Go's encoding/csv: `,` splits, a bare `"` is an
+# error) and `-v` splits on `:`; control characters have no place in a path we print.
+PATH_FORBIDDEN = re.compile(r'[\x00-\x1f\x7f:,"]')
+FORBIDDEN_TEXT = 'control characters, `:`, `,` or `"`'
 
 
 def show(value: Any) -> str:
@@ -75,9 +85,40 @@ def show(value: Any) -> str:
 
 def _home_dirs() -> list[str]:
     homes = []
-    for h in (os.environ.get("HOME", ""), _passwd_home(), "/root"):
-        if h and os.path.isabs(h) and h not in homes:
-            homes.append(posixpath.normpath(h))
+    candidates = [os.environ.get("HOME", ""), _passwd_home(), "/root"]
+    if os.geteuid() == 0:
+        # Root can read every other account's home: those homes (and their secrets) are as
+        # sensitive as our own.
+        candidates.extend(_other_homes())
+    for h in candidates:
+        if h and os.path.isabs(h):
+            h = posixpath.normpath(h)
+            if h not in homes:
+                homes.append(h)
+    return homes
+
+
+_REGULAR_UID_MIN = 1000
+"""Lowest uid of people's accounts (shadow's default UID_MIN)."""
+
+
+def _other_homes() -> list[str]:
+    """Homes of every passwd account: real directories owned by the account, or named by a
+    regular account. Not the directories system accounts merely name as home (`/usr/sbin` for
+    daemon, `/bin`, `/dev`, `/`): treating those as homes would refuse `/usr` and the like."""
+    homes = []
+    for pw in pwd.getpwall():
+        home = pw.pw_dir
+        if not home or not os.path.isabs(home) or posixpath.normpath(home) == "/":
+            continue
+        try:
+            st = os.stat(home)
+        except OSError:
+            continue  # `/nonexistent` and the like: nothing there to protect
+        if stat.S_ISDIR(st.st_mode) and (
+            st.st_uid == pw.pw_uid or pw.pw_uid >= _REGULAR_UID_MIN
+        ):
+            homes.append(home)
     return homes
 
 
@@ -101,6 +142,9 @@ def sensitive_paths() -> tuple[list[str], list[str]]:
     agent = os.environ.get("SSH_AUTH_SOCK", "")
     if agent and os.path.isabs(agent):
         trees.append(posixpath.normpath(agent))
+    tmux = os.environ.get("TMUX_TMPDIR", "")
+    if tmux and os.path.isabs(tmux):
+        trees.append(posixpath.join(posixpath.normpath(tmux), f"tmux-{os.getuid()}"))
     trees.extend(paths.protected_roots())
     exact = list(_SYSTEM_EXACT)
     return trees, exact
@@ -121,6 +165,9 @@ def sensitive_reason(source: str, resolved: str | None = None) -> str | None:
     against both forms of every sensitive path."""
     trees, exact = sensitive_paths()
     src_forms = _forms(source, resolved)
+    for src in src_forms:
+        if _TMUX_DIR.match(src):
+            return "is inside a tmux socket directory (/tmp/tmux-UID)"
     for s in exact:
         for sf in _forms(s):
             if sf in src_forms:
@@ -152,6 +199,9 @@ def check_mount_source(source: str) -> tuple[str | None, str | None, str | None]
         return None, *_changed(source)
 
 
+_FORBIDDEN_HINT = "podman's mount syntax uses these characters; rename or move the directory"
+
+
 def _changed(source: str) -> tuple[str, str]:
     return f"mount source {show(source)} changed while it was being checked", (
         "something replaced it (or a directory on its path) just now; if that keeps "
@@ -161,9 +211,7 @@ def _changed(source: str) -> tuple[str, str]:
 
 def _check_mount_source(source: str) -> tuple[str | None, str | None, str | None]:
     if PATH_FORBIDDEN.search(source):
-        return None, "mount source must not contain control characters, `:` or `,`", (
-            "podman's mount syntax uses `:` and `,`; rename or move the directory"
-        )
+        return None, f"mount source must not contain {FORBIDDEN_TEXT}", _FORBIDDEN_HINT
     if not os.path.isabs(source):
         return None, f"mount source {show(source)} must be an absolute path", (
             "write the full path, e.g. `${HOME}/project`"
@@ -190,6 +238,13 @@ def _check_mount_source(source: str) -> tuple[str | None, str | None, str | None
             "mount the project subdirectory instead, never a sensitive path or a directory "
             "that contains one"
         )
+    if PATH_FORBIDDEN.search(resolved):
+        # The written path was fine but a symlink on it leads to one podman cannot be given:
+        # stored, it would make every run fail.
+        return None, (
+            f"mount source {show(source)} resolves to {show(resolved)}, which contains "
+            f"{FORBIDDEN_TEXT}"
+        ), _FORBIDDEN_HINT
     try:
         st = os.stat(resolved)
     except OSError as exc:
@@ -198,7 +253,39 @@ def _check_mount_source(source: str) -> tuple[str | None, str | None, str | None
         return None, f"mount source {show(source)} is not a directory or regular file", (
             "sockets and devices cannot be mounted into a sandbox"
         )
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            sock = _socket_in(resolved)
+        except PermissionError as exc:
+            # Not listed, not checked: refused (fail closed).
+            return None, f"mount source {show(source)} cannot be read: {exc.strerror}", None
+        if sock is not None:
+            # A directory of sockets is as good as the socket (a tmux or X server socket lets
+            # the agent run commands as the person); the usual ones are listed above, this
+            # catches the rest one level down.
+            return None, (
+                f"mount source {show(source)} holds the socket {show(sock)}; a sandbox must "
+                "not reach host sockets"
+            ), "mount a subdirectory without sockets, or remove the socket"
     return resolved, None, None
+
+
+def _socket_in(directory: str) -> str | None:
+    """The first Unix socket directly in `directory` (symlinks not followed), else None."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            # d_type answers these without a system call; only the rest need an lstat.
+            if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                continue
+            if entry.is_symlink():
+                continue  # resolved inside the container, never to a host socket
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            if stat.S_ISSOCK(mode):
+                return entry.path
+    return None
 
 
 def pin_mount_source(source: str) -> tuple[tuple[int, int] | None, str | None, str | None]:

@@ -20,7 +20,7 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,15 @@ from typing import TYPE_CHECKING, Any
 from linpodx.canonical import CanonicalError, canonical_bytes
 from linpodx.errors import ProfileError
 from linpodx.output import safe_text
-from linpodx.profile.hostpaths import PATH_FORBIDDEN, check_mount_source, has_dotdot, inside, show
+from linpodx.podman.runline import HOME_DIR
+from linpodx.profile.hostpaths import (
+    FORBIDDEN_TEXT,
+    PATH_FORBIDDEN,
+    check_mount_source,
+    has_dotdot,
+    inside,
+    show,
+)
 from linpodx.profile.model import (
     SCHEMA_VERSION,
     Audit,
@@ -66,6 +74,11 @@ MAX_PROBLEMS = 200
 
 _YAML_CORE = "tag:yaml.org,2002:"
 _ALLOWED_TAGS = {_YAML_CORE + t for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+# YAML 1.2 core schema spellings; the resolver only tags these, but an explicit `!!bool` or
+# `!!null` tag puts any text under them.
+_YAML_TRUE = ("true", "True", "TRUE")
+_YAML_FALSE = ("false", "False", "FALSE")
+_YAML_NULLS = ("", "~", "null", "Null", "NULL")
 
 ALL_CAPS = frozenset(
     """CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
@@ -86,10 +99,15 @@ DANGEROUS_CAPS = frozenset(
 
 # Targets linpodx (or podman) manages itself, or that would hand the container the kernel.
 # `/run` and `/run/linpodx` would hold the mount gate (linpodx.podman.mountpin): runc would
-# make its mount point inside the person's directory.
+# make its mount point inside the person's directory. `$HOME` (`/home/agent`) is linpodx's: a
+# tmpfs for `--rm` containers (a second mount there is a duplicate destination, every run
+# fails), made by `podman cp` (which chowns) for the others; over `/home` the tmpfs's mount
+# point, or the copied `$HOME`, would land in the person's directory. Paths inside `$HOME` are
+# fine: they are mounted over it.
 _TARGET_TREES = ("/proc", "/sys", "/dev", "/run/linpodx")
 _TARGET_EXACT = (
-    "/", "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/run", "/run/.containerenv"
+    "/", "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/run", "/run/.containerenv",
+    posixpath.dirname(HOME_DIR), HOME_DIR,
 )  # fmt: skip
 
 _HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
@@ -133,6 +151,12 @@ def format_path(path: Sequence[str | int]) -> str:
     return safe_text(out, 200)
 
 
+_VALIDATOR_RULES = b"\n# pattern: $ is \\Z\n"
+"""How `_validator` departs from plain Draft 2020-12, as part of `schema_digest`: change it
+when a rule changes, so that revisions stored under the old rule get the schema pass again
+(a `tool_name` of `"delete_file\\n"` passed the old `pattern` check; see `_anchored`)."""
+
+
 @functools.cache
 def schema() -> dict[str, Any]:
     """The profile JSON Schema shipped as package data."""
@@ -145,9 +169,10 @@ def schema() -> dict[str, Any]:
 
 @functools.cache
 def schema_digest() -> str:
-    """sha256 of the schema file: names the schema a stored revision was validated against."""
+    """sha256 of the schema file and of `_VALIDATOR_RULES`: names the schema (as this loader
+    applies it) a stored revision was validated against."""
     data = Path(__file__).with_name("schema.json").read_bytes()
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return "sha256:" + hashlib.sha256(data + _VALIDATOR_RULES).hexdigest()
 
 
 def _is_integer(_checker: object, instance: object) -> bool:
@@ -155,8 +180,33 @@ def _is_integer(_checker: object, instance: object) -> bool:
 
 
 @functools.cache
+def _anchored(pattern: str) -> re.Pattern[str]:
+    """`pattern` with a final `$` meaning the end of the string (`\\Z`).
+
+    JSON Schema's regexes are ECMA-262's, where `$` is the end of the string; Python's `$` also
+    matches before a trailing newline, so `^[!-~]{1,256}$` let `"delete_file\\n"` through: a
+    `deny` rule that never matched, a memory limit that crashed the loader, a name the store
+    could not use.
+    """
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.compile(pattern)
+
+
+def _pattern(
+    validator: Any, pattern: str, instance: Any, _schema: Any
+) -> Iterator[ValidationError]:
+    """The `pattern` keyword, with `$` anchored at the very end (see `_anchored`)."""
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not _anchored(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+@functools.cache
 def _validator() -> Draft202012Validator:
-    """The schema's validator, with `integer` meaning a YAML/JSON integer only.
+    """The schema's validator, with `integer` meaning a YAML/JSON integer only and `$` in a
+    `pattern` meaning the end of the string (`_anchored`).
 
     Draft 2020-12 counts `1.0` and `1e3` as integers; the store then refuses them (floats have
     no canonical form), so `validate` would say OK to a profile `apply` refuses. Written as
@@ -167,7 +217,7 @@ def _validator() -> Draft202012Validator:
 
     Draft202012Validator.check_schema(schema())
     checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer)
-    strict = extend(Draft202012Validator, type_checker=checker)
+    strict = extend(Draft202012Validator, {"pattern": _pattern}, type_checker=checker)
     return strict(schema())
 
 
@@ -287,11 +337,41 @@ def read_profile_text(path: Path, display: str | None = None) -> str:
     return text.removeprefix("\ufeff")
 
 
+_DIRECTIVE_AREA = re.compile(r"(?:[ \t\r]*(?:#[^\n]*)?\n|%[^\n]*\n)*")
+_YAML_DIRECTIVE = re.compile(r"^%YAML(?:[ \t]+([^ \t\r\n#]*))?", re.MULTILINE)
+
+
+def _yaml_version_ok(text: str, col: _Collector) -> bool:
+    """Refuse a `%YAML` directive other than 1.2 (checked on the text: ruamel's parser asserts,
+    a traceback, on versions it does not know, and reads `%YAML 1.1` files by YAML 1.1 rules)."""
+    # Directives sit at the start of a line before the document; blank and comment lines may
+    # come between them.
+    area = _DIRECTIVE_AREA.match(text)
+    head = text[: area.end()] if area else ""
+    for m in _YAML_DIRECTIVE.finditer(head):
+        version = m.group(1) or ""
+        if version == "1.2":
+            continue
+        # Under `%YAML 1.1` the same text means other values (`yes` and `on` are true, `0777`
+        # is octal): a reviewer reading the file as YAML 1.2 would misjudge it.
+        line = text.count("\n", 0, m.start()) + 1
+        col.add(
+            (),
+            f"YAML version {show(version)} is not supported: a profile is YAML 1.2",
+            "remove the `%YAML` line (or write `%YAML 1.2`)",
+            pos=(line, 1),
+        )
+        return False
+    return True
+
+
 def _compose(text: str, col: _Collector) -> Node | None:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
     from ruamel.yaml.events import CollectionEndEvent, CollectionStartEvent
 
+    if not _yaml_version_ok(text, col):
+        return None
     # The safe (not round-trip) parser: we need positions, not comments, and it is faster.
     yaml = YAML(typ="safe", pure=True)
     try:
@@ -353,10 +433,29 @@ def _compose(text: str, col: _Collector) -> Node | None:
 # Nodes → plain values (with positions), `${VAR}` expansion
 
 
+HOST_VARS = (
+    "HOME", "USER", "LOGNAME", "PWD",
+    "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
+)  # fmt: skip
+"""Host variables a profile may expand: where things are, never secrets."""
+
+OPT_IN_PREFIX = "LINPODX_VAR_"
+"""Any other value reaches a profile only through a variable with this prefix, which the person
+sets on purpose when running the command."""
+
+
+def var_allowed(name: str) -> bool:
+    """May a profile expand `${name}`? A hostile profile must not copy the host's environment
+    (`${AWS_SECRET_ACCESS_KEY}`) into the container's `env`, or leak it in an allowed DNS name."""
+    return name in HOST_VARS or (name.startswith(OPT_IN_PREFIX) and len(name) > len(OPT_IN_PREFIX))
+
+
 def expand_vars(
     value: str, env: Mapping[str, str]
 ) -> tuple[str, list[tuple[str, str]]]:
-    """Expand `${VAR}`, `${VAR:-default}` and `$$`; return (text, problems as (msg, hint))."""
+    """Expand `${VAR}`, `${VAR:-default}` and `$$`; return (text, problems as (msg, hint)).
+
+    Only names `var_allowed` accepts are expanded; any other is a problem, default or not."""
     out: list[str] = []
     problems: list[tuple[str, str]] = []
     i = 0
@@ -380,6 +479,17 @@ def expand_vars(
         name, default, dollar = m.group(1), m.group(2), m.group(3)
         if dollar:
             out.append("$")
+        elif not var_allowed(name):
+            shown = safe_text(name, 60)
+            suggested = shown if shown.startswith(OPT_IN_PREFIX) else OPT_IN_PREFIX + shown
+            problems.append(
+                (
+                    f"`${{{shown}}}` is not expanded: a profile may only use "
+                    f"{', '.join(HOST_VARS)} and variables named {OPT_IN_PREFIX}*",
+                    f"use one of those host variables, or pass the value in on purpose: "
+                    f"`export {suggested}=…` and write `${{{suggested}}}`",
+                )
+            )
         elif default is not None:
             # Shell semantics of `:-`: the default also replaces a set-but-empty variable.
             out.append(env.get(name) or default)
@@ -525,9 +635,23 @@ class _Converter:
                 self.col.suppressed.add(path)
             return value
         if kind == "null":
+            if text not in _YAML_NULLS:
+                # `!!null delete_file` would turn a rule for one tool into one for every tool.
+                self.col.add(path, f"{show(text)} tagged !!null is not a YAML null",
+                             "write `null` or `~`, without a tag", pos=pos)
+                self.col.suppressed.add(path)
             return None
         if kind == "bool":
-            return text.lower() == "true"
+            # Only YAML 1.2's spellings: `!!bool yes` or `!!bool "1"` must not quietly mean
+            # false (a read-only mount made writable). Anything else is refused (fail closed).
+            if text in _YAML_TRUE:
+                return True
+            if text in _YAML_FALSE:
+                return False
+            self.col.add(path, f"{show(text)} tagged !!bool is not a YAML boolean",
+                         "write true or false, without a tag", pos=pos)
+            self.col.suppressed.add(path)
+            return None
         if kind == "int":
             digits = text.replace("_", "")
             for base in (0, 10):
@@ -703,7 +827,9 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
 def check_mount_target(target: str) -> tuple[str | None, str | None]:
     """(problem, hint) for a container path, or (None, None)."""
     if PATH_FORBIDDEN.search(target):
-        return "mount target must not contain control characters, `:` or `,`", None
+        return f"mount target must not contain {FORBIDDEN_TEXT}", (
+            "podman's mount syntax uses these characters; choose another container path"
+        )
     if not target.startswith("/"):
         return f"mount target {show(target)} must be an absolute path", "e.g. `/workspace`"
     if has_dotdot(target):
@@ -729,6 +855,15 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
     """(normalized, problem) for an allowlist entry."""
     import ipaddress
 
+    if not raw.isascii():
+        # Before lower-casing: str.lower maps some non-ASCII letters to ASCII (the Kelvin sign
+        # U+212A becomes `k`), which would allow a name other than the one written.
+        first = next(ch for ch in raw if not ch.isascii())
+        # The code point too: U+212A looks just like `K`.
+        return None, (
+            f"{show(raw)} is not ASCII (U+{ord(first):04X}); write the name in its `xn--` "
+            "(IDNA) form"
+        )
     name = raw.lower()
     if name.endswith(".") and not name.endswith(".."):
         name = name[:-1]
@@ -740,8 +875,6 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
         pass
     else:
         return None, f"{show(raw)} is an IP address; only DNS names can be allowed"
-    if not name.isascii():
-        return None, f"{show(raw)} is not ASCII; write the name in its `xn--` (IDNA) form"
     wildcard = name.startswith("*.")
     body = name[2:] if wildcard else name
     if "*" in body:
@@ -776,6 +909,13 @@ def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     """(normalized `IP` / `IP:PORT` / `[V6]:PORT`, problem)."""
     import ipaddress
 
+    if "%" in raw:
+        # ipaddress takes `fe80::1%eth0` (and `%` followed by anything, spaces too): an
+        # interface name is host-specific, and the resolver's address form has no place for it.
+        return None, (
+            f"{show(raw)}: IPv6 zone ids (`%eth0`) are not allowed; give an address reachable "
+            "without one"
+        )
     host, port = raw, None
     m = re.fullmatch(r"\[([^\]]+)\](?::([0-9]{1,5}))?", raw)
     if m:
@@ -799,7 +939,11 @@ def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     return addr.compressed, None
 
 
-def _memory_bytes(value: str) -> int:
+def _memory_bytes(value: str) -> int | None:
+    """Bytes of a `512m` form, None for anything else (the schema refuses it first, except for
+    a stored revision, whose schema pass may be skipped)."""
+    if not re.fullmatch(r"[1-9][0-9]{0,9}[kmgKMG]", value):
+        return None
     return int(value[:-1]) * {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[value[-1].lower()]
 
 
@@ -836,10 +980,20 @@ class _Semantics:
         wd = data.get("workdir")
         if isinstance(wd, str) and self.ok(("workdir",)):
             norm = posixpath.normpath(wd) if wd.startswith("/") else ""
-            if not wd.startswith("/") or has_dotdot(wd) or norm != wd or "\x00" in wd:
+            # Tab and newline pass the loader's character check (text may hold them), not a
+            # working directory: `"/w\n"` made every run start somewhere else.
+            if (
+                not wd.startswith("/")
+                or has_dotdot(wd)
+                or norm != wd
+                or _bad_char(wd)
+                or "\n" in wd
+                or "\t" in wd
+            ):
                 self.col.add(
                     ("workdir",),
-                    f"workdir {show(wd)} must be an absolute, normalized path without `..`",
+                    f"workdir {show(wd)} must be an absolute, normalized path without `..` "
+                    "or control characters",
                     "e.g. `/workspace`",
                 )
 
@@ -953,7 +1107,10 @@ class _Semantics:
         mem = res.get("memory")
         if isinstance(mem, str) and self.ok(("resources", "memory")):
             n = _memory_bytes(mem)
-            if not (6 << 20) <= n <= (1024 << 30):
+            if n is None:
+                self.col.add(("resources", "memory"), f"{show(mem)} is not a memory size",
+                             _PATTERN_HINTS["memory"])
+            elif not (6 << 20) <= n <= (1024 << 30):
                 self.col.add(("resources", "memory"), f"{show(mem)} is out of range: must be "
                              "between 6m and 1024g")
             else:

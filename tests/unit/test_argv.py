@@ -220,6 +220,11 @@ def test_refuses_bad_name_and_image(field: str, value: str) -> None:
         Profile(name="p", cap_add=("sys_admin",)),
         Profile(name="p", mounts=(Mount(source="/a,b", target="/x"),)),
         Profile(name="p", mounts=(Mount(source="/a", target="/x,ro=false"),)),
+        Profile(name="p", mounts=(Mount(source='/a"b', target="/x"),)),
+        Profile(name="p", mounts=(Mount(source="/a", target='/w"x'),)),
+        # linpodx's $HOME (a tmpfs for --rm containers) and its parent.
+        Profile(name="p", mounts=(Mount(source="/a", target="/home/agent"),)),
+        Profile(name="p", mounts=(Mount(source="/a", target="/home"),)),
         Profile(name="p", mounts=(Mount(source="relative", target="/x"),)),
         Profile(name="p", resources=Resources(memory="2g; rm -rf /")),
         Profile(name="p", resources=Resources(cpus="-1")),
@@ -244,3 +249,17 @@ def test_clamp_and_notes() -> None:
 def test_hostname_for() -> None:
     assert hostname_for("agent_1.x") == "agent-1-x"
     assert hostname_for("___") == "linpodx"
+
+
+def test_a_mount_inside_home_goes_over_the_tmpfs_home() -> None:
+    # Allowed: podman mounts the tmpfs $HOME first (shorter destination), then this inside it.
+    prof = Profile(name="p", mounts=(Mount(source="/srv/work", target="/home/agent/work"),))
+    got = build_create_argv(spec(prof, rm=True))
+    mounts = [a for a in got if a.startswith("--mount=")]
+    dests = [part for a in mounts for part in a.split(",") if part.startswith("destination=")]
+    assert len(dests) == len(set(dests))
+    assert (
+        "--mount=type=tmpfs,destination=/home/agent,tmpfs-mode=0700,tmpfs-size=512m,chown=true"
+    ) in got
+    assert ("--mount=type=bind,source=/srv/work,destination=/home/agent/work,ro=true,"
+            "bind-propagation=rprivate") in got

@@ -86,8 +86,11 @@ HOSTILE = [
      "4:13: mounts[0].target: mount target \"/sys/x\" is over /sys, which is not allowed"),
     ("name: a\nname: b\n", "2:1: name: duplicate key \"name\" (first at line 1, column 1)"),
     ("name: a\nx: &a [1]\ny: *a\n", "2:4: x: YAML anchors and aliases are not allowed (&a)"),
-    ("name: a\ndescription: ${LINPODX_NOT_SET_ANYWHERE}\n",
-     "2:14: description: environment variable LINPODX_NOT_SET_ANYWHERE is not set"),
+    ("name: a\ndescription: ${LINPODX_VAR_NOT_SET_ANYWHERE}\n",
+     "2:14: description: environment variable LINPODX_VAR_NOT_SET_ANYWHERE is not set"),
+    # Set or not, a host variable outside the fixed set is never expanded (HOME is set here).
+    ("name: a\nenv: {STOLEN: \"${SECRET_TOKEN:-x}\"}\n",
+     "2:15: env.STOLEN: `${SECRET_TOKEN}` is not expanded"),
     ("name: a\nnetwork: {egress_dns_allowlist: ['*.com']}\n",
      "2:34: network.egress_dns_allowlist[0]: \"*.com\": a wildcard needs a domain of at least "
      "two labels"),
@@ -95,6 +98,19 @@ HOSTILE = [
      "2:45: mcp_policy[0].decision: \"yes\" is not one of: auto_allow, prompt, deny"),
     ("name: a\naudit: {hash_chain: false}\n",
      "2:21: audit.hash_chain: hash_chain: false is refused"),
+    ("%YAML 1.1\n---\nname: a\nmounts: [{source: /x, target: /y, read_only: yes}]\n",
+     "1:1: YAML version \"1.1\" is not supported"),
+    ("name: a\nmounts:\n  - read_only: !!bool yes\n    source: ${HOME}/demo-project\n"
+     "    target: /y\n", "3:16: mounts[0].read_only: \"yes\" tagged !!bool is not a YAML boolean"),
+    # A folded scalar ends in a newline: this deny rule never matched and the next rule won.
+    ("name: a\nmcp_policy:\n  - method: tools/call\n    tool_name: >\n      delete_file\n"
+     "    decision: deny\n  - {method: tools/call, decision: auto_allow}\n",
+     "4:16: mcp_policy[0].tool_name: \"delete_file\\n\" is not valid here"),
+    ("name: a\nresources: {memory: \"2g\\n\"}\n",
+     "2:21: resources.memory: \"2g\\n\" is not valid here"),
+    ("name: \"abc\\n\"\n", "1:7: name: \"abc\\n\" is not valid here"),
+    ("name: a\nenv: {\"X\\n\": v}\n",
+     "2:7: env[\"X\\n\"]: \"X\\n\" is not a valid environment variable name"),
 ]
 
 
@@ -114,6 +130,8 @@ def test_validate_and_apply_refuse_hostile_profiles(
         assert all(line.startswith(("error: ", "hint: ")) for line in lines)
         assert "Traceback" not in r.stderr
         assert nothing_stored()
+        base = paths.profiles_dir()
+        assert not base.exists() or not [p for p in base.rglob("*") if p.is_dir()]
 
 
 def test_validate_failure_json_is_one_document(cli: Cli, tmp_path: Path) -> None:
@@ -351,3 +369,29 @@ def test_a_state_dir_that_is_a_file_is_an_error_not_an_empty_listing(
         res = cli(*command)
         assert res.exit_code == 0, res.stdout + res.stderr
         assert (res.stdout + res.stderr).startswith("no "), res.stdout + res.stderr
+
+
+def test_show_escapes_bidi_and_zero_width_characters(cli: Cli, tmp_path: Path) -> None:
+    # The loader refuses control characters, not these; shown raw they reorder or hide text.
+    f = tmp_path / "bidi.yml"
+    f.write_text('name: bidi\ndescription: "safe \\u202e gnp.exe caf\u00e9"\n'
+                 'env: {X: "a\\u200bb"}\n', encoding="utf-8")
+    assert cli("sandbox", "apply", "--profile", str(f)).exit_code == 0
+    for args in (("sandbox", "show", "bidi"), ("sandbox", "show", "bidi", "--format", "json"),
+                 ("sandbox", "show", "bidi", "--json")):
+        r = cli(*args)
+        assert r.exit_code == 0, r.stderr
+        assert "\u202e" not in r.stdout and "\u200b" not in r.stdout, args
+        doc = YAML(typ="safe", pure=True).load(r.stdout)  # JSON is YAML too
+        profile = doc["result"]["profile"] if "--json" in args else doc
+        assert profile["description"] == "safe \u202e gnp.exe caf\u00e9"
+        assert profile["env"] == {"X": "a\u200bb"}
+    plain = cli("sandbox", "show", "bidi", "--format", "json")
+    assert "\\u202e" in plain.stdout
+
+
+def test_show_keeps_ordinary_non_ascii_text_as_is(cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "cafe.yml"
+    f.write_text("name: cafe\ndescription: caf\u00e9\n", encoding="utf-8")
+    assert cli("sandbox", "apply", "--profile", str(f)).exit_code == 0
+    assert "caf\u00e9" in cli("sandbox", "show", "cafe").stdout

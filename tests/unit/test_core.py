@@ -117,6 +117,9 @@ class TestOutput:
             shown = output.safe_text(f"read{chr(o)}_file")
             assert shown == f"read\\u{o:04x}_file"
         assert output.safe_text("café 工具 \u200d") == "café 工具 \u200d"
+        # Invisible: two strings that look the same must not print the same.
+        for o in (0x200B, 0x2060, 0xFEFF):
+            assert output.safe_text(f"read{chr(o)}_file") == f"read\\u{o:04x}_file"
 
     def test_safe_text_caps(self) -> None:
         assert output.safe_text("x" * 50, limit=10).startswith("x" * 10 + "…(+40")

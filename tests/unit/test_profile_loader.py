@@ -212,6 +212,95 @@ def test_linpodx_state_dir_is_refused(home: Path, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("elsewhere", ["LINPODX_STATE_DIR", "XDG_STATE_HOME"])
+def test_default_state_dir_is_refused_while_another_is_in_use(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, elsewhere: str
+) -> None:
+    # The person's own state (audit logs, approvals) stays where it was when a profile is
+    # applied with the state dir pointed elsewhere.
+    monkeypatch.delenv("XDG_STATE_HOME")
+    default = home / ".local" / "state" / "linpodx"
+    default.mkdir(parents=True)
+    monkeypatch.setenv(elsewhere, str(tmp_path / "other"))
+    assert paths.state_root() != str(default)
+    probs = refused(write(tmp_path, mount_profile(str(default))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {default}")
+
+
+def test_xdg_state_dir_is_refused_while_an_override_is_in_use(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    xdg = tmp_path / "xdg-state"
+    (xdg / "linpodx").mkdir(parents=True)
+    monkeypatch.setenv("XDG_STATE_HOME", str(xdg))
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(tmp_path / "override"))
+    probs = refused(write(tmp_path, mount_profile(str(xdg / "linpodx"))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {xdg / 'linpodx'}")
+    assert str(tmp_path / "override") in paths.protected_roots()
+
+
+def test_another_homes_state_dir_is_a_home_secret() -> None:
+    from linpodx.profile import hostpaths
+
+    trees, _exact = hostpaths.sensitive_paths()
+    assert "/root/.local/state/linpodx" in trees
+
+
+def _accounts(tmp_path: Path) -> list[object]:
+    import pwd
+
+    other = tmp_path / "other-home"
+    (other / ".local" / "share" / "containers").mkdir(parents=True)
+    (other / "project").mkdir()
+    system = tmp_path / "usr-sbin"  # a system account's "home" it does not own
+    system.mkdir()
+    uid = os.getuid()
+    return [
+        pwd.struct_passwd(("person", "x", uid, uid, "", str(other), "/bin/sh")),
+        pwd.struct_passwd(("daemon", "x", uid + 1 if uid < 999 else 1, 1, "", str(system),
+                           "/usr/sbin/nologin")),
+        pwd.struct_passwd(("gone", "x", 1002, 1002, "", "/nonexistent/x", "/bin/sh")),
+    ]
+
+
+def test_as_root_other_homes_and_their_secrets_are_refused(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pwd
+
+    from linpodx.profile import hostpaths
+
+    accounts = _accounts(tmp_path)
+    monkeypatch.setattr(pwd, "getpwall", lambda: accounts)
+    monkeypatch.setattr(hostpaths.os, "geteuid", lambda: 0)
+    other = tmp_path / "other-home"
+    probs = refused(write(tmp_path, mount_profile(str(other))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"contains the sensitive path {other}/.ssh")
+    store = other / ".local" / "share" / "containers"
+    probs = refused(write(tmp_path, mount_profile(str(store))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {store}")
+    # A project inside it is fine, as in one's own home; so is a system account's "home".
+    assert load_text(mount_profile(str(other / "project")), "t.yml").mounts
+    assert load_text(mount_profile(str(tmp_path / "usr-sbin")), "t.yml").mounts
+
+
+def test_other_homes_are_not_looked_up_without_root(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pwd
+
+    from linpodx.profile import hostpaths
+
+    accounts = _accounts(tmp_path)
+    monkeypatch.setattr(pwd, "getpwall", lambda: accounts)
+    monkeypatch.setattr(hostpaths.os, "geteuid", lambda: 1000)
+    assert str(tmp_path / "other-home") not in hostpaths._home_dirs()
+
+
 def test_relative_source_is_refused(tmp_path: Path) -> None:
     probs = refused(write(tmp_path, mount_profile("project/src")))
     assert_problem(
@@ -232,7 +321,28 @@ def test_missing_source_is_refused(home: Path, tmp_path: Path) -> None:
 def test_colon_and_comma_in_source_are_refused(home: Path, tmp_path: Path) -> None:
     (home / "a,b").mkdir()
     probs = refused(write(tmp_path, mount_profile("'${HOME}/a,b'")))
-    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "`:` or `,`")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "`:`, `,` or `\"`")
+
+
+@pytest.mark.parametrize("name", ["a,b=c", "x:y", "nl\ndir", 'q"x', "tab\tdir"])
+def test_source_resolving_to_a_path_podman_cannot_take_is_refused(
+    home: Path, tmp_path: Path, name: str
+) -> None:
+    # Written without the character, resolved through a symlink with it: stored, every run
+    # failed.
+    (home / name).mkdir()
+    (home / "link").symlink_to(home / name)
+    probs = refused(write(tmp_path, mount_profile("${HOME}/link")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   "which contains control characters, `:`, `,` or `\"`")
+
+
+def test_double_quote_in_source_or_target_is_refused(home: Path, tmp_path: Path) -> None:
+    # podman parses --mount as CSV: a bare `"` makes every run fail.
+    (home / 'q"x').mkdir()
+    probs = refused(write(tmp_path, mount_profile("'${HOME}/q\"x'", "'/w\"x'")))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "`,` or `\"`")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:5:13: mounts[0].target:", "`,` or `\"`")
 
 
 def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
@@ -248,6 +358,54 @@ def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
     assert_problem(
         probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "not a directory or regular file"
     )
+
+
+def test_directory_holding_a_socket_is_refused(home: Path, tmp_path: Path) -> None:
+    # A tmux or X server socket one level down is as good as the socket itself.
+    import socket
+
+    d = home / "project" / "tmux-1000"
+    d.mkdir()
+    (d / "sub").mkdir()
+    (d / "link").symlink_to("/tmp")
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(d / "default"))
+        probs = refused(write(tmp_path, mount_profile(str(d))))
+        assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                       f"holds the socket \"{d / 'default'}\"")
+        # One level only: the parent, whose direct entries are no sockets, is fine.
+        assert load_text(mount_profile(str(home / "project")), "t.yml").mounts
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        ("/tmp/.X11-unix", "is the sensitive path /tmp/.X11-unix"),
+        ("/tmp/.X11-unix/X0", "inside the sensitive path /tmp/.X11-unix"),
+        ("/tmp/tmux-1000", "tmux socket directory"),
+        ("/tmp/tmux-0/default", "tmux socket directory"),
+        ("/tmp", "contains the sensitive path /tmp/.X11-unix"),
+    ],
+)
+def test_desktop_and_tmux_sockets_are_sensitive(
+    tmp_path: Path, source: str, fragment: str
+) -> None:
+    probs = refused(write(tmp_path, mount_profile(source)))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", fragment)
+
+
+def test_tmux_tmpdir_socket_directory_is_sensitive(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmux = home / "project" / f"tmux-{os.getuid()}"
+    tmux.mkdir()
+    monkeypatch.setenv("TMUX_TMPDIR", str(home / "project"))
+    probs = refused(write(tmp_path, mount_profile(str(tmux))))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+                   f"is the sensitive path {tmux}")
 
 
 # --- mount targets ------------------------------------------------------------------------
@@ -267,6 +425,10 @@ def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
         ("/run", "linpodx manages it"),
         ("/run/linpodx", "is over /run/linpodx"),
         ("/run/linpodx/mount-gate", "is over /run/linpodx"),
+        # linpodx's $HOME: a tmpfs in --rm containers (a second mount there is a duplicate
+        # destination), and its parent (the tmpfs's mount point would be made in the host path).
+        ("/home/agent", "linpodx manages it"),
+        ("/home", "linpodx manages it"),
         ("workspace", "must be an absolute path"),
         ("/w/../proc", "must not contain `..`"),
         ("/w/./x", "is not normalized"),
@@ -275,6 +437,11 @@ def test_socket_source_is_refused(home: Path, tmp_path: Path) -> None:
 def test_bad_targets_are_refused(home: Path, tmp_path: Path, target: str, fragment: str) -> None:
     probs = refused(write(tmp_path, mount_profile("${HOME}/project", target)))
     assert_problem(probs, f"{tmp_path / 'p.yml'}:5:13: mounts[0].target:", fragment)
+
+
+def test_target_inside_the_container_home_is_allowed(home: Path) -> None:
+    p = load_text(mount_profile("${HOME}/project", "/home/agent/work"), "t.yml")
+    assert p.mounts[0].target == "/home/agent/work"
 
 
 def test_duplicate_targets_are_refused(home: Path, tmp_path: Path) -> None:
@@ -334,6 +501,8 @@ def test_unknown_keys_are_refused_with_a_suggestion(tmp_path: Path) -> None:
         ("name: a\nresources: {memory: 1m}\n", "2:21: resources.memory:", "out of range"),
         ("name: a\nresources: {cpus: 0}\n", "2:19: resources.cpus:", "out of range"),
         ("name: a\nworkdir: rel\n", "2:10: workdir:", "absolute"),
+        ("name: a\nworkdir: \"/w\\n\"\n", "2:10: workdir:", "or control characters"),
+        ("name: a\nworkdir: \"/w\\tx\"\n", "2:10: workdir:", "or control characters"),
         ("version: 2\nname: a\n", "1:10: version:", "version 2 is not supported"),
     ],
 )
@@ -544,7 +713,8 @@ def test_escaped_control_characters_are_refused(tmp_path: Path, escape: str, cod
 
 def test_expanded_control_characters_are_refused() -> None:
     with pytest.raises(ProfileError) as exc:
-        load_text("name: a\nenv: {A: '${X}'}\n", "t.yml", env={"X": "a\x1bb"})
+        load_text("name: a\nenv: {A: '${LINPODX_VAR_X}'}\n", "t.yml",
+                  env={"LINPODX_VAR_X": "a\x1bb"})
     assert exc.value.problems[0].startswith("t.yml:2:10: env.A: strings must not contain")
 
 
@@ -554,6 +724,108 @@ def test_read_only_yes_is_refused_with_a_hint(tmp_path: Path) -> None:
     assert any(":2:46: mounts[0].read_only: expected true or false, got a string" in p
                for p in exc.value.problems), exc.value.problems
     assert "write true or false" in (exc.value.hint or "")
+
+
+@pytest.mark.parametrize("text", ["yes", "on", "'1'", '"false "', "y", "1"])
+def test_bool_tag_takes_only_yaml_1_2_spellings(tmp_path: Path, text: str) -> None:
+    # `!!bool yes` used to load as false: a read-only mount made writable (fail-open).
+    probs = refused(write(tmp_path, f"name: a\nmounts: [{{source: /x, target: /y, "
+                                    f"read_only: !!bool {text}}}]\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:46: mounts[0].read_only:",
+                   "tagged !!bool is not a YAML boolean")
+    assert not any("got null" in p for p in probs), probs
+
+
+@pytest.mark.parametrize(("text", "value"), [("TRUE", True), ("True", True), ("False", False)])
+def test_bool_tag_with_a_core_spelling_loads(text: str, value: bool) -> None:
+    p = load_text(f"name: a\nnetwork: {{allow_private_answers: !!bool {text}}}\n", "t.yml")
+    assert p.network.allow_private_answers is value
+
+
+def test_null_tag_takes_only_null_spellings(tmp_path: Path) -> None:
+    # `tool_name: !!null delete_file` would be a rule for every tool.
+    probs = refused(write(tmp_path, "name: a\nmcp_policy:\n  - {method: tools/call, "
+                                    "tool_name: !!null delete_file, decision: auto_allow}\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:37: mcp_policy[0].tool_name:",
+                   "tagged !!null is not a YAML null")
+    p = load_text("name: a\nmcp_policy: [{method: x, tool_name: !!null '', decision: deny}]\n")
+    assert p.mcp_policy[0].tool_name is None
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0", "1.3", "2.0", "1.2.0", ""])
+def test_yaml_versions_other_than_1_2_are_refused(tmp_path: Path, version: str) -> None:
+    # Under %YAML 1.1 `yes` is true and `0777` octal: the file means what a reader would not.
+    probs = refused(write(tmp_path, f"# c\n%YAML {version}\n---\nname: a\n"
+                                    "mounts: [{source: /x, target: /y, read_only: yes}]\n"))
+    assert probs == [f"{tmp_path / 'p.yml'}:2:1: YAML version \"{version}\" is not supported: a "
+                     "profile is YAML 1.2"]
+    assert load_text("%YAML 1.2\n---\nname: a\n", "t.yml").name == "a"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('name: "abc\\n"\n', "1:7: name:"),
+        ('name: a\nresources: {memory: "2g\\n"}\n', "2:21: resources.memory:"),
+        ('name: a\nresources: {cpus: "2\\n"}\n', "2:19: resources.cpus:"),
+        ('name: a\nmcp_policy: [{method: "tools/call\\n", decision: deny}]\n',
+         "2:23: mcp_policy[0].method:"),
+        ("name: a\nmcp_policy:\n- method: tools/call\n  tool_name: |\n    delete_file\n"
+         "  decision: deny\n", "4:14: mcp_policy[0].tool_name:"),
+        ('name: a\nmcp: {allow_server_requests: ["sampling/createMessage\\n"]}\n',
+         "2:31: mcp.allow_server_requests[0]:"),
+        ('name: a\ncap_add: ["CHOWN\\n"]\n', "2:11: cap_add[0]:"),
+    ],
+)
+def test_pattern_dollar_does_not_match_before_a_trailing_newline(
+    tmp_path: Path, text: str, where: str
+) -> None:
+    # Python's `$` matches before a final newline; JSON Schema's (ECMA-262) does not.
+    probs = refused(write(tmp_path, text))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:{where}", "is not valid here (must match")
+
+
+def test_env_name_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
+    probs = refused(write(tmp_path, 'name: a\nenv: {"X\\n": v}\n'))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:2:7: env[", "not a valid environment variable")
+
+
+def test_every_schema_pattern_is_anchored_at_the_very_end() -> None:
+    def walk(node: object) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+            return found + [p for v in node.values() for p in walk(v)]
+        if isinstance(node, list):
+            return [p for v in node for p in walk(v)]
+        return []
+
+    patterns = walk(loader.schema())
+    assert len(patterns) >= 8
+    for pattern in patterns:
+        assert pattern.startswith("^") and pattern.endswith("$"), pattern
+        assert loader._anchored(pattern).pattern.endswith(r"\Z")
+
+
+def test_a_revision_stored_under_the_old_pattern_rule_is_checked_again() -> None:
+    import hashlib
+
+    good = load_text("name: a\nmcp_policy: [{method: tools/call, tool_name: x, decision: deny}]\n")
+    data = good.to_dict()
+    data["mcp_policy"][0]["tool_name"] = "delete_file\n"
+    old = "sha256:" + hashlib.sha256(
+        (REPO / "linpodx" / "profile" / "schema.json").read_bytes()
+    ).hexdigest()
+    with pytest.raises(ProfileError) as exc:
+        profile_from_dict(data, "rev.json", validated_with=old)
+    assert any("mcp_policy[0].tool_name" in p for p in exc.value.problems), exc.value.problems
+
+
+def test_memory_that_is_not_a_size_is_refused_without_the_schema() -> None:
+    data = load_text("name: a\n").to_dict()
+    data["resources"]["memory"] = "2g\n"
+    with pytest.raises(ProfileError) as exc:
+        profile_from_dict(data, "rev.json", validated_with=loader.schema_digest())
+    assert any("is not a memory size" in p for p in exc.value.problems), exc.value.problems
 
 
 def test_not_a_regular_file(tmp_path: Path) -> None:
@@ -574,9 +846,9 @@ def test_not_a_regular_file(tmp_path: Path) -> None:
 
 
 def test_unknown_var_is_refused_with_position(tmp_path: Path) -> None:
-    probs = refused(write(tmp_path, "name: a\ndescription: 'x ${LINPODX_TEST_UNSET_VAR}'\n"))
+    probs = refused(write(tmp_path, "name: a\ndescription: 'x ${LINPODX_VAR_TEST_UNSET}'\n"))
     assert probs == [
-        f"{tmp_path / 'p.yml'}:2:14: description: environment variable LINPODX_TEST_UNSET_VAR "
+        f"{tmp_path / 'p.yml'}:2:14: description: environment variable LINPODX_VAR_TEST_UNSET "
         "is not set"
     ]
 
@@ -584,19 +856,55 @@ def test_unknown_var_is_refused_with_position(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "env", "expected"),
     [
-        ("${A}", {"A": "1"}, "1"),
-        ("${A:-d}", {}, "d"),
-        ("${A:-d}", {"A": ""}, "d"),
-        ("${A}", {"A": ""}, ""),
+        ("${LINPODX_VAR_A}", {"LINPODX_VAR_A": "1"}, "1"),
+        ("${LINPODX_VAR_A:-d}", {}, "d"),
+        ("${LINPODX_VAR_A:-d}", {"LINPODX_VAR_A": ""}, "d"),
+        ("${LINPODX_VAR_A}", {"LINPODX_VAR_A": ""}, ""),
         ("$${A}", {}, "${A}"),
         ("a$$b", {}, "a$b"),
-        ("${A}${B:-}x", {"A": "1"}, "1x"),
+        ("${HOME}${LINPODX_VAR_B:-}x", {"HOME": "/h"}, "/hx"),
+        ("${XDG_RUNTIME_DIR:-/run/user/1}/x", {}, "/run/user/1/x"),
+        ("${USER}${LOGNAME}${PWD}", {"USER": "u", "LOGNAME": "l", "PWD": "/p"}, "ul/p"),
     ],
 )
 def test_expansion_forms(value: str, env: dict[str, str], expected: str) -> None:
     out, problems = loader.expand_vars(value, env)
     assert problems == []
     assert out == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["${SECRET_TOKEN}", "${SECRET_TOKEN:-x}", "${PATH}", "${LINPODX_VAR_}", "${home}",
+              "${LINPODX_STATE_DIR}"]
+)
+def test_only_a_fixed_set_of_host_variables_is_expanded(value: str) -> None:
+    # A hostile profile must not copy the host's environment into the container (or a DNS name).
+    env = {"SECRET_TOKEN": "s3cret", "PATH": "/bin", "home": "/h", "LINPODX_VAR_": "x",
+           "LINPODX_STATE_DIR": "/s"}
+    out, problems = loader.expand_vars(value, env)
+    assert len(problems) == 1
+    message, hint = problems[0]
+    assert "is not expanded: a profile may only use HOME, USER" in message
+    assert "LINPODX_VAR_*" in message
+    assert "`export LINPODX_VAR_" in hint and "and write `${LINPODX_VAR_" in hint
+    assert "s3cret" not in out and "/bin" not in out
+
+
+def test_a_host_secret_never_reaches_env_or_the_allowlist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "s3cret")
+    text = ('name: a\nenv:\n  STOLEN: "${SECRET_TOKEN}"\nnetwork:\n'
+            '  egress_dns_allowlist: ["${SECRET_TOKEN}.attacker.example"]\n')
+    probs = refused(write(tmp_path, text))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:11: env.STOLEN:",
+                   "`${SECRET_TOKEN}` is not expanded")
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:5:26: network.egress_dns_allowlist[0]:",
+                   "`${SECRET_TOKEN}` is not expanded")
+    assert not any("s3cret" in p for p in probs)
+    monkeypatch.setenv("LINPODX_VAR_TOKEN", "opted-in")
+    p = load_text('name: a\nenv: {T: "${LINPODX_VAR_TOKEN}"}\n', "t.yml")
+    assert p.env == (("T", "opted-in"),)
 
 
 @pytest.mark.parametrize("value", ["$A", "${A", "${}", "${1A}", "${A:=x}", "cost: 5$"])
@@ -606,9 +914,10 @@ def test_other_dollar_forms_are_refused(value: str) -> None:
 
 
 def test_expansion_happens_before_path_checks(home: Path, tmp_path: Path) -> None:
-    probs = refused(write(tmp_path, mount_profile("${LPX_SRC:-/etc}")))
+    probs = refused(write(tmp_path, mount_profile("${LINPODX_VAR_SRC:-/etc}")))
     assert_problem(probs, f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:", "sensitive path /etc")
-    p = load_text(mount_profile("${LPX_SRC}"), "t.yml", env={"LPX_SRC": str(home / "project")})
+    p = load_text(mount_profile("${LINPODX_VAR_SRC}"), "t.yml",
+                  env={"LINPODX_VAR_SRC": str(home / "project")})
     assert p.mounts[0].source == os.path.realpath(home / "project")
 
 
@@ -637,6 +946,9 @@ def test_keys_are_not_expanded(tmp_path: Path) -> None:
         ("a" * 64 + ".com", "longer than 63"),
         (".".join(["a" * 63] * 3 + ["a" * 62]), "longer than 253"),
         ("bücher.de", "xn--"),
+        # Lower-cased, the Kelvin sign is `k`: checked for ASCII before lower-casing.
+        ("\u212aexample.com", "is not ASCII (U+212A)"),
+        ("*.\u0130stanbul.example", "is not ASCII"),
         ("example.123", "IP address"),
     ],
 )
@@ -714,3 +1026,11 @@ def test_bad_resolvers_are_refused(tmp_path: Path) -> None:
     assert_problem(probs, f"{tmp_path / 'p.yml'}:3:18: network.upstream_dns[0]:", "port")
     assert_problem(probs, f"{tmp_path / 'p.yml'}:3:33: network.upstream_dns[1]:", "is not `IP`")
     assert_problem(probs, f"{tmp_path / 'p.yml'}:3:48: network.upstream_dns[2]:", "is not `IP`")
+
+
+@pytest.mark.parametrize("resolver", ["fe80::1%eth0", "[fe80::1%eth0]:53", "fe80::1%a b",
+                                      "[fe80::1%$$x]:53", "fe80::1%25eth0"])
+def test_ipv6_zone_ids_are_refused(tmp_path: Path, resolver: str) -> None:
+    probs = refused(write(tmp_path, f"name: a\nnetwork:\n  upstream_dns: ['{resolver}']\n"))
+    assert_problem(probs, f"{tmp_path / 'p.yml'}:3:18: network.upstream_dns[0]:",
+                   "zone ids (`%eth0`) are not allowed")
