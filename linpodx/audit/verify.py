@@ -39,6 +39,7 @@ from linpodx.audit.chain import (
 from linpodx.audit.core import ZERO_HASH
 from linpodx.errors import AuditError, ChainBroken, LinpodxError, NotFound, UsageError
 from linpodx.fsutil import present
+from linpodx.output import safe_text
 from linpodx.paths import sessions_audit_dir
 
 BUILTIN_PROFILE_ID = "builtin"
@@ -223,10 +224,12 @@ def verify_session(
     anchors: Mapping[int, str] | None = None,
     *,
     admin_scan: tuple[VerifyReport | None, _AdminIndex] | None = None,
+    recheck: bool = True,
 ) -> ChainCheck:
     """Verify one session chain against its profile anchor, the admin chain and seals.
 
-    `admin_scan` reuses one scan of the admin chain across many sessions (verify --all).
+    `admin_scan` reuses one scan of the admin chain across many sessions (verify --all);
+    `recheck=False` trusts it even when the session seems never opened (no second scan).
     """
     try:
         path = session_path(session_id)
@@ -271,6 +274,16 @@ def verify_session(
         pid, ah = first.data.get("profile_id"), first.data.get("audit_hash")
         profile_id = pid if isinstance(pid, str) else None
         audit_hash = ah if isinstance(ah, str) else None
+        named = first.data.get("session_id")
+        if named != session_id:
+            # A log copied or renamed from another session (or forged without one): its
+            # records are someone else's, whatever its chain says.
+            problems.append(
+                "the session's first record names no session id"
+                if not isinstance(named, str)
+                else f"the session's first record names session {safe_text(named, 80)}, not "
+                f"{session_id}: this log was copied or renamed from another session"
+            )
     opened = index.opens.get(session_id)
     closed = index.closes.get(session_id)
     # The genesis: what the admin chain says the session started from, else what the session's
@@ -335,10 +348,30 @@ def verify_session(
                 notes.append(f"profile revision anchored at admin seq {apply.seq}")
     if profile_id is not None and audit_hash is not None and profile_id != BUILTIN_PROFILE_ID:
         problems.extend(_check_store_revision(profile_id, audit_hash, notes))
+    if opened is None and report.events > 1 and recheck:
+        # The admin chain was read before this log: a session opened meanwhile has its
+        # session.open there now. Look once more before calling it forged.
+        try:
+            fresh = _admin_scan()
+        except AuditError:
+            fresh = None
+        if fresh is not None and session_id in fresh[1].opens:
+            return verify_session(session_id, anchors, admin_scan=fresh, recheck=False)
     if opened is None:
-        notes.append(
-            "no session.open in the admin chain: this session is anchored only by its profile"
-        )
+        if report.events > 1:
+            # open_session writes session.start, then session.open, and the session records
+            # nothing more unless both went in: more than the first record without session.open
+            # is a log the admin chain never opened (copied, renamed or forged).
+            problems.append(
+                f"no session.open for {session_id} in the admin chain, yet its log holds "
+                f"{report.events} records: a session log nobody opened (forged, copied or "
+                "renamed)"
+            )
+        else:
+            notes.append(
+                "no session.open in the admin chain: the session was never opened (a crash "
+                "between its first record and the admin chain's?); anchored only by its profile"
+            )
     else:
         notes.append(f"opened at admin seq {opened.seq}")
     if closed is None:

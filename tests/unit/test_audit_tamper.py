@@ -484,7 +484,8 @@ def test_session_under_builtin_profile(applied: tuple[str, str]) -> None:
         "session.start", {"profile_id": ref.profile_id, "audit_hash": ref.audit_hash}
     )
     check2 = verify_session(sid2)
-    assert not check2.ok and "must be opened in the admin chain" in check2.problems[0]
+    assert not check2.ok
+    assert any("must be opened in the admin chain" in p for p in check2.problems)
 
 
 def test_deleted_session_log_detected(applied: tuple[str, str]) -> None:
@@ -503,3 +504,80 @@ def test_deleted_session_log_detected(applied: tuple[str, str]) -> None:
     # A session nobody ever opened is simply unknown.
     with pytest.raises(NotFound):
         verify_session("sess_01ARZ3NDEKTSV4RRFFQ69G5FB5")
+
+
+def test_copied_session_log_detected(applied: tuple[str, str]) -> None:
+    """A byte copy of an opened, closed session's log under another id: its chain is intact and
+    starts from an applied profile, but its first record names the other session."""
+    import shutil
+
+    from linpodx.audit.chain import session_path
+
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC0"
+    chain, _ = open_session(sid, pid, ah)
+    last = chain.append("mcp.decision", {"i": 1})
+    anchor_session(sid, last.hash, 2)
+    copy = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC1"
+    shutil.copy(session_path(sid), session_path(copy))
+    check = verify_session(copy)
+    assert check.report.ok and not check.ok
+    assert any(f"names session {sid}, not {copy}" in p for p in check.problems)
+    assert verify_session(sid).ok
+
+
+def test_forged_unopened_session_detected(applied: tuple[str, str]) -> None:
+    """A chain forged from scratch from an applied profile, naming itself, never opened."""
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC2"
+    from linpodx.audit.chain import session_path
+
+    session_path(sid).parent.mkdir(parents=True, exist_ok=True)
+    forge_chain(
+        session_path(sid),
+        [{"session_id": sid, "profile_id": pid, "audit_hash": ah}, {"tool": "x"}, {"r": "done"}],
+        genesis=ah,
+    )
+    check = verify_session(sid)
+    assert check.report.ok and not check.ok
+    assert any("no session.open" in p and "nobody opened" in p for p in check.problems)
+
+
+def test_crash_between_session_start_and_open_is_a_note(
+    applied: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_session wrote session.start, then died before the admin chain's session.open: the
+    log holds its first record only, and that is a crash, not a forgery."""
+    from linpodx.audit import chain as ch
+    from linpodx.errors import AuditError
+
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC3"
+    real = ch.Chain.append
+
+    def append(self: ch.Chain, typ: str, data: object) -> object:
+        if typ == "session.open":
+            raise AuditError("disk full", "")
+        return real(self, typ, data)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as m, pytest.raises(AuditError):
+        m.setattr(ch.Chain, "append", append)
+        open_session(sid, pid, ah)
+    check = verify_session(sid)
+    assert check.ok, check.problems
+    assert any("never opened" in n for n in check.notes)
+
+
+def test_session_opened_after_the_admin_scan_is_not_forged(applied: tuple[str, str]) -> None:
+    """verify --all reads the admin chain first; a session opened (and recording) after that
+    must not be called forged: the admin chain is read again before saying so."""
+    from linpodx.audit.verify import _admin_scan
+
+    pid, ah = applied
+    stale = _admin_scan()
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC4"
+    chain, _ = open_session(sid, pid, ah)
+    chain.append("mcp.decision", {"i": 1})
+    check = verify_session(sid, admin_scan=stale)
+    assert check.ok, check.problems
+    assert any("opened at admin seq" in n for n in check.notes)
