@@ -116,6 +116,10 @@ class _AdminIndex:
     closes: dict[str, Record] = field(default_factory=dict)
 
     def collect(self, rec: Record) -> None:
+        if rec.seq == 0:  # verify_file starts over (a second look under the lock)
+            self.applies.clear()
+            self.opens.clear()
+            self.closes.clear()
         if rec.type == "profile.apply":
             self.applies[rec.hash] = rec
         elif rec.type in ("session.open", "session.close"):
