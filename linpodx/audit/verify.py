@@ -140,6 +140,9 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
     """Verify the admin chain, its seals, and that the profile store's revisions are in it."""
     path = admin_chain().path
     if not present(path) and not anchors:
+        gone = _admin_log_deleted(str(path))
+        if gone is not None:
+            return gone
         raise NotFound(
             f"no admin audit log yet ({path})",
             "it is created by the first recorded action, "
@@ -187,6 +190,39 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
         if index.opens:
             notes.append(f"{len(index.opens)} session log(s) opened in this chain are present")
     return ChainCheck(report=report, problems=tuple(problems), notes=tuple(notes))
+
+
+def _admin_log_deleted(path: str) -> ChainCheck | None:
+    """With no admin log: the broken chain it is if anything exists that it should have
+    recorded (a profile revision is stored only after its profile.apply record, a session log
+    only next to its session.open); None on a fresh install."""
+    problems, _notes = _check_store(_AdminIndex())
+    try:
+        sessions = session_ids()
+    except OSError:
+        sessions = []
+    what = []
+    if problems:
+        what.append(f"{len(problems)} stored profile revision(s)")
+    if sessions:
+        what.append(f"{len(sessions)} session log(s)")
+    if not what:
+        return None
+    report = VerifyReport(
+        ok=False,
+        events=0,
+        head=ZERO_HASH,
+        tail=ZERO_HASH,
+        first_bad_seq=0,
+        reason=f"the admin log is missing, but {' and '.join(what)} exist that it recorded: "
+        "the admin log was deleted",
+        torn_tail=False,
+        log_id=None,
+        path=path,
+        hint="keep the profile store and the session logs as evidence; linpodx cannot "
+        "restore the admin log, and the sessions can no longer be anchored",
+    )
+    return ChainCheck(report=report, problems=tuple(problems))
 
 
 def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:

@@ -494,3 +494,33 @@ def test_an_admin_log_that_cannot_be_looked_at_is_an_error_not_no_log_yet(
     assert "no admin audit log yet" not in res.stderr
     assert "Permission denied" in res.stderr and "hint:" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_deleted_admin_log_is_broken_not_a_fresh_install(cli: Cli, session: str) -> None:
+    """The admin log deleted while profile revisions and session logs remain: `verify`,
+    `verify --all` and `seal` say the chain is broken (exit 7), not "no admin audit log yet"
+    (exit 4, which reads as nothing to check), and `--all` still verifies every session."""
+    admin_chain().path.unlink()
+    res = cli("audit", "verify")
+    assert res.exit_code == EXIT_TAMPERED, res.stderr
+    assert "no admin audit log yet" not in res.stderr
+    assert "the admin log is missing" in res.stderr and "was deleted" in res.stderr
+    every = cli("audit", "verify", "--all")
+    assert every.exit_code == EXIT_TAMPERED, every.stderr
+    assert f"session: {session} BROKEN: there is no admin log" in every.stdout
+    assert "sessions: 1 verified, 1 broken" in every.stdout
+    sealed = cli("audit", "seal")
+    assert sealed.exit_code == EXIT_TAMPERED and "the admin log is missing" in sealed.stderr
+
+
+def test_deleted_admin_log_with_only_a_session_left(cli: Cli, session: str) -> None:
+    """No profile revision (the store emptied too), but a session log remains: still broken."""
+    import shutil
+
+    from linpodx.paths import profiles_dir
+
+    admin_chain().path.unlink()
+    shutil.rmtree(profiles_dir())
+    res = cli("audit", "verify")
+    assert res.exit_code == EXIT_TAMPERED, res.stderr
+    assert "1 session log(s)" in res.stderr
