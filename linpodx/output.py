@@ -8,6 +8,7 @@ terminal (escape sequences, control characters) or rich markup.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
 
@@ -29,20 +30,65 @@ controls (the "Trojan Source" set): a terminal that implements right-to-left tex
 what follows them, so an approver could be shown one tool name while the bytes say another."""
 
 
+_ESCAPE_LOW = "\x00-\x1f\x7f-\x9f"
+_ESCAPE_HIGH = "".join(chr(o) for o in sorted(_ESCAPED_ABOVE_C1))
+_ESCAPE_RE = re.compile(f"[{_ESCAPE_LOW}{re.escape(_ESCAPE_HIGH)}]")
+_ESCAPE_LOW_RE = re.compile(f"[{_ESCAPE_LOW}]")
+_ESCAPE_HIGH_RE = re.compile(f"[{re.escape(_ESCAPE_HIGH)}]")
+
+
+def _escape_one(m: re.Match[str]) -> str:
+    o = ord(m.group())
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+
+
+def _escaped_len(value: str, pos: int = 0) -> int:
+    """len(escaped value[pos:]) without building it: `\\xNN` adds 3 characters, `\\uNNNN` 5."""
+    n = len(value) - pos
+    if _ESCAPE_RE.search(value, pos) is None:  # the common case: one scan, nothing to count
+        return n
+    return (
+        n
+        + 3 * len(_ESCAPE_LOW_RE.findall(value, pos))
+        + 5 * len(_ESCAPE_HIGH_RE.findall(value, pos))
+    )
+
+
 def safe_text(value: str, limit: int | None = None) -> str:
     """Escape control characters (C0, DEL, C1, line/paragraph separators, bidirectional
-    controls) and cap the length."""
-    out = []
-    for ch in value:
-        o = ord(ch)
-        if o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or o in _ESCAPED_ABOVE_C1:
-            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
-        else:
-            out.append(ch)
+    controls) and cap the length (of the escaped text, never cutting an escape in two).
+
+    Only the part that is shown is escaped: a megabyte-long value costs a scan, not a copy
+    per character."""
+    if limit is None:
+        return _ESCAPE_RE.sub(_escape_one, value)
+    out: list[str] = []
+    n = 0  # characters of output so far
+    i = 0  # characters of `value` consumed
+    full = True
+    for m in _ESCAPE_RE.finditer(value, 0, limit):
+        plain = value[i : m.start()]
+        if n + len(plain) > limit:
+            break
+        out.append(plain)
+        n += len(plain)
+        i = m.start()
+        esc = _escape_one(m)
+        if n + len(esc) > limit:
+            full = False
+            break
+        out.append(esc)
+        n += len(esc)
+        i = m.end()
+    if full:
+        take = min(limit - n, len(value) - i)
+        out.append(value[i : i + take])
+        n += take
+        i += take
     text = "".join(out)
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + f"…(+{len(text) - limit} chars)"
-    return text
+    if i >= len(value):
+        return text
+    return text + f"…(+{_escaped_len(value, i)} chars)"
 
 
 def kv_line(key: str, value: Any) -> str:
@@ -81,8 +127,15 @@ def print_json(doc: Any, stream: TextIO | None = None, *, compact: bool = False)
     """Print one JSON document (pretty, UTF-8; `compact`: on one line)."""
     global _envelopes_printed
     stream = stream or sys.stdout
-    indent = None if compact else 2
-    stream.write(json.dumps(doc, ensure_ascii=False, indent=indent, sort_keys=False) + "\n")
+    if compact:
+        stream.write(json.dumps(doc, ensure_ascii=False, sort_keys=False) + "\n")
+    else:
+        # Written as it is encoded (the same text json.dumps gives): a document with a long
+        # list (`audit show --json`) is never held whole as one string.
+        encoder = json.JSONEncoder(ensure_ascii=False, indent=2, sort_keys=False)
+        for chunk in encoder.iterencode(doc):
+            stream.write(chunk)
+        stream.write("\n")
     stream.flush()
     if isinstance(doc, dict) and doc.get("schema") == ENVELOPE_SCHEMA:
         _envelopes_printed += 1

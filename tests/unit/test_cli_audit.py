@@ -524,3 +524,54 @@ def test_deleted_admin_log_with_only_a_session_left(cli: Cli, session: str) -> N
     res = cli("audit", "verify")
     assert res.exit_code == EXIT_TAMPERED, res.stderr
     assert "1 session log(s)" in res.stderr
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_show_streams_records_instead_of_holding_the_log(
+    cli: Cli, applied: tuple[str, str], monkeypatch: pytest.MonkeyPatch, json_mode: bool
+) -> None:
+    """`show` without --limit writes each record as it is read (and `--json` writes its
+    envelope while reading the records a second time), so a log of any size is shown
+    without holding every record: output must already be there while records are read."""
+    import io
+    import sys
+
+    from linpodx.cli import audit as cli_audit
+
+    a = admin_chain()
+    for i in range(20):
+        a.append("test.event", {"i": i})
+    seen: list[int] = []
+    real = cli_audit.check_line
+
+    def check_line(line: bytes) -> Any:
+        out = sys.stdout
+        seen.append(len(out.getvalue()) if isinstance(out, io.StringIO) else -1)
+        return real(line)
+
+    monkeypatch.setattr(cli_audit, "check_line", check_line)
+    args = ("audit", "show", "--json") if json_mode else ("audit", "show")
+    res = cli(*args)
+    assert res.exit_code == 0, res.stderr
+    assert seen and max(seen) > 0  # some records were read after output was written
+    if json_mode:
+        doc = json.loads(res.stdout)
+        assert doc["ok"] is True and doc["result"]["events"] == 21
+        assert [r["seq"] for r in doc["result"]["records"]] == list(range(21))
+        # The same text json.dumps gives for the whole envelope.
+        assert res.stdout == json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+    else:
+        assert len(res.stdout.splitlines()) == 21
+
+
+def test_show_json_of_a_damaged_log_is_one_error_envelope(
+    cli: Cli, applied: tuple[str, str]
+) -> None:
+    a = admin_chain()
+    a.append("test.event", {"who": "alice"})
+    a.append("test.event", {"who": "bob"})
+    a.path.write_bytes(a.path.read_bytes().replace(b"alice", b"eve"))
+    res = cli("audit", "show", "--json")
+    assert res.exit_code == EXIT_TAMPERED
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["details"]["events"] == 1

@@ -121,6 +121,19 @@ class TestOutput:
     def test_safe_text_caps(self) -> None:
         assert output.safe_text("x" * 50, limit=10).startswith("x" * 10 + "…(+40")
 
+    def test_safe_text_cap_never_cuts_an_escape(self) -> None:
+        # "\x1b" is 4 characters: 5 leave room for one and a half; only the whole one stays.
+        assert output.safe_text("\x1b" * 10, limit=5) == "\\x1b…(+36 chars)"
+        assert output.safe_text("ab\u202e", limit=7) == "ab…(+6 chars)"
+        assert output.safe_text("ab\u202e", limit=8) == "ab\\u202e"
+        # Short strings: as before.
+        assert output.safe_text("a\x1bb", limit=6) == "a\\x1bb"
+        assert output.safe_text("a\x1bb", limit=5) == "a\\x1b…(+1 chars)"
+
+    def test_safe_text_long_value_counts_what_was_cut(self) -> None:
+        value = "y" * 1_000_000 + "\x1b" + "\u2066"
+        assert output.safe_text(value, limit=3) == "yyy…(+" + str(999_997 + 4 + 6) + " chars)"
+
     def test_envelope_shapes(self) -> None:
         ok = output.envelope("sandbox validate", {"a": 1})
         assert ok == {
