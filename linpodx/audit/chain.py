@@ -41,6 +41,7 @@ from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import AuditError
 from linpodx.fsutil import fsync_dir
 from linpodx.ids import new_id
+from linpodx.output import safe_text
 from linpodx.paths import admin_log, sessions_audit_dir
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -260,7 +261,8 @@ def _kind(path: Path, st: os.stat_result) -> str:
     mode = st.st_mode
     if stat.S_ISLNK(mode):
         try:
-            return f"a symbolic link (to {os.readlink(path)})"
+            # The target is anyone's text (newlines, escapes): shown escaped, never raw.
+            return f"a symbolic link (to {safe_text(os.readlink(path), 200)})"
         except OSError:
             return "a symbolic link"
     for test, name in (

@@ -47,6 +47,12 @@ BUILTIN_PROFILE_ID = "builtin"
 _ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})\Z")
 
 
+def _q(value: str, limit: int = 80) -> str:
+    """A value read from a log or the store, as a message may quote it: escaped (a newline in
+    a forged `profile_id` must not print a line of its own on the terminal), capped."""
+    return safe_text(value, limit)
+
+
 def parse_anchor(text: str) -> tuple[int, str]:
     """`SEQ:HASH` (as printed by `linpodx audit seal`) -> (seq, hash)."""
     m = _ANCHOR_RE.fullmatch(text.strip().lower())
@@ -174,17 +180,17 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
                 check_regular(spath)
             except NotALog as exc:
                 problems.append(
-                    f"session {sid} was opened at admin seq {rec.seq} but its audit log is "
+                    f"session {_q(sid)} was opened at admin seq {rec.seq} but its audit log is "
                     f"{exc.kind}, not a regular file: it is not a log linpodx wrote"
                 )
             except (AuditError, FileNotFoundError, NotADirectoryError):
                 problems.append(
-                    f"session {sid} was opened at admin seq {rec.seq} but its audit log is "
+                    f"session {_q(sid)} was opened at admin seq {rec.seq} but its audit log is "
                     "missing: the session log was deleted"
                 )
             except OSError as exc:
                 problems.append(
-                    f"session {sid} was opened at admin seq {rec.seq} but its audit log cannot "
+                    f"session {_q(sid)} was opened at admin seq {rec.seq} but its audit log cannot "
                     f"be looked at: {exc.strerror or exc}"
                 )
         if index.opens:
@@ -250,7 +256,8 @@ def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
         rev = getattr(sp, "revision", "?")
         if isinstance(ah, str) and ah not in index.applies:
             problems.append(
-                f"profile {name!r} revision {rev} was applied with audit_hash {ah[:12]}…, which "
+                f"profile {name!r} revision {_q(str(rev))} was applied with audit_hash "
+                f"{_q(ah[:12])}…, which "
                 "is not a profile.apply record of the admin chain: the admin log was rewritten "
                 "or replaced"
             )
@@ -321,7 +328,7 @@ def verify_session(
             problems.append(
                 "the session's first record names no session id"
                 if not isinstance(named, str)
-                else f"the session's first record names session {safe_text(named, 80)}, not "
+                else f"the session's first record names session {_q(named)}, not "
                 f"{session_id}: this log was copied or renamed from another session"
             )
     opened = index.opens.get(session_id)
@@ -357,8 +364,8 @@ def verify_session(
             problems.append("the session's first record names no profile audit_hash")
     elif genesis is not None and audit_hash != genesis:
         problems.append(
-            f"the session's first record names audit_hash {audit_hash[:12]}…, but the admin "
-            f"chain opened it from {genesis[:12]}…"
+            f"the session's first record names audit_hash {_q(audit_hash[:12])}…, but the "
+            f"admin chain opened it from {_q(genesis[:12])}…"
         )
     if profile_id == BUILTIN_PROFILE_ID:
         # The built-in default profile is never applied, so no profile.apply record exists:
@@ -374,15 +381,15 @@ def verify_session(
         apply = index.applies.get(audit_hash)
         if apply is None:
             problems.append(
-                f"no profile.apply record with hash {audit_hash[:12]}… in the admin chain: "
+                f"no profile.apply record with hash {_q(audit_hash[:12])}… in the admin chain: "
                 "the session log was forged or the admin log rewritten"
             )
         else:
             apid = apply.data.get("profile_id")
             if profile_id is not None and isinstance(apid, str) and apid != profile_id:
                 problems.append(
-                    f"the session names profile {profile_id}, but admin seq {apply.seq} "
-                    f"applied {apid}"
+                    f"the session names profile {_q(profile_id)}, but admin seq {apply.seq} "
+                    f"applied {_q(apid)}"
                 )
             else:
                 notes.append(f"profile revision anchored at admin seq {apply.seq}")
@@ -454,17 +461,17 @@ def _check_store_revision(profile_id: str, audit_hash: str, notes: list[str]) ->
     try:
         sp = store.get_by_id(profile_id)
     except NotFound:
-        return [f"profile revision {profile_id} is not in the profile store"]
+        return [f"profile revision {_q(profile_id)} is not in the profile store"]
     except LinpodxError as exc:
         notes.append(f"profile store not readable ({exc.message})")
         return []
     stored = getattr(sp, "audit_hash", None)
     if stored != audit_hash:
         return [
-            f"the profile store says {profile_id} has audit_hash {str(stored)[:12]}…, "
-            f"the session starts from {audit_hash[:12]}…"
+            f"the profile store says {_q(profile_id)} has audit_hash {_q(str(stored)[:12])}…, "
+            f"the session starts from {_q(audit_hash[:12])}…"
         ]
-    notes.append(f"profile {profile_id} matches the profile store")
+    notes.append(f"profile {_q(profile_id)} matches the profile store")
     return []
 
 

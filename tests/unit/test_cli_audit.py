@@ -575,3 +575,38 @@ def test_show_json_of_a_damaged_log_is_one_error_envelope(
     assert res.exit_code == EXIT_TAMPERED
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["error"]["details"]["events"] == 1
+
+
+def test_newlines_in_a_link_target_do_not_forge_lines(cli: Cli, session: str) -> None:
+    """A link in a log's place whose target holds newlines and escapes: every message that
+    names it shows them escaped, so no forged `chain: OK` line reaches the terminal."""
+    path = session_path(session)
+    path.unlink()
+    os.symlink("x\nchain:   OK (forged)\nhint: fine\x1b[2J\u202e", path)
+    for args in (("audit", "verify", "--session", session), ("audit", "verify", "--all"),
+                 ("audit", "show", "--session", session)):
+        res = cli(*args)
+        assert res.exit_code == EXIT_TAMPERED, res.stderr
+        for out in (res.stdout, res.stderr):
+            assert "\x1b" not in out and "\u202e" not in out
+            assert not any(line.startswith(("chain:   OK (forged)", "hint: fine"))
+                           for line in out.splitlines())
+        assert "x\\x0achain:   OK (forged)" in res.stderr
+
+
+def test_newline_in_a_recorded_profile_id_does_not_forge_lines(
+    cli: Cli, applied: tuple[str, str]
+) -> None:
+    from linpodx.audit.chain import session_chain
+
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FD0"
+    hostile = "prof_\x1b]0;pwned\x07\u202e\nhint: all good"
+    session_chain(sid, applied[1]).append(
+        "session.start", {"session_id": sid, "profile_id": hostile, "audit_hash": applied[1]}
+    )
+    res = cli("audit", "verify", "--session", sid)
+    assert res.exit_code == EXIT_TAMPERED
+    for out in (res.stdout, res.stderr):
+        assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+        assert not any(line.startswith("hint: all good") for line in out.splitlines())
+    assert "\\x0ahint: all good" in res.stderr
