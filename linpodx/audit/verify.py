@@ -121,6 +121,14 @@ class _AdminIndex:
     opens: dict[str, Record] = field(default_factory=dict)
     closes: dict[str, Record] = field(default_factory=dict)
 
+    def before(self, seq: int) -> _AdminIndex:
+        """Only what the records before `seq` say."""
+        return _AdminIndex(
+            applies={k: r for k, r in self.applies.items() if r.seq < seq},
+            opens={k: r for k, r in self.opens.items() if r.seq < seq},
+            closes={k: r for k, r in self.closes.items() if r.seq < seq},
+        )
+
     def collect(self, rec: Record) -> None:
         if rec.seq == 0:  # verify_file starts over (a second look under the lock)
             self.applies.clear()
@@ -314,6 +322,13 @@ def verify_session(
             f"the admin chain that anchors this session is broken at seq "
             f"{admin_report.first_bad_seq}: {admin_report.reason}"
         )
+        # What the admin chain says from its break on proves nothing about this session: the
+        # record before the first bad one may be the edited one (its hash recomputed, the
+        # break then shows at the next record's prev). Anchors from there would blame an
+        # intact session log for the admin chain's damage.
+        index = index.before(max(0, (admin_report.first_bad_seq or 0) - 1))
+    # Only a whole admin chain can vouch that something is NOT in it.
+    admin_whole = admin_report is not None and admin_report.ok
 
     first = first_record(path)
     profile_id = audit_hash = None
@@ -371,7 +386,7 @@ def verify_session(
         # The built-in default profile is never applied, so no profile.apply record exists:
         # its audit_hash is the digest of its canonical form, and the session is anchored by
         # session.open/session.close alone.
-        if opened is None:
+        if opened is None and admin_whole:
             problems.append(
                 "a session under the built-in profile must be opened in the admin chain "
                 "(session.open), and this one is not: the session log was forged"
@@ -379,7 +394,12 @@ def verify_session(
         notes.append(_builtin_note(audit_hash))
     elif audit_hash is not None and admin_report is not None:
         apply = index.applies.get(audit_hash)
-        if apply is None:
+        if apply is None and not admin_whole:
+            notes.append(
+                "the profile revision's profile.apply record is not in the admin chain before "
+                "its break: not cross-checked"
+            )
+        elif apply is None:
             problems.append(
                 f"no profile.apply record with hash {_q(audit_hash[:12])}… in the admin chain: "
                 "the session log was forged or the admin log rewritten"
@@ -395,7 +415,7 @@ def verify_session(
                 notes.append(f"profile revision anchored at admin seq {apply.seq}")
     if profile_id is not None and audit_hash is not None and profile_id != BUILTIN_PROFILE_ID:
         problems.extend(_check_store_revision(profile_id, audit_hash, notes))
-    if opened is None and report.events > 1 and recheck:
+    if opened is None and report.events > 1 and recheck and admin_whole:
         # The admin chain was read before this log: a session opened meanwhile has its
         # session.open there now. Look once more before calling it forged.
         try:
@@ -404,7 +424,11 @@ def verify_session(
             fresh = None
         if fresh is not None and session_id in fresh[1].opens:
             return verify_session(session_id, anchors, admin_scan=fresh, recheck=False)
-    if opened is None:
+    if opened is None and not admin_whole:
+        notes.append(
+            "no session.open in what could be read of the admin chain: not cross-checked"
+        )
+    elif opened is None:
         if report.events > 1:
             # open_session writes session.start, then session.open, and the session records
             # nothing more unless both went in: more than the first record without session.open

@@ -581,3 +581,29 @@ def test_session_opened_after_the_admin_scan_is_not_forged(applied: tuple[str, s
     check = verify_session(sid, admin_scan=stale)
     assert check.ok, check.problems
     assert any("opened at admin seq" in n for n in check.notes)
+
+
+def test_edited_admin_record_does_not_blame_an_intact_session(applied: tuple[str, str]) -> None:
+    """The admin chain's session.close edited (its record count) with its hash recomputed:
+    the admin chain breaks at the NEXT record's prev. The edited record comes before the break,
+    yet must not be used as an anchor: the intact session log is not blamed, the admin break
+    is what is reported first."""
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FD1"
+    chain, _ = open_session(sid, pid, ah)
+    last = chain.append("mcp.decision", {"i": 1})
+    close = anchor_session(sid, last.hash, 2)
+    admin_chain().append("test.event", {"after": "close"})
+    path = admin_chain().path
+    lines = path.read_bytes().splitlines(keepends=True)
+    obj = json.loads(lines[close.seq])
+    obj["data"]["events"] = 1
+    lines[close.seq] = rehash(obj)
+    rewrite(path, lines)
+    admin = verify_file(path)
+    assert not admin.ok and admin.first_bad_seq == close.seq + 1
+    check = verify_session(sid)
+    assert not check.ok
+    assert check.report.ok, check.report.reason  # the session log itself verifies
+    assert check.problems[0].startswith("the admin chain that anchors this session is broken")
+    assert len(check.problems) == 1, check.problems
