@@ -24,6 +24,7 @@ import importlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from linpodx.audit.chain import (
@@ -45,6 +46,16 @@ from linpodx.paths import sessions_audit_dir
 BUILTIN_PROFILE_ID = "builtin"
 """profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
 _ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})\Z")
+
+
+def log_present(path: Path) -> bool:
+    """Is anything at a log's path? A file where its directory belongs (`sessions/` replaced
+    by a file) means no log there, as `verify --all` and the admin chain's checks say: the
+    log is missing, not the state dir unusable. Other errors (EACCES) are raised."""
+    try:
+        return present(path)
+    except NotADirectoryError:
+        return False
 
 
 def _q(value: str, limit: int = 80) -> str:
@@ -297,7 +308,7 @@ def verify_session(
     except AuditError as exc:
         admin_report, index = None, _AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
-    if path is None or not present(path):
+    if path is None or not log_present(path):
         opened_rec = index.opens.get(session_id)
         if path is not None and opened_rec is not None:
             # The admin chain says this session existed: its log is gone, not unknown.

@@ -25,6 +25,7 @@ from linpodx.audit.chain import (
 from linpodx.audit.verify import (
     ChainCheck,
     anchors_map,
+    log_present,
     parse_anchor,
     raise_broken,
     seal,
@@ -173,7 +174,7 @@ def _show_path(session: str | None) -> Path:
             path = session_path(session)
         except AuditError:
             path = None
-        if path is None or not present(path):
+        if path is None or not log_present(path):
             raise NotFound(
                 f"no audit log for session {session}",
                 "session ids are listed by `linpodx audit show` (session.open records)",

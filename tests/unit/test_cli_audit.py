@@ -610,3 +610,21 @@ def test_newline_in_a_recorded_profile_id_does_not_forge_lines(
         assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
         assert not any(line.startswith("hint: all good") for line in out.splitlines())
     assert "\\x0ahint: all good" in res.stderr
+
+
+def test_sessions_dir_replaced_by_a_file_is_a_missing_log(cli: Cli, session: str) -> None:
+    """`sessions/` replaced by a regular file: `verify --session` says what `--all` says (the
+    opened session's log is missing, exit 7), not that the state dir is unusable (exit 6)."""
+    import shutil
+
+    base = session_path(session).parent
+    shutil.rmtree(base)
+    base.write_text("x")
+    one = cli("audit", "verify", "--session", session)
+    assert one.exit_code == EXIT_TAMPERED, one.stderr
+    assert f"the audit log of session {session} is missing" in one.stderr
+    every = cli("audit", "verify", "--all")
+    assert every.exit_code == EXIT_TAMPERED
+    assert f"session {session} was opened at admin seq" in every.stdout
+    shown = cli("audit", "show", "--session", session)
+    assert shown.exit_code == EXIT_NOT_FOUND, shown.stderr
