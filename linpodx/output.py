@@ -128,17 +128,30 @@ def print_json(doc: Any, stream: TextIO | None = None, *, compact: bool = False)
     global _envelopes_printed
     stream = stream or sys.stdout
     if compact:
-        stream.write(json.dumps(doc, ensure_ascii=False, sort_keys=False) + "\n")
+        stream.write(_json_safe(json.dumps(doc, ensure_ascii=False, sort_keys=False)) + "\n")
     else:
         # Written as it is encoded (the same text json.dumps gives): a document with a long
         # list (`audit show --json`) is never held whole as one string.
         encoder = json.JSONEncoder(ensure_ascii=False, indent=2, sort_keys=False)
         for chunk in encoder.iterencode(doc):
-            stream.write(chunk)
+            stream.write(_json_safe(chunk))
         stream.write("\n")
     stream.flush()
     if isinstance(doc, dict) and doc.get("schema") == ENVELOPE_SCHEMA:
         _envelopes_printed += 1
+
+
+_JSON_UNSAFE_RE = re.compile(f"[\x7f-\x9f{re.escape(_ESCAPE_HIGH)}]")
+
+
+def _json_safe(text: str) -> str:
+    """JSON text with DEL, C1 controls, line/paragraph separators and bidirectional controls
+    written as `\\uXXXX` (json escapes C0 itself): the same document to a parser, and one
+    that cannot drive the terminal of whoever looks at it (`… --json | less`). Outside
+    strings JSON is ASCII, so only string contents change."""
+    if _JSON_UNSAFE_RE.search(text) is None:
+        return text
+    return _JSON_UNSAFE_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def envelopes_printed() -> int:

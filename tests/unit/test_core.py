@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -120,6 +121,20 @@ class TestOutput:
 
     def test_safe_text_caps(self) -> None:
         assert output.safe_text("x" * 50, limit=10).startswith("x" * 10 + "…(+40")
+
+    def test_json_output_escapes_what_could_drive_a_terminal(self) -> None:
+        """`--json` output shown on a terminal (`… --json | less`) must not carry DEL, C1
+        controls, line separators or bidirectional controls raw; parsers see the same
+        document."""
+        value = "a\u202eb\u2066c\x85d\x9be\x7ff\u2028g café 工具 \x1b"
+        for compact in (False, True):
+            buf = io.StringIO()
+            output.print_json({"v": value}, buf, compact=compact)
+            text = buf.getvalue()
+            assert json.loads(text) == {"v": value}
+            assert all(ch not in text for ch in "\u202e\u2066\x85\x9b\x7f\u2028\x1b")
+            assert "café 工具" in text  # other non-ASCII text stays readable
+            assert "\\u202e" in text and "\\u009b" in text
 
     def test_safe_text_cap_never_cuts_an_escape(self) -> None:
         # "\x1b" is 4 characters: 5 leave room for one and a half; only the whole one stays.
