@@ -46,7 +46,7 @@ from linpodx.paths import admin_log, sessions_audit_dir
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\Z")
-_TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z\Z")
+_TS_RE = re.compile(f"^{core.TS_PATTERN}\\Z")
 _LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}\Z")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 _KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
@@ -210,6 +210,8 @@ def _record_from_obj(obj: Any) -> Record:
         raise BadRecord("not a valid record: seq is not a non-negative integer")
     if not isinstance(ts, str) or not _TS_RE.fullmatch(ts):
         raise BadRecord("not a valid record: ts is not a UTC timestamp")
+    if ts[8:10] > "28" and not core.real_day(ts):
+        raise BadRecord(f"not a valid record: ts {ts} names a day its month does not have")
     if not isinstance(typ, str) or not _TYPE_RE.fullmatch(typ):
         raise BadRecord("not a valid record: type is not a dotted event name")
     if not isinstance(prev, str) or not _HEX64.fullmatch(prev):

@@ -607,3 +607,44 @@ def test_edited_admin_record_does_not_blame_an_intact_session(applied: tuple[str
     assert check.report.ok, check.report.reason  # the session log itself verifies
     assert check.problems[0].startswith("the admin chain that anchors this session is broken")
     assert len(check.problems) == 1, check.problems
+
+
+@pytest.mark.parametrize(
+    ("ts", "why"),
+    [
+        ("2026-13-45T25:61:61.000000Z", "ts is not a UTC timestamp"),
+        ("2026-00-10T10:00:00.000000Z", "ts is not a UTC timestamp"),
+        ("2026-02-30T10:00:00.000000Z", "names a day its month does not have"),
+        ("2027-02-29T10:00:00.000000Z", "names a day its month does not have"),
+        ("2026-04-31T10:00:00.000000Z", "names a day its month does not have"),
+    ],
+)
+def test_impossible_timestamp_with_recomputed_hash(
+    log: tuple[Path, list[bytes]], ts: str, why: str
+) -> None:
+    """A date that does not exist, in the right shape and with a recomputed hash (so only the
+    timestamp check can tell): the last record, so nothing after it notices either."""
+    from linpodx.audit.chain import parse_line
+    from linpodx.audit.core import fast_fields
+
+    path, lines = log
+    obj = json.loads(lines[-1])
+    obj["ts"] = ts
+    lines[-1] = rehash(obj)
+    rewrite(path, lines)
+    assert fast_fields(lines[-1][:-1]) is None
+    with pytest.raises(ValueError, match=why):
+        parse_line(lines[-1][:-1])
+    r = verify_file(path)
+    assert not r.ok and r.first_bad_seq == N - 1
+    assert why in (r.reason or "")
+
+
+def test_real_leap_days_are_fine(tmp_path: Path) -> None:
+    from linpodx.audit.chain import parse_line
+
+    for ts in ("2028-02-29T00:00:00.000000Z", "2000-02-29T23:59:59.999999Z",
+               "2026-12-31T23:59:59.000000Z", "2026-04-30T00:00:00.000000Z"):
+        rec = rehash({"seq": 0, "ts": ts, "type": "test.event", "prev": ZERO_HASH, "data": {},
+                      "log": "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"})
+        assert parse_line(rec[:-1]).ts == ts
