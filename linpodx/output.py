@@ -8,6 +8,7 @@ terminal (escape sequences, control characters) or rich markup.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
 
@@ -49,20 +50,65 @@ def hides_text(value: Any) -> bool:
     return False
 
 
+_ESCAPE_LOW = "\x00-\x1f\x7f-\x9f"
+_ESCAPE_HIGH = "".join(chr(o) for o in sorted(_ESCAPED_ABOVE_C1))
+_ESCAPE_RE = re.compile(f"[{_ESCAPE_LOW}{re.escape(_ESCAPE_HIGH)}]")
+_ESCAPE_LOW_RE = re.compile(f"[{_ESCAPE_LOW}]")
+_ESCAPE_HIGH_RE = re.compile(f"[{re.escape(_ESCAPE_HIGH)}]")
+
+
+def _escape_one(m: re.Match[str]) -> str:
+    o = ord(m.group())
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+
+
+def _escaped_len(value: str, pos: int = 0) -> int:
+    """len(escaped value[pos:]) without building it: `\\xNN` adds 3 characters, `\\uNNNN` 5."""
+    n = len(value) - pos
+    if _ESCAPE_RE.search(value, pos) is None:  # the common case: one scan, nothing to count
+        return n
+    return (
+        n
+        + 3 * len(_ESCAPE_LOW_RE.findall(value, pos))
+        + 5 * len(_ESCAPE_HIGH_RE.findall(value, pos))
+    )
+
+
 def safe_text(value: str, limit: int | None = None) -> str:
     """Escape control characters (C0, DEL, C1, line/paragraph separators, bidirectional
-    controls) and cap the length."""
-    out = []
-    for ch in value:
-        o = ord(ch)
-        if _escaped(o):
-            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
-        else:
-            out.append(ch)
+    controls) and cap the length (of the escaped text, never cutting an escape in two).
+
+    Only the part that is shown is escaped: a megabyte-long value costs a scan, not a copy
+    per character."""
+    if limit is None:
+        return _ESCAPE_RE.sub(_escape_one, value)
+    out: list[str] = []
+    n = 0  # characters of output so far
+    i = 0  # characters of `value` consumed
+    full = True
+    for m in _ESCAPE_RE.finditer(value, 0, limit):
+        plain = value[i : m.start()]
+        if n + len(plain) > limit:
+            break
+        out.append(plain)
+        n += len(plain)
+        i = m.start()
+        esc = _escape_one(m)
+        if n + len(esc) > limit:
+            full = False
+            break
+        out.append(esc)
+        n += len(esc)
+        i = m.end()
+    if full:
+        take = min(limit - n, len(value) - i)
+        out.append(value[i : i + take])
+        n += take
+        i += take
     text = "".join(out)
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + f"…(+{len(text) - limit} chars)"
-    return text
+    if i >= len(value):
+        return text
+    return text + f"…(+{_escaped_len(value, i)} chars)"
 
 
 def kv_line(key: str, value: Any) -> str:
@@ -98,17 +144,35 @@ _envelopes_printed = 0
 
 
 def print_json(doc: Any, stream: TextIO | None = None, *, compact: bool = False) -> None:
-    """Print one JSON document (pretty, UTF-8; `compact`: on one line). A document holding
-    characters that would hide or reorder text on a terminal is printed ASCII-only
-    (`hides_text`)."""
+    """Print one JSON document (pretty, UTF-8; `compact`: on one line). Characters that would
+    drive, hide or reorder text on a terminal are written as `\\uXXXX` (`_json_safe`)."""
     global _envelopes_printed
     stream = stream or sys.stdout
-    indent = None if compact else 2
-    ascii_only = hides_text(doc)
-    stream.write(json.dumps(doc, ensure_ascii=ascii_only, indent=indent, sort_keys=False) + "\n")
+    if compact:
+        stream.write(_json_safe(json.dumps(doc, ensure_ascii=False, sort_keys=False)) + "\n")
+    else:
+        # Written as it is encoded (the same text json.dumps gives): a document with a long
+        # list (`audit show --json`) is never held whole as one string.
+        encoder = json.JSONEncoder(ensure_ascii=False, indent=2, sort_keys=False)
+        for chunk in encoder.iterencode(doc):
+            stream.write(_json_safe(chunk))
+        stream.write("\n")
     stream.flush()
     if isinstance(doc, dict) and doc.get("schema") == ENVELOPE_SCHEMA:
         _envelopes_printed += 1
+
+
+_JSON_UNSAFE_RE = re.compile(f"[\x7f-\x9f{re.escape(_ESCAPE_HIGH)}]")
+
+
+def _json_safe(text: str) -> str:
+    """JSON text with DEL, C1 controls, line/paragraph separators and bidirectional controls
+    written as `\\uXXXX` (json escapes C0 itself): the same document to a parser, and one
+    that cannot drive the terminal of whoever looks at it (`… --json | less`). Outside
+    strings JSON is ASCII, so only string contents change."""
+    if _JSON_UNSAFE_RE.search(text) is None:
+        return text
+    return _JSON_UNSAFE_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def envelopes_printed() -> int:

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +41,12 @@ from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import AuditError
 from linpodx.fsutil import fsync_dir
 from linpodx.ids import new_id
+from linpodx.output import safe_text
 from linpodx.paths import admin_log, sessions_audit_dir
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\Z")
-_TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z\Z")
+_TS_RE = re.compile(f"^{core.TS_PATTERN}\\Z")
 _LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}\Z")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 _KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
@@ -208,6 +210,8 @@ def _record_from_obj(obj: Any) -> Record:
         raise BadRecord("not a valid record: seq is not a non-negative integer")
     if not isinstance(ts, str) or not _TS_RE.fullmatch(ts):
         raise BadRecord("not a valid record: ts is not a UTC timestamp")
+    if ts[8:10] > "28" and not core.real_day(ts):
+        raise BadRecord(f"not a valid record: ts {ts} names a day its month does not have")
     if not isinstance(typ, str) or not _TYPE_RE.fullmatch(typ):
         raise BadRecord("not a valid record: type is not a dotted event name")
     if not isinstance(prev, str) or not _HEX64.fullmatch(prev):
@@ -259,7 +263,8 @@ def _kind(path: Path, st: os.stat_result) -> str:
     mode = st.st_mode
     if stat.S_ISLNK(mode):
         try:
-            return f"a symbolic link (to {os.readlink(path)})"
+            # The target is anyone's text (newlines, escapes): shown escaped, never raw.
+            return f"a symbolic link (to {safe_text(os.readlink(path), 200)})"
         except OSError:
             return "a symbolic link"
     for test, name in (
@@ -412,7 +417,13 @@ def verify_file(
     `check_genesis=False` the first record's prev is taken as the head whatever it is (used when
     the genesis is established afterwards, e.g. from a session's profile anchor). `anchors`
     maps seq -> the hash that record must have (sealed checkpoints, admin-chain cross-anchors);
-    `collect` is called with each valid record in order.
+    `collect` is called with each valid record in order (from seq 0 again if the file is read
+    a second time).
+
+    Reading takes no lock, so a writer is never held up by verification. Only when that pass
+    finds damage (or sees the file shrink, as a repair does) is the file read once more holding
+    the shared lock (waiting at most LOCK_WAIT for a writer), and that verdict is reported: an
+    intact log caught mid-repair is never called tampered.
     """
     expected_genesis = genesis if genesis is not None else ZERO_HASH
     try:
@@ -421,7 +432,17 @@ def verify_file(
             fast = _verify_parallel(path, expected_genesis, check_genesis, anchors)
             if fast is not None:
                 return fast
-        return _verify(path, expected_genesis, check_genesis, anchors, collect)
+        fd = open_log(path)
+        try:
+            report, shrank = _verify_fd(fd, path, expected_genesis, check_genesis, anchors, collect)
+            if report.ok and not shrank:
+                return report
+            # Damage, or a file that shrank while it was read (a repair cut a torn tail and
+            # rewrote it): what was read without the lock may be a mix of before and after.
+            # Only a second look that no writer can change may call it damage.
+            return _recheck(fd, path, report, expected_genesis, check_genesis, anchors, collect)
+        finally:
+            os.close(fd)
     except NotALog as exc:
         return VerifyReport(
             ok=False,
@@ -444,24 +465,90 @@ def verify_file(
         ) from None
 
 
-def _in_flight(path: Path, offset: int) -> bool:
+LOCK_WAIT = 5.0
+"""Seconds verification waits for a writer to release a log's lock. A writer holds it for one
+write and fsync; one that holds it longer is stopped or hung (`kill -STOP` on `mcp attach`),
+and verification must not hang with it."""
+_LOCK_POLL = 0.02
+
+
+def _lock_shared(fd: int, wait: float | None = None) -> bool:
+    """Take a shared flock on `fd`, waiting at most `wait` seconds (LOCK_WAIT); False if a
+    writer held it all that time."""
+    deadline = time.monotonic() + (LOCK_WAIT if wait is None else wait)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_LOCK_POLL)
+
+
+_LOCK_HELD = (
+    "; another process has held the log's lock for over {wait:g} s (a writer stopped or hung "
+    "mid-append?), so this line may still be completed"
+)
+
+
+def _in_flight(fd: int, offset: int) -> bool | None:
     """Was the unterminated line at `offset` an append still being written, not a crash?
 
     Verification reads without the lock, so it can catch an append mid-write. Waiting for a
     shared lock lets any writer finish (or a repair run); if the line at `offset` now ends
-    with a newline, it was in flight, and is simply not part of what was verified.
+    with a newline, it was in flight, and is simply not part of what was verified. None when
+    a writer kept the lock longer than LOCK_WAIT (then nobody can tell yet).
     """
     try:
-        fd = open_log(path)
-    except (NotALog, OSError):
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        if not _lock_shared(fd):
+            return None
         return b"\n" in os.pread(fd, MAX_LINE + 1, offset)
     except OSError:
         return False
     finally:
-        os.close(fd)  # releases the lock
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _recheck(
+    fd: int,
+    path: Path,
+    first: VerifyReport,
+    genesis: str,
+    check_genesis: bool,
+    anchors: Mapping[int, str] | None,
+    collect: Callable[[Record], None] | None,
+) -> VerifyReport:
+    """Verify `fd` once more, holding the shared lock so no writer (nor a repair) changes it
+    meanwhile, after a lock-free pass found damage or saw the file shrink. `collect` sees the
+    records again from seq 0.
+
+    If a writer keeps the lock longer than LOCK_WAIT, the file is read once more without it:
+    the same verdict twice stands (a writer that holds the lock cannot be changing what is
+    before its append); a different one means nothing can be vouched for yet (AuditError,
+    not a claim of tampering).
+    """
+    if _lock_shared(fd):
+        try:
+            report, _ = _verify_fd(fd, path, genesis, check_genesis, anchors, collect, locked=True)
+            return report
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    again, shrank = _verify_fd(fd, path, genesis, check_genesis, anchors, collect)
+    if not shrank and (again.ok, again.first_bad_seq, again.reason) == (
+        first.ok,
+        first.first_bad_seq,
+        first.reason,
+    ):
+        return again
+    raise AuditError(
+        f"could not verify the audit log {path}: it changed while it was read, and another "
+        f"process has held its lock for over {LOCK_WAIT:g} s",
+        "a writer (`linpodx mcp attach`, `sandbox apply`, …) is stopped or hung mid-append; "
+        "verify again once it has finished (or been ended)",
+    )
 
 
 class _Walk:
@@ -542,8 +629,30 @@ def _verify(
     anchors: Mapping[int, str] | None = None,
     collect: Callable[[Record], None] | None = None,
 ) -> VerifyReport:
-    """The reference verifier: one pass, one process, exact first failure."""
+    """The reference verifier on its own (one lock-free pass; tests and the benchmark)."""
+    fd = open_log(path)
+    try:
+        return _verify_fd(fd, path, genesis, check_genesis, anchors, collect)[0]
+    finally:
+        os.close(fd)
+
+
+def _verify_fd(
+    fd: int,
+    path: Path,
+    genesis: str,
+    check_genesis: bool,
+    anchors: Mapping[int, str] | None = None,
+    collect: Callable[[Record], None] | None = None,
+    *,
+    locked: bool = False,
+) -> tuple[VerifyReport, bool]:
+    """The reference verifier: one pass, one process, exact first failure. Also says whether
+    the file shrank while it was read (then the pass may have seen a mix of two states).
+    `locked`: the caller holds the shared lock, so a torn tail cannot be an append in flight."""
     w = _Walk(genesis, check_genesis, anchors)
+    size0 = os.fstat(fd).st_size
+    torn_note = ""
 
     def report(ok: bool, reason: str | None, torn: tuple[int, int] | None = None) -> VerifyReport:
         return VerifyReport(
@@ -560,34 +669,41 @@ def _verify(
             path=str(path),
         )
 
+    def done(r: VerifyReport) -> tuple[VerifyReport, bool]:
+        return r, os.fstat(fd).st_size < size0
+
     torn: tuple[int, int] | None = None
     try:
-        for offset, line, complete in iter_lines(path):
+        for offset, line, complete in fd_lines(fd):
             if not complete:
                 bad = torn_problem(offset, line)
                 if bad is not None:
-                    return report(False, bad)
+                    return done(report(False, bad))
                 torn = (offset, len(line))
                 break
             try:
                 rec = check_line(line)
             except BadRecord as exc:
-                return report(False, f"{exc} (line at byte {offset})")
+                return done(report(False, f"{exc} (line at byte {offset})"))
             problem = w.step(rec)
             if problem is not None:
-                return report(False, problem)
+                return done(report(False, problem))
             if collect is not None:
                 collect(rec)
     except OverlongLine as exc:
-        return report(False, f"{exc} (line at byte {exc.offset})")
-    if torn is not None and _in_flight(path, torn[0]):
-        torn = None
+        return done(report(False, f"{exc} (line at byte {exc.offset})"))
+    if torn is not None and not locked:
+        flight = _in_flight(fd, torn[0])
+        if flight:
+            torn = None
+        elif flight is None:
+            torn_note = _LOCK_HELD.format(wait=LOCK_WAIT)
     problem = w.missing_anchor()
     if problem is not None:
-        return report(False, problem, torn)
+        return done(report(False, problem, torn))
     if torn is not None:
-        return report(True, torn_reason(*torn), torn)
-    return report(True, None)
+        return done(report(True, torn_reason(*torn) + torn_note, torn))
+    return done(report(True, None))
 
 
 _PARALLEL_MIN_BYTES = 16 * 1024 * 1024
@@ -732,16 +848,23 @@ def _verify_parallel_fd(
         total, prev_tail, prev_ts = res["n"], res["tail"], res["ts"]
     if anchors and max(anchors) >= total:
         return None
+    if os.fstat(fd).st_size < size:
+        return None  # shrank while read (a repair): the reference verifier looks again
     head, log_id, torn = done[0]["head"], done[0]["log_id"], done[-1]["torn"]
-    if torn is not None and _in_flight(path, torn[0]):
-        torn = None
+    torn_note = ""
+    if torn is not None:
+        flight = _in_flight(fd, torn[0])
+        if flight:
+            torn = None
+        elif flight is None:
+            torn_note = _LOCK_HELD.format(wait=LOCK_WAIT)
     return VerifyReport(
         ok=True,
         events=total,
         head=head,
         tail=prev_tail,
         first_bad_seq=None,
-        reason=torn_reason(*torn) if torn else None,
+        reason=torn_reason(*torn) + torn_note if torn else None,
         torn_tail=torn is not None,
         log_id=log_id,
         torn_offset=torn[0] if torn else None,

@@ -140,6 +140,24 @@ if _c_make_encoder is not None and _c_encode_basestring is not None:
 
     encode_sorted = _encode_c
 
+TS_PATTERN = (
+    r"\d{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])"
+    r"T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{6}Z"
+)
+"""A record's `ts`: `YYYY-MM-DDTHH:MM:SS.ffffffZ` with every field in its range; the day must
+also exist in its month (`real_day`), checked only for days 29-31 so verification pays one
+string comparison per record."""
+
+
+def real_day(ts: str) -> bool:
+    """Whether the day of a `ts` that matches TS_PATTERN exists (no 02-30, 04-31, 2027-02-29)."""
+    year, month, day = int(ts[0:4]), int(ts[5:7]), int(ts[8:10])
+    if month == 2:
+        leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+        return day <= (29 if leap else 28)
+    return day <= (30 if month in (4, 6, 9, 11) else 31)
+
+
 ASTRAL = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8 sequences (> U+FFFF)
 _HASH_KEY = b',"hash":"'
 _SUFFIX = re.compile(
@@ -147,8 +165,8 @@ _SUFFIX = re.compile(
     rb'(?:,"log":"(?P<log>log_[0-9A-HJKMNP-TV-Z]{26})")?'
     rb',"prev":"(?P<prev>[0-9a-f]{64})"'
     rb',"seq":(?P<seq>0|[1-9][0-9]{0,14})'
-    rb',"ts":"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)"'
-    rb',"type":"(?P<type>[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+)"\}'
+    + rb',"ts":"(?P<ts>' + TS_PATTERN.encode("ascii") + rb')"'
+    + rb',"type":"(?P<type>[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+)"\}'
 )
 
 
@@ -196,12 +214,15 @@ def fast_fields(line: bytes) -> Fields | None:
     log = m.group("log")
     if len(obj) != (6 if log is None else 7):
         return None
+    ts = m.group("ts")
+    if ts[8:10] > b"28" and not real_day(ts.decode("ascii")):
+        return None  # 02-30, 04-31, …: the strict parser says why
     h = m.group("hash")
     if sha256(DOMAIN + line[:i] + line[m.end("hash") + 1 :]).hexdigest().encode() != h:
         return None
     return (
         int(m.group("seq")),
-        m.group("ts").decode("ascii"),
+        ts.decode("ascii"),
         m.group("type").decode("ascii"),
         m.group("prev").decode("ascii"),
         h.decode("ascii"),

@@ -24,6 +24,7 @@ import importlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from linpodx.audit.chain import (
@@ -39,11 +40,28 @@ from linpodx.audit.chain import (
 from linpodx.audit.core import ZERO_HASH
 from linpodx.errors import AuditError, ChainBroken, LinpodxError, NotFound, UsageError
 from linpodx.fsutil import present
+from linpodx.output import safe_text
 from linpodx.paths import sessions_audit_dir
 
 BUILTIN_PROFILE_ID = "builtin"
 """profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
 _ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})\Z")
+
+
+def log_present(path: Path) -> bool:
+    """Is anything at a log's path? A file where its directory belongs (`sessions/` replaced
+    by a file) means no log there, as `verify --all` and the admin chain's checks say: the
+    log is missing, not the state dir unusable. Other errors (EACCES) are raised."""
+    try:
+        return present(path)
+    except NotADirectoryError:
+        return False
+
+
+def _q(value: str, limit: int = 80) -> str:
+    """A value read from a log or the store, as a message may quote it: escaped (a newline in
+    a forged `profile_id` must not print a line of its own on the terminal), capped."""
+    return safe_text(value, limit)
 
 
 def parse_anchor(text: str) -> tuple[int, str]:
@@ -114,7 +132,19 @@ class _AdminIndex:
     opens: dict[str, Record] = field(default_factory=dict)
     closes: dict[str, Record] = field(default_factory=dict)
 
+    def before(self, seq: int) -> _AdminIndex:
+        """Only what the records before `seq` say."""
+        return _AdminIndex(
+            applies={k: r for k, r in self.applies.items() if r.seq < seq},
+            opens={k: r for k, r in self.opens.items() if r.seq < seq},
+            closes={k: r for k, r in self.closes.items() if r.seq < seq},
+        )
+
     def collect(self, rec: Record) -> None:
+        if rec.seq == 0:  # verify_file starts over (a second look under the lock)
+            self.applies.clear()
+            self.opens.clear()
+            self.closes.clear()
         if rec.type == "profile.apply":
             self.applies[rec.hash] = rec
         elif rec.type in ("session.open", "session.close"):
@@ -135,6 +165,9 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
     """Verify the admin chain, its seals, and that the profile store's revisions are in it."""
     path = admin_chain().path
     if not present(path) and not anchors:
+        gone = _admin_log_deleted(str(path))
+        if gone is not None:
+            return gone
         raise NotFound(
             f"no admin audit log yet ({path})",
             "it is created by the first recorded action, "
@@ -166,22 +199,55 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
                 check_regular(spath)
             except NotALog as exc:
                 problems.append(
-                    f"session {sid} was opened at admin seq {rec.seq} but its audit log is "
+                    f"session {_q(sid)} was opened at admin seq {rec.seq} but its audit log is "
                     f"{exc.kind}, not a regular file: it is not a log linpodx wrote"
                 )
             except (AuditError, FileNotFoundError, NotADirectoryError):
                 problems.append(
-                    f"session {sid} was opened at admin seq {rec.seq} but its audit log is "
+                    f"session {_q(sid)} was opened at admin seq {rec.seq} but its audit log is "
                     "missing: the session log was deleted"
                 )
             except OSError as exc:
                 problems.append(
-                    f"session {sid} was opened at admin seq {rec.seq} but its audit log cannot "
+                    f"session {_q(sid)} was opened at admin seq {rec.seq} but its audit log cannot "
                     f"be looked at: {exc.strerror or exc}"
                 )
         if index.opens:
             notes.append(f"{len(index.opens)} session log(s) opened in this chain are present")
     return ChainCheck(report=report, problems=tuple(problems), notes=tuple(notes))
+
+
+def _admin_log_deleted(path: str) -> ChainCheck | None:
+    """With no admin log: the broken chain it is if anything exists that it should have
+    recorded (a profile revision is stored only after its profile.apply record, a session log
+    only next to its session.open); None on a fresh install."""
+    problems, _notes = _check_store(_AdminIndex())
+    try:
+        sessions = session_ids()
+    except OSError:
+        sessions = []
+    what = []
+    if problems:
+        what.append(f"{len(problems)} stored profile revision(s)")
+    if sessions:
+        what.append(f"{len(sessions)} session log(s)")
+    if not what:
+        return None
+    report = VerifyReport(
+        ok=False,
+        events=0,
+        head=ZERO_HASH,
+        tail=ZERO_HASH,
+        first_bad_seq=0,
+        reason=f"the admin log is missing, but {' and '.join(what)} exist that it recorded: "
+        "the admin log was deleted",
+        torn_tail=False,
+        log_id=None,
+        path=path,
+        hint="keep the profile store and the session logs as evidence; linpodx cannot "
+        "restore the admin log, and the sessions can no longer be anchored",
+    )
+    return ChainCheck(report=report, problems=tuple(problems))
 
 
 def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
@@ -209,7 +275,8 @@ def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
         rev = getattr(sp, "revision", "?")
         if isinstance(ah, str) and ah not in index.applies:
             problems.append(
-                f"profile {name!r} revision {rev} was applied with audit_hash {ah[:12]}…, which "
+                f"profile {name!r} revision {_q(str(rev))} was applied with audit_hash "
+                f"{_q(ah[:12])}…, which "
                 "is not a profile.apply record of the admin chain: the admin log was rewritten "
                 "or replaced"
             )
@@ -223,10 +290,12 @@ def verify_session(
     anchors: Mapping[int, str] | None = None,
     *,
     admin_scan: tuple[VerifyReport | None, _AdminIndex] | None = None,
+    recheck: bool = True,
 ) -> ChainCheck:
     """Verify one session chain against its profile anchor, the admin chain and seals.
 
-    `admin_scan` reuses one scan of the admin chain across many sessions (verify --all).
+    `admin_scan` reuses one scan of the admin chain across many sessions (verify --all);
+    `recheck=False` trusts it even when the session seems never opened (no second scan).
     """
     try:
         path = session_path(session_id)
@@ -239,7 +308,7 @@ def verify_session(
     except AuditError as exc:
         admin_report, index = None, _AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
-    if path is None or not present(path):
+    if path is None or not log_present(path):
         opened_rec = index.opens.get(session_id)
         if path is not None and opened_rec is not None:
             # The admin chain says this session existed: its log is gone, not unknown.
@@ -264,6 +333,13 @@ def verify_session(
             f"the admin chain that anchors this session is broken at seq "
             f"{admin_report.first_bad_seq}: {admin_report.reason}"
         )
+        # What the admin chain says from its break on proves nothing about this session: the
+        # record before the first bad one may be the edited one (its hash recomputed, the
+        # break then shows at the next record's prev). Anchors from there would blame an
+        # intact session log for the admin chain's damage.
+        index = index.before(max(0, (admin_report.first_bad_seq or 0) - 1))
+    # Only a whole admin chain can vouch that something is NOT in it.
+    admin_whole = admin_report is not None and admin_report.ok
 
     first = first_record(path)
     profile_id = audit_hash = None
@@ -271,6 +347,16 @@ def verify_session(
         pid, ah = first.data.get("profile_id"), first.data.get("audit_hash")
         profile_id = pid if isinstance(pid, str) else None
         audit_hash = ah if isinstance(ah, str) else None
+        named = first.data.get("session_id")
+        if named != session_id:
+            # A log copied or renamed from another session (or forged without one): its
+            # records are someone else's, whatever its chain says.
+            problems.append(
+                "the session's first record names no session id"
+                if not isinstance(named, str)
+                else f"the session's first record names session {_q(named)}, not "
+                f"{session_id}: this log was copied or renamed from another session"
+            )
     opened = index.opens.get(session_id)
     closed = index.closes.get(session_id)
     # The genesis: what the admin chain says the session started from, else what the session's
@@ -304,14 +390,14 @@ def verify_session(
             problems.append("the session's first record names no profile audit_hash")
     elif genesis is not None and audit_hash != genesis:
         problems.append(
-            f"the session's first record names audit_hash {audit_hash[:12]}…, but the admin "
-            f"chain opened it from {genesis[:12]}…"
+            f"the session's first record names audit_hash {_q(audit_hash[:12])}…, but the "
+            f"admin chain opened it from {_q(genesis[:12])}…"
         )
     if profile_id == BUILTIN_PROFILE_ID:
         # The built-in default profile is never applied, so no profile.apply record exists:
         # its audit_hash is the digest of its canonical form, and the session is anchored by
         # session.open/session.close alone.
-        if opened is None:
+        if opened is None and admin_whole:
             problems.append(
                 "a session under the built-in profile must be opened in the admin chain "
                 "(session.open), and this one is not: the session log was forged"
@@ -319,26 +405,55 @@ def verify_session(
         notes.append(_builtin_note(audit_hash))
     elif audit_hash is not None and admin_report is not None:
         apply = index.applies.get(audit_hash)
-        if apply is None:
+        if apply is None and not admin_whole:
+            notes.append(
+                "the profile revision's profile.apply record is not in the admin chain before "
+                "its break: not cross-checked"
+            )
+        elif apply is None:
             problems.append(
-                f"no profile.apply record with hash {audit_hash[:12]}… in the admin chain: "
+                f"no profile.apply record with hash {_q(audit_hash[:12])}… in the admin chain: "
                 "the session log was forged or the admin log rewritten"
             )
         else:
             apid = apply.data.get("profile_id")
             if profile_id is not None and isinstance(apid, str) and apid != profile_id:
                 problems.append(
-                    f"the session names profile {profile_id}, but admin seq {apply.seq} "
-                    f"applied {apid}"
+                    f"the session names profile {_q(profile_id)}, but admin seq {apply.seq} "
+                    f"applied {_q(apid)}"
                 )
             else:
                 notes.append(f"profile revision anchored at admin seq {apply.seq}")
     if profile_id is not None and audit_hash is not None and profile_id != BUILTIN_PROFILE_ID:
         problems.extend(_check_store_revision(profile_id, audit_hash, notes))
-    if opened is None:
+    if opened is None and report.events > 1 and recheck and admin_whole:
+        # The admin chain was read before this log: a session opened meanwhile has its
+        # session.open there now. Look once more before calling it forged.
+        try:
+            fresh = _admin_scan()
+        except AuditError:
+            fresh = None
+        if fresh is not None and session_id in fresh[1].opens:
+            return verify_session(session_id, anchors, admin_scan=fresh, recheck=False)
+    if opened is None and not admin_whole:
         notes.append(
-            "no session.open in the admin chain: this session is anchored only by its profile"
+            "no session.open in what could be read of the admin chain: not cross-checked"
         )
+    elif opened is None:
+        if report.events > 1:
+            # open_session writes session.start, then session.open, and the session records
+            # nothing more unless both went in: more than the first record without session.open
+            # is a log the admin chain never opened (copied, renamed or forged).
+            problems.append(
+                f"no session.open for {session_id} in the admin chain, yet its log holds "
+                f"{report.events} records: a session log nobody opened (forged, copied or "
+                "renamed)"
+            )
+        else:
+            notes.append(
+                "no session.open in the admin chain: the session was never opened (a crash "
+                "between its first record and the admin chain's?); anchored only by its profile"
+            )
     else:
         notes.append(f"opened at admin seq {opened.seq}")
     if closed is None:
@@ -381,17 +496,17 @@ def _check_store_revision(profile_id: str, audit_hash: str, notes: list[str]) ->
     try:
         sp = store.get_by_id(profile_id)
     except NotFound:
-        return [f"profile revision {profile_id} is not in the profile store"]
+        return [f"profile revision {_q(profile_id)} is not in the profile store"]
     except LinpodxError as exc:
         notes.append(f"profile store not readable ({exc.message})")
         return []
     stored = getattr(sp, "audit_hash", None)
     if stored != audit_hash:
         return [
-            f"the profile store says {profile_id} has audit_hash {str(stored)[:12]}…, "
-            f"the session starts from {audit_hash[:12]}…"
+            f"the profile store says {_q(profile_id)} has audit_hash {_q(str(stored)[:12])}…, "
+            f"the session starts from {_q(audit_hash[:12])}…"
         ]
-    notes.append(f"profile {profile_id} matches the profile store")
+    notes.append(f"profile {_q(profile_id)} matches the profile store")
     return []
 
 

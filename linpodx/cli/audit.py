@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -23,6 +25,7 @@ from linpodx.audit.chain import (
 from linpodx.audit.verify import (
     ChainCheck,
     anchors_map,
+    log_present,
     parse_anchor,
     raise_broken,
     seal,
@@ -164,59 +167,94 @@ def verify_cmd(
     run_command("audit verify", json_mode, run, render=lambda _result: None)
 
 
-def _records(
-    session: str | None, limit: int | None = None
-) -> tuple[str, int, list[Record], str | None]:
-    """(path, number of readable records, the last `limit` of them (all without a limit), why
-    reading stopped early (if it did)). Memory is bounded by `limit` records and one line."""
+def _show_path(session: str | None) -> Path:
+    """The log `show` reads; NotFound if there is none."""
     if session:
         try:
             path = session_path(session)
         except AuditError:
             path = None
-        if path is None or not present(path):
+        if path is None or not log_present(path):
             raise NotFound(
                 f"no audit log for session {session}",
                 "session ids are listed by `linpodx audit show` (session.open records)",
             )
-    else:
-        path = admin_chain().path
-        if not present(path):
-            raise NotFound(
-                f"no admin audit log yet ({path})",
-                "it is created by the first recorded action, e.g. "
-                "`linpodx sandbox apply --profile FILE`",
-            )
-    records: deque[Record] = deque(maxlen=limit)
-    count = 0
-    stopped = None
-    try:
-        for offset, line, complete in iter_lines(path):
-            if not complete:
-                bad = torn_problem(offset, line)
-                if bad is None:
-                    stopped = f"torn last line at byte {offset}: crash during append, not tampering"
-                else:
-                    stopped = f"damaged record at byte {offset}: {bad}"
-                break
-            try:
-                records.append(check_line(line))
-            except ValueError as exc:
-                stopped = f"damaged record at byte {offset}: {exc}"
-                break
-            count += 1
-    except OverlongLine as exc:
-        stopped = f"damaged record at byte {exc.offset}: {exc}"
-    except NotALog as exc:
-        raise ChainBroken(
-            f"the audit log {exc}", HINT_NOT_A_LOG, details={"log": str(path), "events": 0}
-        ) from None
-    except OSError as exc:
-        raise AuditError(
-            f"could not read the audit log {path}: {exc.strerror or exc}",
-            "check the file's permissions",
-        ) from None
-    return str(path), count, list(records), stopped
+        return path
+    path = admin_chain().path
+    if not present(path):
+        raise NotFound(
+            f"no admin audit log yet ({path})",
+            "it is created by the first recorded action, e.g. "
+            "`linpodx sandbox apply --profile FILE`",
+        )
+    return path
+
+
+class _Scan:
+    """One read of a log for `show`: its readable records one at a time (nothing is kept),
+    how many there were and why reading stopped early (if it did)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+        self.stopped: str | None = None
+
+    def records(self, upto: int | None = None) -> Iterator[Record]:
+        """Each readable record in order (at most `upto`); sets `count` and `stopped`."""
+        self.count = 0
+        self.stopped = None
+        try:
+            for offset, line, complete in iter_lines(self.path):
+                if upto is not None and self.count >= upto:
+                    return
+                if not complete:
+                    bad = torn_problem(offset, line)
+                    if bad is None:
+                        self.stopped = (
+                            f"torn last line at byte {offset}: crash during append, not tampering"
+                        )
+                    else:
+                        self.stopped = f"damaged record at byte {offset}: {bad}"
+                    return
+                try:
+                    rec = check_line(line)
+                except ValueError as exc:
+                    self.stopped = f"damaged record at byte {offset}: {exc}"
+                    return
+                self.count += 1
+                yield rec
+        except OverlongLine as exc:
+            self.stopped = f"damaged record at byte {exc.offset}: {exc}"
+        except NotALog as exc:
+            raise ChainBroken(
+                f"the audit log {exc}", HINT_NOT_A_LOG, details={"log": str(self.path), "events": 0}
+            ) from None
+        except OSError as exc:
+            raise AuditError(
+                f"could not read the audit log {self.path}: {exc.strerror or exc}",
+                "check the file's permissions",
+            ) from None
+
+
+class _Lazy(list[dict[str, Any]]):
+    """The records of a JSON envelope, read from the log while the envelope is written
+    (`print_json` streams), so a log of any size is shown without holding it. Never empty:
+    made only for a log with records."""
+
+    def __init__(self, items: Callable[[], Iterator[dict[str, Any]]]) -> None:
+        super().__init__([{}])  # truthy for the encoder; iteration is overridden
+        self._items = items
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._items()
+
+
+def _show_line(r: Record) -> str:
+    data = json.dumps(r.data, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return (
+        f"{r.seq:>6}  {r.ts}  {safe_text(r.type, 40):<18} {r.hash[:12]}  "
+        f"{safe_text(data, 300)}\n"
+    )
 
 
 @app.command("show")
@@ -230,26 +268,40 @@ def show_cmd(
     """List a chain's records (seq, time, type, short hash, data). Does not verify links."""
 
     def run() -> dict[str, Any]:
-        path, count, shown, stopped = _records(session, limit)
-        result = {
-            "log": path,
-            "events": count,
-            "records": [r.to_dict() for r in shown],
-            "stopped": stopped,
-        }
-        if not json_mode:
-            for r in shown:
-                data = json.dumps(r.data, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-                sys.stdout.write(
-                    f"{r.seq:>6}  {r.ts}  {safe_text(r.type, 40):<18} {r.hash[:12]}  "
-                    f"{safe_text(data, 300)}\n"
-                )
-            sys.stdout.flush()
+        path = _show_path(session)
+        scan = _Scan(path)
+        records: list[dict[str, Any]]
+        if limit is not None:
+            # The last `limit` records: memory bounded by `limit` records and one line.
+            last: deque[Record] = deque(scan.records(), maxlen=limit)
+            records = [r.to_dict() for r in last]
+            if not json_mode:
+                sys.stdout.write("".join(_show_line(r) for r in last))
+        elif not json_mode:
+            # Every record, printed as it is read: nothing is held.
+            for r in scan.records():
+                sys.stdout.write(_show_line(r))
+            records = []
+        else:
+            # The envelope says ok or not before its records: count first (nothing held),
+            # then read the same records again while the envelope is written.
+            for _ in scan.records():
+                pass
+            count = scan.count
+
+            def again() -> Iterator[dict[str, Any]]:
+                for r in _Scan(path).records(upto=count):
+                    yield r.to_dict()
+
+            records = _Lazy(again) if count else []
+        sys.stdout.flush()
+        count, stopped = scan.count, scan.stopped
+        result = {"log": str(path), "events": count, "records": records, "stopped": stopped}
         if stopped is not None and not stopped.startswith("torn"):
             raise ChainBroken(
                 f"stopped at a {stopped}",
                 "run `linpodx audit verify` to see what is wrong with the log",
-                details={"log": path, "events": count},
+                details={"log": str(path), "events": count},
             )
         if stopped is not None and not json_mode:
             sys.stderr.write(f"warning: {stopped}\n")

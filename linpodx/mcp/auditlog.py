@@ -30,8 +30,9 @@ The file stays open for the whole session and the chain's tail (seq, hash, ts, s
 memory, so an append does not re-read the file. Before each write the file is locked and its size
 compared with what this process last wrote: if anyone else touched it (or on the first write),
 the first record goes through `Chain.append`, which reads the tail and repairs a torn line, and
-the in-memory tail is taken from its result. Records are encoded with the chain's own
-`encode_record`, so the format is the chain module's, not ours.
+the in-memory tail is taken from its result if, with the lock taken back, that record is still
+the file's last line (else the next record goes through `Chain.append` too). Records are
+encoded with the chain's own `encode_record`, so the format is the chain module's, not ours.
 """
 
 from __future__ import annotations
@@ -309,7 +310,7 @@ class GroupCommitChain:
         try:
             size = os.fstat(fd).st_size
             rest = batch
-            if self._tail is None or self._size != size:
+            while rest and (self._tail is None or self._size != size):
                 # Unknown or foreign state: let the chain itself read (and repair) the tail.
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 try:
@@ -332,12 +333,18 @@ class GroupCommitChain:
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_EX)
                 rec = first.record
-                self._tail = (rec.seq + 1, rec.hash, rec.ts)
-                self._size = durable_upto = os.fstat(fd).st_size
                 self.records += 1
                 rest = rest[1:]
-                if self._size != os.fstat(fd).st_size:  # pragma: no cover - raced again
-                    self._tail = None
+                size = durable_upto = os.fstat(fd).st_size
+                # The lock was let go around that append: another process may have appended
+                # after our record. Keep our record as the tail only if it still is the last
+                # line; else the next record goes through `Chain.append` again (which reads the
+                # real tail), never chained onto ours beside theirs (a fork).
+                if self._is_tail(fd, size, rec.hash):
+                    self._tail = (rec.seq + 1, rec.hash, rec.ts)
+                    self._size = size
+                else:
+                    self._tail = self._size = None
             if rest:
                 self._write(fd, rest)
         except OSError as exc:
@@ -352,6 +359,20 @@ class GroupCommitChain:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
         return durable_upto
+
+    @staticmethod
+    def _is_tail(fd: int, size: int, hash_: str) -> bool:
+        """Whether the file (locked, `size` bytes) ends with the complete record `hash_`."""
+        try:
+            line, torn_at = audit_core.tail_line(fd, size)
+        except AuditError:
+            return False
+        if line is None or torn_at is not None:
+            return False
+        try:
+            return bool(audit_chain.check_line(line).hash == hash_)
+        except audit_chain.BadRecord:
+            return False
 
     def _write(self, fd: int, items: list[_Item]) -> None:
         """Append the records with one write (their fsync is the sync role's business)."""

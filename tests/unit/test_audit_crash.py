@@ -292,3 +292,144 @@ def test_kill_9_inside_write_leaves_a_torn_line_that_is_repaired(tmp_path: Path)
     repair = json.loads(path.read_bytes().splitlines()[3])
     assert repair["type"] == "audit.repair"
     assert repair["data"]["removed_bytes"] == report.torn_bytes
+
+
+def _torn_log(tmp_path: Path, n: int = 6) -> tuple[Path, Chain, int]:
+    """A log of `n` records whose last line is torn (a crash mid-append); its size before."""
+    path = tmp_path / "t.jsonl"
+    c = Chain(path)
+    for i in range(n):
+        c.append("test.event", {"i": i, "pad": "p" * 100})
+    size = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(path.read_bytes().splitlines()[1][:90])
+    return path, c, size
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_repair_during_verify_is_not_tampering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: bool
+) -> None:
+    """A crash left a torn tail; verify reads up to it, then an append repairs it (cuts the
+    torn bytes, writes audit.repair and its record at that offset) before verify reads on.
+    The lock-free pass then sees half a line of before and half of after: verify must look
+    again under the lock and report the intact log, not a hash mismatch. The interleaving is
+    injected, not raced."""
+    from linpodx.audit import chain as ch
+
+    if parallel:
+        monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
+        monkeypatch.setattr(ch, "_workers", lambda: 3)
+    path, c, _size = _torn_log(tmp_path)
+    torn_size = path.stat().st_size
+    real = os.pread
+    fired: list[int] = []
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        data = real(fd, n, off)
+        if not fired and data and off + len(data) == torn_size and os.getpid() == me:
+            fired.append(1)
+            c.append("test.event", {"after": "repair", "pad": "r" * 300})  # repairs
+        return data
+
+    me = os.getpid()
+    monkeypatch.setattr(ch.os, "pread", pread)
+    report = verify_file(path)
+    monkeypatch.undo()
+    assert fired
+    assert report.ok, report.reason
+    assert not report.torn_tail
+    # 6, audit.repair and the new record; or (parallel: the workers read before the repair,
+    # the hook fires in the parent's look at the tail) the 6 before it, the line having been
+    # in flight.
+    assert report.events == (6 if parallel else 8)
+    assert verify_file(path).events == 8
+
+
+def test_verify_does_not_hang_on_a_held_lock_and_torn_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer stopped mid-append (kill -STOP on `mcp attach`) holds the lock and left a torn
+    line: verify waits LOCK_WAIT at most, then reports the torn tail and says a writer holds
+    the lock."""
+    import fcntl
+
+    from linpodx.audit import chain as ch
+
+    monkeypatch.setattr(ch, "LOCK_WAIT", 0.3)
+    path, _c, size = _torn_log(tmp_path)
+    holder = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        t = time.monotonic()
+        report = verify_file(path)
+        took = time.monotonic() - t
+    finally:
+        os.close(holder)
+    assert took < 30  # bounded (LOCK_WAIT is 0.3 s here); it hung forever before
+    assert report.ok and report.torn_tail and report.events == 6
+    assert report.torn_offset == size
+    assert "another process has held the log's lock" in (report.reason or "")
+
+
+def test_damage_while_a_writer_holds_the_lock_is_still_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second look cannot take the lock: two lock-free reads that agree stand."""
+    import fcntl
+
+    from linpodx.audit import chain as ch
+
+    monkeypatch.setattr(ch, "LOCK_WAIT", 0.2)
+    path = tmp_path / "d.jsonl"
+    c = Chain(path)
+    for i in range(4):
+        c.append("test.event", {"i": i})
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b'"i":2', b'"i":9')
+    path.write_bytes(b"".join(lines))
+    holder = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        report = verify_file(path)
+    finally:
+        os.close(holder)
+    assert not report.ok and report.first_bad_seq == 2
+    assert "hash mismatch" in (report.reason or "")
+
+
+def test_log_changing_under_a_held_lock_is_not_vouched_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Damage seen, the lock held past LOCK_WAIT, and a second read that disagrees: nothing
+    can be vouched for, and nothing is called tampering either (AuditError, exit 6)."""
+    import fcntl
+
+    from linpodx.audit import chain as ch
+
+    monkeypatch.setattr(ch, "LOCK_WAIT", 0.2)
+    path = tmp_path / "d.jsonl"
+    c = Chain(path)
+    for i in range(4):
+        c.append("test.event", {"i": i})
+    good = path.read_bytes()
+    lines = good.splitlines(keepends=True)
+    lines[2] = lines[2].replace(b'"i":2', b'"i":9')
+    path.write_bytes(b"".join(lines))
+    real_verify = ch._verify_fd
+    calls: list[int] = []
+
+    def verify(*a: object, **k: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:  # between the two lock-free reads, the file changes back
+            path.write_bytes(good)
+        return real_verify(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ch, "_verify_fd", verify)
+    holder = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(AuditError, match="changed while it was read"):
+            verify_file(path)
+    finally:
+        os.close(holder)

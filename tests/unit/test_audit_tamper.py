@@ -484,7 +484,8 @@ def test_session_under_builtin_profile(applied: tuple[str, str]) -> None:
         "session.start", {"profile_id": ref.profile_id, "audit_hash": ref.audit_hash}
     )
     check2 = verify_session(sid2)
-    assert not check2.ok and "must be opened in the admin chain" in check2.problems[0]
+    assert not check2.ok
+    assert any("must be opened in the admin chain" in p for p in check2.problems)
 
 
 def test_deleted_session_log_detected(applied: tuple[str, str]) -> None:
@@ -503,3 +504,147 @@ def test_deleted_session_log_detected(applied: tuple[str, str]) -> None:
     # A session nobody ever opened is simply unknown.
     with pytest.raises(NotFound):
         verify_session("sess_01ARZ3NDEKTSV4RRFFQ69G5FB5")
+
+
+def test_copied_session_log_detected(applied: tuple[str, str]) -> None:
+    """A byte copy of an opened, closed session's log under another id: its chain is intact and
+    starts from an applied profile, but its first record names the other session."""
+    import shutil
+
+    from linpodx.audit.chain import session_path
+
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC0"
+    chain, _ = open_session(sid, pid, ah)
+    last = chain.append("mcp.decision", {"i": 1})
+    anchor_session(sid, last.hash, 2)
+    copy = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC1"
+    shutil.copy(session_path(sid), session_path(copy))
+    check = verify_session(copy)
+    assert check.report.ok and not check.ok
+    assert any(f"names session {sid}, not {copy}" in p for p in check.problems)
+    assert verify_session(sid).ok
+
+
+def test_forged_unopened_session_detected(applied: tuple[str, str]) -> None:
+    """A chain forged from scratch from an applied profile, naming itself, never opened."""
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC2"
+    from linpodx.audit.chain import session_path
+
+    session_path(sid).parent.mkdir(parents=True, exist_ok=True)
+    forge_chain(
+        session_path(sid),
+        [{"session_id": sid, "profile_id": pid, "audit_hash": ah}, {"tool": "x"}, {"r": "done"}],
+        genesis=ah,
+    )
+    check = verify_session(sid)
+    assert check.report.ok and not check.ok
+    assert any("no session.open" in p and "nobody opened" in p for p in check.problems)
+
+
+def test_crash_between_session_start_and_open_is_a_note(
+    applied: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_session wrote session.start, then died before the admin chain's session.open: the
+    log holds its first record only, and that is a crash, not a forgery."""
+    from linpodx.audit import chain as ch
+    from linpodx.errors import AuditError
+
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC3"
+    real = ch.Chain.append
+
+    def append(self: ch.Chain, typ: str, data: object) -> object:
+        if typ == "session.open":
+            raise AuditError("disk full", "")
+        return real(self, typ, data)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as m, pytest.raises(AuditError):
+        m.setattr(ch.Chain, "append", append)
+        open_session(sid, pid, ah)
+    check = verify_session(sid)
+    assert check.ok, check.problems
+    assert any("never opened" in n for n in check.notes)
+
+
+def test_session_opened_after_the_admin_scan_is_not_forged(applied: tuple[str, str]) -> None:
+    """verify --all reads the admin chain first; a session opened (and recording) after that
+    must not be called forged: the admin chain is read again before saying so."""
+    from linpodx.audit.verify import _admin_scan
+
+    pid, ah = applied
+    stale = _admin_scan()
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FC4"
+    chain, _ = open_session(sid, pid, ah)
+    chain.append("mcp.decision", {"i": 1})
+    check = verify_session(sid, admin_scan=stale)
+    assert check.ok, check.problems
+    assert any("opened at admin seq" in n for n in check.notes)
+
+
+def test_edited_admin_record_does_not_blame_an_intact_session(applied: tuple[str, str]) -> None:
+    """The admin chain's session.close edited (its record count) with its hash recomputed:
+    the admin chain breaks at the NEXT record's prev. The edited record comes before the break,
+    yet must not be used as an anchor: the intact session log is not blamed, the admin break
+    is what is reported first."""
+    pid, ah = applied
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FD1"
+    chain, _ = open_session(sid, pid, ah)
+    last = chain.append("mcp.decision", {"i": 1})
+    close = anchor_session(sid, last.hash, 2)
+    admin_chain().append("test.event", {"after": "close"})
+    path = admin_chain().path
+    lines = path.read_bytes().splitlines(keepends=True)
+    obj = json.loads(lines[close.seq])
+    obj["data"]["events"] = 1
+    lines[close.seq] = rehash(obj)
+    rewrite(path, lines)
+    admin = verify_file(path)
+    assert not admin.ok and admin.first_bad_seq == close.seq + 1
+    check = verify_session(sid)
+    assert not check.ok
+    assert check.report.ok, check.report.reason  # the session log itself verifies
+    assert check.problems[0].startswith("the admin chain that anchors this session is broken")
+    assert len(check.problems) == 1, check.problems
+
+
+@pytest.mark.parametrize(
+    ("ts", "why"),
+    [
+        ("2026-13-45T25:61:61.000000Z", "ts is not a UTC timestamp"),
+        ("2026-00-10T10:00:00.000000Z", "ts is not a UTC timestamp"),
+        ("2026-02-30T10:00:00.000000Z", "names a day its month does not have"),
+        ("2027-02-29T10:00:00.000000Z", "names a day its month does not have"),
+        ("2026-04-31T10:00:00.000000Z", "names a day its month does not have"),
+    ],
+)
+def test_impossible_timestamp_with_recomputed_hash(
+    log: tuple[Path, list[bytes]], ts: str, why: str
+) -> None:
+    """A date that does not exist, in the right shape and with a recomputed hash (so only the
+    timestamp check can tell): the last record, so nothing after it notices either."""
+    from linpodx.audit.chain import parse_line
+    from linpodx.audit.core import fast_fields
+
+    path, lines = log
+    obj = json.loads(lines[-1])
+    obj["ts"] = ts
+    lines[-1] = rehash(obj)
+    rewrite(path, lines)
+    assert fast_fields(lines[-1][:-1]) is None
+    with pytest.raises(ValueError, match=why):
+        parse_line(lines[-1][:-1])
+    r = verify_file(path)
+    assert not r.ok and r.first_bad_seq == N - 1
+    assert why in (r.reason or "")
+
+
+def test_real_leap_days_are_fine(tmp_path: Path) -> None:
+    from linpodx.audit.chain import parse_line
+
+    for ts in ("2028-02-29T00:00:00.000000Z", "2000-02-29T23:59:59.999999Z",
+               "2026-12-31T23:59:59.000000Z", "2026-04-30T00:00:00.000000Z"):
+        rec = rehash({"seq": 0, "ts": ts, "type": "test.event", "prev": ZERO_HASH, "data": {},
+                      "log": "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"})
+        assert parse_line(rec[:-1]).ts == ts

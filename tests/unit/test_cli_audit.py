@@ -494,3 +494,137 @@ def test_an_admin_log_that_cannot_be_looked_at_is_an_error_not_no_log_yet(
     assert "no admin audit log yet" not in res.stderr
     assert "Permission denied" in res.stderr and "hint:" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_deleted_admin_log_is_broken_not_a_fresh_install(cli: Cli, session: str) -> None:
+    """The admin log deleted while profile revisions and session logs remain: `verify`,
+    `verify --all` and `seal` say the chain is broken (exit 7), not "no admin audit log yet"
+    (exit 4, which reads as nothing to check), and `--all` still verifies every session."""
+    admin_chain().path.unlink()
+    res = cli("audit", "verify")
+    assert res.exit_code == EXIT_TAMPERED, res.stderr
+    assert "no admin audit log yet" not in res.stderr
+    assert "the admin log is missing" in res.stderr and "was deleted" in res.stderr
+    every = cli("audit", "verify", "--all")
+    assert every.exit_code == EXIT_TAMPERED, every.stderr
+    assert f"session: {session} BROKEN: there is no admin log" in every.stdout
+    assert "sessions: 1 verified, 1 broken" in every.stdout
+    sealed = cli("audit", "seal")
+    assert sealed.exit_code == EXIT_TAMPERED and "the admin log is missing" in sealed.stderr
+
+
+def test_deleted_admin_log_with_only_a_session_left(cli: Cli, session: str) -> None:
+    """No profile revision (the store emptied too), but a session log remains: still broken."""
+    import shutil
+
+    from linpodx.paths import profiles_dir
+
+    admin_chain().path.unlink()
+    shutil.rmtree(profiles_dir())
+    res = cli("audit", "verify")
+    assert res.exit_code == EXIT_TAMPERED, res.stderr
+    assert "1 session log(s)" in res.stderr
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_show_streams_records_instead_of_holding_the_log(
+    cli: Cli, applied: tuple[str, str], monkeypatch: pytest.MonkeyPatch, json_mode: bool
+) -> None:
+    """`show` without --limit writes each record as it is read (and `--json` writes its
+    envelope while reading the records a second time), so a log of any size is shown
+    without holding every record: output must already be there while records are read."""
+    import io
+    import sys
+
+    from linpodx.cli import audit as cli_audit
+
+    a = admin_chain()
+    for i in range(20):
+        a.append("test.event", {"i": i})
+    seen: list[int] = []
+    real = cli_audit.check_line
+
+    def check_line(line: bytes) -> Any:
+        out = sys.stdout
+        seen.append(len(out.getvalue()) if isinstance(out, io.StringIO) else -1)
+        return real(line)
+
+    monkeypatch.setattr(cli_audit, "check_line", check_line)
+    args = ("audit", "show", "--json") if json_mode else ("audit", "show")
+    res = cli(*args)
+    assert res.exit_code == 0, res.stderr
+    assert seen and max(seen) > 0  # some records were read after output was written
+    if json_mode:
+        doc = json.loads(res.stdout)
+        assert doc["ok"] is True and doc["result"]["events"] == 21
+        assert [r["seq"] for r in doc["result"]["records"]] == list(range(21))
+        # The same text json.dumps gives for the whole envelope.
+        assert res.stdout == json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+    else:
+        assert len(res.stdout.splitlines()) == 21
+
+
+def test_show_json_of_a_damaged_log_is_one_error_envelope(
+    cli: Cli, applied: tuple[str, str]
+) -> None:
+    a = admin_chain()
+    a.append("test.event", {"who": "alice"})
+    a.append("test.event", {"who": "bob"})
+    a.path.write_bytes(a.path.read_bytes().replace(b"alice", b"eve"))
+    res = cli("audit", "show", "--json")
+    assert res.exit_code == EXIT_TAMPERED
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["details"]["events"] == 1
+
+
+def test_newlines_in_a_link_target_do_not_forge_lines(cli: Cli, session: str) -> None:
+    """A link in a log's place whose target holds newlines and escapes: every message that
+    names it shows them escaped, so no forged `chain: OK` line reaches the terminal."""
+    path = session_path(session)
+    path.unlink()
+    os.symlink("x\nchain:   OK (forged)\nhint: fine\x1b[2J\u202e", path)
+    for args in (("audit", "verify", "--session", session), ("audit", "verify", "--all"),
+                 ("audit", "show", "--session", session)):
+        res = cli(*args)
+        assert res.exit_code == EXIT_TAMPERED, res.stderr
+        for out in (res.stdout, res.stderr):
+            assert "\x1b" not in out and "\u202e" not in out
+            assert not any(line.startswith(("chain:   OK (forged)", "hint: fine"))
+                           for line in out.splitlines())
+        assert "x\\x0achain:   OK (forged)" in res.stderr
+
+
+def test_newline_in_a_recorded_profile_id_does_not_forge_lines(
+    cli: Cli, applied: tuple[str, str]
+) -> None:
+    from linpodx.audit.chain import session_chain
+
+    sid = "sess_01ARZ3NDEKTSV4RRFFQ69G5FD0"
+    hostile = "prof_\x1b]0;pwned\x07\u202e\nhint: all good"
+    session_chain(sid, applied[1]).append(
+        "session.start", {"session_id": sid, "profile_id": hostile, "audit_hash": applied[1]}
+    )
+    res = cli("audit", "verify", "--session", sid)
+    assert res.exit_code == EXIT_TAMPERED
+    for out in (res.stdout, res.stderr):
+        assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+        assert not any(line.startswith("hint: all good") for line in out.splitlines())
+    assert "\\x0ahint: all good" in res.stderr
+
+
+def test_sessions_dir_replaced_by_a_file_is_a_missing_log(cli: Cli, session: str) -> None:
+    """`sessions/` replaced by a regular file: `verify --session` says what `--all` says (the
+    opened session's log is missing, exit 7), not that the state dir is unusable (exit 6)."""
+    import shutil
+
+    base = session_path(session).parent
+    shutil.rmtree(base)
+    base.write_text("x")
+    one = cli("audit", "verify", "--session", session)
+    assert one.exit_code == EXIT_TAMPERED, one.stderr
+    assert f"the audit log of session {session} is missing" in one.stderr
+    every = cli("audit", "verify", "--all")
+    assert every.exit_code == EXIT_TAMPERED
+    assert f"session {session} was opened at admin seq" in every.stdout
+    shown = cli("audit", "show", "--session", session)
+    assert shown.exit_code == EXIT_NOT_FOUND, shown.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -123,6 +124,33 @@ class TestOutput:
 
     def test_safe_text_caps(self) -> None:
         assert output.safe_text("x" * 50, limit=10).startswith("x" * 10 + "…(+40")
+
+    def test_json_output_escapes_what_could_drive_a_terminal(self) -> None:
+        """`--json` output shown on a terminal (`… --json | less`) must not carry DEL, C1
+        controls, line separators or bidirectional controls raw; parsers see the same
+        document."""
+        value = "a\u202eb\u2066c\x85d\x9be\x7ff\u2028g café 工具 \x1b"
+        for compact in (False, True):
+            buf = io.StringIO()
+            output.print_json({"v": value}, buf, compact=compact)
+            text = buf.getvalue()
+            assert json.loads(text) == {"v": value}
+            assert all(ch not in text for ch in "\u202e\u2066\x85\x9b\x7f\u2028\x1b")
+            assert "café 工具" in text  # other non-ASCII text stays readable
+            assert "\\u202e" in text and "\\u009b" in text
+
+    def test_safe_text_cap_never_cuts_an_escape(self) -> None:
+        # "\x1b" is 4 characters: 5 leave room for one and a half; only the whole one stays.
+        assert output.safe_text("\x1b" * 10, limit=5) == "\\x1b…(+36 chars)"
+        assert output.safe_text("ab\u202e", limit=7) == "ab…(+6 chars)"
+        assert output.safe_text("ab\u202e", limit=8) == "ab\\u202e"
+        # Short strings: as before.
+        assert output.safe_text("a\x1bb", limit=6) == "a\\x1bb"
+        assert output.safe_text("a\x1bb", limit=5) == "a\\x1b…(+1 chars)"
+
+    def test_safe_text_long_value_counts_what_was_cut(self) -> None:
+        value = "y" * 1_000_000 + "\x1b" + "\u2066"
+        assert output.safe_text(value, limit=3) == "yyy…(+" + str(999_997 + 4 + 6) + " chars)"
 
     def test_envelope_shapes(self) -> None:
         ok = output.envelope("sandbox validate", {"a": 1})

@@ -287,3 +287,35 @@ def test_pipelined_events_keep_call_order_and_refusals_go_out_at_once() -> None:
     assert seen == ["echo auto_allow", "run_shell deny"]
     bridge.drain()
     g.close()
+
+
+def test_foreign_append_while_the_lock_is_let_go_does_not_fork_the_chain() -> None:
+    """The batch's first record goes through `Chain.append` with the file lock let go; another
+    process appending right after it (before the lock is taken back) must not leave our record
+    as the in-memory tail: the next records would chain onto it beside theirs (two records
+    with the same seq, a fork). The interleaving is injected."""
+
+    class Racing(audit_chain.Chain):
+        foreign = 0
+
+        def append(self, type: str, data: Any) -> Any:
+            rec = super().append(type, data)
+            if not Racing.foreign:
+                Racing.foreign = 1
+                # A second writer (its own open file, so its own flock), e.g. another process.
+                audit_chain.Chain(self.path, self.genesis).append("test.other", {"by": "other"})
+            return rec
+
+    ch = Racing(audit_chain.session_path("sess_race"), GENESIS)
+    g = GroupCommitChain(ch)
+    first = g.submit("mcp.request", {"i": 0})
+    second = g.submit("mcp.request", {"i": 1})
+    assert g.wait(first).seq == 0
+    assert g.wait(second).seq == 2  # after the other writer's seq 1, not a second seq 1
+    g.append("mcp.request", {"i": 2})
+    g.close()
+    report = audit_chain.verify_file(ch.path, GENESIS)
+    assert report.ok, report.reason
+    assert report.events == 4
+    seqs = [json.loads(line)["seq"] for line in ch.path.read_bytes().splitlines()]
+    assert seqs == [0, 1, 2, 3]
