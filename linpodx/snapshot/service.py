@@ -547,10 +547,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
         if res.returncode != 0:
             leftovers.append(f"old container {aside}")
         for r in restores:
-            try:
-                r.cleanup()
-            except (OSError, LinpodxError):
-                leftovers.append(str(r.aside))
+            leftovers += r.cleanup()
         # What is left is garbage, not a half-done rollback: the journal goes either way.
         journal.clear(name)
         new_info = inspect_container(name)

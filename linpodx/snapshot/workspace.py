@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from linpodx import paths, proc
-from linpodx.errors import EngineError, InvalidInput
+from linpodx.errors import EngineError, InvalidInput, LinpodxError
 
 DIR = "dir"
 FILE = "file"
@@ -190,10 +189,16 @@ class Restore:
                 os.rename(self.aside, self.source)
             raise
 
-    def cleanup(self) -> None:
-        """Remove the staging dir and the moved-aside original (after success)."""
+    def cleanup(self) -> list[str]:
+        """Remove the staging dir and the moved-aside original (after success); returns what
+        could not be removed (each with the reason), never raises for it."""
+        left = []
         for p in (self.staging, self.aside):
-            remove_tree(p)
+            try:
+                remove_tree(p)
+            except Exception as exc:  # noqa: BLE001 - committed: a leftover, not a crash
+                left.append(f"{p} ({_say(exc)})")
+        return left
 
 
 def undo_interrupted(source: Path, rb_id: str, *, existed: bool, swap_started: bool) -> list[str]:
@@ -218,15 +223,26 @@ def undo_interrupted(source: Path, rb_id: str, *, existed: bool, swap_started: b
         elif swap_started and not existed and os.path.lexists(source):
             remove_tree(undone)
             os.rename(source, undone)  # there was nothing here: the restored copy goes
-    except (OSError, EngineError) as exc:
-        return [f"could not move {aside} back to {source}: {exc}"]
+    except Exception as exc:  # noqa: BLE001 - any failure is a problem to name, not a crash
+        return [f"could not move {aside} back to {source}: {_say(exc)}"]
     problems = []
     for p in (staging, undone):
         try:
             remove_tree(p)
-        except (OSError, EngineError) as exc:
-            problems.append(f"could not remove {p}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - any failure is a problem to name, not a crash
+            problems.append(f"could not remove {p}: {_say(exc)}")
     return problems
+
+
+def _say(exc: BaseException) -> str:
+    """A failure in a few words, for a list of problems."""
+    if isinstance(exc, EngineError) and exc.stderr.strip():
+        return f"{exc.message}: {exc.stderr.strip().splitlines()[-1]}"
+    if isinstance(exc, LinpodxError):
+        return exc.message
+    if isinstance(exc, OSError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def finish_interrupted(source: Path, rb_id: str) -> list[str]:
@@ -236,22 +252,31 @@ def finish_interrupted(source: Path, rb_id: str) -> list[str]:
     for p in _names(source, rb_id):
         try:
             remove_tree(p)
-        except (OSError, EngineError) as exc:
-            problems.append(f"could not remove {p}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - any failure is a problem to name, not a crash
+            problems.append(f"could not remove {p}: {_say(exc)}")
     return problems
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a file or tree we created; rootless trees may hold sub-uid files."""
+    """Remove a file or tree we created (or an agent filled); rootless trees may hold sub-uid
+    files.
+
+    GNU `rm` walks the tree without recursion (fts), so a tree thousands of levels deep that an
+    agent wrote into its workspace is removed like any other (Python's `shutil.rmtree`
+    recurses and raises RecursionError there). `--one-file-system`: never into a mount point
+    someone made inside it. A link is removed, never followed.
+    """
     if not (path.exists() or path.is_symlink()):
         return
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    argv = ["rm", "-rf", "--one-file-system", "--", str(path)]
+    res = proc.run(argv, check=False, timeout=3600, what="removing " + str(path))
+    if res.returncode == 0 and not os.path.lexists(path):
         return
-    except PermissionError:
-        if os.geteuid() == 0:
-            raise
-    proc.run(["podman", "unshare", "rm", "-rf", "--", str(path)], what="removing " + str(path))
+    if os.geteuid() == 0:
+        raise EngineError(
+            f"removing {path} failed (exit {res.returncode})",
+            argv=res.argv, returncode=res.returncode, stderr=res.stderr,
+        )
+    # Rootless: files owned by the container's sub-uids are removable only inside the user
+    # namespace, where they keep their owners.
+    proc.run(["podman", "unshare", *argv], timeout=3600, what="removing " + str(path))
