@@ -196,7 +196,7 @@ class Restore:
         for p in (self.staging, self.aside):
             try:
                 remove_tree(p)
-            except Exception as exc:  # noqa: BLE001 - committed: a leftover, not a crash
+            except Exception as exc:  # committed: a leftover, not a crash
                 left.append(f"{p} ({_say(exc)})")
         return left
 
@@ -223,13 +223,13 @@ def undo_interrupted(source: Path, rb_id: str, *, existed: bool, swap_started: b
         elif swap_started and not existed and os.path.lexists(source):
             remove_tree(undone)
             os.rename(source, undone)  # there was nothing here: the restored copy goes
-    except Exception as exc:  # noqa: BLE001 - any failure is a problem to name, not a crash
+    except Exception as exc:  # any failure is a problem to name, not a crash
         return [f"could not move {aside} back to {source}: {_say(exc)}"]
     problems = []
     for p in (staging, undone):
         try:
             remove_tree(p)
-        except Exception as exc:  # noqa: BLE001 - any failure is a problem to name, not a crash
+        except Exception as exc:  # any failure is a problem to name, not a crash
             problems.append(f"could not remove {p}: {_say(exc)}")
     return problems
 
@@ -252,7 +252,7 @@ def finish_interrupted(source: Path, rb_id: str) -> list[str]:
     for p in _names(source, rb_id):
         try:
             remove_tree(p)
-        except Exception as exc:  # noqa: BLE001 - any failure is a problem to name, not a crash
+        except Exception as exc:  # any failure is a problem to name, not a crash
             problems.append(f"could not remove {p}: {_say(exc)}")
     return problems
 

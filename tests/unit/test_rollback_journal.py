@@ -253,7 +253,7 @@ def test_finish_and_undo_cope_with_a_deep_tree(tmp_path: Path) -> None:
     assert (source / "f.txt").read_text() == "restored" and _left(tmp_path) == []
     # Undo: the restored copy at the source is the deep one this time.
     _tree(aside, "original")
-    import shutil  # noqa: PLC0415 - only to clear the shallow tree
+    import shutil  # only to clear the shallow tree
     shutil.rmtree(source)
     _deep_tree(source)
     assert workspace.undo_interrupted(source, RB, existed=True, swap_started=True) == []
