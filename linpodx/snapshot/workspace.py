@@ -2,8 +2,8 @@
 
 `podman commit` keeps the container's own filesystem but not what is bind-mounted into it, so
 a snapshot also archives each writable bind mount with GNU tar (numeric owners, modes, times,
-extended attributes). Rootless, tar runs under `podman unshare` so files owned by the
-container's sub-uids keep their owners both ways.
+POSIX ACLs and every extended attribute, file capabilities included). Rootless, tar runs under
+`podman unshare` so files owned by the container's sub-uids keep their owners both ways.
 
 Restoring never writes into the live directory: the archive is extracted into a staging
 directory next to the mount source, and `swap` renames the live directory aside and the staging
@@ -35,6 +35,12 @@ class WritableMount:
     """Host path."""
     target: str
     """Path inside the container."""
+
+
+# GNU tar keeps only user.* xattrs unless told otherwise, and POSIX ACLs only with --acls: both
+# sides name every namespace, so ACLs (system.posix_acl_*) and file capabilities
+# (security.capability) come back exactly (a dropped ACL mask can widen group access).
+_XATTR_ARGS = ("--acls", "--xattrs", "--xattrs-include=*")
 
 
 def _unshare_prefix() -> list[str]:
@@ -94,7 +100,7 @@ def archive(mount: WritableMount, out: Path) -> dict[str, Any]:
     tar = proc.which("tar") or "tar"
     proc.run(
         [*_unshare_prefix(), tar, "--create", "--file", str(out), "--numeric-owner",
-         "--xattrs", "--sparse", "--directory", str(cwd), "--", member],
+         *_XATTR_ARGS, "--sparse", "--directory", str(cwd), "--", member],
         what=f"archiving {mount.target}",
         timeout=3600,
         hint="check free disk space under the linpodx state dir",
@@ -170,7 +176,7 @@ class Restore:
         tar = proc.which("tar") or "tar"
         proc.run(
             [*_unshare_prefix(), tar, "--extract", "--file", str(archive_path),
-             "--numeric-owner", "--same-permissions", "--same-owner", "--xattrs",
+             "--numeric-owner", "--same-permissions", "--same-owner", *_XATTR_ARGS,
              "--directory", str(self.staging)],
             what=f"restoring {self.entry['target']}",
             timeout=3600,

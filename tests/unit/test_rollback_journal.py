@@ -236,6 +236,14 @@ def _deep_tree(top: Path, depth: int = 2000) -> None:
         os.close(fd)
 
 
+@pytest.fixture(autouse=True)
+def _no_deep_tree_left(tmp_path: Path) -> object:
+    # pytest's own clean-up of old temp dirs uses shutil.rmtree, which a deep tree left by a
+    # failing test would crash in a later run.
+    yield
+    subprocess.run(["rm", "-rf", "--", str(tmp_path)], check=False)
+
+
 def test_a_deep_tree_is_removed_without_recursion(tmp_path: Path) -> None:
     # An agent can write a tree deeper than Python's recursion limit into its workspace.
     top = tmp_path / "deep"

@@ -427,3 +427,38 @@ def test_rm_of_an_unknown_snapshot_leaves_no_lock_file(  # type: ignore[no-untyp
     assert r.exit_code == 4 and "snapshot not found: never-had-one --label x" in r.stderr
     locks = paths.snapshots_dir() / ".locks"
     assert not (locks / "never-had-one.lock").exists()
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    import struct
+
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="security.capability needs root")
+def test_archive_and_restore_keep_acls_capabilities_and_xattrs(tmp_path: Path) -> None:
+    """A rollback puts back POSIX ACLs, file capabilities and other xattrs, not just modes."""
+    import struct
+
+    src = tmp_path / "ws"
+    src.mkdir()
+    f = src / "acl.txt"
+    f.write_text("data")
+    # u::rw- u:65534:rw- g::r-- m::rw- o::r--  (the mask is what grants the named user write)
+    acl = _acl((1, 6, 0xFFFFFFFF), (2, 6, 65534), (4, 4, 0xFFFFFFFF), (0x10, 6, 0xFFFFFFFF),
+               (0x20, 4, 0xFFFFFFFF))
+    os.setxattr(f, "system.posix_acl_access", acl)
+    b = src / "capbin"
+    b.write_bytes(b"\x7fELF")
+    b.chmod(0o755)
+    cap = struct.pack("<IIIII", 0x02000001, 1 << 13, 0, 0, 0)  # cap_net_raw+ep
+    os.setxattr(b, "security.capability", cap)
+    os.setxattr(b, "user.note", b"kept")
+    out = tmp_path / "a.tar"
+    entry = workspace.archive(workspace.WritableMount(str(src), "/ws"), out)
+    r = workspace.Restore({**entry, "source": str(src)}, "RB2")
+    r.extract(out)
+    assert os.getxattr(r.staging / "acl.txt", "system.posix_acl_access") == acl
+    assert os.getxattr(r.staging / "capbin", "security.capability") == cap
+    assert os.getxattr(r.staging / "capbin", "user.note") == b"kept"
+    assert (r.staging / "acl.txt").stat().st_mode & 0o070 == f.stat().st_mode & 0o070
