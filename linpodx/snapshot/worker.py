@@ -109,8 +109,9 @@ def run_create(job_id: str) -> int:
                     hint="check free space in podman's storage (`podman system df`)",
                 )
                 new_image = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None
-                if not new_image:
-                    raise EngineError("podman commit printed no image id", argv=res.argv)
+                if not new_image or not jobs.is_image_id(new_image):
+                    raise EngineError("podman commit printed no image id", argv=res.argv,
+                                      stderr=res.stdout)
                 run.update(image_id=new_image)  # so a reader can remove it if we die
                 run.step("archive")
                 for i, m in enumerate(mounts):
@@ -176,7 +177,11 @@ def main(argv: list[str]) -> int:
     go = sys.stdin.buffer.read(1)
     if go != b"1":
         return 1  # the CLI died before it recorded us: leave the job alone
-    return run_create(argv[0])
+    try:
+        return run_create(argv[0])
+    except LinpodxError as exc:  # a job file we cannot trust: nothing is done, said in the log
+        sys.stderr.write(f"error: {exc.message}\n" + (f"hint: {exc.hint}\n" if exc.hint else ""))
+        return 1
 
 
 if __name__ == "__main__":

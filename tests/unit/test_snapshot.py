@@ -462,3 +462,99 @@ def test_archive_and_restore_keep_acls_capabilities_and_xattrs(tmp_path: Path) -
     assert os.getxattr(r.staging / "capbin", "security.capability") == cap
     assert os.getxattr(r.staging / "capbin", "user.note") == b"kept"
     assert (r.staging / "acl.txt").stat().st_mode & 0o070 == f.stat().st_mode & 0o070
+
+
+def _raw_job(**fields: object) -> dict[str, object]:
+    doc = _job(status=jobs.RUNNING, step="thaw", freeze="pause").to_dict()
+    doc.update(fields)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"container": "../../victim", "image": "localhost/linpodx/snapshot/../../victim:l1"},
+        {"container": "victim", "image": names.image_ref("victim", "l1"),
+         "job_id": "snap-01J0000000000000000000000Y"},
+        {"label": "../x"},
+        {"image": "localhost/other:tag"},
+        {"created": 123},
+        {"error": 5},
+        {"started": 1},
+        {"worker_pid": "abc"},
+        {"worker_pid": True},
+        {"worker_start": -1},
+        {"image_id": "--all"},
+        {"freeze": "thaw-everything"},
+        {"held": [[1, "x"]]},
+        {"status": "sleeping"},
+        {"step": "../x"},
+        {"replace": "yes"},
+        {"surprise": 1},
+        {"kind": "delete"},
+    ],
+)
+def test_a_tampered_job_file_is_damage_and_nothing_is_done(
+    cli, fields: dict[str, object], tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """job-status acts on what a dead worker's job names (unpause, rmi, remove temp files):
+    a job file linpodx would not have written is reported damaged and acted on in no way."""
+    from linpodx.paths import snapshots_dir
+
+    dead, _ = _dead_pid()
+    doc = _raw_job(**{"worker_pid": dead, "worker_start": 1, **fields})
+    p = names.job_file("snap-01J0000000000000000000000Z")
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(doc))
+    victim = snapshots_dir().parent / "victim" / ".tmp-snap-01J0000000000000000000000Z"
+    victim.mkdir(parents=True)
+    before = sorted(str(x) for x in snapshots_dir().rglob("*"))
+    r = cli("snapshot", "job-status", "snap-01J0000000000000000000000Z")
+    assert r.exit_code != 0 and r.exit_code != 70, r
+    assert "error: snapshot job file is damaged" in r.stderr and "hint:" in r.stderr
+    assert victim.is_dir()
+    assert sorted(str(x) for x in snapshots_dir().rglob("*")) == before
+    assert json.loads(p.read_text()) == doc  # not rewritten either
+
+
+def _dead_pid() -> tuple[int, int | None]:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    pid, start = jobs.pid_info(child.pid)
+    child.wait()
+    return pid, start
+
+
+def _no_hang(seconds: int = 5) -> object:
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def guard():  # type: ignore[no-untyped-def]
+        def alarm(*_a: object) -> None:
+            raise TimeoutError("hung")
+
+        old = signal.signal(signal.SIGALRM, alarm)
+        signal.alarm(seconds)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+
+    return guard()
+
+
+def test_a_fifo_for_a_job_file_or_manifest_is_damage_not_a_hang(cli) -> None:  # type: ignore[no-untyped-def]
+    p = names.job_file("snap-01J0000000000000000000000Z")
+    p.parent.mkdir(parents=True)
+    os.mkfifo(p)
+    sdir = names.snapshot_dir("c1", "l1")
+    sdir.mkdir(parents=True)
+    os.mkfifo(sdir / manifest.MANIFEST)
+    with _no_hang():  # type: ignore[attr-defined]
+        r = cli("snapshot", "job-status", "snap-01J0000000000000000000000Z")
+        assert r.exit_code not in (0, 70) and "damaged" in r.stderr and "hint:" in r.stderr
+        r = cli("snapshot", "list")
+        assert r.exit_code == 0 and "damaged" in r.stdout
+        with pytest.raises(Exception, match="damaged"):
+            manifest.read("c1", "l1")
