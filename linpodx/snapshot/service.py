@@ -145,16 +145,37 @@ def _spawn(job: jobs.Job, fd: int) -> jobs.Job:
         raise LinpodxError(f"could not start the snapshot worker: {exc}") from None
     pid, start = jobs.pid_info(child.pid)
     job = replace(job, worker_pid=pid, worker_start=start)
+    recorded = False
     try:
         jobs.write(job)
+        recorded = True
+    except OSError as exc:
+        # Without its worker on record the job must not run (nobody could tell it from a dead
+        # one): no go byte, and the job says why if the disk still takes that much.
+        with contextlib.suppress(Exception):
+            jobs.write(replace(
+                job, status=jobs.FAILED, finished=jobs.now_iso(), worker_pid=None,
+                worker_start=None,
+                error=f"could not record the worker: {exc.strerror or exc}; nothing was done",
+                hint="check the state dir (free space, permissions) and create the snapshot "
+                     "again",
+            ))
+        raise LinpodxError(
+            f"could not record the worker of snapshot job {job.job_id}: {exc.strerror or exc}",
+            "no snapshot was taken; check the state dir (free space, permissions) and run "
+            "`linpodx snapshot create` again",
+        ) from None
     finally:
-        # The go byte: from now on only the worker writes the job file. If we could not record
-        # it, closing stdin without the byte makes the worker exit without doing anything.
+        # The go byte, only once the worker is on record: from now on only the worker writes
+        # the job file. Closing stdin without it makes the worker exit without doing anything.
         assert child.stdin is not None  # noqa: S101 - stdin=PIPE above
         with contextlib.suppress(BrokenPipeError):
-            if job.worker_start is not None:
+            if recorded and job.worker_start is not None:
                 child.stdin.write(b"1")
             child.stdin.close()
+        if not recorded:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=10)  # it exits at once; reap it
     _CHILDREN.append(child)
     return job
 

@@ -558,3 +558,40 @@ def test_a_fifo_for_a_job_file_or_manifest_is_damage_not_a_hang(cli) -> None:  #
         assert r.exit_code == 0 and "damaged" in r.stdout
         with pytest.raises(Exception, match="damaged"):
             manifest.read("c1", "l1")
+
+
+def test_no_go_byte_when_the_worker_could_not_be_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job-file write that records the worker fails (ENOSPC): the CLI says so and the
+    worker must not take the snapshot anyway; the job ends failed, never succeeded."""
+    import errno
+
+    from linpodx.errors import LinpodxError
+    from linpodx.snapshot import service
+    from linpodx.snapshot.names import job_log
+
+    job = _job()
+    jobs.write(job)
+    real = jobs.write
+    calls: list[jobs.Job] = []
+
+    def full_once(j: jobs.Job) -> None:
+        calls.append(j)
+        if j.worker_pid is not None and len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(j)
+
+    monkeypatch.setattr(jobs, "write", full_once)
+    fd = os.open(job_log(job.job_id), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(LinpodxError) as ei:
+            service._spawn(job, fd)
+    finally:
+        os.close(fd)
+    assert "could not record the worker" in ei.value.message
+    assert "no snapshot was taken" in (ei.value.hint or "")
+    time.sleep(0.5)  # a worker that got the go byte would be at work by now
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED and after.started is None, after
+    assert "could not record the worker" in (after.error or "")
