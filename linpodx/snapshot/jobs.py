@@ -112,7 +112,7 @@ def stage(job: Job) -> Staged:
 
 MAX_BYTES = 1 << 20  # a job file is a few KiB; anything this large is not ours
 STEPS = ("start", "inspect", "freeze", "commit", "archive", "thaw", "publish", "done")
-FREEZE_METHODS = ("pause", "sigstop")
+FREEZE_METHODS = ("pause", "sigstop", "none")  # freeze.PAUSE, SIGSTOP_METHOD, NONE
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
 

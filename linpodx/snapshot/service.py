@@ -15,7 +15,7 @@ from typing import Any
 from linpodx import fsutil, paths, proc
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
-from linpodx.snapshot import faults, freeze, jobs, journal, manifest, ops, workspace
+from linpodx.snapshot import faults, jobs, journal, manifest, ops, worker, workspace
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     audit,
@@ -192,32 +192,23 @@ def _reap() -> None:
 
 def _recover(job: jobs.Job) -> jobs.Job:
     """Clean up after a worker that died: let the container go, drop temp files and the
-    untagged image. Only when no other snapshot operation holds the container; once."""
-    if job.recovered or job.status != jobs.FAILED or not (job.error or "").startswith(
-        jobs.WORKER_DIED
-    ):
+    untagged image. Only when no other snapshot operation holds the container (if one does,
+    the next look, or the next job's worker, does it); marked done only once it ran."""
+    if not worker.needs_cleanup(job):
         return job
-    done: list[str] = []
     try:
         with container_lock(job.container, timeout=0):
-            if job.step in ("commit", "archive", "thaw"):
-                done += freeze.release(job.container, job.freeze, job.held)
-            tmp = container_root(job.container) / f".tmp-{job.job_id}"
-            if tmp.exists():
-                workspace.remove_tree(tmp)
-                done.append("temporary archives removed")
-            if job.image_id and job.step in ("archive", "thaw"):
-                # Committed but never tagged (publish had not started): nobody else has it.
-                res = proc.run(["podman", "rmi", job.image_id], check=False, what="podman rmi")
-                if res.returncode == 0:
-                    done.append("untagged image removed")
+            fresh = jobs.read(job.job_id)  # another reader may have cleaned it meanwhile
+            if not worker.needs_cleanup(fresh):
+                return fresh
+            done, problems = worker.clean_after(fresh)
+            if not problems:
+                return worker.cleaned(fresh, done)
     except LinpodxError as exc:
-        # Busy (another operation runs) or podman failed: say so once; the hint says what to do.
-        done.append(f"cleanup not finished: {exc.message}")
-    note = f"; cleaned up: {', '.join(done)}" if done else ""
-    job = replace(job, recovered=True, error=(job.error or "") + note)
-    jobs.write(job)
-    return job
+        # Busy: another operation runs; said now, tried again at the next look.
+        problems = [exc.message]
+    # Not recorded: the job stays to be cleaned; what stopped it is said this time.
+    return replace(job, error=(job.error or "") + f"; cleanup not finished: {'; '.join(problems)}")
 
 
 def wait(job_id: str, timeout: float | None = None) -> jobs.Job:

@@ -49,6 +49,89 @@ class _Run:
         faults.step_delay()
 
 
+def _untagged(image: str) -> bool:
+    """True if `image` exists and no name points at it (so it is nobody's but ours)."""
+    res = proc.run(["podman", "image", "inspect", "--format", "{{len .RepoTags}}", image],
+                   check=False, what="podman image inspect")
+    return res.returncode == 0 and res.stdout.strip() == "0"
+
+
+def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
+    """Clean up after a job whose worker died: let the container go, drop the temporary
+    archives and the committed-but-untagged image. The caller holds the container's snapshot
+    lock. Returns (what was done, what could not be done); safe to run again."""
+    done: list[str] = []
+    problems: list[str] = []
+    if job.step in ("commit", "archive", "thaw"):
+        try:
+            done += freeze.release(job.container, job.freeze, job.held)
+        except Exception as exc:  # said, and tried again next time
+            problems.append(f"could not let {job.container} go: {_say(exc)}")
+    tmp = container_root(job.container) / f".tmp-{job.job_id}"
+    try:
+        if os.path.lexists(tmp):
+            workspace.remove_tree(tmp)
+            done.append("temporary archives removed")
+    except Exception as exc:
+        problems.append(f"could not remove {tmp}: {_say(exc)}")
+    if job.image_id and job.step in ("archive", "thaw"):
+        # Committed but never tagged (publish had not started): nobody else has it. An image
+        # that has a name by now is someone's, and stays.
+        try:
+            if _untagged(job.image_id):
+                res = proc.run(["podman", "rmi", job.image_id], check=False, what="podman rmi")
+                if res.returncode == 0:
+                    done.append("untagged image removed")
+                else:
+                    problems.append(f"could not remove image {job.image_id[:12]}: "
+                                    f"{res.stderr.strip()}")
+        except Exception as exc:
+            problems.append(f"could not remove image {job.image_id[:12]}: {_say(exc)}")
+    return done, problems
+
+
+def _say(exc: BaseException) -> str:
+    if isinstance(exc, EngineError) and exc.stderr.strip():
+        return f"{exc.message}: {exc.stderr.strip().splitlines()[-1]}"
+    if isinstance(exc, LinpodxError):
+        return exc.message
+    return str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+
+
+def needs_cleanup(job: jobs.Job) -> bool:
+    """A job whose worker died and whose leftovers were not cleaned yet."""
+    return (not job.recovered and job.status == jobs.FAILED
+            and (job.error or "").startswith(jobs.WORKER_DIED))
+
+
+def cleaned(job: jobs.Job, done: list[str]) -> jobs.Job:
+    """The job, marked cleaned (written), with what was done added to its error."""
+    note = f"; cleaned up: {', '.join(done)}" if done else ""
+    job = replace(job, recovered=True, error=(job.error or "") + note)
+    jobs.write(job)
+    return job
+
+
+def _clean_dead_jobs(container: str, own: str) -> None:
+    """Under the container's lock: clean up after other jobs of this container whose worker
+    died (a paused container, SIGSTOPped processes), which a `job-status` that found the lock
+    busy could not do. Before freezing: a container a dead job left paused is let go first."""
+    for jid in jobs.list_jobs():
+        if jid == own:
+            continue
+        try:
+            other = jobs.current(jid)
+            if other.container != container or not needs_cleanup(other):
+                continue
+            done, problems = clean_after(other)
+            if not problems:
+                cleaned(other, done)
+            else:
+                print(f"cleanup after {jid} not finished: {'; '.join(problems)}", flush=True)
+        except (LinpodxError, OSError) as exc:
+            print(f"cleanup after {jid} skipped: {_say(exc)}", flush=True)
+
+
 def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
     """Move the archives into place and tag the image; returns the replaced image id, if any."""
     final = snapshot_dir(job.container, job.label)
@@ -84,6 +167,7 @@ def run_create(job_id: str) -> int:
             run.step("inspect")
             # A rollback may have been killed while this job waited for the lock.
             journal.check_no_interrupted(job.container)
+            _clean_dead_jobs(job.container, job.job_id)
             info = require_managed(job.container)
             mounts = workspace.writable_mounts(info)
             labels = labels_of(info)

@@ -595,3 +595,60 @@ def test_no_go_byte_when_the_worker_could_not_be_recorded(
     after = jobs.read(job.job_id)
     assert after.status == jobs.FAILED and after.started is None, after
     assert "could not record the worker" in (after.error or "")
+
+
+def test_every_field_linpodx_writes_reads_back() -> None:
+    job = _job(status=jobs.SUCCEEDED, step="done", freeze="none", worker_pid=12, worker_start=34,
+               image_id="a" * 64, started=jobs.now_iso(), finished=jobs.now_iso(),
+               archives=[{"target": "/ws"}], held=[[5, 6]], recovered=True, replace=True,
+               error="e", hint="h")
+    jobs.write(job)
+    assert jobs.read(job.job_id) == job
+
+
+def _dead_job_holding_the_container() -> jobs.Job:
+    dead, _ = _dead_pid()
+    job = _job(status=jobs.RUNNING, step="archive", freeze="pause", worker_pid=dead,
+               worker_start=1)
+    jobs.write(job)
+    return job
+
+
+def test_a_dead_jobs_cleanup_is_not_marked_done_while_the_lock_is_busy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """job-status of a dead job while another operation holds the container: nothing is
+    cleaned, so the job must not say it was; the next look (lock free) lets the container go."""
+    from linpodx.snapshot import freeze, service
+    from linpodx.snapshot.common import container_lock
+
+    released: list[str] = []
+    monkeypatch.setattr(freeze, "release",
+                        lambda name, method, held: released.append(name) or ["unpaused"])
+    job = _dead_job_holding_the_container()
+    with container_lock("c1"):
+        view = service.job_status(job.job_id)
+    assert view["status"] == jobs.FAILED and "cleanup not finished" in view["error"]
+    assert released == [] and jobs.read(job.job_id).recovered is False
+    view = service.job_status(job.job_id)
+    assert released == ["c1"] and "cleaned up: unpaused" in view["error"]
+    assert jobs.read(job.job_id).recovered is True
+    service.job_status(job.job_id)
+    assert released == ["c1"]  # once
+
+
+def test_the_next_jobs_worker_lets_go_a_container_a_dead_job_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from linpodx.snapshot import freeze, worker
+
+    released: list[str] = []
+    monkeypatch.setattr(freeze, "release",
+                        lambda name, method, held: released.append(name) or ["unpaused"])
+    job = _dead_job_holding_the_container()
+    worker._clean_dead_jobs("other", "snap-01J0000000000000000000000Y")
+    assert released == []  # another container's job is not this worker's business
+    worker._clean_dead_jobs("c1", "snap-01J0000000000000000000000Y")
+    assert released == ["c1"]
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED and after.recovered is True
