@@ -13,9 +13,11 @@ from whatever state on disk a failure or a kill left.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,107 @@ def writable_mounts(inspect: Mapping[str, Any]) -> list[WritableMount]:
             continue
         out.append(WritableMount(source=str(src), target=str(m.get("Destination", ""))))
     return sorted(out, key=lambda w: w.target)
+
+
+def _related(a: Path, b: Path) -> bool:
+    """The same path, or one inside the other."""
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def shared_with(
+    mounts: Sequence[WritableMount], own_id: str, others: Iterable[Mapping[str, Any]],
+    *, writers_only: bool = False,
+) -> list[str]:
+    """Which other containers (their `podman inspect`) mount one of `mounts`' sources, or a
+    path inside or containing one; one description each. Pure, for the checks below.
+
+    `writers_only`: only running containers that can write there count."""
+    found = []
+    for info in others:
+        if str(info.get("Id", "")) == own_id:
+            continue
+        if writers_only and not (info.get("State") or {}).get("Running"):
+            continue
+        other = str(info.get("Name", "")).lstrip("/") or str(info.get("Id", ""))[:12]
+        for m in info.get("Mounts") or []:
+            src = str(m.get("Source") or "")
+            if not src.startswith("/") or (writers_only and not m.get("RW")):
+                continue
+            for ours in mounts:
+                if _related(_real(src), _real(ours.source)):
+                    found.append(f"container {other} mounts {src} at "
+                                 f"{m.get('Destination', '?')} (ours: {ours.source} at "
+                                 f"{ours.target})")
+                    break
+    return found
+
+
+def other_containers(own_id: str) -> list[dict[str, Any]]:
+    """`podman inspect` of every other container podman knows (running or not, linpodx's or
+    not). One that goes away while we look is left out."""
+    res = proc.run(["podman", "ps", "-a", "--no-trunc", "--format", "{{.ID}}"],
+                   what="podman ps")
+    ids = [i for i in res.stdout.split() if i and i != own_id]
+    if not ids:
+        return []
+    # All at once; if one went away meanwhile (podman then fails the lot), one by one.
+    r = proc.run(["podman", "container", "inspect", *ids], check=False,
+                 what="podman container inspect")
+    if r.returncode == 0:
+        with contextlib.suppress(ValueError):
+            return [d for d in json.loads(r.stdout) if isinstance(d, dict)]
+    out: list[dict[str, Any]] = []
+    for cid in ids:
+        r = proc.run(["podman", "container", "inspect", cid], check=False,
+                     what="podman container inspect")
+        if r.returncode != 0:
+            if "no such container" in r.stderr.lower():
+                continue
+            raise EngineError("podman container inspect failed", argv=r.argv,
+                              returncode=r.returncode, stderr=r.stderr)
+        try:
+            data = json.loads(r.stdout)
+        except ValueError as exc:
+            raise EngineError(f"podman inspect printed something that is not JSON: {exc}") \
+                from None
+        out += [d for d in data if isinstance(d, dict)]
+    return out
+
+
+def check_not_shared(name: str, info: Mapping[str, Any], *, for_rollback: bool) -> None:
+    """Refuse when another container uses this container's writable mounts.
+
+    Rollback: any other container (running or not, linpodx's or not) that mounts a source, or a
+    path inside or containing it, would be left on the renamed-aside copy, which is then
+    deleted. Create: another running container that can write there makes the archive
+    inconsistent (only this container is held still; tar fails on a file changed while read).
+    """
+    mounts = writable_mounts(info)
+    if not mounts:
+        return
+    own_id = str(info.get("Id", ""))
+    shared = shared_with(mounts, own_id, other_containers(own_id), writers_only=not for_rollback)
+    if not shared:
+        return
+    if for_rollback:
+        raise InvalidInput(
+            f"cannot roll back {name}: its workspace is also mounted elsewhere: "
+            + "; ".join(shared),
+            "a rollback swaps the workspace directory by rename, which would leave the other "
+            "container on a deleted copy; remove that container (or give it another "
+            "directory), then roll back again; nothing was changed",
+        )
+    raise InvalidInput(
+        f"cannot snapshot {name}: another running container can write to its workspace: "
+        + "; ".join(shared),
+        "only the snapshotted container is held still, so the archive would not be "
+        "consistent; stop the other container (or mount the directory read-only there), "
+        "then create the snapshot again",
+    )
 
 
 def sha256_file(path: Path) -> str:

@@ -618,3 +618,28 @@ def test_rollback_of_an_rm_container_is_refused(cli: Cli, unique_name: str) -> N
     finally:
         podman("rm", "-f", "-t", "0", unique_name, check=False)
         podman("rmi", "-f", image_ref(unique_name, "r"), check=False)
+
+
+def test_a_workspace_another_container_mounts_is_not_rolled_back(box: Box) -> None:
+    """A rollback renames the workspace aside and deletes it: another container mounting it
+    would be left on a deleted directory. Refused (before anything changes) while any other
+    container, running or not, mounts it; a snapshot is refused while one runs that can write
+    there (it is not held still)."""
+    box.snapshot("s1")
+    other = f"{box.name}-other"  # removed by the fixture's cleanup (name prefix)
+    podman("run", "-d", "--name", other, "-v", f"{box.ws}:/shared", BUSYBOX_IMAGE,
+           *AGENT_CMD)
+    before = inspect(box.name)
+    r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+    assert r.exit_code == 3, r
+    assert f"container {other} mounts {box.ws}" in r.stderr and "hint:" in r.stderr
+    assert inspect(box.name)["Id"] == before["Id"]
+    assert "snapshot.rollback" not in audit_types()
+    r = box.cli("snapshot", "create", box.name, "--label", "s2")
+    assert r.exit_code == 3 and "another running container can write" in r.stderr, r
+    podman("stop", "-t", "0", other)
+    box.snapshot("s2")  # a stopped container writes nothing
+    r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+    assert r.exit_code == 3 and f"container {other}" in r.stderr, r  # stopped, still mounts it
+    podman("rm", "-f", "-t", "0", other)
+    ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))

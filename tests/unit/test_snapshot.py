@@ -652,3 +652,24 @@ def test_the_next_jobs_worker_lets_go_a_container_a_dead_job_held(
     assert released == ["c1"]
     after = jobs.read(job.job_id)
     assert after.status == jobs.FAILED and after.recovered is True
+
+
+def test_shared_with_finds_the_same_inner_and_outer_sources(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    ours = [workspace.WritableMount(str(ws), "/workspace")]
+
+    def other(name: str, src: Path, *, rw: bool = True, running: bool = True) -> dict[str, object]:
+        return {"Id": name * 8, "Name": name, "State": {"Running": running},
+                "Mounts": [{"Type": "bind", "Source": str(src), "Destination": "/x", "RW": rw}]}
+
+    others = [other("same", ws), other("inner", ws / "sub"), other("outer", tmp_path),
+              other("apart", tmp_path / "elsewhere"), other("self", ws) | {"Id": "me"},
+              other("ro", ws, rw=False), other("stopped", ws, running=False)]
+    found = workspace.shared_with(ours, "me", others)
+    assert [f.split()[1] for f in found] == ["same", "inner", "outer", "ro", "stopped"]
+    writers = workspace.shared_with(ours, "me", others, writers_only=True)
+    assert [f.split()[1] for f in writers] == ["same", "inner", "outer"]
+    # A link to the workspace is the workspace.
+    (tmp_path / "link").symlink_to(ws)
+    assert workspace.shared_with(ours, "me", [other("via-link", tmp_path / "link")])
