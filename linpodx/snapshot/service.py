@@ -53,7 +53,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
     check_label(label)
     journal.check_no_interrupted(name)
     info = require_managed(name)
-    workspace.check_not_shared(name, info, for_rollback=False)
+    workspace.check_workspace(name, info, for_rollback=False)
     if not replace_existing and _exists(name, label):
         raise InvalidInput(
             f"snapshot {name} --label {label} already exists",
@@ -408,7 +408,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 f"the writable mounts of {name} changed since snapshot {label}",
                 "roll back only to a snapshot taken with the same mounts; nothing was changed",
             )
-        workspace.check_not_shared(name, info, for_rollback=True)
+        workspace.check_workspace(name, info, for_rollback=True)
         for entry in man["mounts"]:
             workspace.check_restorable(entry)
         orig_id = str(info["Id"])

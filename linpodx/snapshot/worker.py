@@ -169,7 +169,7 @@ def run_create(job_id: str) -> int:
             journal.check_no_interrupted(job.container)
             _clean_dead_jobs(job.container, job.job_id)
             info = require_managed(job.container)
-            workspace.check_not_shared(job.container, info, for_rollback=False)
+            workspace.check_workspace(job.container, info, for_rollback=False)
             mounts = workspace.writable_mounts(info)
             labels = labels_of(info)
             if not job.replace and snapshot_dir(job.container, job.label).exists():

@@ -146,6 +146,33 @@ def other_containers(own_id: str) -> list[dict[str, Any]]:
     return out
 
 
+def check_distinct(name: str, mounts: Sequence[WritableMount], *, for_rollback: bool) -> None:
+    """Refuse writable mounts whose sources overlap (the same source at two targets, or one
+    inside another): each is archived and swapped on its own, so the outer one's archive holds
+    the inner one's content too, and a rollback stages and renames inside a directory it is
+    renaming as well (it failed every time and left a staging copy in the live workspace)."""
+    for i, a in enumerate(mounts):
+        for b in mounts[i + 1:]:
+            if _related(_real(a.source), _real(b.source)):
+                same = _real(a.source) == _real(b.source)
+                raise InvalidInput(
+                    f"cannot {'roll back' if for_rollback else 'snapshot'} {name}: its "
+                    f"writable mounts {a.target} ({a.source}) and {b.target} ({b.source}) "
+                    + ("have the same source" if same else "overlap (one source is inside "
+                       "the other)"),
+                    "give each writable mount its own directory, none inside another (a "
+                    "writable directory already brings its subdirectories); nothing was "
+                    "changed",
+                )
+
+
+def check_workspace(name: str, info: Mapping[str, Any], *, for_rollback: bool) -> None:
+    """The checks of a container's writable mounts before a snapshot or a rollback:
+    `check_distinct`, then `check_not_shared`."""
+    check_distinct(name, writable_mounts(info), for_rollback=for_rollback)
+    check_not_shared(name, info, for_rollback=for_rollback)
+
+
 def check_not_shared(name: str, info: Mapping[str, Any], *, for_rollback: bool) -> None:
     """Refuse when another container uses this container's writable mounts.
 

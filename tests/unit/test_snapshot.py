@@ -673,3 +673,39 @@ def test_shared_with_finds_the_same_inner_and_outer_sources(tmp_path: Path) -> N
     # A link to the workspace is the workspace.
     (tmp_path / "link").symlink_to(ws)
     assert workspace.shared_with(ours, "me", [other("via-link", tmp_path / "link")])
+
+
+def _info_with(*mounts: tuple[Path, str]) -> dict[str, object]:
+    return {"Id": "c" * 64, "Config": {"Labels": {"linpodx.managed": "1"}},
+            "Mounts": [{"Type": "bind", "Source": str(s), "Destination": t, "RW": True}
+                       for s, t in mounts]}
+
+
+@pytest.mark.parametrize("layout", ["nested", "same"])
+def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ws at /workspace and ws/sub at /workspace/sub (or ws at two targets): every rollback
+    failed and left a staging copy in the live workspace. Refused before anything is done."""
+    from linpodx.snapshot import service
+
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    second = ws / "sub" if layout == "nested" else ws
+    info = _info_with((ws, "/workspace"), (second, "/w2"))
+    monkeypatch.setattr(service, "require_managed", lambda name: info)
+    monkeypatch.setattr(service, "_exists", lambda name, label: False)
+    monkeypatch.setattr(workspace, "other_containers", lambda own: [])
+    with pytest.raises(InvalidInput) as ei:
+        service.start_create("box", "s1")
+    assert "cannot snapshot box: its writable mounts /w2" in ei.value.message
+    assert ("same source" if layout == "same" else "overlap") in ei.value.message
+    man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64,
+           "mounts": [{"source": str(ws), "target": "/workspace", "kind": "dir"},
+                      {"source": str(second), "target": "/w2", "kind": "dir"}]}
+    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
+    with pytest.raises(InvalidInput) as ei:
+        service.rollback("box", "s1")
+    assert "cannot roll back box: its writable mounts" in ei.value.message
+    assert _admin_types() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "ws"]
