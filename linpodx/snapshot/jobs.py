@@ -82,6 +82,9 @@ class Job:
     if the worker dies while holding them)."""
     recovered: bool = False
     """A dead worker's leftovers (held container, temp files, untagged image) were cleaned."""
+    container_id: str | None = None
+    """Id of the container `snapshot create` checked and audited; the worker snapshots that
+    container or none (a rollback in between replaces the container under the name)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,10 +191,9 @@ def _from_mapping(data: Mapping[str, Any], job_id: str) -> Job:
     want(isinstance(held, list) and all(
         isinstance(h, list) and len(h) == 2 and all(_is_int(x) and x > 0 for x in h)
         for h in held), "held is not a list of [pid, start time]")
-    if "container_id" in fields:
-        cid = data.get("container_id")
-        want(cid is None or (isinstance(cid, str) and bool(_HEX64.match(cid))),
-             "container_id is not a container id")
+    cid = data.get("container_id")
+    want(cid is None or (isinstance(cid, str) and bool(_HEX64.match(cid))),
+         "container_id is not a container id")
     return Job(**data)
 
 

@@ -67,6 +67,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
         image=image_ref(name, label),
         replace=replace_existing,
         created=jobs.now_iso(),
+        container_id=str(info.get("Id", "")) or None,
     )
     # Audited before anything happens: if this cannot be recorded, nothing is started. The job
     # file and the worker's log are written first, though, so that a full or read-only disk
@@ -85,7 +86,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
                 {
                     "job_id": job.job_id,
                     "container": name,
-                    "container_id": str(info.get("Id", "")),
+                    "container_id": job.container_id or "",
                     "label": label,
                     "image": job.image,
                     "replace": replace_existing,

@@ -56,6 +56,17 @@ def _untagged(image: str) -> bool:
     return res.returncode == 0 and res.stdout.strip() == "0"
 
 
+def _id_of(name: str) -> str | None:
+    res = proc.run(["podman", "container", "inspect", "--format", "{{.Id}}", name],
+                   check=False, what="podman container inspect")
+    if res.returncode == 0:
+        return res.stdout.strip()
+    if "no such container" in res.stderr.lower():
+        return None
+    raise EngineError("podman container inspect failed", argv=res.argv,
+                      returncode=res.returncode, stderr=res.stderr)
+
+
 def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
     """Clean up after a job whose worker died: let the container go, drop the temporary
     archives and the committed-but-untagged image. The caller holds the container's snapshot
@@ -64,7 +75,13 @@ def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     if job.step in ("commit", "archive", "thaw"):
         try:
-            done += freeze.release(job.container, job.freeze, job.held)
+            now = _id_of(job.container) if job.container_id and job.freeze == freeze.PAUSE \
+                else job.container_id
+            if now != job.container_id:
+                # Gone, or another container under the name now: not ours to unpause.
+                done.append(f"{job.container} was removed or replaced, left alone")
+            else:
+                done += freeze.release(job.container, job.freeze, job.held)
         except Exception as exc:  # said, and tried again next time
             problems.append(f"could not let {job.container} go: {_say(exc)}")
     tmp = container_root(job.container) / f".tmp-{job.job_id}"
@@ -169,6 +186,15 @@ def run_create(job_id: str) -> int:
             journal.check_no_interrupted(job.container)
             _clean_dead_jobs(job.container, job.job_id)
             info = require_managed(job.container)
+            if job.container_id and str(info.get("Id", "")) != job.container_id:
+                # What was checked and audited is another container (a rollback recreated
+                # it while this job waited for the lock): snapshot none rather than the wrong one.
+                raise InvalidInput(
+                    f"{job.container} is no longer the container this snapshot was requested "
+                    f"for ({job.container_id[:12]}; now {str(info.get('Id', ''))[:12]}, "
+                    "recreated meanwhile, for example by a rollback)",
+                    f"create the snapshot of {job.container} again if you still want it",
+                )
             workspace.check_workspace(job.container, info, for_rollback=False)
             mounts = workspace.writable_mounts(info)
             labels = labels_of(info)
@@ -182,13 +208,16 @@ def run_create(job_id: str) -> int:
             tmp.mkdir(mode=0o700)
             entries: list[dict[str, Any]] = []
             run.step("freeze")
+            # By id from here on: the container checked above, never one recreated under the
+            # name meanwhile (`linpodx rm` + `run` do not take the snapshot lock).
+            cid = str(info["Id"])
             with freeze.frozen(
-                job.container, on_hold=lambda m, held: run.update(freeze=m, held=held)
+                cid, on_hold=lambda m, held: run.update(freeze=m, held=held)
             ) as method:
                 run.update(freeze=method)
                 run.step("commit")
                 res = proc.run(
-                    ["podman", "commit", "--pause=false", "--quiet", job.container],
+                    ["podman", "commit", "--pause=false", "--quiet", cid],
                     what="podman commit",
                     timeout=3600,
                     hint="check free space in podman's storage (`podman system df`)",

@@ -709,3 +709,29 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
     assert "cannot roll back box: its writable mounts" in ei.value.message
     assert _admin_types() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "ws"]
+
+
+def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`snapshot create` during a rollback: the CLI checked and audited the original, the
+    worker (after the rollback let the lock go) found the recreated one under the name. The
+    job must fail rather than snapshot a container nobody audited."""
+    from linpodx.snapshot import service, worker
+
+    monkeypatch.setattr(service, "require_managed",
+                        lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}})
+    monkeypatch.setattr(service, "_exists", lambda name, label: False)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd: job)
+    job = service.start_create("box", "s1")
+    assert jobs.read(job.job_id).container_id == "a" * 64
+    from linpodx.paths import admin_log
+
+    rec = json.loads(Path(admin_log()).read_text().splitlines()[-1])
+    assert rec["data"]["container_id"] == "a" * 64
+    monkeypatch.setattr(worker, "require_managed",
+                        lambda name: {"Id": "b" * 64, "Config": {"Labels": {}}, "Mounts": []})
+    assert worker.run_create(job.job_id) == 1
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED and after.image_id is None
+    assert "no longer the container this snapshot was requested for" in (after.error or "")
