@@ -402,6 +402,15 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 f"{name} was started with --rm: stopping it for the rollback would remove it",
                 "roll back only containers run without --rm; nothing was changed",
             )
+        state = info.get("State") or {}
+        if state.get("Paused") or state.get("Status") == "paused":
+            # Neither running nor stopped: which one the rolled-back container should be is the
+            # person's call, not ours (a snapshot worker that died may also have left it so).
+            raise InvalidInput(
+                f"{name} is paused",
+                f"run `podman unpause {name}` to roll it back running, or `linpodx stop "
+                f"{name}` to roll it back stopped, then roll back again; nothing was changed",
+            )
         current = {(m.source, m.target) for m in workspace.writable_mounts(info)}
         recorded = {(str(e["source"]), str(e["target"])) for e in man["mounts"]}
         if current != recorded:

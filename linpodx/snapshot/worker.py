@@ -13,6 +13,7 @@ killed job never leaves a half snapshot under the label.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from dataclasses import replace
@@ -271,6 +272,16 @@ def run_create(job_id: str) -> int:
             msg, hint = exc.message, exc.hint
             if isinstance(exc, EngineError) and exc.stderr.strip():
                 msg = f"{msg}: {exc.stderr.strip().splitlines()[-1]}"
+        elif isinstance(exc, OSError):
+            # The disk, not linpodx: say which file and what to do.
+            where = f" ({exc.filename})" if exc.filename else ""
+            msg = f"writing the snapshot failed{where}: {exc.strerror or exc}"
+            hint = (
+                "free disk space under the linpodx state dir, then create the snapshot again"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "check the linpodx state dir (permissions, a read-only filesystem), then "
+                "create the snapshot again"
+            )
         else:
             msg, hint = f"{type(exc).__name__}: {exc}", "this is a bug in linpodx"
         with contextlib.suppress(Exception):

@@ -735,3 +735,65 @@ def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
     after = jobs.read(job.job_id)
     assert after.status == jobs.FAILED and after.image_id is None
     assert "no longer the container this snapshot was requested for" in (after.error or "")
+
+
+def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ENOSPC at the manifest: the job fails with a disk-space hint, not `this is a bug`."""
+    import contextlib
+    import errno
+
+    from linpodx.snapshot import freeze, worker
+
+    job = _job(container_id="a" * 64)
+    jobs.write(job)
+    monkeypatch.setattr(worker, "require_managed",
+                        lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}, "Mounts": []})
+    monkeypatch.setattr(workspace, "other_containers", lambda own: [])
+
+    @contextlib.contextmanager
+    def still(*_a: object, **_k: object):  # type: ignore[no-untyped-def]
+        yield "none"
+
+    monkeypatch.setattr(freeze, "frozen", still)
+    ran: list[list[str]] = []
+
+    def fake_run(argv: list[str], **_k: object) -> object:
+        ran.append(list(argv))
+        from linpodx.proc import Result
+
+        return Result(tuple(argv), 0, "b" * 64 + "\n", "")
+
+    monkeypatch.setattr(worker.proc, "run", fake_run)
+    monkeypatch.setattr(worker, "image_id", lambda ref: "b" * 64)
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "/state/manifest.json")
+
+    monkeypatch.setattr(worker.manifest, "write", full)
+    assert worker.run_create(job.job_id) == 1
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED
+    assert "No space left on device" in (after.error or "") and "bug" not in (after.hint or "")
+    assert "free disk space" in (after.hint or "")
+    assert ["podman", "rmi", "b" * 64] in ran  # the untagged commit went
+
+
+def test_a_paused_container_is_not_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused is neither running nor stopped: the rolled-back container used to end exited.
+    Refused before anything changes, with the two ways on."""
+    from linpodx.snapshot import service
+
+    man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64, "mounts": []}
+    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(service, "require_managed", lambda name: {
+        "Id": "c" * 64, "State": {"Status": "paused", "Running": False, "Paused": True},
+        "Config": {"Labels": {"linpodx.managed": "1"}}, "Mounts": []})
+    with pytest.raises(InvalidInput) as ei:
+        service.rollback("box", "s1")
+    assert ei.value.message == "box is paused"
+    assert "podman unpause box" in (ei.value.hint or "") and "linpodx stop box" in (ei.value.hint or "")
+    assert _admin_types() == []
