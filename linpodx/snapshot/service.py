@@ -571,7 +571,8 @@ def rollback(name: str, label: str) -> dict[str, Any]:
         if res.returncode != 0:
             leftovers.append(f"old container {aside}")
         for r in restores:
-            leftovers += r.cleanup()
+            with holding():
+                leftovers += r.cleanup()
         # What is left is garbage, not a half-done rollback: the journal goes either way.
         journal.clear(name)
         new_info = inspect_container(name)

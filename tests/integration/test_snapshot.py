@@ -643,3 +643,32 @@ def test_a_workspace_another_container_mounts_is_not_rolled_back(box: Box) -> No
     assert r.exit_code == 3 and f"container {other}" in r.stderr, r  # stopped, still mounts it
     podman("rm", "-f", "-t", "0", other)
     ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
+
+
+DEEP = "i=0; while [ $i -lt 1500 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; echo x > leaf"
+
+
+def test_a_deep_tree_in_the_workspace_is_rolled_back_and_undone(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's 1500-level tree: the rollback removes the moved-aside copy, an undo the
+    restored one, without Python's recursion limit (it used to crash with exit 70 after the
+    commit record and leave the container blocked)."""
+    try:
+        box.sh(f"mkdir /ws/old && cd /ws/old && {DEEP}")
+        box.snapshot("s1")
+        box.sh(f"mkdir /ws/new && cd /ws/new && {DEEP}")
+        monkeypatch.setenv(faults.FAIL_ENV, "create")
+        r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+        monkeypatch.delenv(faults.FAIL_ENV)
+        assert r.exit_code not in (0, 70) and "put back as they were" in r.stderr, r
+        assert (box.ws / "new").is_dir()
+        r = ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
+        assert "leftovers" not in r.stdout
+        assert not (box.ws / "new").exists() and (box.ws / "old" / "d").is_dir()
+        assert _leftovers(box) == ([box.name], [])
+        ok(box.cli("snapshot", "create", box.name, "--label", "s2", "--wait"))  # not blocked
+    finally:
+        # pytest's own temp-dir clean-up recurses: the deep trees go here.
+        prefix = ["podman", "unshare"] if os.geteuid() != 0 else []
+        subprocess.run([*prefix, "rm", "-rf", "--", str(box.ws.parent)], check=False)

@@ -795,5 +795,6 @@ def test_a_paused_container_is_not_rolled_back(
     with pytest.raises(InvalidInput) as ei:
         service.rollback("box", "s1")
     assert ei.value.message == "box is paused"
-    assert "podman unpause box" in (ei.value.hint or "") and "linpodx stop box" in (ei.value.hint or "")
+    hint = ei.value.hint or ""
+    assert "podman unpause box" in hint and "linpodx stop box" in hint
     assert _admin_types() == []
