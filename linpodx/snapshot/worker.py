@@ -82,7 +82,7 @@ def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
                 # Gone, or another container under the name now: not ours to unpause.
                 done.append(f"{job.container} was removed or replaced, left alone")
             else:
-                done += freeze.release(job.container, job.freeze, job.held)
+                done += freeze.release(job.container_id or job.container, job.freeze, job.held)
         except Exception as exc:  # said, and tried again next time
             problems.append(f"could not let {job.container} go: {_say(exc)}")
     tmp = container_root(job.container) / f".tmp-{job.job_id}"
