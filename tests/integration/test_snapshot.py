@@ -672,3 +672,36 @@ def test_a_deep_tree_in_the_workspace_is_rolled_back_and_undone(
         # pytest's own temp-dir clean-up recurses: the deep trees go here.
         prefix = ["podman", "unshare"] if os.geteuid() != 0 else []
         subprocess.run([*prefix, "rm", "-rf", "--", str(box.ws.parent)], check=False)
+
+
+def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_busy(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed while it holds the container; `job-status` asked while another
+    snapshot operation holds the lock cannot clean up and must not say it did (the container
+    stayed paused for good). The next `snapshot create` lets the container go first."""
+    from linpodx.snapshot.common import container_lock
+
+    monkeypatch.setenv(faults.DELAY_ENV, "8")
+    job_id = str(result(box.cli("snapshot", "create", box.name, "--label", "h", "--json"))
+                 ["job_id"])
+    deadline = time.monotonic() + 60
+    while (job := jobs.read(job_id)).step != "archive":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job.worker_pid is not None
+    os.kill(job.worker_pid, signal.SIGKILL)
+    while jobs.proc_start_time(job.worker_pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    monkeypatch.delenv(faults.DELAY_ENV)
+    with container_lock(box.name):  # another snapshot operation on the container
+        st = result(box.cli("snapshot", "job-status", job_id, "--json"))
+    assert st["status"] == jobs.FAILED and "cleanup not finished" in str(st["error"]), st
+    assert jobs.read(job_id).recovered is False
+    held = inspect(box.name)["State"]["Status"]  # type: ignore[index]
+    assert held in ("paused", "running")  # paused as root; SIGSTOPped processes rootless
+    r = result(box.cli("snapshot", "create", box.name, "--label", "next", "--wait", "--json"))
+    assert r["status"] == jobs.SUCCEEDED, r
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+    assert box.sh("echo alive") == "alive\n"
+    assert jobs.read(job_id).recovered is True
