@@ -10,6 +10,7 @@ missing, a zombie, or a recycled pid with another start time) reports it failed:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -17,8 +18,14 @@ from typing import Any
 
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.errors import LinpodxError, NotFound
-from linpodx.fsutil import Staged, atomic_write
-from linpodx.snapshot.names import check_job_id, job_file
+from linpodx.fsutil import NotRegularFile, Staged, atomic_write, read_regular
+from linpodx.snapshot.names import (
+    check_container_name,
+    check_job_id,
+    check_label,
+    image_ref,
+    job_file,
+)
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -75,6 +82,9 @@ class Job:
     if the worker dies while holding them)."""
     recovered: bool = False
     """A dead worker's leftovers (held container, temp files, untagged image) were cleaned."""
+    container_id: str | None = None
+    """Id of the container `snapshot create` checked and audited; the worker snapshots that
+    container or none (a rollback in between replaces the container under the name)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,34 +113,126 @@ def stage(job: Job) -> Staged:
     return Staged(job_file(job.job_id), _encode(job))
 
 
-def _from_mapping(data: Mapping[str, Any]) -> Job:
-    known = {f for f in Job.__dataclass_fields__}
-    return Job(**{k: v for k, v in data.items() if k in known})
+MAX_BYTES = 1 << 20  # a job file is a few KiB; anything this large is not ours
+STEPS = ("start", "inspect", "freeze", "commit", "archive", "thaw", "publish", "done")
+FREEZE_METHODS = ("pause", "sigstop", "none")  # freeze.PAUSE, SIGSTOP_METHOD, NONE
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
+
+
+def is_image_id(value: str) -> bool:
+    """A full podman image id (64 lower-case hex digits)."""
+    return bool(_HEX64.match(value))
+
+
+class _Bad(ValueError):
+    """One field of a job file is not what linpodx writes."""
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _from_mapping(data: Mapping[str, Any], job_id: str) -> Job:
+    """A Job from a job file's object, every field checked: the file is read back by
+    `job-status`, which acts on what it names (unpauses, continues processes, removes files
+    and images), so anything linpodx would not have written is damage, never acted on."""
+    fields = Job.__dataclass_fields__
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise _Bad(f"unknown fields {', '.join(map(repr, unknown))}")
+    for key in ("job_id", "kind", "container", "label", "image"):
+        if key not in data:
+            raise _Bad(f"{key} missing")
+
+    def want(ok: bool, what: str) -> None:
+        if not ok:
+            raise _Bad(what)
+
+    def opt_str(key: str) -> None:
+        v = data.get(key)
+        want(v is None or isinstance(v, str), f"{key} is not a string")
+
+    want(data["job_id"] == job_id, "job_id is not the file's name")
+    want(data["kind"] == "create", "unknown kind")
+    for key in ("container", "label", "image"):
+        want(isinstance(data[key], str), f"{key} is not a string")
+    try:
+        check_container_name(data["container"])
+        check_label(data["label"])
+    except LinpodxError as exc:
+        raise _Bad(exc.message) from None
+    want(data["image"] == image_ref(data["container"], data["label"]),
+         "image is not the snapshot's own name")
+    want(data.get("status", QUEUED) in (QUEUED, RUNNING, *FINISHED), "unknown status")
+    want(isinstance(data.get("replace", False), bool), "replace is not true/false")
+    want(isinstance(data.get("recovered", False), bool), "recovered is not true/false")
+    created = data.get("created", "")
+    want(isinstance(created, str) and (created == "" or bool(_ISO.match(created))),
+         "created is not a time")
+    for key in ("started", "finished"):
+        v = data.get(key)
+        want(v is None or (isinstance(v, str) and bool(_ISO.match(v))), f"{key} is not a time")
+    want(data.get("step") is None or data.get("step") in STEPS, "unknown step")
+    for key in ("error", "hint"):
+        opt_str(key)
+    for key in ("worker_pid", "worker_start"):
+        v = data.get(key)
+        want(v is None or (_is_int(v) and v > 0), f"{key} is not a positive integer")
+    iid = data.get("image_id")
+    want(iid is None or (isinstance(iid, str) and bool(_HEX64.match(iid))),
+         "image_id is not an image id")
+    want(data.get("freeze") is None or data.get("freeze") in FREEZE_METHODS,
+         "unknown freeze method")
+    arch = data.get("archives", [])
+    want(isinstance(arch, list) and all(isinstance(a, dict) for a in arch),
+         "archives is not a list of objects")
+    held = data.get("held", [])
+    want(isinstance(held, list) and all(
+        isinstance(h, list) and len(h) == 2 and all(_is_int(x) and x > 0 for x in h)
+        for h in held), "held is not a list of [pid, start time]")
+    cid = data.get("container_id")
+    want(cid is None or (isinstance(cid, str) and bool(_HEX64.match(cid))),
+         "container_id is not a container id")
+    return Job(**data)
+
+
+def damaged(job_id: str, why: str) -> LinpodxError:
+    """The error for a job file linpodx cannot trust (nothing it names is acted on)."""
+    return LinpodxError(
+        f"snapshot job file is damaged: {job_file(job_id).name}: {why}; nothing was done",
+        "remove the job file; the snapshot itself (if any) is listed by "
+        "`linpodx snapshot list`",
+    )
 
 
 def read(job_id: str) -> Job:
-    """The job as last written (no liveness check). NotFound if there is no such job."""
+    """The job as last written (no liveness check). NotFound if there is no such job; a file
+    that is not exactly what linpodx writes is damage (LinpodxError)."""
     check_job_id(job_id)
     path = job_file(job_id)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        # No links, no FIFOs: a special file in its place must not hang the command.
+        raw = read_regular(path, MAX_BYTES)
+    except NotRegularFile:
+        raise damaged(job_id, "not a regular file") from None
+    except OSError as exc:
+        raise damaged(job_id, exc.strerror or str(exc)) from None
+    if raw is None:
         raise NotFound(
             f"snapshot job not found: {job_id}",
             "list jobs' results with `linpodx snapshot list`; job ids are printed by "
             "`linpodx snapshot create`",
-        ) from None
+        )
+    if len(raw) > MAX_BYTES:
+        raise damaged(job_id, "too large")
     try:
-        data = strict_loads(text)
+        data = strict_loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise CanonicalError("not an object")
-        return _from_mapping(data)
+        return _from_mapping(data, job_id)
     except (CanonicalError, TypeError, ValueError) as exc:
-        raise LinpodxError(
-            f"snapshot job file is damaged: {path.name}: {exc}",
-            "remove the job file; the snapshot itself (if any) is listed by "
-            "`linpodx snapshot list`",
-        ) from None
+        raise damaged(job_id, str(exc)) from None
 
 
 def proc_start_time(pid: int) -> int | None:

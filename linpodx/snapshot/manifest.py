@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.errors import LinpodxError, NotFound
-from linpodx.fsutil import atomic_write
+from linpodx.fsutil import NotRegularFile, atomic_write, read_regular
 from linpodx.snapshot.names import snapshot_dir
 
 MANIFEST = "manifest.json"
@@ -20,18 +21,31 @@ def write(directory: Path, data: dict[str, Any]) -> None:
     atomic_write(directory / MANIFEST, (json.dumps(data, indent=1) + "\n").encode())
 
 
+MAX_BYTES = 1 << 20  # a manifest is a few KiB
+
+
+def _damaged(path: Path, why: str) -> LinpodxError:
+    return LinpodxError(
+        f"snapshot manifest is damaged: {path}: {why}",
+        "remove the snapshot with `linpodx snapshot rm` and create it again",
+    )
+
+
 def read_dir(directory: Path) -> dict[str, Any]:
     """Read and sanity-check the manifest in `directory`."""
     path = directory / MANIFEST
     try:
-        data = strict_loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NotFound(f"snapshot manifest missing: {path}") from None
+        # No links, no FIFOs: a special file in its place must not hang `snapshot list`.
+        raw = read_regular(path, MAX_BYTES)
+        if raw is None:
+            raise NotFound(f"snapshot manifest missing: {path}")
+        if len(raw) > MAX_BYTES:
+            raise ValueError("too large")
+        data = strict_loads(raw.decode("utf-8"))
+    except NotRegularFile:
+        raise _damaged(path, "not a regular file") from None
     except (CanonicalError, ValueError, OSError) as exc:
-        raise LinpodxError(
-            f"snapshot manifest is damaged: {path}: {exc}",
-            "remove the snapshot with `linpodx snapshot rm` and create it again",
-        ) from None
+        raise _damaged(path, str(exc)) from None
     if (
         not isinstance(data, dict)
         or data.get("schema") != SCHEMA
@@ -55,6 +69,6 @@ def not_found(name: str, label: str) -> NotFound:
 def read(name: str, label: str) -> dict[str, Any]:
     """The manifest of snapshot NAME:LABEL; NotFound with a hint if there is none."""
     d = snapshot_dir(name, label)
-    if not (d / MANIFEST).is_file():
+    if not os.path.lexists(d / MANIFEST):
         raise not_found(name, label)
     return read_dir(d)

@@ -15,7 +15,7 @@ from typing import Any
 from linpodx import fsutil, paths, proc
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
-from linpodx.snapshot import faults, freeze, jobs, journal, manifest, ops, workspace
+from linpodx.snapshot import faults, jobs, journal, manifest, ops, worker, workspace
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     audit,
@@ -53,6 +53,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
     check_label(label)
     journal.check_no_interrupted(name)
     info = require_managed(name)
+    workspace.check_workspace(name, info, for_rollback=False)
     if not replace_existing and _exists(name, label):
         raise InvalidInput(
             f"snapshot {name} --label {label} already exists",
@@ -66,6 +67,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
         image=image_ref(name, label),
         replace=replace_existing,
         created=jobs.now_iso(),
+        container_id=str(info.get("Id", "")) or None,
     )
     # Audited before anything happens: if this cannot be recorded, nothing is started. The job
     # file and the worker's log are written first, though, so that a full or read-only disk
@@ -84,7 +86,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
                 {
                     "job_id": job.job_id,
                     "container": name,
-                    "container_id": str(info.get("Id", "")),
+                    "container_id": job.container_id or "",
                     "label": label,
                     "image": job.image,
                     "replace": replace_existing,
@@ -145,16 +147,37 @@ def _spawn(job: jobs.Job, fd: int) -> jobs.Job:
         raise LinpodxError(f"could not start the snapshot worker: {exc}") from None
     pid, start = jobs.pid_info(child.pid)
     job = replace(job, worker_pid=pid, worker_start=start)
+    recorded = False
     try:
         jobs.write(job)
+        recorded = True
+    except OSError as exc:
+        # Without its worker on record the job must not run (nobody could tell it from a dead
+        # one): no go byte, and the job says why if the disk still takes that much.
+        with contextlib.suppress(Exception):
+            jobs.write(replace(
+                job, status=jobs.FAILED, finished=jobs.now_iso(), worker_pid=None,
+                worker_start=None,
+                error=f"could not record the worker: {exc.strerror or exc}; nothing was done",
+                hint="check the state dir (free space, permissions) and create the snapshot "
+                     "again",
+            ))
+        raise LinpodxError(
+            f"could not record the worker of snapshot job {job.job_id}: {exc.strerror or exc}",
+            "no snapshot was taken; check the state dir (free space, permissions) and run "
+            "`linpodx snapshot create` again",
+        ) from None
     finally:
-        # The go byte: from now on only the worker writes the job file. If we could not record
-        # it, closing stdin without the byte makes the worker exit without doing anything.
+        # The go byte, only once the worker is on record: from now on only the worker writes
+        # the job file. Closing stdin without it makes the worker exit without doing anything.
         assert child.stdin is not None  # noqa: S101 - stdin=PIPE above
         with contextlib.suppress(BrokenPipeError):
-            if job.worker_start is not None:
+            if recorded and job.worker_start is not None:
                 child.stdin.write(b"1")
             child.stdin.close()
+        if not recorded:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=10)  # it exits at once; reap it
     _CHILDREN.append(child)
     return job
 
@@ -171,32 +194,23 @@ def _reap() -> None:
 
 def _recover(job: jobs.Job) -> jobs.Job:
     """Clean up after a worker that died: let the container go, drop temp files and the
-    untagged image. Only when no other snapshot operation holds the container; once."""
-    if job.recovered or job.status != jobs.FAILED or not (job.error or "").startswith(
-        jobs.WORKER_DIED
-    ):
+    untagged image. Only when no other snapshot operation holds the container (if one does,
+    the next look, or the next job's worker, does it); marked done only once it ran."""
+    if not worker.needs_cleanup(job):
         return job
-    done: list[str] = []
     try:
         with container_lock(job.container, timeout=0):
-            if job.step in ("commit", "archive", "thaw"):
-                done += freeze.release(job.container, job.freeze, job.held)
-            tmp = container_root(job.container) / f".tmp-{job.job_id}"
-            if tmp.exists():
-                workspace.remove_tree(tmp)
-                done.append("temporary archives removed")
-            if job.image_id and job.step in ("archive", "thaw"):
-                # Committed but never tagged (publish had not started): nobody else has it.
-                res = proc.run(["podman", "rmi", job.image_id], check=False, what="podman rmi")
-                if res.returncode == 0:
-                    done.append("untagged image removed")
+            fresh = jobs.read(job.job_id)  # another reader may have cleaned it meanwhile
+            if not worker.needs_cleanup(fresh):
+                return fresh
+            done, problems = worker.clean_after(fresh)
+            if not problems:
+                return worker.cleaned(fresh, done)
     except LinpodxError as exc:
-        # Busy (another operation runs) or podman failed: say so once; the hint says what to do.
-        done.append(f"cleanup not finished: {exc.message}")
-    note = f"; cleaned up: {', '.join(done)}" if done else ""
-    job = replace(job, recovered=True, error=(job.error or "") + note)
-    jobs.write(job)
-    return job
+        # Busy: another operation runs; said now, tried again at the next look.
+        problems = [exc.message]
+    # Not recorded: the job stays to be cleaned; what stopped it is said this time.
+    return replace(job, error=(job.error or "") + f"; cleanup not finished: {'; '.join(problems)}")
 
 
 def wait(job_id: str, timeout: float | None = None) -> jobs.Job:
@@ -388,6 +402,15 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 f"{name} was started with --rm: stopping it for the rollback would remove it",
                 "roll back only containers run without --rm; nothing was changed",
             )
+        state = info.get("State") or {}
+        if state.get("Paused") or state.get("Status") == "paused":
+            # Neither running nor stopped: which one the rolled-back container should be is the
+            # person's call, not ours (a snapshot worker that died may also have left it so).
+            raise InvalidInput(
+                f"{name} is paused",
+                f"run `podman unpause {name}` to roll it back running, or `linpodx stop "
+                f"{name}` to roll it back stopped, then roll back again; nothing was changed",
+            )
         current = {(m.source, m.target) for m in workspace.writable_mounts(info)}
         recorded = {(str(e["source"]), str(e["target"])) for e in man["mounts"]}
         if current != recorded:
@@ -395,6 +418,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 f"the writable mounts of {name} changed since snapshot {label}",
                 "roll back only to a snapshot taken with the same mounts; nothing was changed",
             )
+        workspace.check_workspace(name, info, for_rollback=True)
         for entry in man["mounts"]:
             workspace.check_restorable(entry)
         orig_id = str(info["Id"])
@@ -547,10 +571,8 @@ def rollback(name: str, label: str) -> dict[str, Any]:
         if res.returncode != 0:
             leftovers.append(f"old container {aside}")
         for r in restores:
-            try:
-                r.cleanup()
-            except (OSError, LinpodxError):
-                leftovers.append(str(r.aside))
+            with holding():
+                leftovers += r.cleanup()
         # What is left is garbage, not a half-done rollback: the journal goes either way.
         journal.clear(name)
         new_info = inspect_container(name)

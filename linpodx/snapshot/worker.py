@@ -13,6 +13,7 @@ killed job never leaves a half snapshot under the label.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from dataclasses import replace
@@ -47,6 +48,106 @@ class _Run:
     def step(self, name: str) -> None:
         self.update(step=name)
         faults.step_delay()
+
+
+def _untagged(image: str) -> bool:
+    """True if `image` exists and no name points at it (so it is nobody's but ours)."""
+    res = proc.run(["podman", "image", "inspect", "--format", "{{len .RepoTags}}", image],
+                   check=False, what="podman image inspect")
+    return res.returncode == 0 and res.stdout.strip() == "0"
+
+
+def _id_of(name: str) -> str | None:
+    res = proc.run(["podman", "container", "inspect", "--format", "{{.Id}}", name],
+                   check=False, what="podman container inspect")
+    if res.returncode == 0:
+        return res.stdout.strip()
+    if "no such container" in res.stderr.lower():
+        return None
+    raise EngineError("podman container inspect failed", argv=res.argv,
+                      returncode=res.returncode, stderr=res.stderr)
+
+
+def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
+    """Clean up after a job whose worker died: let the container go, drop the temporary
+    archives and the committed-but-untagged image. The caller holds the container's snapshot
+    lock. Returns (what was done, what could not be done); safe to run again."""
+    done: list[str] = []
+    problems: list[str] = []
+    if job.step in ("commit", "archive", "thaw"):
+        try:
+            now = _id_of(job.container) if job.container_id and job.freeze == freeze.PAUSE \
+                else job.container_id
+            if now != job.container_id:
+                # Gone, or another container under the name now: not ours to unpause.
+                done.append(f"{job.container} was removed or replaced, left alone")
+            else:
+                done += freeze.release(job.container_id or job.container, job.freeze, job.held)
+        except Exception as exc:  # said, and tried again next time
+            problems.append(f"could not let {job.container} go: {_say(exc)}")
+    tmp = container_root(job.container) / f".tmp-{job.job_id}"
+    try:
+        if os.path.lexists(tmp):
+            workspace.remove_tree(tmp)
+            done.append("temporary archives removed")
+    except Exception as exc:
+        problems.append(f"could not remove {tmp}: {_say(exc)}")
+    if job.image_id and job.step in ("archive", "thaw"):
+        # Committed but never tagged (publish had not started): nobody else has it. An image
+        # that has a name by now is someone's, and stays.
+        try:
+            if _untagged(job.image_id):
+                res = proc.run(["podman", "rmi", job.image_id], check=False, what="podman rmi")
+                if res.returncode == 0:
+                    done.append("untagged image removed")
+                else:
+                    problems.append(f"could not remove image {job.image_id[:12]}: "
+                                    f"{res.stderr.strip()}")
+        except Exception as exc:
+            problems.append(f"could not remove image {job.image_id[:12]}: {_say(exc)}")
+    return done, problems
+
+
+def _say(exc: BaseException) -> str:
+    if isinstance(exc, EngineError) and exc.stderr.strip():
+        return f"{exc.message}: {exc.stderr.strip().splitlines()[-1]}"
+    if isinstance(exc, LinpodxError):
+        return exc.message
+    return str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+
+
+def needs_cleanup(job: jobs.Job) -> bool:
+    """A job whose worker died and whose leftovers were not cleaned yet."""
+    return (not job.recovered and job.status == jobs.FAILED
+            and (job.error or "").startswith(jobs.WORKER_DIED))
+
+
+def cleaned(job: jobs.Job, done: list[str]) -> jobs.Job:
+    """The job, marked cleaned (written), with what was done added to its error."""
+    note = f"; cleaned up: {', '.join(done)}" if done else ""
+    job = replace(job, recovered=True, error=(job.error or "") + note)
+    jobs.write(job)
+    return job
+
+
+def _clean_dead_jobs(container: str, own: str) -> None:
+    """Under the container's lock: clean up after other jobs of this container whose worker
+    died (a paused container, SIGSTOPped processes), which a `job-status` that found the lock
+    busy could not do. Before freezing: a container a dead job left paused is let go first."""
+    for jid in jobs.list_jobs():
+        if jid == own:
+            continue
+        try:
+            other = jobs.current(jid)
+            if other.container != container or not needs_cleanup(other):
+                continue
+            done, problems = clean_after(other)
+            if not problems:
+                cleaned(other, done)
+            else:
+                print(f"cleanup after {jid} not finished: {'; '.join(problems)}", flush=True)
+        except (LinpodxError, OSError) as exc:
+            print(f"cleanup after {jid} skipped: {_say(exc)}", flush=True)
 
 
 def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
@@ -84,7 +185,18 @@ def run_create(job_id: str) -> int:
             run.step("inspect")
             # A rollback may have been killed while this job waited for the lock.
             journal.check_no_interrupted(job.container)
+            _clean_dead_jobs(job.container, job.job_id)
             info = require_managed(job.container)
+            if job.container_id and str(info.get("Id", "")) != job.container_id:
+                # What was checked and audited is another container (a rollback recreated
+                # it while this job waited for the lock): snapshot none rather than the wrong one.
+                raise InvalidInput(
+                    f"{job.container} is no longer the container this snapshot was requested "
+                    f"for ({job.container_id[:12]}; now {str(info.get('Id', ''))[:12]}, "
+                    "recreated meanwhile, for example by a rollback)",
+                    f"create the snapshot of {job.container} again if you still want it",
+                )
+            workspace.check_workspace(job.container, info, for_rollback=False)
             mounts = workspace.writable_mounts(info)
             labels = labels_of(info)
             if not job.replace and snapshot_dir(job.container, job.label).exists():
@@ -97,20 +209,24 @@ def run_create(job_id: str) -> int:
             tmp.mkdir(mode=0o700)
             entries: list[dict[str, Any]] = []
             run.step("freeze")
+            # By id from here on: the container checked above, never one recreated under the
+            # name meanwhile (`linpodx rm` + `run` do not take the snapshot lock).
+            cid = str(info["Id"])
             with freeze.frozen(
-                job.container, on_hold=lambda m, held: run.update(freeze=m, held=held)
+                cid, on_hold=lambda m, held: run.update(freeze=m, held=held)
             ) as method:
                 run.update(freeze=method)
                 run.step("commit")
                 res = proc.run(
-                    ["podman", "commit", "--pause=false", "--quiet", job.container],
+                    ["podman", "commit", "--pause=false", "--quiet", cid],
                     what="podman commit",
                     timeout=3600,
                     hint="check free space in podman's storage (`podman system df`)",
                 )
                 new_image = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None
-                if not new_image:
-                    raise EngineError("podman commit printed no image id", argv=res.argv)
+                if not new_image or not jobs.is_image_id(new_image):
+                    raise EngineError("podman commit printed no image id", argv=res.argv,
+                                      stderr=res.stdout)
                 run.update(image_id=new_image)  # so a reader can remove it if we die
                 run.step("archive")
                 for i, m in enumerate(mounts):
@@ -156,6 +272,16 @@ def run_create(job_id: str) -> int:
             msg, hint = exc.message, exc.hint
             if isinstance(exc, EngineError) and exc.stderr.strip():
                 msg = f"{msg}: {exc.stderr.strip().splitlines()[-1]}"
+        elif isinstance(exc, OSError):
+            # The disk, not linpodx: say which file and what to do.
+            where = f" ({exc.filename})" if exc.filename else ""
+            msg = f"writing the snapshot failed{where}: {exc.strerror or exc}"
+            hint = (
+                "free disk space under the linpodx state dir, then create the snapshot again"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "check the linpodx state dir (permissions, a read-only filesystem), then "
+                "create the snapshot again"
+            )
         else:
             msg, hint = f"{type(exc).__name__}: {exc}", "this is a bug in linpodx"
         with contextlib.suppress(Exception):
@@ -176,7 +302,11 @@ def main(argv: list[str]) -> int:
     go = sys.stdin.buffer.read(1)
     if go != b"1":
         return 1  # the CLI died before it recorded us: leave the job alone
-    return run_create(argv[0])
+    try:
+        return run_create(argv[0])
+    except LinpodxError as exc:  # a job file we cannot trust: nothing is done, said in the log
+        sys.stderr.write(f"error: {exc.message}\n" + (f"hint: {exc.hint}\n" if exc.hint else ""))
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 `podman commit` keeps the container's own filesystem but not what is bind-mounted into it, so
 a snapshot also archives each writable bind mount with GNU tar (numeric owners, modes, times,
-extended attributes). Rootless, tar runs under `podman unshare` so files owned by the
-container's sub-uids keep their owners both ways.
+POSIX ACLs and every extended attribute, file capabilities included). Rootless, tar runs under
+`podman unshare` so files owned by the container's sub-uids keep their owners both ways.
 
 Restoring never writes into the live directory: the archive is extracted into a staging
 directory next to the mount source, and `swap` renames the live directory aside and the staging
@@ -13,16 +13,17 @@ from whatever state on disk a failure or a kill left.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
-import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from linpodx import paths, proc
-from linpodx.errors import EngineError, InvalidInput
+from linpodx.errors import EngineError, InvalidInput, LinpodxError
 
 DIR = "dir"
 FILE = "file"
@@ -36,6 +37,12 @@ class WritableMount:
     """Host path."""
     target: str
     """Path inside the container."""
+
+
+# GNU tar keeps only user.* xattrs unless told otherwise, and POSIX ACLs only with --acls: both
+# sides name every namespace, so ACLs (system.posix_acl_*) and file capabilities
+# (security.capability) come back exactly (a dropped ACL mask can widen group access).
+_XATTR_ARGS = ("--acls", "--xattrs", "--xattrs-include=*")
 
 
 def _unshare_prefix() -> list[str]:
@@ -70,6 +77,134 @@ def writable_mounts(inspect: Mapping[str, Any]) -> list[WritableMount]:
     return sorted(out, key=lambda w: w.target)
 
 
+def _related(a: Path, b: Path) -> bool:
+    """The same path, or one inside the other."""
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def shared_with(
+    mounts: Sequence[WritableMount], own_id: str, others: Iterable[Mapping[str, Any]],
+    *, writers_only: bool = False,
+) -> list[str]:
+    """Which other containers (their `podman inspect`) mount one of `mounts`' sources, or a
+    path inside or containing one; one description each. Pure, for the checks below.
+
+    `writers_only`: only running containers that can write there count."""
+    found = []
+    for info in others:
+        if str(info.get("Id", "")) == own_id:
+            continue
+        if writers_only and not (info.get("State") or {}).get("Running"):
+            continue
+        other = str(info.get("Name", "")).lstrip("/") or str(info.get("Id", ""))[:12]
+        for m in info.get("Mounts") or []:
+            src = str(m.get("Source") or "")
+            if not src.startswith("/") or (writers_only and not m.get("RW")):
+                continue
+            for ours in mounts:
+                if _related(_real(src), _real(ours.source)):
+                    found.append(f"container {other} mounts {src} at "
+                                 f"{m.get('Destination', '?')} (ours: {ours.source} at "
+                                 f"{ours.target})")
+                    break
+    return found
+
+
+def other_containers(own_id: str) -> list[dict[str, Any]]:
+    """`podman inspect` of every other container podman knows (running or not, linpodx's or
+    not). One that goes away while we look is left out."""
+    res = proc.run(["podman", "ps", "-a", "--no-trunc", "--format", "{{.ID}}"],
+                   what="podman ps")
+    ids = [i for i in res.stdout.split() if i and i != own_id]
+    if not ids:
+        return []
+    # All at once; if one went away meanwhile (podman then fails the lot), one by one.
+    r = proc.run(["podman", "container", "inspect", *ids], check=False,
+                 what="podman container inspect")
+    if r.returncode == 0:
+        with contextlib.suppress(ValueError):
+            return [d for d in json.loads(r.stdout) if isinstance(d, dict)]
+    out: list[dict[str, Any]] = []
+    for cid in ids:
+        r = proc.run(["podman", "container", "inspect", cid], check=False,
+                     what="podman container inspect")
+        if r.returncode != 0:
+            if "no such container" in r.stderr.lower():
+                continue
+            raise EngineError("podman container inspect failed", argv=r.argv,
+                              returncode=r.returncode, stderr=r.stderr)
+        try:
+            data = json.loads(r.stdout)
+        except ValueError as exc:
+            raise EngineError(f"podman inspect printed something that is not JSON: {exc}") \
+                from None
+        out += [d for d in data if isinstance(d, dict)]
+    return out
+
+
+def check_distinct(name: str, mounts: Sequence[WritableMount], *, for_rollback: bool) -> None:
+    """Refuse writable mounts whose sources overlap (the same source at two targets, or one
+    inside another): each is archived and swapped on its own, so the outer one's archive holds
+    the inner one's content too, and a rollback stages and renames inside a directory it is
+    renaming as well (it failed every time and left a staging copy in the live workspace)."""
+    for i, a in enumerate(mounts):
+        for b in mounts[i + 1:]:
+            if _related(_real(a.source), _real(b.source)):
+                same = _real(a.source) == _real(b.source)
+                raise InvalidInput(
+                    f"cannot {'roll back' if for_rollback else 'snapshot'} {name}: its "
+                    f"writable mounts {a.target} ({a.source}) and {b.target} ({b.source}) "
+                    + ("have the same source" if same else "overlap (one source is inside "
+                       "the other)"),
+                    "give each writable mount its own directory, none inside another (a "
+                    "writable directory already brings its subdirectories); nothing was "
+                    "changed",
+                )
+
+
+def check_workspace(name: str, info: Mapping[str, Any], *, for_rollback: bool) -> None:
+    """The checks of a container's writable mounts before a snapshot or a rollback:
+    `check_distinct`, then `check_not_shared`."""
+    check_distinct(name, writable_mounts(info), for_rollback=for_rollback)
+    check_not_shared(name, info, for_rollback=for_rollback)
+
+
+def check_not_shared(name: str, info: Mapping[str, Any], *, for_rollback: bool) -> None:
+    """Refuse when another container uses this container's writable mounts.
+
+    Rollback: any other container (running or not, linpodx's or not) that mounts a source, or a
+    path inside or containing it, would be left on the renamed-aside copy, which is then
+    deleted. Create: another running container that can write there makes the archive
+    inconsistent (only this container is held still; tar fails on a file changed while read).
+    """
+    mounts = writable_mounts(info)
+    if not mounts:
+        return
+    own_id = str(info.get("Id", ""))
+    shared = shared_with(mounts, own_id, other_containers(own_id), writers_only=not for_rollback)
+    if not shared:
+        return
+    if for_rollback:
+        raise InvalidInput(
+            f"cannot roll back {name}: its workspace is also mounted elsewhere: "
+            + "; ".join(shared),
+            "a rollback swaps the workspace directory by rename, which would leave the other "
+            "container on a deleted copy; remove that container (or give it another "
+            "directory), then roll back again; nothing was changed",
+        )
+    raise InvalidInput(
+        f"cannot snapshot {name}: another running container can write to its workspace: "
+        + "; ".join(shared),
+        "only the snapshotted container is held still, so the archive would not be "
+        "consistent; stop the other container (or mount the directory read-only there), "
+        "then create the snapshot again",
+    )
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's content."""
     h = hashlib.sha256()
@@ -95,7 +230,7 @@ def archive(mount: WritableMount, out: Path) -> dict[str, Any]:
     tar = proc.which("tar") or "tar"
     proc.run(
         [*_unshare_prefix(), tar, "--create", "--file", str(out), "--numeric-owner",
-         "--xattrs", "--sparse", "--directory", str(cwd), "--", member],
+         *_XATTR_ARGS, "--sparse", "--directory", str(cwd), "--", member],
         what=f"archiving {mount.target}",
         timeout=3600,
         hint="check free disk space under the linpodx state dir",
@@ -171,7 +306,7 @@ class Restore:
         tar = proc.which("tar") or "tar"
         proc.run(
             [*_unshare_prefix(), tar, "--extract", "--file", str(archive_path),
-             "--numeric-owner", "--same-permissions", "--same-owner", "--xattrs",
+             "--numeric-owner", "--same-permissions", "--same-owner", *_XATTR_ARGS,
              "--directory", str(self.staging)],
             what=f"restoring {self.entry['target']}",
             timeout=3600,
@@ -190,10 +325,16 @@ class Restore:
                 os.rename(self.aside, self.source)
             raise
 
-    def cleanup(self) -> None:
-        """Remove the staging dir and the moved-aside original (after success)."""
+    def cleanup(self) -> list[str]:
+        """Remove the staging dir and the moved-aside original (after success); returns what
+        could not be removed (each with the reason), never raises for it."""
+        left = []
         for p in (self.staging, self.aside):
-            remove_tree(p)
+            try:
+                remove_tree(p)
+            except Exception as exc:  # committed: a leftover, not a crash
+                left.append(f"{p} ({_say(exc)})")
+        return left
 
 
 def undo_interrupted(source: Path, rb_id: str, *, existed: bool, swap_started: bool) -> list[str]:
@@ -218,15 +359,26 @@ def undo_interrupted(source: Path, rb_id: str, *, existed: bool, swap_started: b
         elif swap_started and not existed and os.path.lexists(source):
             remove_tree(undone)
             os.rename(source, undone)  # there was nothing here: the restored copy goes
-    except (OSError, EngineError) as exc:
-        return [f"could not move {aside} back to {source}: {exc}"]
+    except Exception as exc:  # any failure is a problem to name, not a crash
+        return [f"could not move {aside} back to {source}: {_say(exc)}"]
     problems = []
     for p in (staging, undone):
         try:
             remove_tree(p)
-        except (OSError, EngineError) as exc:
-            problems.append(f"could not remove {p}: {exc}")
+        except Exception as exc:  # any failure is a problem to name, not a crash
+            problems.append(f"could not remove {p}: {_say(exc)}")
     return problems
+
+
+def _say(exc: BaseException) -> str:
+    """A failure in a few words, for a list of problems."""
+    if isinstance(exc, EngineError) and exc.stderr.strip():
+        return f"{exc.message}: {exc.stderr.strip().splitlines()[-1]}"
+    if isinstance(exc, LinpodxError):
+        return exc.message
+    if isinstance(exc, OSError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def finish_interrupted(source: Path, rb_id: str) -> list[str]:
@@ -236,22 +388,31 @@ def finish_interrupted(source: Path, rb_id: str) -> list[str]:
     for p in _names(source, rb_id):
         try:
             remove_tree(p)
-        except (OSError, EngineError) as exc:
-            problems.append(f"could not remove {p}: {exc}")
+        except Exception as exc:  # any failure is a problem to name, not a crash
+            problems.append(f"could not remove {p}: {_say(exc)}")
     return problems
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a file or tree we created; rootless trees may hold sub-uid files."""
+    """Remove a file or tree we created (or an agent filled); rootless trees may hold sub-uid
+    files.
+
+    GNU `rm` walks the tree without recursion (fts), so a tree thousands of levels deep that an
+    agent wrote into its workspace is removed like any other (Python's `shutil.rmtree`
+    recurses and raises RecursionError there). `--one-file-system`: never into a mount point
+    someone made inside it. A link is removed, never followed.
+    """
     if not (path.exists() or path.is_symlink()):
         return
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    argv = ["rm", "-rf", "--one-file-system", "--", str(path)]
+    res = proc.run(argv, check=False, timeout=3600, what="removing " + str(path))
+    if res.returncode == 0 and not os.path.lexists(path):
         return
-    except PermissionError:
-        if os.geteuid() == 0:
-            raise
-    proc.run(["podman", "unshare", "rm", "-rf", "--", str(path)], what="removing " + str(path))
+    if os.geteuid() == 0:
+        raise EngineError(
+            f"removing {path} failed (exit {res.returncode})",
+            argv=res.argv, returncode=res.returncode, stderr=res.stderr,
+        )
+    # Rootless: files owned by the container's sub-uids are removable only inside the user
+    # namespace, where they keep their owners.
+    proc.run(["podman", "unshare", *argv], timeout=3600, what="removing " + str(path))

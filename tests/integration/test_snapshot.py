@@ -618,3 +618,90 @@ def test_rollback_of_an_rm_container_is_refused(cli: Cli, unique_name: str) -> N
     finally:
         podman("rm", "-f", "-t", "0", unique_name, check=False)
         podman("rmi", "-f", image_ref(unique_name, "r"), check=False)
+
+
+def test_a_workspace_another_container_mounts_is_not_rolled_back(box: Box) -> None:
+    """A rollback renames the workspace aside and deletes it: another container mounting it
+    would be left on a deleted directory. Refused (before anything changes) while any other
+    container, running or not, mounts it; a snapshot is refused while one runs that can write
+    there (it is not held still)."""
+    box.snapshot("s1")
+    other = f"{box.name}-other"  # removed by the fixture's cleanup (name prefix)
+    podman("run", "-d", "--name", other, "-v", f"{box.ws}:/shared", BUSYBOX_IMAGE,
+           *AGENT_CMD)
+    before = inspect(box.name)
+    r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+    assert r.exit_code == 3, r
+    assert f"container {other} mounts {box.ws}" in r.stderr and "hint:" in r.stderr
+    assert inspect(box.name)["Id"] == before["Id"]
+    assert "snapshot.rollback" not in audit_types()
+    r = box.cli("snapshot", "create", box.name, "--label", "s2")
+    assert r.exit_code == 3 and "another running container can write" in r.stderr, r
+    podman("stop", "-t", "0", other)
+    box.snapshot("s2")  # a stopped container writes nothing
+    r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+    assert r.exit_code == 3 and f"container {other}" in r.stderr, r  # stopped, still mounts it
+    podman("rm", "-f", "-t", "0", other)
+    ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
+
+
+DEEP = "i=0; while [ $i -lt 1500 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; echo x > leaf"
+
+
+def test_a_deep_tree_in_the_workspace_is_rolled_back_and_undone(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's 1500-level tree: the rollback removes the moved-aside copy, an undo the
+    restored one, without Python's recursion limit (it used to crash with exit 70 after the
+    commit record and leave the container blocked)."""
+    try:
+        box.sh(f"mkdir /ws/old && cd /ws/old && {DEEP}")
+        box.snapshot("s1")
+        box.sh(f"mkdir /ws/new && cd /ws/new && {DEEP}")
+        monkeypatch.setenv(faults.FAIL_ENV, "create")
+        r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
+        monkeypatch.delenv(faults.FAIL_ENV)
+        assert r.exit_code not in (0, 70) and "put back as they were" in r.stderr, r
+        assert (box.ws / "new").is_dir()
+        r = ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
+        assert "leftovers" not in r.stdout
+        assert not (box.ws / "new").exists() and (box.ws / "old" / "d").is_dir()
+        assert _leftovers(box) == ([box.name], [])
+        ok(box.cli("snapshot", "create", box.name, "--label", "s2", "--wait"))  # not blocked
+    finally:
+        # pytest's own temp-dir clean-up recurses: the deep trees go here.
+        prefix = ["podman", "unshare"] if os.geteuid() != 0 else []
+        subprocess.run([*prefix, "rm", "-rf", "--", str(box.ws.parent)], check=False)
+
+
+def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_busy(
+    box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed while it holds the container; `job-status` asked while another
+    snapshot operation holds the lock cannot clean up and must not say it did (the container
+    stayed paused for good). The next `snapshot create` lets the container go first."""
+    from linpodx.snapshot.common import container_lock
+
+    monkeypatch.setenv(faults.DELAY_ENV, "8")
+    job_id = str(result(box.cli("snapshot", "create", box.name, "--label", "h", "--json"))
+                 ["job_id"])
+    deadline = time.monotonic() + 60
+    while (job := jobs.read(job_id)).step != "archive":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job.worker_pid is not None
+    os.kill(job.worker_pid, signal.SIGKILL)
+    while jobs.proc_start_time(job.worker_pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    monkeypatch.delenv(faults.DELAY_ENV)
+    with container_lock(box.name):  # another snapshot operation on the container
+        st = result(box.cli("snapshot", "job-status", job_id, "--json"))
+    assert st["status"] == jobs.FAILED and "cleanup not finished" in str(st["error"]), st
+    assert jobs.read(job_id).recovered is False
+    held = inspect(box.name)["State"]["Status"]  # type: ignore[index]
+    assert held in ("paused", "running")  # paused as root; SIGSTOPped processes rootless
+    r = result(box.cli("snapshot", "create", box.name, "--label", "next", "--wait", "--json"))
+    assert r["status"] == jobs.SUCCEEDED, r
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+    assert box.sh("echo alive") == "alive\n"
+    assert jobs.read(job_id).recovered is True

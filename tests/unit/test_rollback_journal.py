@@ -220,6 +220,74 @@ def test_finish_drops_the_moved_aside_original_and_staging(tmp_path: Path) -> No
     assert (source / "f.txt").read_text() == "restored" and _left(tmp_path) == []
 
 
+def _deep_tree(top: Path, depth: int = 2000) -> None:
+    """A tree `depth` directories deep, made with relative paths (one openat-like step at a
+    time), so the test itself never builds a path longer than PATH_MAX."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(autouse=True)
+def _no_deep_tree_left(tmp_path: Path) -> object:
+    # pytest's own clean-up of old temp dirs uses shutil.rmtree, which a deep tree left by a
+    # failing test would crash in a later run.
+    yield
+    subprocess.run(["rm", "-rf", "--", str(tmp_path)], check=False)
+
+
+def test_a_deep_tree_is_removed_without_recursion(tmp_path: Path) -> None:
+    # An agent can write a tree deeper than Python's recursion limit into its workspace.
+    top = tmp_path / "deep"
+    _deep_tree(top)
+    workspace.remove_tree(top)
+    assert not os.path.lexists(top)
+
+
+def test_finish_and_undo_cope_with_a_deep_tree(tmp_path: Path) -> None:
+    source, staging, aside = _ws(tmp_path)
+    _tree(source, "restored")
+    _deep_tree(aside)
+    staging.mkdir()
+    assert workspace.finish_interrupted(source, RB) == []
+    assert (source / "f.txt").read_text() == "restored" and _left(tmp_path) == []
+    # Undo: the restored copy at the source is the deep one this time.
+    _tree(aside, "original")
+    import shutil  # only to clear the shallow tree
+    shutil.rmtree(source)
+    _deep_tree(source)
+    assert workspace.undo_interrupted(source, RB, existed=True, swap_started=True) == []
+    assert (source / "f.txt").read_text() == "original" and _left(tmp_path) == []
+
+
+def test_cleanup_failures_are_named_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, staging, aside = _ws(tmp_path)
+    _tree(source, "restored")
+    _tree(aside, "original")
+    staging.mkdir()
+
+    def boom(path: Path) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(workspace, "remove_tree", boom)
+    problems = workspace.finish_interrupted(source, RB)
+    assert len(problems) == 2 and all("RecursionError" in p for p in problems)
+    left = workspace.Restore({"source": str(source), "target": "/ws", "kind": "dir"},
+                             RB).cleanup()
+    assert len(left) == 2 and str(aside) in left[1]
+    assert workspace.undo_interrupted(source, RB, existed=True, swap_started=True)
+
+
 def test_mcp_attach_refuses_a_container_whose_rollback_was_interrupted(
     isolated_state: Path,
 ) -> None:

@@ -427,3 +427,374 @@ def test_rm_of_an_unknown_snapshot_leaves_no_lock_file(  # type: ignore[no-untyp
     assert r.exit_code == 4 and "snapshot not found: never-had-one --label x" in r.stderr
     locks = paths.snapshots_dir() / ".locks"
     assert not (locks / "never-had-one.lock").exists()
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    import struct
+
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="security.capability needs root")
+def test_archive_and_restore_keep_acls_capabilities_and_xattrs(tmp_path: Path) -> None:
+    """A rollback puts back POSIX ACLs, file capabilities and other xattrs, not just modes."""
+    import struct
+
+    src = tmp_path / "ws"
+    src.mkdir()
+    f = src / "acl.txt"
+    f.write_text("data")
+    # u::rw- u:65534:rw- g::r-- m::rw- o::r--  (the mask is what grants the named user write)
+    acl = _acl((1, 6, 0xFFFFFFFF), (2, 6, 65534), (4, 4, 0xFFFFFFFF), (0x10, 6, 0xFFFFFFFF),
+               (0x20, 4, 0xFFFFFFFF))
+    os.setxattr(f, "system.posix_acl_access", acl)
+    b = src / "capbin"
+    b.write_bytes(b"\x7fELF")
+    b.chmod(0o755)
+    cap = struct.pack("<IIIII", 0x02000001, 1 << 13, 0, 0, 0)  # cap_net_raw+ep
+    os.setxattr(b, "security.capability", cap)
+    os.setxattr(b, "user.note", b"kept")
+    out = tmp_path / "a.tar"
+    entry = workspace.archive(workspace.WritableMount(str(src), "/ws"), out)
+    r = workspace.Restore({**entry, "source": str(src)}, "RB2")
+    r.extract(out)
+    assert os.getxattr(r.staging / "acl.txt", "system.posix_acl_access") == acl
+    assert os.getxattr(r.staging / "capbin", "security.capability") == cap
+    assert os.getxattr(r.staging / "capbin", "user.note") == b"kept"
+    assert (r.staging / "acl.txt").stat().st_mode & 0o070 == f.stat().st_mode & 0o070
+
+
+def _raw_job(**fields: object) -> dict[str, object]:
+    doc = _job(status=jobs.RUNNING, step="thaw", freeze="pause").to_dict()
+    doc.update(fields)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"container": "../../victim", "image": "localhost/linpodx/snapshot/../../victim:l1"},
+        {"container": "victim", "image": names.image_ref("victim", "l1"),
+         "job_id": "snap-01J0000000000000000000000Y"},
+        {"label": "../x"},
+        {"image": "localhost/other:tag"},
+        {"created": 123},
+        {"error": 5},
+        {"started": 1},
+        {"worker_pid": "abc"},
+        {"worker_pid": True},
+        {"worker_start": -1},
+        {"image_id": "--all"},
+        {"freeze": "thaw-everything"},
+        {"held": [[1, "x"]]},
+        {"status": "sleeping"},
+        {"step": "../x"},
+        {"replace": "yes"},
+        {"surprise": 1},
+        {"kind": "delete"},
+    ],
+)
+def test_a_tampered_job_file_is_damage_and_nothing_is_done(
+    cli, fields: dict[str, object], tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """job-status acts on what a dead worker's job names (unpause, rmi, remove temp files):
+    a job file linpodx would not have written is reported damaged and acted on in no way."""
+    from linpodx.paths import snapshots_dir
+
+    dead, _ = _dead_pid()
+    doc = _raw_job(**{"worker_pid": dead, "worker_start": 1, **fields})
+    p = names.job_file("snap-01J0000000000000000000000Z")
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(doc))
+    victim = snapshots_dir().parent / "victim" / ".tmp-snap-01J0000000000000000000000Z"
+    victim.mkdir(parents=True)
+    before = sorted(str(x) for x in snapshots_dir().rglob("*"))
+    r = cli("snapshot", "job-status", "snap-01J0000000000000000000000Z")
+    assert r.exit_code != 0 and r.exit_code != 70, r
+    assert "error: snapshot job file is damaged" in r.stderr and "hint:" in r.stderr
+    assert victim.is_dir()
+    assert sorted(str(x) for x in snapshots_dir().rglob("*")) == before
+    assert json.loads(p.read_text()) == doc  # not rewritten either
+
+
+def _dead_pid() -> tuple[int, int | None]:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    pid, start = jobs.pid_info(child.pid)
+    child.wait()
+    return pid, start
+
+
+def _no_hang(seconds: int = 5) -> object:
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def guard():  # type: ignore[no-untyped-def]
+        def alarm(*_a: object) -> None:
+            raise TimeoutError("hung")
+
+        old = signal.signal(signal.SIGALRM, alarm)
+        signal.alarm(seconds)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+
+    return guard()
+
+
+def test_a_fifo_for_a_job_file_or_manifest_is_damage_not_a_hang(cli) -> None:  # type: ignore[no-untyped-def]
+    p = names.job_file("snap-01J0000000000000000000000Z")
+    p.parent.mkdir(parents=True)
+    os.mkfifo(p)
+    sdir = names.snapshot_dir("c1", "l1")
+    sdir.mkdir(parents=True)
+    os.mkfifo(sdir / manifest.MANIFEST)
+    with _no_hang():  # type: ignore[attr-defined]
+        r = cli("snapshot", "job-status", "snap-01J0000000000000000000000Z")
+        assert r.exit_code not in (0, 70) and "damaged" in r.stderr and "hint:" in r.stderr
+        r = cli("snapshot", "list")
+        assert r.exit_code == 0 and "damaged" in r.stdout
+        with pytest.raises(Exception, match="damaged"):
+            manifest.read("c1", "l1")
+
+
+def test_no_go_byte_when_the_worker_could_not_be_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job-file write that records the worker fails (ENOSPC): the CLI says so and the
+    worker must not take the snapshot anyway; the job ends failed, never succeeded."""
+    import errno
+
+    from linpodx.errors import LinpodxError
+    from linpodx.snapshot import service
+    from linpodx.snapshot.names import job_log
+
+    job = _job()
+    jobs.write(job)
+    real = jobs.write
+    calls: list[jobs.Job] = []
+
+    def full_once(j: jobs.Job) -> None:
+        calls.append(j)
+        if j.worker_pid is not None and len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(j)
+
+    monkeypatch.setattr(jobs, "write", full_once)
+    fd = os.open(job_log(job.job_id), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(LinpodxError) as ei:
+            service._spawn(job, fd)
+    finally:
+        os.close(fd)
+    assert "could not record the worker" in ei.value.message
+    assert "no snapshot was taken" in (ei.value.hint or "")
+    time.sleep(0.5)  # a worker that got the go byte would be at work by now
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED and after.started is None, after
+    assert "could not record the worker" in (after.error or "")
+
+
+def test_every_field_linpodx_writes_reads_back() -> None:
+    job = _job(status=jobs.SUCCEEDED, step="done", freeze="none", worker_pid=12, worker_start=34,
+               image_id="a" * 64, started=jobs.now_iso(), finished=jobs.now_iso(),
+               archives=[{"target": "/ws"}], held=[[5, 6]], recovered=True, replace=True,
+               error="e", hint="h")
+    jobs.write(job)
+    assert jobs.read(job.job_id) == job
+
+
+def _dead_job_holding_the_container() -> jobs.Job:
+    dead, _ = _dead_pid()
+    job = _job(status=jobs.RUNNING, step="archive", freeze="pause", worker_pid=dead,
+               worker_start=1)
+    jobs.write(job)
+    return job
+
+
+def test_a_dead_jobs_cleanup_is_not_marked_done_while_the_lock_is_busy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """job-status of a dead job while another operation holds the container: nothing is
+    cleaned, so the job must not say it was; the next look (lock free) lets the container go."""
+    from linpodx.snapshot import freeze, service
+    from linpodx.snapshot.common import container_lock
+
+    released: list[str] = []
+    monkeypatch.setattr(freeze, "release",
+                        lambda name, method, held: released.append(name) or ["unpaused"])
+    job = _dead_job_holding_the_container()
+    with container_lock("c1"):
+        view = service.job_status(job.job_id)
+    assert view["status"] == jobs.FAILED and "cleanup not finished" in view["error"]
+    assert released == [] and jobs.read(job.job_id).recovered is False
+    view = service.job_status(job.job_id)
+    assert released == ["c1"] and "cleaned up: unpaused" in view["error"]
+    assert jobs.read(job.job_id).recovered is True
+    service.job_status(job.job_id)
+    assert released == ["c1"]  # once
+
+
+def test_the_next_jobs_worker_lets_go_a_container_a_dead_job_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from linpodx.snapshot import freeze, worker
+
+    released: list[str] = []
+    monkeypatch.setattr(freeze, "release",
+                        lambda name, method, held: released.append(name) or ["unpaused"])
+    job = _dead_job_holding_the_container()
+    worker._clean_dead_jobs("other", "snap-01J0000000000000000000000Y")
+    assert released == []  # another container's job is not this worker's business
+    worker._clean_dead_jobs("c1", "snap-01J0000000000000000000000Y")
+    assert released == ["c1"]
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED and after.recovered is True
+
+
+def test_shared_with_finds_the_same_inner_and_outer_sources(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    ours = [workspace.WritableMount(str(ws), "/workspace")]
+
+    def other(name: str, src: Path, *, rw: bool = True, running: bool = True) -> dict[str, object]:
+        return {"Id": name * 8, "Name": name, "State": {"Running": running},
+                "Mounts": [{"Type": "bind", "Source": str(src), "Destination": "/x", "RW": rw}]}
+
+    others = [other("same", ws), other("inner", ws / "sub"), other("outer", tmp_path),
+              other("apart", tmp_path / "elsewhere"), other("self", ws) | {"Id": "me"},
+              other("ro", ws, rw=False), other("stopped", ws, running=False)]
+    found = workspace.shared_with(ours, "me", others)
+    assert [f.split()[1] for f in found] == ["same", "inner", "outer", "ro", "stopped"]
+    writers = workspace.shared_with(ours, "me", others, writers_only=True)
+    assert [f.split()[1] for f in writers] == ["same", "inner", "outer"]
+    # A link to the workspace is the workspace.
+    (tmp_path / "link").symlink_to(ws)
+    assert workspace.shared_with(ours, "me", [other("via-link", tmp_path / "link")])
+
+
+def _info_with(*mounts: tuple[Path, str]) -> dict[str, object]:
+    return {"Id": "c" * 64, "Config": {"Labels": {"linpodx.managed": "1"}},
+            "Mounts": [{"Type": "bind", "Source": str(s), "Destination": t, "RW": True}
+                       for s, t in mounts]}
+
+
+@pytest.mark.parametrize("layout", ["nested", "same"])
+def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ws at /workspace and ws/sub at /workspace/sub (or ws at two targets): every rollback
+    failed and left a staging copy in the live workspace. Refused before anything is done."""
+    from linpodx.snapshot import service
+
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    second = ws / "sub" if layout == "nested" else ws
+    info = _info_with((ws, "/workspace"), (second, "/w2"))
+    monkeypatch.setattr(service, "require_managed", lambda name: info)
+    monkeypatch.setattr(service, "_exists", lambda name, label: False)
+    monkeypatch.setattr(workspace, "other_containers", lambda own: [])
+    with pytest.raises(InvalidInput) as ei:
+        service.start_create("box", "s1")
+    assert "cannot snapshot box: its writable mounts /w2" in ei.value.message
+    assert ("same source" if layout == "same" else "overlap") in ei.value.message
+    man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64,
+           "mounts": [{"source": str(ws), "target": "/workspace", "kind": "dir"},
+                      {"source": str(second), "target": "/w2", "kind": "dir"}]}
+    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
+    with pytest.raises(InvalidInput) as ei:
+        service.rollback("box", "s1")
+    assert "cannot roll back box: its writable mounts" in ei.value.message
+    assert _admin_types() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "ws"]
+
+
+def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`snapshot create` during a rollback: the CLI checked and audited the original, the
+    worker (after the rollback let the lock go) found the recreated one under the name. The
+    job must fail rather than snapshot a container nobody audited."""
+    from linpodx.snapshot import service, worker
+
+    monkeypatch.setattr(service, "require_managed",
+                        lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}})
+    monkeypatch.setattr(service, "_exists", lambda name, label: False)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd: job)
+    job = service.start_create("box", "s1")
+    assert jobs.read(job.job_id).container_id == "a" * 64
+    from linpodx.paths import admin_log
+
+    rec = json.loads(Path(admin_log()).read_text().splitlines()[-1])
+    assert rec["data"]["container_id"] == "a" * 64
+    monkeypatch.setattr(worker, "require_managed",
+                        lambda name: {"Id": "b" * 64, "Config": {"Labels": {}}, "Mounts": []})
+    assert worker.run_create(job.job_id) == 1
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED and after.image_id is None
+    assert "no longer the container this snapshot was requested for" in (after.error or "")
+
+
+def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ENOSPC at the manifest: the job fails with a disk-space hint, not `this is a bug`."""
+    import contextlib
+    import errno
+
+    from linpodx.snapshot import freeze, worker
+
+    job = _job(container_id="a" * 64)
+    jobs.write(job)
+    monkeypatch.setattr(worker, "require_managed",
+                        lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}, "Mounts": []})
+    monkeypatch.setattr(workspace, "other_containers", lambda own: [])
+
+    @contextlib.contextmanager
+    def still(*_a: object, **_k: object):  # type: ignore[no-untyped-def]
+        yield "none"
+
+    monkeypatch.setattr(freeze, "frozen", still)
+    ran: list[list[str]] = []
+
+    def fake_run(argv: list[str], **_k: object) -> object:
+        ran.append(list(argv))
+        from linpodx.proc import Result
+
+        return Result(tuple(argv), 0, "b" * 64 + "\n", "")
+
+    monkeypatch.setattr(worker.proc, "run", fake_run)
+    monkeypatch.setattr(worker, "image_id", lambda ref: "b" * 64)
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "/state/manifest.json")
+
+    monkeypatch.setattr(worker.manifest, "write", full)
+    assert worker.run_create(job.job_id) == 1
+    after = jobs.read(job.job_id)
+    assert after.status == jobs.FAILED
+    assert "No space left on device" in (after.error or "") and "bug" not in (after.hint or "")
+    assert "free disk space" in (after.hint or "")
+    assert ["podman", "rmi", "b" * 64] in ran  # the untagged commit went
+
+
+def test_a_paused_container_is_not_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused is neither running nor stopped: the rolled-back container used to end exited.
+    Refused before anything changes, with the two ways on."""
+    from linpodx.snapshot import service
+
+    man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64, "mounts": []}
+    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(service, "require_managed", lambda name: {
+        "Id": "c" * 64, "State": {"Status": "paused", "Running": False, "Paused": True},
+        "Config": {"Labels": {"linpodx.managed": "1"}}, "Mounts": []})
+    with pytest.raises(InvalidInput) as ei:
+        service.rollback("box", "s1")
+    assert ei.value.message == "box is paused"
+    hint = ei.value.hint or ""
+    assert "podman unpause box" in hint and "linpodx stop box" in hint
+    assert _admin_types() == []
