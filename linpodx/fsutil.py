@@ -30,11 +30,14 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
-def _durable_temp(path: Path | str, data: bytes, mode: int, *, sync: bool = True) -> str:
+def _durable_temp(
+    path: Path | str, data: bytes, mode: int, *, sync: bool = True, make_dir: bool = True
+) -> str:
     """Write `data` to a new temp file beside `path` (same filesystem), fsynced unless `sync` is
-    False; return its name."""
+    False; return its name. Without `make_dir`, a missing directory is FileNotFoundError."""
     where, name = os.path.split(os.fspath(path))
-    ensure_dir_str(where)
+    if make_dir:
+        ensure_dir_str(where)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
     for _ in range(_TEMP_TRIES):  # as tempfile.mkstemp: a fresh random name, created exclusively
         tmp = os.path.join(where, f".{name}.{os.urandom(6).hex()}.tmp")
@@ -59,15 +62,22 @@ def _durable_temp(path: Path | str, data: bytes, mode: int, *, sync: bool = True
 
 
 def atomic_write(
-    path: Path | str, data: bytes, *, mode: int = FILE_MODE, durable: bool = True
+    path: Path | str,
+    data: bytes,
+    *,
+    mode: int = FILE_MODE,
+    durable: bool = True,
+    make_dir: bool = True,
 ) -> None:
     """Replace `path` with `data` all at once: temp file in the same dir, fsync, rename.
 
     `durable=False` keeps the all-at-once replace but skips both fsyncs: for runtime files that
     are rewritten before every use and mean nothing after a crash (a guard's resolv.conf, the
     OCI hooks file of one `podman run`), where two fsyncs would sit on a container's start-up.
+    `make_dir=False`: the directory must exist (FileNotFoundError), for a writer that must not
+    bring back a directory someone removed.
     """
-    tmp = _durable_temp(path, data, mode, sync=durable)
+    tmp = _durable_temp(path, data, mode, sync=durable, make_dir=make_dir)
     try:
         os.replace(tmp, path)
     except BaseException:

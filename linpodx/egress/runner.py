@@ -47,9 +47,17 @@ class Reporter:
     def write(self, **data: Any) -> None:
         data.setdefault("guard_pid", os.getpid())
         data.setdefault("ts", time.time())
+        text = json.dumps(data, sort_keys=True).encode()
         # Replaced all at once, but not fsynced: it describes this guard process, which a crash
         # ends too, and "ready" is what the container's start waits for.
-        atomic_write(self.st.guard_file, json.dumps(data, sort_keys=True).encode(), durable=False)
+        if data.get("state") != "stopped":
+            atomic_write(self.st.guard_file, text, durable=False)
+        else:
+            # The last word, when the container is gone: a `--rm` container's state dir may
+            # have been removed by its cleanup hook meanwhile (pasta takes longer to stop than
+            # slirp4netns), and it must not come back holding only this file.
+            with contextlib.suppress(FileNotFoundError):
+                atomic_write(self.st.guard_file, text, durable=False, make_dir=False)
         if self.control is not None:
             with contextlib.suppress(OSError):  # the CLI gave up: guard.json still says it
                 self.control.sendall(f"{data.get('state')}\n".encode())
