@@ -741,8 +741,28 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
     finally:
         mountpin.close_gate(str(spec_dir(info.name)))
     if req.rm:
+        _wait_removed(info.container_id)
         forget(info.name, info.container_id)
     return rc
+
+
+RM_WAIT_SECONDS = 10.0
+"""How long an attached `--rm` run waits for podman to remove the container after it ended."""
+
+
+def _wait_removed(container_id: str, timeout: float = RM_WAIT_SECONDS) -> None:
+    """Return once podman has removed the container (at most `timeout` seconds).
+
+    podman 5 can return from `podman start --attach` of a `--rm` container before it has
+    removed it (podman 4.3 never did here); `forget` then found the container still there and
+    kept its state dir for good. A container still there after the wait keeps its state, as
+    before (`linpodx rm` removes both)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(LinpodxError):
+        while engine.exists(container_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _run_once(spec: CreateSpec, ref: ProfileRef, announce: Announce) -> int:

@@ -877,3 +877,23 @@ def test_rm_of_a_container_that_vanishes_meanwhile_is_not_an_error(
     monkeypatch.setattr(engine, "remove", gone)
     assert containers.remove("agent-1", True)["removed"] is True
     assert not containers.spec_dir("agent-1").exists()
+
+
+def test_an_attached_rm_run_waits_for_podman_to_remove_the_container(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """podman 5 may return from `start --attach` of a `--rm` container before removing it:
+    the run waits (bounded) so that `forget` then drops its state dir."""
+    seen: list[str] = []
+
+    def exists(name: str) -> bool:
+        seen.append(name)
+        return len(seen) < 4  # removed after the third look
+
+    monkeypatch.setattr(engine, "exists", exists)
+    containers._wait_removed("c0ffee", timeout=5)
+    assert seen == ["c0ffee"] * 4
+    seen.clear()
+    monkeypatch.setattr(engine, "exists", lambda name: seen.append(name) or True)
+    containers._wait_removed("c0ffee", timeout=0.2)  # never removed: gives up
+    assert 1 < len(seen) < 20
