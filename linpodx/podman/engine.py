@@ -287,13 +287,27 @@ def run_inherited(argv: Sequence[str], stop: Callable[[], None] | None = None) -
     """
     import subprocess
 
+    # The signals are held before podman starts: one that came between its start and the hold
+    # would otherwise end linpodx (or unwind it) while podman and the container run on.
+    # Signals that come before podman exists are passed on as soon as it does.
+    started: list[subprocess.Popen[bytes]] = []
+    early: list[int] = []
+
+    def send(signum: int) -> None:
+        if started:
+            started[0].send_signal(signum)
+        else:
+            early.append(signum)
+
+    old = spawn.hold_signals(send, stop)
     try:
-        child = subprocess.Popen(list(argv))
-    except FileNotFoundError as exc:
-        raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
-    old = spawn.hold_signals(child.send_signal, stop)
-    try:
-        rc = old.status(child.wait())
+        try:
+            started.append(subprocess.Popen(list(argv)))
+        except FileNotFoundError as exc:
+            raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
+        for signum in early:
+            started[0].send_signal(signum)
+        rc = old.status(started[0].wait())
     finally:
         spawn.restore_signals(old)
     # podman itself ended by a signal: report it as a shell does (not as Python's -N).

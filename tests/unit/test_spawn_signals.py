@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 
+import pytest
+
 from linpodx.podman import engine, spawn
 
 
@@ -27,3 +29,21 @@ def test_run_inherited_reports_a_killed_podman_as_a_shell_does() -> None:
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert engine.run_inherited([sys.executable, "-c", code]) == 128 + signal.SIGKILL
     assert engine.run_inherited([sys.executable, "-c", "raise SystemExit(4)"]) == 4
+
+
+def test_a_signal_before_podman_exists_is_passed_on_once_it_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM lands after linpodx decided to run podman and before podman exists: it is held
+    and passed on (before, it ended linpodx and left podman and the container running)."""
+    import subprocess
+
+    real = subprocess.Popen
+
+    def popen(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(argv, **kw)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    code = "import time; time.sleep(30)"
+    assert engine.run_inherited([sys.executable, "-c", code]) == 128 + signal.SIGTERM
