@@ -338,7 +338,20 @@ rollback read from it: a spec without one of them was not written by linpodx."""
 
 
 def _remove_spec(name: str) -> None:
-    shutil.rmtree(spec_dir(name), ignore_errors=True)
+    """Remove NAME's state dir (run spec, pins, the guard's files)."""
+    where = spec_dir(name)
+    # An egress guard's last status write ("stopped") can land while the tree is removed: its
+    # file appears after rmtree listed the directory, and the rmdir then fails (seen with
+    # pasta, which stops later than slirp4netns). The guard writes nothing after that and never
+    # makes the directory again (`Reporter.write`), so another pass finishes the job.
+    for _ in range(REMOVE_PASSES):
+        shutil.rmtree(where, ignore_errors=True)
+        if not os.path.lexists(where):
+            return
+        time.sleep(0.05)
+
+
+REMOVE_PASSES = 3
 
 
 def lock_name(name: str) -> namelock.NameLock:
@@ -757,8 +770,6 @@ def _wait_removed(container_id: str, timeout: float = RM_WAIT_SECONDS) -> None:
     removed it (podman 4.3 never did here); `forget` then found the container still there and
     kept its state dir for good. A container still there after the wait keeps its state, as
     before (`linpodx rm` removes both)."""
-    import time
-
     deadline = time.monotonic() + timeout
     with contextlib.suppress(LinpodxError):
         while engine.exists(container_id) and time.monotonic() < deadline:

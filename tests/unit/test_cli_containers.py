@@ -897,3 +897,28 @@ def test_an_attached_rm_run_waits_for_podman_to_remove_the_container(
     monkeypatch.setattr(engine, "exists", lambda name: seen.append(name) or True)
     containers._wait_removed("c0ffee", timeout=0.2)  # never removed: gives up
     assert 1 < len(seen) < 20
+
+
+def test_a_guard_file_written_during_the_removal_does_not_keep_the_state_dir(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The egress guard's last write lands while the state dir is removed (the rmdir then
+    fails): a second pass removes it."""
+    import shutil
+
+    where = containers.spec_dir("agent-1")
+    (where / "egress").mkdir(parents=True)
+    (where / "spec.json").write_text("{}")
+    real = shutil.rmtree
+    calls: list[int] = []
+
+    def rmtree(path: Any, ignore_errors: bool = False) -> None:
+        calls.append(1)
+        real(path, ignore_errors=ignore_errors)
+        if len(calls) == 1:  # the guard's "stopped" arrives between the listing and the rmdir
+            (where / "egress").mkdir(parents=True)
+            (where / "egress" / "guard.json").write_text('{"state": "stopped"}')
+
+    monkeypatch.setattr(containers.shutil, "rmtree", rmtree)
+    containers._remove_spec("agent-1")
+    assert not where.exists() and len(calls) == 2
