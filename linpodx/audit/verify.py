@@ -178,16 +178,8 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
         report = verify_file(path, anchors=anchors, collect=index.collect)
     else:
         # Sealed, yet gone: the log was deleted. Report it as the broken chain it is.
-        report = VerifyReport(
-            ok=False,
-            events=0,
-            head=ZERO_HASH,
-            tail=ZERO_HASH,
-            first_bad_seq=0,
-            reason="the admin log is missing but an anchor names a record in it: deleted",
-            torn_tail=False,
-            log_id=None,
-            path=str(path),
+        report = _missing(
+            path, "the admin log is missing but an anchor names a record in it: deleted"
         )
     problems: list[str] = []
     notes: list[str] = []
@@ -217,6 +209,22 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
     return ChainCheck(report=report, problems=tuple(problems), notes=tuple(notes))
 
 
+def _missing(path: Path | str, reason: str, hint: str | None = None) -> VerifyReport:
+    """The report of a log that is not there although it should be: broken at seq 0."""
+    return VerifyReport(
+        ok=False,
+        events=0,
+        head=ZERO_HASH,
+        tail=ZERO_HASH,
+        first_bad_seq=0,
+        reason=reason,
+        torn_tail=False,
+        log_id=None,
+        path=str(path),
+        hint=hint,
+    )
+
+
 def _admin_log_deleted(path: str) -> ChainCheck | None:
     """With no admin log: the broken chain it is if anything exists that it should have
     recorded (a profile revision is stored only after its profile.apply record, a session log
@@ -233,17 +241,10 @@ def _admin_log_deleted(path: str) -> ChainCheck | None:
         what.append(f"{len(sessions)} session log(s)")
     if not what:
         return None
-    report = VerifyReport(
-        ok=False,
-        events=0,
-        head=ZERO_HASH,
-        tail=ZERO_HASH,
-        first_bad_seq=0,
-        reason=f"the admin log is missing, but {' and '.join(what)} exist that it recorded: "
+    report = _missing(
+        path,
+        f"the admin log is missing, but {' and '.join(what)} exist that it recorded: "
         "the admin log was deleted",
-        torn_tail=False,
-        log_id=None,
-        path=path,
         hint="keep the profile store and the session logs as evidence; linpodx cannot "
         "restore the admin log, and the sessions can no longer be anchored",
     )
