@@ -40,7 +40,9 @@ for run in "${RUNS[@]}"; do
     LINPODX_EGRESS_HELPER=$helper bash "$HERE/run.sh" python -m pytest -p no:cacheprovider -q \
         -m podman --deselect "$DESELECT" $files 2>&1 | tee /tmp/linpodx-podman5.log
     rc=${PIPESTATUS[0]}
-    last=$(grep -E '^=+ .* in [0-9.]+s' /tmp/linpodx-podman5.log | tail -n1)
+    # pytest -q ends with a bare `N passed, … in Ts` line (no `===` around it).
+    last=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error).* in [0-9.]+s' /tmp/linpodx-podman5.log |
+        tail -n1)
     summary+=("$helper rc=$rc ${last:-no summary}: $files")
     ((rc == 0)) || failed=1
 done
