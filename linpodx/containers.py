@@ -1104,6 +1104,14 @@ def _start(name: str) -> ContainerInfo:
             ref.revision,
             str(info.get("ImageName", "")),
         )
+    if engine.state(info) == "paused":
+        # podman cannot start a paused container, and `linpodx stop` refuses one too: say what
+        # works, before anything is recorded (a snapshot worker that died can leave it so).
+        raise InvalidInput(
+            f"container {name} is paused",
+            f"run `podman unpause {name}` to let it go on (or `linpodx snapshot job-status` "
+            "of the snapshot job that paused it)",
+        )
     check_mount_sources(ref)  # before the record; `_bring_up` pins them for podman start
     try:
         # Before the record too: a start that cannot happen is not recorded as one.

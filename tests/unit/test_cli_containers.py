@@ -922,3 +922,16 @@ def test_a_guard_file_written_during_the_removal_does_not_keep_the_state_dir(
     monkeypatch.setattr(containers.shutil, "rmtree", rmtree)
     containers._remove_spec("agent-1")
     assert not where.exists() and len(calls) == 2
+
+
+def test_start_of_a_paused_container_is_refused_before_its_record(fake: FakeEngine) -> None:
+    containers.run(REQ)
+    fake.state = "paused"
+    fake.calls.clear()
+    records = len(admin_records())
+    with pytest.raises(InvalidInput) as ei:
+        containers.start("agent-1")
+    assert ei.value.message == "container agent-1 is paused"
+    assert "podman unpause agent-1" in (ei.value.hint or "")
+    assert len(admin_records()) == records
+    assert "start" not in fake.names() and "init" not in fake.names()
