@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,13 @@ import pytest
 from linpodx.approvals import store as approvals
 from linpodx.audit import chain as audit_chain
 from tests.conftest import DEBIAN_IMAGE
-from tests.servers.harness import RawSession, linpodx, start_server_container, wait_pending
+from tests.servers.harness import (
+    RawSession,
+    attach_argv,
+    linpodx,
+    start_server_container,
+    wait_pending,
+)
 
 pytestmark = pytest.mark.podman
 
@@ -33,19 +38,7 @@ def _closing(sid: str) -> dict[str, object]:
 def test_server_exit_code_is_linpodx_exit_code(tmp_path: Path, unique_name: str) -> None:
     start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "linpodx",
-            "mcp",
-            "attach",
-            "--container",
-            unique_name,
-            "--",
-            "python3",
-            "-c",
-            "import sys; sys.exit(3)",
-        ],
+        attach_argv(unique_name, "python3", "-c", "import sys; sys.exit(3)"),
         stdin=subprocess.PIPE,
         capture_output=True,
         timeout=120,
@@ -141,19 +134,7 @@ def test_a_server_that_ignores_its_input_closing_is_ended_in_the_container(
     by the session's mark (rootless through `podman unshare`), says so and records it."""
     start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "linpodx",
-            "mcp",
-            "attach",
-            "--container",
-            unique_name,
-            "--",
-            "sh",
-            "-c",
-            "sleep 1000 & exec sleep 1001 </dev/null",
-        ],
+        attach_argv(unique_name, "sh", "-c", "sleep 1000 & exec sleep 1001 </dev/null"),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=120,
@@ -180,8 +161,7 @@ def test_only_the_sessions_own_processes_are_ended(tmp_path: Path, unique_name: 
     )  # fmt: skip
     assert other.returncode == 0, other.stderr
     res = subprocess.run(
-        [sys.executable, "-m", "linpodx", "mcp", "attach", "--container", unique_name, "--",
-         "sleep", "1003"],
+        attach_argv(unique_name, "sleep", "1003"),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=120,
@@ -199,8 +179,7 @@ def test_ctrl_c_ends_the_server_in_the_container_too(tmp_path: Path, unique_name
 
     start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
     p = subprocess.Popen(
-        [sys.executable, "-m", "linpodx", "mcp", "attach", "--container", unique_name, "--",
-         "sleep", "1005"],
+        attach_argv(unique_name, "sleep", "1005"),
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,

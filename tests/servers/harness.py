@@ -83,20 +83,11 @@ def start_server_container(
     )
 
 
-def attach_argv(name: str) -> list[str]:
-    """The server command an MCP client launches."""
-    return [
-        sys.executable,
-        "-m",
-        "linpodx",
-        "mcp",
-        "attach",
-        "--container",
-        name,
-        "--",
-        "python3",
-        SERVER_PATH,
-    ]
+def attach_argv(name: str, *command: str) -> list[str]:
+    """The server command an MCP client launches (`command`: another server than the test
+    server, e.g. one that ignores its input closing)."""
+    server = list(command) or ["python3", SERVER_PATH]
+    return [sys.executable, "-m", "linpodx", "mcp", "attach", "--container", name, "--", *server]
 
 
 def server_log(name: str) -> bytes:
