@@ -275,6 +275,29 @@ def spec_path(name: str) -> Path:
     return spec_dir(name) / "spec.json"
 
 
+RENAME_SCAN_MAX = 4096
+"""Run specs `_renamed_from` reads at most (one per container linpodx keeps state for)."""
+
+
+def _renamed_from(container_id: str, name: str) -> str | None:
+    """The name whose run spec belongs to `container_id`, if it is not `name`: the container
+    was renamed with `podman rename`. Damaged or unreadable specs are skipped (this only
+    words an error better; it never acts)."""
+    if not container_id:
+        return None
+    try:
+        entries = sorted(os.listdir(containers_dir()))[:RENAME_SCAN_MAX]
+    except OSError:
+        return None
+    for entry in entries:
+        if entry == name or entry.startswith("."):
+            continue
+        with contextlib.suppress(LinpodxError, OSError, ValueError):
+            if load_spec(entry).get("container_id") == container_id:
+                return entry
+    return None
+
+
 def _spec_doc(
     spec: CreateSpec, ref: ProfileRef, container_id: str, created_at: str
 ) -> dict[str, Any]:
@@ -1117,6 +1140,16 @@ def _start(name: str) -> ContainerInfo:
         # Before the record too: a start that cannot happen is not recorded as one.
         spec = load_spec(name)
     except NotFound:
+        was = _renamed_from(str(info.get("Id", "")), name)
+        if was is not None:
+            # `podman rename` outside linpodx: the run spec, the mount gate and the egress
+            # guard's files all live under the name linpodx created it with.
+            raise NotFound(
+                f"container {name} was renamed outside linpodx (linpodx created it as {was}, "
+                "and keeps its run spec, mount checks and egress state under that name)",
+                f"rename it back with `podman rename {name} {was}`, then "
+                f"`linpodx start {was}`",
+            ) from None
         # Ours (labelled) but without a spec: its `linpodx run` was killed before it finished
         # (the spec is written last); such a container may also lack its $HOME.
         raise NotFound(

@@ -453,6 +453,28 @@ def test_start_of_a_container_whose_run_was_killed_is_refused_before_its_record(
     assert "start" not in fake.names() and "init" not in fake.names()
 
 
+def test_start_of_a_container_renamed_outside_linpodx_names_its_old_name(
+    fake: FakeEngine,
+) -> None:
+    """`podman rename agent-1 agent-2`: linpodx's state stays under agent-1, so `start
+    agent-2` is refused before its record, with the rename that makes it work again (not
+    "its run did not finish", which sent people to remove a healthy container)."""
+    containers.run(REQ)
+    fake.state = "exited"
+    fake.present.add("agent-2")
+    fake.calls.clear()
+    records = len(admin_records())
+    with pytest.raises(NotFound) as ei:
+        containers.start("agent-2")
+    assert "renamed outside linpodx" in ei.value.message
+    assert "created it as agent-1" in ei.value.message
+    assert ei.value.hint == (
+        "rename it back with `podman rename agent-2 agent-1`, then `linpodx start agent-1`"
+    )
+    assert len(admin_records()) == records
+    assert "start" not in fake.names() and "init" not in fake.names()
+
+
 def test_start_refuses_a_labelled_container_that_its_run_did_not_create(
     fake: FakeEngine,
 ) -> None:
