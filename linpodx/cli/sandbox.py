@@ -65,7 +65,9 @@ def _push_egress(result: dict[str, Any]) -> list[str]:
     """A changed allowlist takes effect in running containers of the profile at once.
 
     The new revision is already stored (and audited) when this runs; if a guard does not take
-    it, say exactly that instead of pretending the apply failed.
+    it, say exactly that instead of pretending the apply failed. An unchanged file pushes only
+    to containers not at the current revision yet: an apply cut short after storing its
+    revision (Ctrl-C, kill, a guard that did not answer) is finished by applying it again.
     """
     from linpodx.egress import guard
 
@@ -74,7 +76,9 @@ def _push_egress(result: dict[str, Any]) -> list[str]:
         # push one after the other, and the later push never carries the older revision (an
         # apply whose push waited for another's pushes whatever is current by then).
         with store.locked():
-            return guard.update_profile(store.get(result["name"]))
+            return guard.update_profile(
+                store.get(result["name"]), only_stale=not result["changed"]
+            )
     except LinpodxError as exc:
         raise type(exc)(
             f"profile {result['name']} was applied as revision {result['revision']} "
@@ -97,7 +101,7 @@ def apply_cmd(
 
     def run() -> dict[str, Any]:
         result = store.apply(profile).to_dict()
-        result["egress_updated"] = _push_egress(result) if result["changed"] else []
+        result["egress_updated"] = _push_egress(result)
         from linpodx import containers
 
         # The revision's podman flags on this host, so its first `run` can take the fast path.

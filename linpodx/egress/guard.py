@@ -391,12 +391,15 @@ def _containers_of(profile: str) -> list[str]:
     return out
 
 
-def update_profile(stored: StoredProfile) -> list[str]:
+def update_profile(stored: StoredProfile, *, only_stale: bool = False) -> list[str]:
     """Push a re-applied profile's allowlist to its running containers; returns names updated.
 
     Each update is recorded in the admin audit chain (`egress.update`) BEFORE the guard sees
     it; if the record cannot be written nothing changes (AuditError). The guard acknowledges
     by reporting the new revision; a guard that does not within UPDATE_TIMEOUT is an error.
+
+    `only_stale`: only containers whose policy file or running guard is not at `stored`'s
+    revision (an unchanged re-apply finishing the push of an apply that was cut short).
     """
     updated: list[str] = []
     failed: list[str] = []
@@ -405,6 +408,8 @@ def update_profile(stored: StoredProfile) -> list[str]:
         # finishes first (its guard is then `ready` and takes the update), and never writes
         # its creation revision over this one in the middle.
         with namelock.acquire(name):
+            if only_stale and not _stale(name, stored):
+                continue
             outcome = _push_one(name, stored)
         if outcome == "updated":
             updated.append(name)
@@ -416,6 +421,21 @@ def update_profile(stored: StoredProfile) -> list[str]:
             "restart those containers with `linpodx stop` and `linpodx start`",
         )
     return updated
+
+
+def _stale(name: str, stored: StoredProfile) -> bool:
+    """Container `name`'s policy file, or its running guard, is not at `stored`'s revision."""
+    st = EgressState(name)
+    try:
+        cur = json.loads(st.policy_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cur = None
+    if not isinstance(cur, dict) or cur.get("revision") != int(stored.revision):
+        return True
+    info = _read_guard(st)
+    if info is None or info.get("state") != "ready" or not _guard_alive(info, name):
+        return False  # no guard runs: the file is what its next start takes
+    return bool(info.get("policy_revision") != int(stored.revision))
 
 
 def _push_one(name: str, stored: StoredProfile) -> str:

@@ -318,7 +318,7 @@ def test_two_applies_close_together_leave_the_containers_on_the_newer_revision(
     pushing = threading.Event()
     pushed: list[int] = []
 
-    def slow_push(stored: Any) -> list[str]:
+    def slow_push(stored: Any, only_stale: bool = False) -> list[str]:
         pushing.set()
         if stored.revision == 2:
             time.sleep(0.5)

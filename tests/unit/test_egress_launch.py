@@ -6,6 +6,7 @@ No container and no podman here: a launched guard that never gets a pid touches 
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import uuid
@@ -149,3 +150,38 @@ def test_a_push_waits_for_a_command_holding_the_container_name() -> None:
     t.join(10)
     assert result == [[]]  # no guard runs: recorded and written, nothing to nudge
     assert updates() == [2]
+
+
+def test_an_unchanged_re_apply_pushes_only_to_containers_left_behind() -> None:
+    """An apply cut short after storing revision 2 left agent-1's policy at revision 1;
+    applying the same file again (unchanged) pushes to agent-1 only, recorded first."""
+    from dataclasses import dataclass
+
+    from linpodx.audit.chain import admin_chain, read_records
+    from linpodx.egress.state import EgressState
+    from linpodx.profile.model import Network, Profile
+
+    @dataclass
+    class Stored:
+        profile: Profile
+        name: str
+        profile_id: str
+        revision: int
+
+    def stored(rev: int) -> Stored:
+        net = Network(egress_dns_allowlist=(f"r{rev}.test",))
+        return Stored(Profile(name="p", network=net), "p", f"prof_TEST{rev}", rev)
+
+    def updates() -> list[object]:
+        path = admin_chain().path
+        found = read_records(path) if path.exists() else []
+        return [r.data["container"] for r in found if r.type == "egress.update"]
+
+    guard._write_policy(EgressState("agent-1"), stored(1))  # type: ignore[arg-type]
+    guard._write_policy(EgressState("agent-2"), stored(2))  # type: ignore[arg-type]
+    assert guard.update_profile(stored(2), only_stale=True) == []  # type: ignore[arg-type]
+    assert updates() == ["agent-1"]
+    doc = json.loads(EgressState("agent-1").policy_file.read_text())
+    assert doc["revision"] == 2 and doc["allowlist"] == ["r2.test"]
+    guard.update_profile(stored(2), only_stale=True)  # type: ignore[arg-type]
+    assert updates() == ["agent-1"]  # nothing left behind: nothing recorded again
