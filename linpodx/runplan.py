@@ -22,8 +22,11 @@ same now:
   every run, as the full path does.
 
 Anything else, and any doubt (a missing, damaged or foreign file), means "no plan": the full
-path runs, decides everything afresh and writes a new plan. A plan holds no secret and grants
-nothing: it lives in the same 0700 state dir as the revisions it is checked against.
+path runs, decides everything afresh and writes a new plan. A plan holds no secret: it lives in
+the same 0700 state dir as the revisions it is checked against, and is trusted as that dir is.
+Whoever can write the state dir can edit a plan's flags and so change what a fast-path run
+does (docs/audit.md, "What a rewritten log can and cannot hide"); only its owner can, since
+linpodx refuses a state dir owned by anyone else.
 
 Standard library only, and only cheap modules: this is on the fast path.
 """

@@ -274,12 +274,35 @@ def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
         ah = getattr(sp, "audit_hash", None)
         name = getattr(sp, "name", "?")
         rev = getattr(sp, "revision", "?")
-        if isinstance(ah, str) and ah not in index.applies:
+        if not isinstance(ah, str):
+            continue
+        applied = index.applies.get(ah)
+        if applied is None:
             problems.append(
                 f"profile {name!r} revision {_q(str(rev))} was applied with audit_hash "
                 f"{_q(ah[:12])}…, which "
                 "is not a profile.apply record of the admin chain: the admin log was rewritten "
                 "or replaced"
+            )
+            continue
+        # The store's own digest check only says the file matches the digest written in it,
+        # which whoever edits the file can recompute; the record says what was applied.
+        differs = [
+            key
+            for key, value in (
+                ("digest", getattr(sp, "digest", None)),
+                ("profile_id", getattr(sp, "profile_id", None)),
+                ("revision", rev),
+                ("name", name),
+            )
+            if applied.data.get(key) != value
+        ]
+        if differs:
+            problems.append(
+                f"profile {name!r} revision {_q(str(rev))} in the profile store is not what its "
+                f"profile.apply record (admin seq {applied.seq}) says was applied "
+                f"({', '.join(differs)} differ): the stored revision was changed after it was "
+                "applied"
             )
     if stored:
         return problems, [f"{len(stored)} profile revision(s) found in the admin chain"]

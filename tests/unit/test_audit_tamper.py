@@ -648,3 +648,27 @@ def test_real_leap_days_are_fine(tmp_path: Path) -> None:
         rec = rehash({"seq": 0, "ts": ts, "type": "test.event", "prev": ZERO_HASH, "data": {},
                       "log": "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"})
         assert parse_line(rec[:-1]).ts == ts
+
+
+def test_edited_profile_revision_with_a_recomputed_digest_is_detected(
+    applied: tuple[str, str],
+) -> None:
+    """Someone edits a stored revision (here: MCP calls of any tool allowed) and writes the
+    new digest into it, so the store's own check passes and runs would use it. verify
+    compares the revision with its profile.apply record, which holds what was applied."""
+    from linpodx.paths import profiles_dir
+    from linpodx.profile import store
+
+    pid, _ah = applied
+    assert verify_admin().ok
+    path = profiles_dir() / "revisions" / f"{pid}.json"
+    doc = json.loads(path.read_text())
+    doc["profile"]["mcp_policy"] = [{"method": "tools/call", "decision": "auto_allow"}]
+    edited = store.profile_from_dict(doc["profile"], str(path))
+    doc["digest"] = store.digest_of(edited)
+    path.write_text(json.dumps(doc, indent=2))
+    assert store.get_by_id(pid).digest == doc["digest"]  # the store alone cannot tell
+    admin = verify_admin()
+    assert admin.report.ok and not admin.ok
+    assert "is not what its profile.apply record" in admin.problems[0]
+    assert "(digest differ)" in admin.problems[0]
