@@ -189,10 +189,16 @@ def print_error(err: LinpodxError, stream: TextIO | None = None) -> None:
     and tabs is shown escaped, so none of it can drive the terminal.
     """
     stream = stream or sys.stderr
-    lines = err.diagnostics().split("\n")
-    text = "\n".join("\t".join(safe_text(part) for part in line.split("\t")) for line in lines)
-    stream.write(text + "\n")
+    stream.write(safe_lines(err.diagnostics()) + "\n")
     stream.flush()
+
+
+def safe_lines(text: str) -> str:
+    """`safe_text` for a diagnostic of several lines: the newlines that separate them and tabs
+    stay, every other control character is escaped."""
+    return "\n".join(
+        "\t".join(safe_text(part) for part in line.split("\t")) for line in text.split("\n")
+    )
 
 
 def note(message: str) -> None:

@@ -29,7 +29,7 @@ from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.cli.common import JsonOpt, run_command
 from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
-from linpodx.output import print_error, safe_text
+from linpodx.output import print_error, safe_lines, safe_text
 from linpodx.paths import events_file
 
 POLL_SECONDS = 0.1
@@ -302,39 +302,41 @@ class Prompter:
             if b"\n" in buf or b"\r" in buf:
                 return buf.decode("utf-8", "replace").splitlines()[0] if buf.strip() else ""
 
+    def _say(self, text: str) -> None:
+        # Every line the prompter writes quotes an id or a message built from one; it goes
+        # through safe_text here too, so no caller can put raw bytes on the terminal.
+        self.out.write(safe_lines(text) + "\n")
+        self.out.flush()
+
     def ask(self, approval_id: str) -> None:
         """Show one pending request from its file (the source of truth) and record the answer."""
         if approval_id in self.seen:
             return
         self.seen.add(approval_id)
+        shown = approvals.shown_id(approval_id)
         try:
             pending = approvals.load(approval_id)
         except LinpodxError as exc:
-            self.out.write(f"approval: {safe_text(approval_id, 80)}: {exc.message}\n")
+            self._say(f"approval: {shown}: {exc.message}")
             return
         st = approvals.status(approval_id)
         if st != "pending":
-            self.out.write(f"approval: {approval_id} already {st}\n")
-            self.out.flush()
+            self._say(f"approval: {shown} already {st}")
             return
         self._flush_typeahead()
         self.out.write("approve? [y/N]: ")
         self.out.flush()
         line = self._readline(pending.expires)
         if line is None:
-            self.out.write(f"\napproval: {approval_id} expired (denied after the window)\n")
-            self.out.flush()
+            self._say(f"\napproval: {shown} expired (denied after the window)")
             return
         decision = approvals.APPROVE if line.strip().lower() in ("y", "yes") else approvals.DENY
         reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
         if approvals.answer(approval_id, pending.digest, decision, reason):
             word = "APPROVED" if decision == approvals.APPROVE else "DENIED"
-            self.out.write(f"approval: {approval_id} → {word}\n")
+            self._say(f"approval: {shown} → {word}")
         else:
-            self.out.write(
-                f"approval: {approval_id} already decided ({approvals.status(approval_id)})\n"
-            )
-        self.out.flush()
+            self._say(f"approval: {shown} already decided ({approvals.status(approval_id)})")
 
 
 def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow: bool) -> None:

@@ -454,3 +454,38 @@ def test_emitting_into_a_fifo_or_a_link_fails_at_once_without_writing_through(
     with pytest.raises(OSError):
         events.emit_many([("x.y", {})])
     assert elsewhere.read_bytes() == b""
+
+
+HOSTILE_ID = "\x1b]0;PWNED\x07\x1b[2J"
+
+
+def test_the_prompter_never_prints_a_hostile_approval_id_raw() -> None:
+    """An `approval.pending` event whose id holds escape sequences: the prompter says the
+    approval is not found, with the id escaped (it used to print the store's message raw)."""
+    import io
+
+    out = io.StringIO()
+    prompter = cli_approvals.Prompter(io.StringIO(), out)
+    event = {"type": "approval.pending", "session": "s", "approval_id": HOSTILE_ID}
+    cli_approvals._show(event, out, False, prompter)
+    text = out.getvalue()
+    assert "approval not found" in text
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;PWNED\\x07" in text
+
+
+@pytest.mark.parametrize("call", [store.load, store.status, store.read_answer])
+def test_store_messages_quote_an_untrusted_id_escaped(call: Any) -> None:
+    """The message is safe where it is built, whoever prints it (`--json`, the prompter…)."""
+    with pytest.raises(store.NotFound) as exc:
+        call(HOSTILE_ID + "x" * 500)
+    assert "\x1b" not in exc.value.message and "\x07" not in exc.value.message
+    assert len(exc.value.message) < 200
+
+
+def test_approve_json_with_a_hostile_id_is_escaped(cli: Any) -> None:
+    res = cli("approve", HOSTILE_ID, "--json")
+    assert res.exit_code == 4
+    doc = json.loads(res.stdout)
+    assert "\x1b" not in doc["error"]["message"]
+    assert "\x1b" not in res.stderr
