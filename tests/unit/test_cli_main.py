@@ -261,3 +261,37 @@ def test_a_terminal_that_is_not_utf8_still_gets_the_output(
             # `…` (the tool) or `→`; under LC_ALL=C argv's `→` arrives as three undecodable
             # bytes, which are escaped the same way.
             assert b"\\u" in res.stdout + res.stderr, (argv, res.stdout, res.stderr)
+
+
+HUGE = "99999999999999999999999"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["audit", "show", "--limit", HUGE],
+        ["audit", "show", "--limit", "0"],
+        ["audit", "show", "--limit", "-1"],
+        ["stop", "c", "--time", HUGE],
+        ["stop", "c", "--time", "-1"],
+        ["_egress-guard", "--container", "c", "--control-fd", HUGE],
+        ["_egress-guard", "--container", "c", "--control-fd", "-3"],
+        ["_egress-guard", "--container", "c", "--control-fd", "999999"],
+        ["_egress-guard", "--container", "c", "--control-fd", "0", "--wait", "nan"],
+        ["_egress-guard", "--container", "c", "--control-fd", "0", "--wait", "inf"],
+        ["_egress-guard", "--container", "c", "--control-fd", "0", "--wait", "-1"],
+    ],
+)
+def test_integer_options_out_of_range_are_usage_errors(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A number too large for a machine integer (or negative where that means nothing) is a
+    usage error with a hint, not an internal error (OverflowError, ValueError)."""
+    assert main(argv) == EXIT_USAGE, argv
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "\nhint: " in err and "internal error" not in err, err
+    assert main([*argv, "--json"] if argv[0] != "_egress-guard" else argv) == EXIT_USAGE
+    out = capsys.readouterr().out
+    if argv[0] != "_egress-guard":
+        doc = json.loads(out)
+        assert doc["error"]["exit_code"] == EXIT_USAGE and doc["error"]["hint"]
