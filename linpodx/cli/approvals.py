@@ -29,14 +29,15 @@ from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.cli.common import JsonOpt, run_command
 from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
-from linpodx.output import print_error, safe_lines, safe_text
+from linpodx.events import EVENT_TYPES
+from linpodx.output import envelope, print_error, print_json, safe_lines, safe_text
 from linpodx.paths import events_file
 
 POLL_SECONDS = 0.1
 FIELD_CAP = 200
 PAYLOAD_CAP = 1000
 
-_REL = re.compile(r"^(\d+)([smhd])\Z")
+_REL = re.compile(r"^([0-9]+)([smhd])\Z")  # not \d, which takes fullwidth and other digits
 
 
 def parse_since(value: str, now: datetime | None = None) -> datetime:
@@ -78,6 +79,21 @@ def _event_time(event: dict[str, Any]) -> datetime | None:
         return t.astimezone(UTC) if t.tzinfo is not None else None
     except (ValueError, OverflowError):
         return None
+
+
+def check_filters(filters: list[str]) -> list[str]:
+    """`--filter` values, each an event type or its first component; UsageError otherwise.
+
+    An unknown one (a typo: `aproval`) would match nothing, and would also turn off the
+    approval prompter, which only listens when approvals are in the filter."""
+    valid = sorted({*EVENT_TYPES, *(t.split(".")[0] for t in EVENT_TYPES)})
+    for f in filters:
+        if f not in valid:
+            raise UsageError(
+                f"unknown event type for --filter: {safe_text(f, 80)}",
+                f"use one of: {', '.join(valid)}",
+            )
+    return filters
 
 
 def matches(event: dict[str, Any], filters: list[str]) -> bool:
@@ -345,6 +361,7 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
     Ctrl-C is how a follower is stopped: it ends quietly (exit 0). A `--no-follow` listing cut
     short by Ctrl-C is incomplete, so it ends as other commands do: `error: interrupted`, 130.
     """
+    check_filters(filters)
     since_t = parse_since(since) if since is not None else None
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
@@ -465,6 +482,8 @@ def register(app: typer.Typer) -> None:
         try:
             events_cmd(list(filter_ or []), since, json_mode, no_follow)
         except LinpodxError as err:
+            if json_mode:  # the error as a line of its own, like the events before it
+                print_json(envelope("events", error=err), compact=True)
             print_error(err)
             raise typer.Exit(err.exit_code) from None
 

@@ -489,3 +489,49 @@ def test_approve_json_with_a_hostile_id_is_escaped(cli: Any) -> None:
     doc = json.loads(res.stdout)
     assert "\x1b" not in doc["error"]["message"]
     assert "\x1b" not in res.stderr
+
+
+def test_an_unknown_filter_is_refused_with_the_valid_types(cli: Any) -> None:
+    """`--filter aproval` matched nothing and turned the approval prompter off, silently."""
+    res = cli("events", "--filter", "aproval", "--no-follow")
+    assert res.exit_code == 2 and "unknown event type for --filter: aproval" in res.stderr
+    assert "hint: use one of: approval, approval.decided, approval.pending," in res.stderr
+    res = cli("events", "--filter", "aproval", "--no-follow", "--json")
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 2 and "approval.pending" in doc["error"]["hint"]
+    for ok in ("approval", "approval.pending", "dns", "dns.denied", "container.start"):
+        assert cli("events", "--filter", ok, "--no-follow").exit_code == 0, ok
+
+
+def test_every_event_type_linpodx_emits_is_a_valid_filter() -> None:
+    """`events.EVENT_TYPES` is what --filter accepts: a type emitted but missing there could
+    not be filtered. Every literal type passed to an emitter in linpodx/ must be in it."""
+    import re
+    from pathlib import Path
+
+    import linpodx
+
+    emitted: set[str] = set()
+    call = re.compile(r"\b(?:emit|_emit|_event|emit_many)\(\s*\"([a-z]+\.[a-z_.]+)\"")
+    pair = re.compile(r"\(\s*\"(dns\.[a-z_]+|mcp\.decision)\",")
+    for path in Path(linpodx.__file__).parent.rglob("*.py"):
+        text = path.read_text()
+        emitted.update(call.findall(text))
+        emitted.update(pair.findall(text))
+    assert {"approval.pending", "approval.decided", "dns.denied", "mcp.decision"} <= emitted
+    assert emitted <= set(events.EVENT_TYPES), emitted - set(events.EVENT_TYPES)
+
+
+# fullwidth 5, fullwidth 0, Arabic-Indic 3: `\d` matches each, int() reads each.
+@pytest.mark.parametrize("since", ["\uff15m", "1\uff10s", "\u0663h"])
+def test_since_takes_ascii_digits_only(since: str) -> None:
+    with pytest.raises(UsageError):
+        cli_approvals.parse_since(since)
+
+
+def test_an_anchor_takes_ascii_digits_only() -> None:
+    from linpodx.audit.verify import parse_anchor
+
+    assert parse_anchor("0:" + "a" * 64) == (0, "a" * 64)
+    with pytest.raises(UsageError):
+        parse_anchor("\uff10:" + "a" * 64)  # fullwidth 0
