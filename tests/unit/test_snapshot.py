@@ -853,3 +853,14 @@ def test_cli_list_shows_the_good_snapshots_beside_a_damaged_one(  # type: ignore
     for label in ("broken", "forged", "junk"):
         assert rows[label]["error"] and rows[label]["hint"], rows[label]
     assert "podman" in rows["broken"]["hint"] and "snapshot rm" in rows["junk"]["hint"]
+
+
+def test_container_names_follow_the_rule_and_message_of_every_other_command(
+    cli,  # type: ignore[no-untyped-def]
+) -> None:
+    """`snapshot create` said "1-253 characters" where every other command says (and does)
+    1-63: a linpodx container never has a longer name."""
+    assert names.check_container_name("a" * 63) == "a" * 63
+    r = cli("snapshot", "create", "a" * 64, "--label", "x")
+    assert r.exit_code == 3 and "hint: use 1-63 characters" in r.stderr, r.stderr
+    assert "253" not in r.stderr
