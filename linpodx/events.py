@@ -17,6 +17,22 @@ from typing import Any
 
 from linpodx.paths import FILE_MODE, ensure_dir, events_file
 
+EVENT_TYPES = (
+    "approval.pending",
+    "approval.decided",
+    "mcp.decision",
+    "container.start",
+    "container.stop",
+    "container.rm",
+    "container.exec",
+    "dns.denied",
+    "snapshot.create",
+    "snapshot.rm",
+    "snapshot.rollback",
+)
+"""Every type linpodx writes to the stream (tests/unit checks the emitters against it): what
+`linpodx events --filter` accepts, with their first components."""
+
 
 def now_iso() -> str:
     """UTC time as `2026-11-30T04:32:19.123456Z`."""

@@ -7,6 +7,8 @@ terminal (escape sequences, control characters) or rich markup.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import json
 import re
 import sys
@@ -189,10 +191,60 @@ def print_error(err: LinpodxError, stream: TextIO | None = None) -> None:
     and tabs is shown escaped, so none of it can drive the terminal.
     """
     stream = stream or sys.stderr
-    lines = err.diagnostics().split("\n")
-    text = "\n".join("\t".join(safe_text(part) for part in line.split("\t")) for line in lines)
-    stream.write(text + "\n")
+    stream.write(safe_lines(err.diagnostics()) + "\n")
     stream.flush()
+
+
+def safe_lines(text: str) -> str:
+    """`safe_text` for a diagnostic of several lines: the newlines that separate them and tabs
+    stay, every other control character is escaped."""
+    return "\n".join(
+        "\t".join(safe_text(part) for part in line.split("\t")) for line in text.split("\n")
+    )
+
+
+UNENCODABLE = "linpodx-escape"
+"""The error handler `printable_streams` gives stdout and stderr (registered on import)."""
+
+
+def _escape_unencodable(exc: UnicodeError) -> tuple[str, int]:
+    """Write what the stream's encoding cannot hold as `\\uXXXX` (astral characters as a
+    UTF-16 surrogate pair): the text still reaches the person, and inside a JSON string
+    (which `print_json` writes with ensure_ascii=False) it is the very escape JSON defines,
+    so a `--json` document stays valid and reads back the same. Python's backslashreplace
+    would write `\\U0001f600`, which JSON does not know."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    out: list[str] = []
+    for ch in exc.object[exc.start : exc.end]:
+        o = ord(ch)
+        if o > 0xFFFF:
+            o -= 0x10000
+            out.append(f"\\u{0xD800 + (o >> 10):04x}\\u{0xDC00 + (o & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{o:04x}")
+    return "".join(out), exc.end
+
+
+codecs.register_error(UNENCODABLE, _escape_unencodable)
+
+
+def printable_streams() -> None:
+    """Make stdout and stderr write every character, whatever their encoding.
+
+    Under `LC_ALL=C`, `PYTHONIOENCODING=ascii` or a latin-1 locale, the first `…` or `→` a
+    command printed ended it with UnicodeEncodeError after part of its output. Called once,
+    by the CLI's entry. A UTF-8 stream with `surrogateescape` (Python's UTF-8 mode) is left
+    as it is; binary output (`mcp attach` writes the protocol to fd 1 itself) is untouched."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is None:
+            continue  # not a TextIOWrapper (a test's StringIO, a closed or replaced stream)
+        encoding = codecs.lookup(getattr(stream, "encoding", None) or "ascii").name
+        if encoding == "utf-8" and getattr(stream, "errors", None) == "surrogateescape":
+            continue
+        with contextlib.suppress(ValueError, OSError):  # a closed stream: nothing to write
+            reconfigure(errors=UNENCODABLE)
 
 
 def note(message: str) -> None:

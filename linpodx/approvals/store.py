@@ -36,6 +36,7 @@ from typing import Any
 from linpodx import canonical, fsutil, ids
 from linpodx.audit.core import encode_data
 from linpodx.errors import InvalidInput, NotFound
+from linpodx.output import safe_text
 from linpodx.paths import approvals_dir, ensure_dir
 
 PAYLOAD_CAP = 4096
@@ -162,7 +163,9 @@ class PendingRequest:
                 expires=_unix_time(d["expires_unix"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidInput(f"malformed approval request: {exc}", DAMAGED_HINT) from None
+            raise InvalidInput(
+                f"malformed approval request: {safe_text(str(exc))}", DAMAGED_HINT
+            ) from None
 
 
 def _unix_time(value: Any) -> float:
@@ -199,9 +202,23 @@ DAMAGED_HINT = (
 )
 
 
+ID_CAP = 80
+"""Characters of an approval id quoted in a message (a real one has 30)."""
+
+
+def shown_id(approval_id: str) -> str:
+    """`approval_id` as messages quote it: escaped and capped. Ids come from the command line
+    and from the event stream, which anyone who can write the state dir can fill; a message
+    built from one is printed by several callers (`print_error`, the `events` prompter, a
+    `--json` envelope), so it is made safe here, once, where it is built."""
+    return safe_text(approval_id, ID_CAP)
+
+
 def _dir(approval_id: str) -> Path:
     if not ids.is_id(approval_id, "apr"):
-        raise NotFound(f"approval not found: {approval_id}", "approval ids look like apr_<ULID>")
+        raise NotFound(
+            f"approval not found: {shown_id(approval_id)}", "approval ids look like apr_<ULID>"
+        )
     return approvals_dir() / approval_id
 
 
@@ -280,11 +297,12 @@ def load(approval_id: str) -> PendingRequest:
     except _Unreadable as exc:
         # This one request is damaged; the others (and the listeners that show them) are not.
         raise InvalidInput(
-            f"approval request is unreadable: {approval_id} ({exc})", DAMAGED_HINT
+            f"approval request is unreadable: {shown_id(approval_id)} ({safe_text(str(exc))})",
+            DAMAGED_HINT,
         ) from None
     if data is None:
         raise NotFound(
-            f"approval not found: {approval_id}",
+            f"approval not found: {shown_id(approval_id)}",
             "list pending ones with `linpodx events --filter approval --no-follow`",
         )
     return PendingRequest.from_dict(data)

@@ -9,6 +9,7 @@ typing at run time) because `linpodx.fastrun` appends its `container.run` record
 from __future__ import annotations
 
 import codecs
+import errno
 import fcntl
 import json
 import os
@@ -365,6 +366,15 @@ def open_locked(path: str) -> int:
             ensure_dir_str(os.path.dirname(path))  # first record of this log: dirs are 0700
             fd = os.open(path, flags, FILE_MODE)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            # O_NOFOLLOW refused it: "too many levels of symbolic links" and a disk-space
+            # hint would send the person looking at the wrong thing.
+            raise AuditError(
+                f"could not record to the audit log {path}: it is a symbolic link, and "
+                "linpodx does not write through links",
+                "replace the link with the file it points to; nothing was done because it "
+                "could not be recorded",
+            ) from None
         raise AuditError(
             f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
         ) from None

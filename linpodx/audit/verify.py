@@ -45,7 +45,7 @@ from linpodx.paths import sessions_audit_dir
 
 BUILTIN_PROFILE_ID = "builtin"
 """profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
-_ANCHOR_RE = re.compile(r"^(\d{1,15}):([0-9a-f]{64})\Z")
+_ANCHOR_RE = re.compile(r"^([0-9]{1,15}):([0-9a-f]{64})\Z")
 
 
 def log_present(path: Path) -> bool:

@@ -29,14 +29,15 @@ from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.cli.common import JsonOpt, run_command
 from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
-from linpodx.output import print_error, safe_text
+from linpodx.events import EVENT_TYPES
+from linpodx.output import envelope, print_error, print_json, safe_lines, safe_text
 from linpodx.paths import events_file
 
 POLL_SECONDS = 0.1
 FIELD_CAP = 200
 PAYLOAD_CAP = 1000
 
-_REL = re.compile(r"^(\d+)([smhd])\Z")
+_REL = re.compile(r"^([0-9]+)([smhd])\Z")  # not \d, which takes fullwidth and other digits
 
 
 def parse_since(value: str, now: datetime | None = None) -> datetime:
@@ -78,6 +79,21 @@ def _event_time(event: dict[str, Any]) -> datetime | None:
         return t.astimezone(UTC) if t.tzinfo is not None else None
     except (ValueError, OverflowError):
         return None
+
+
+def check_filters(filters: list[str]) -> list[str]:
+    """`--filter` values, each an event type or its first component; UsageError otherwise.
+
+    An unknown one (a typo: `aproval`) would match nothing, and would also turn off the
+    approval prompter, which only listens when approvals are in the filter."""
+    valid = sorted({*EVENT_TYPES, *(t.split(".")[0] for t in EVENT_TYPES)})
+    for f in filters:
+        if f not in valid:
+            raise UsageError(
+                f"unknown event type for --filter: {safe_text(f, 80)}",
+                f"use one of: {', '.join(valid)}",
+            )
+    return filters
 
 
 def matches(event: dict[str, Any], filters: list[str]) -> bool:
@@ -302,39 +318,41 @@ class Prompter:
             if b"\n" in buf or b"\r" in buf:
                 return buf.decode("utf-8", "replace").splitlines()[0] if buf.strip() else ""
 
+    def _say(self, text: str) -> None:
+        # Every line the prompter writes quotes an id or a message built from one; it goes
+        # through safe_text here too, so no caller can put raw bytes on the terminal.
+        self.out.write(safe_lines(text) + "\n")
+        self.out.flush()
+
     def ask(self, approval_id: str) -> None:
         """Show one pending request from its file (the source of truth) and record the answer."""
         if approval_id in self.seen:
             return
         self.seen.add(approval_id)
+        shown = approvals.shown_id(approval_id)
         try:
             pending = approvals.load(approval_id)
         except LinpodxError as exc:
-            self.out.write(f"approval: {safe_text(approval_id, 80)}: {exc.message}\n")
+            self._say(f"approval: {shown}: {exc.message}")
             return
         st = approvals.status(approval_id)
         if st != "pending":
-            self.out.write(f"approval: {approval_id} already {st}\n")
-            self.out.flush()
+            self._say(f"approval: {shown} already {st}")
             return
         self._flush_typeahead()
         self.out.write("approve? [y/N]: ")
         self.out.flush()
         line = self._readline(pending.expires)
         if line is None:
-            self.out.write(f"\napproval: {approval_id} expired (denied after the window)\n")
-            self.out.flush()
+            self._say(f"\napproval: {shown} expired (denied after the window)")
             return
         decision = approvals.APPROVE if line.strip().lower() in ("y", "yes") else approvals.DENY
         reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
         if approvals.answer(approval_id, pending.digest, decision, reason):
             word = "APPROVED" if decision == approvals.APPROVE else "DENIED"
-            self.out.write(f"approval: {approval_id} → {word}\n")
+            self._say(f"approval: {shown} → {word}")
         else:
-            self.out.write(
-                f"approval: {approval_id} already decided ({approvals.status(approval_id)})\n"
-            )
-        self.out.flush()
+            self._say(f"approval: {shown} already decided ({approvals.status(approval_id)})")
 
 
 def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow: bool) -> None:
@@ -343,6 +361,7 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
     Ctrl-C is how a follower is stopped: it ends quietly (exit 0). A `--no-follow` listing cut
     short by Ctrl-C is incomplete, so it ends as other commands do: `error: interrupted`, 130.
     """
+    check_filters(filters)
     since_t = parse_since(since) if since is not None else None
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
@@ -463,6 +482,8 @@ def register(app: typer.Typer) -> None:
         try:
             events_cmd(list(filter_ or []), since, json_mode, no_follow)
         except LinpodxError as err:
+            if json_mode:  # the error as a line of its own, like the events before it
+                print_json(envelope("events", error=err), compact=True)
             print_error(err)
             raise typer.Exit(err.exit_code) from None
 

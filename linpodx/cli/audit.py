@@ -257,11 +257,17 @@ def _show_line(r: Record) -> str:
     )
 
 
+LIMIT_MAX = 1_000_000_000
+"""The largest `audit show --limit`."""
+
+
 @app.command("show")
 def show_cmd(
     session: SessionOpt = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Only the last N records.")
+        int | None,
+        # The bound keeps N a machine integer (deque's maxlen), far above any real log.
+        typer.Option("--limit", min=1, max=LIMIT_MAX, help="Only the last N records."),
     ] = None,
     json_mode: JsonOpt = False,
 ) -> None:

@@ -19,7 +19,14 @@ from linpodx.errors import (
     raise_terminated,
     terminated_error,
 )
-from linpodx.output import envelope, envelopes_printed, print_error, print_json, safe_text
+from linpodx.output import (
+    envelope,
+    envelopes_printed,
+    print_error,
+    print_json,
+    printable_streams,
+    safe_text,
+)
 
 TYPE_CHECKING = False  # not typing's: `linpodx run` starts here (see linpodx/fastrun.py)
 if TYPE_CHECKING:
@@ -255,6 +262,7 @@ def entry() -> None:
     do then (every file linpodx wrote is written and closed, the relay threads are joined, and
     linpodx registers no atexit handlers). Every other command exits normally.
     """
+    printable_streams()
     rc = main()
     fast = sys.modules.get("linpodx.fastrun")
     if fast is not None and getattr(fast, "finished", False):

@@ -8,7 +8,7 @@ import typer
 
 from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import LinpodxError
-from linpodx.output import print_kv, safe_text
+from linpodx.output import note, print_kv, safe_lines, safe_text
 
 app = new_app("Snapshots of a container (image + writable workspace) and safe rollback.")
 
@@ -86,6 +86,11 @@ def list_cmd(
         for row in table:
             cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)]
             typer.echo("  ".join([*cells, row[-1]]))
+        for r in rows:
+            if r.get("error"):
+                # The table says which; stderr says why and what to do.
+                where = f"snapshot {r.get('container')} --label {r.get('label')}"
+                note(safe_lines(f"warning: {where}: {r['error']}\nhint: {r.get('hint')}"))
 
     run_command("snapshot list", json_mode, lambda: service.list_snapshots(name), render)
 

@@ -35,6 +35,7 @@ from linpodx.mcp import reap
 from linpodx.mcp.auditlog import GroupCommitChain
 from linpodx.mcp.bridge import Bridge
 from linpodx.mcp.framing import Frame, FrameReader
+from linpodx.output import safe_lines
 
 SERVER_EXIT_GRACE = 5.0
 """Seconds the server gets to exit after its stdin closes before it is terminated."""
@@ -115,6 +116,9 @@ def attach(
         )
 
     def say(message: str) -> None:
+        # What is said quotes error messages, which can quote podman, a container or the
+        # event stream: never raw on the terminal.
+        message = safe_lines(message)
         if log is not None:
             log(message)
         else:
@@ -350,8 +354,11 @@ def _close(
             anchor(session_id, rec.hash, events)
     except LinpodxError as exc:
         sys.stderr.write(
-            f"error: could not close the session's audit chain: {exc.message}\n"
-            f"hint: {exc.hint + '; ' if exc.hint else ''}the session's log then has no "
-            f"closing record (`linpodx audit verify --session {session_id}` says so)\n"
+            safe_lines(
+                f"error: could not close the session's audit chain: {exc.message}\n"
+                f"hint: {exc.hint + '; ' if exc.hint else ''}the session's log then has no "
+                f"closing record (`linpodx audit verify --session {session_id}` says so)"
+            )
+            + "\n"
         )
     time.sleep(0)

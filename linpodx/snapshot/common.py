@@ -79,6 +79,7 @@ def image_id(ref: str) -> str | None:
             return None
         raise EngineError(
             "podman image inspect failed",
+            "podman's own words are above; `podman info` checks that podman works for you",
             argv=res.argv,
             returncode=res.returncode,
             stderr=res.stderr,

@@ -7,11 +7,10 @@ from pathlib import Path
 
 from linpodx.errors import InvalidInput
 from linpodx.paths import snapshots_dir
+from linpodx.podman.runline import validate_name
 
 # podman/OCI tag grammar: what `podman tag` accepts after the colon.
 LABEL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
-# A container name podman accepts (what `podman create --name` allows).
-CONTAINER_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,252}\Z")
 # One path component of an image repository: lower-case only (OCI distribution grammar).
 REPO_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*\Z")
 JOB_RE = re.compile(r"^snap-[0-9A-HJKMNP-TV-Z]{26}\Z")
@@ -35,12 +34,9 @@ def check_container_name(name: str) -> str:
     Image repositories are lower-case only, so a container called `Agent` cannot be snapshotted
     under its own name; mapping it to lower case could collide with a container `agent`.
     """
-    if not CONTAINER_RE.match(name):
-        raise InvalidInput(
-            f"invalid container name: {name!r}",
-            "container names are 1-253 characters from a-z A-Z 0-9 _ . - starting with a "
-            "letter or digit",
-        )
+    # The rule (and the message) every other command uses: only linpodx containers can be
+    # snapshotted, and `linpodx run` names none longer than 63 characters.
+    validate_name(name)
     if not REPO_COMPONENT_RE.match(name):
         raise InvalidInput(
             f"container name {name!r} cannot be used in an image reference",

@@ -272,7 +272,11 @@ def job_status(job_id: str) -> dict[str, Any]:
 
 
 def list_snapshots(name: str | None = None) -> list[dict[str, Any]]:
-    """Snapshots with their manifest facts and whether their image still exists."""
+    """Snapshots with their manifest facts and whether their image still exists.
+
+    One snapshot that cannot be read (a damaged manifest, podman failing on its image) is
+    listed with its state (`damaged`, `unknown`), `error` and `hint`; it never hides the
+    others."""
     root = paths.snapshots_dir()
     if name is not None:
         check_container_name(name)
@@ -286,26 +290,53 @@ def list_snapshots(name: str | None = None) -> list[dict[str, Any]]:
             continue
         for sdir in sorted(p for p in cdir.iterdir() if p.is_dir() and not p.name.startswith(".")):
             try:
-                man = manifest.read_dir(sdir)
+                out.append(_snapshot_row(cdir.name, sdir))
             except LinpodxError as exc:
-                out.append({"container": cdir.name, "label": sdir.name, "state": "damaged",
-                            "error": exc.message})
-                continue
-            iid = image_id(str(man.get("image")))
-            state = "ok" if iid == man["image_id"] else ("image missing" if iid is None
-                                                       else "image retagged")
-            out.append(
-                {
-                    "container": man.get("container"),
-                    "label": man.get("label"),
-                    "image": man.get("image"),
-                    "image_id": man["image_id"],
-                    "created": man.get("created"),
-                    "mounts": [m.get("target") for m in man["mounts"]],
-                    "state": state,
-                }
-            )
+                if isinstance(exc, EngineError):  # podman failed, not the snapshot
+                    state, hint = "unknown", exc.hint or "check that podman works: `podman info`"
+                else:
+                    state, hint = "damaged", _remove_hint(cdir.name, sdir)
+                out.append({"container": cdir.name, "label": sdir.name, "state": state,
+                            "error": exc.message, "hint": hint})
     return out
+
+
+def _remove_hint(container: str, sdir: Path) -> str:
+    """What to do about a snapshot that cannot be used: `snapshot rm` if it can name it."""
+    try:
+        check_container_name(container)
+        check_label(sdir.name)
+    except InvalidInput:
+        return f"linpodx did not make this directory; move it aside: {sdir}"
+    return (f"remove the snapshot with `linpodx snapshot rm {container} --label {sdir.name}` "
+            "and create it again")
+
+
+def _snapshot_row(container: str, sdir: Path) -> dict[str, Any]:
+    """One `snapshot list` row; LinpodxError if the snapshot cannot be read."""
+    man = manifest.read_dir(sdir)
+    ref = man.get("image")
+    if ref != image_ref(container, sdir.name):
+        raise LinpodxError(
+            f"snapshot manifest is damaged: it names another image: {str(ref)[:200]}",
+            _remove_hint(container, sdir),
+        )
+    if not all(isinstance(m, dict) for m in man["mounts"]):
+        raise LinpodxError(
+            "snapshot manifest is damaged: a mount is not an object", _remove_hint(container, sdir)
+        )
+    iid = image_id(ref)
+    state = "ok" if iid == man["image_id"] else ("image missing" if iid is None
+                                               else "image retagged")
+    return {
+        "container": container,
+        "label": sdir.name,
+        "image": ref,
+        "image_id": man["image_id"],
+        "created": man.get("created"),
+        "mounts": [m.get("target") for m in man["mounts"]],
+        "state": state,
+    }
 
 
 def remove(name: str, label: str) -> dict[str, Any]:
@@ -350,7 +381,11 @@ def _verify_snapshot(name: str, label: str) -> dict[str, Any]:
     man = manifest.read(name, label)
     ref = str(man.get("image"))
     if ref != image_ref(name, label):
-        raise LinpodxError(f"snapshot manifest names another image: {ref}")
+        raise LinpodxError(
+            f"snapshot manifest names another image: {ref[:200]}",
+            f"the manifest is damaged; remove the snapshot with "
+            f"`linpodx snapshot rm {name} --label {label}` and create it again",
+        )
     iid = image_id(ref)
     if iid is None:
         raise NotFound(

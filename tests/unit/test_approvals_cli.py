@@ -454,3 +454,84 @@ def test_emitting_into_a_fifo_or_a_link_fails_at_once_without_writing_through(
     with pytest.raises(OSError):
         events.emit_many([("x.y", {})])
     assert elsewhere.read_bytes() == b""
+
+
+HOSTILE_ID = "\x1b]0;PWNED\x07\x1b[2J"
+
+
+def test_the_prompter_never_prints_a_hostile_approval_id_raw() -> None:
+    """An `approval.pending` event whose id holds escape sequences: the prompter says the
+    approval is not found, with the id escaped (it used to print the store's message raw)."""
+    import io
+
+    out = io.StringIO()
+    prompter = cli_approvals.Prompter(io.StringIO(), out)
+    event = {"type": "approval.pending", "session": "s", "approval_id": HOSTILE_ID}
+    cli_approvals._show(event, out, False, prompter)
+    text = out.getvalue()
+    assert "approval not found" in text
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;PWNED\\x07" in text
+
+
+@pytest.mark.parametrize("call", [store.load, store.status, store.read_answer])
+def test_store_messages_quote_an_untrusted_id_escaped(call: Any) -> None:
+    """The message is safe where it is built, whoever prints it (`--json`, the prompter…)."""
+    with pytest.raises(store.NotFound) as exc:
+        call(HOSTILE_ID + "x" * 500)
+    assert "\x1b" not in exc.value.message and "\x07" not in exc.value.message
+    assert len(exc.value.message) < 200
+
+
+def test_approve_json_with_a_hostile_id_is_escaped(cli: Any) -> None:
+    res = cli("approve", HOSTILE_ID, "--json")
+    assert res.exit_code == 4
+    doc = json.loads(res.stdout)
+    assert "\x1b" not in doc["error"]["message"]
+    assert "\x1b" not in res.stderr
+
+
+def test_an_unknown_filter_is_refused_with_the_valid_types(cli: Any) -> None:
+    """`--filter aproval` matched nothing and turned the approval prompter off, silently."""
+    res = cli("events", "--filter", "aproval", "--no-follow")
+    assert res.exit_code == 2 and "unknown event type for --filter: aproval" in res.stderr
+    assert "hint: use one of: approval, approval.decided, approval.pending," in res.stderr
+    res = cli("events", "--filter", "aproval", "--no-follow", "--json")
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 2 and "approval.pending" in doc["error"]["hint"]
+    for ok in ("approval", "approval.pending", "dns", "dns.denied", "container.start"):
+        assert cli("events", "--filter", ok, "--no-follow").exit_code == 0, ok
+
+
+def test_every_event_type_linpodx_emits_is_a_valid_filter() -> None:
+    """`events.EVENT_TYPES` is what --filter accepts: a type emitted but missing there could
+    not be filtered. Every literal type passed to an emitter in linpodx/ must be in it."""
+    import re
+    from pathlib import Path
+
+    import linpodx
+
+    emitted: set[str] = set()
+    call = re.compile(r"\b(?:emit|_emit|_event|emit_many)\(\s*\"([a-z]+\.[a-z_.]+)\"")
+    pair = re.compile(r"\(\s*\"(dns\.[a-z_]+|mcp\.decision)\",")
+    for path in Path(linpodx.__file__).parent.rglob("*.py"):
+        text = path.read_text()
+        emitted.update(call.findall(text))
+        emitted.update(pair.findall(text))
+    assert {"approval.pending", "approval.decided", "dns.denied", "mcp.decision"} <= emitted
+    assert emitted <= set(events.EVENT_TYPES), emitted - set(events.EVENT_TYPES)
+
+
+# fullwidth 5, fullwidth 0, Arabic-Indic 3: `\d` matches each, int() reads each.
+@pytest.mark.parametrize("since", ["\uff15m", "1\uff10s", "\u0663h"])
+def test_since_takes_ascii_digits_only(since: str) -> None:
+    with pytest.raises(UsageError):
+        cli_approvals.parse_since(since)
+
+
+def test_an_anchor_takes_ascii_digits_only() -> None:
+    from linpodx.audit.verify import parse_anchor
+
+    assert parse_anchor("0:" + "a" * 64) == (0, "a" * 64)
+    with pytest.raises(UsageError):
+        parse_anchor("\uff10:" + "a" * 64)  # fullwidth 0

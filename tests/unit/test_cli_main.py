@@ -202,3 +202,96 @@ def test_ctrl_c_inside_a_command_says_interrupted(
         assert doc["ok"] is False and doc["error"]["exit_code"] == 130
     else:
         assert res.stdout == ""
+
+
+def test_unencodable_characters_are_escaped_the_way_json_escapes_them() -> None:
+    import io
+
+    from linpodx.output import UNENCODABLE
+
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii", errors=UNENCODABLE)
+    doc = {"a": "… → ≥ é \U0001f600"}
+    stream.write(json.dumps(doc, ensure_ascii=False))
+    stream.flush()
+    assert json.loads(raw.getvalue().decode("ascii")) == doc
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"PYTHONIOENCODING": "ascii"},
+        {"PYTHONIOENCODING": "latin-1"},
+        {"LC_ALL": "C", "PYTHONUTF8": "0"},
+    ],
+)
+def test_a_terminal_that_is_not_utf8_still_gets_the_output(
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`…`, `→`, `≥` used to end a command with UnicodeEncodeError (exit 70) after part of its
+    output; they are written escaped instead, and `--json` stays JSON."""
+    import subprocess
+    import sys
+
+    from linpodx import events
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(state))
+    events.emit(
+        "mcp.decision", session="s\U0001f600", method="tools/call", tool="…", decision="allow"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in ("LC_ALL", "LANG", "PYTHONUTF8")}
+    for argv, is_json in (
+        (["events", "--no-follow", "--since", "1d"], False),
+        (["events", "--no-follow", "--since", "1d", "--json"], True),
+        (["sandbox", "validate", str(tmp_path / "\u2192.yml"), "--json"], True),
+        (["sandbox", "validate", str(tmp_path / "\u2192.yml")], False),
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "linpodx", *argv],
+            capture_output=True,
+            env={**base, **env},
+            timeout=60,
+        )
+        assert b"internal error" not in res.stderr, (argv, res.stderr)
+        assert res.returncode in (0, EXIT_INVALID), (argv, res.returncode, res.stderr)
+        if is_json:
+            json.loads(res.stdout.decode("ascii"))
+        else:
+            # `…` (the tool) or `→`; under LC_ALL=C argv's `→` arrives as three undecodable
+            # bytes, which are escaped the same way.
+            assert b"\\u" in res.stdout + res.stderr, (argv, res.stdout, res.stderr)
+
+
+HUGE = "99999999999999999999999"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["audit", "show", "--limit", HUGE],
+        ["audit", "show", "--limit", "0"],
+        ["audit", "show", "--limit", "-1"],
+        ["stop", "c", "--time", HUGE],
+        ["stop", "c", "--time", "-1"],
+        ["_egress-guard", "--container", "c", "--control-fd", HUGE],
+        ["_egress-guard", "--container", "c", "--control-fd", "-3"],
+        ["_egress-guard", "--container", "c", "--control-fd", "999999"],
+        ["_egress-guard", "--container", "c", "--control-fd", "0", "--wait", "nan"],
+        ["_egress-guard", "--container", "c", "--control-fd", "0", "--wait", "inf"],
+        ["_egress-guard", "--container", "c", "--control-fd", "0", "--wait", "-1"],
+    ],
+)
+def test_integer_options_out_of_range_are_usage_errors(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A number too large for a machine integer (or negative where that means nothing) is a
+    usage error with a hint, not an internal error (OverflowError, ValueError)."""
+    assert main(argv) == EXIT_USAGE, argv
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "\nhint: " in err and "internal error" not in err, err
+    assert main([*argv, "--json"] if argv[0] != "_egress-guard" else argv) == EXIT_USAGE
+    out = capsys.readouterr().out
+    if argv[0] != "_egress-guard":
+        doc = json.loads(out)
+        assert doc["error"]["exit_code"] == EXIT_USAGE and doc["error"]["hint"]

@@ -395,3 +395,21 @@ def test_show_keeps_ordinary_non_ascii_text_as_is(cli: Cli, tmp_path: Path) -> N
     f.write_text("name: cafe\ndescription: caf\u00e9\n", encoding="utf-8")
     assert cli("sandbox", "apply", "--profile", str(f)).exit_code == 0
     assert "caf\u00e9" in cli("sandbox", "show", "cafe").stdout
+
+
+def test_a_symlinked_admin_log_gets_a_hint_about_the_link(
+    cli: Cli, demo: Path, tmp_path: Path
+) -> None:
+    """linpodx opens the log with O_NOFOLLOW: the refusal used to read "Too many levels of
+    symbolic links" with a hint about free disk space."""
+    assert cli("sandbox", "apply", "--profile", str(demo)).exit_code == 0
+    log = admin_chain().path
+    real = tmp_path / "elsewhere.jsonl"
+    log.rename(real)
+    before = real.read_bytes()
+    log.symlink_to(real)
+    res = cli("sandbox", "rm", "agent-readonly")
+    assert res.exit_code == 6, res.stderr
+    assert "is a symbolic link" in res.stderr and "hint: replace the link" in res.stderr
+    assert "df -h" not in res.stderr
+    assert real.read_bytes() == before

@@ -798,3 +798,69 @@ def test_a_paused_container_is_not_rolled_back(
     hint = ei.value.hint or ""
     assert "podman unpause box" in hint and "linpodx stop box" in hint
     assert _admin_types() == []
+
+
+def _manifest(container: str, label: str, image: str | None = None) -> None:
+    d = names.snapshot_dir(container, label)
+    d.mkdir(parents=True)
+    manifest.write(
+        d,
+        {
+            "schema": 1,
+            "container": container,
+            "label": label,
+            "image": names.image_ref(container, label) if image is None else image,
+            "image_id": "sha256:" + "0" * 64,
+            "created": "2026-01-01T00:00:00Z",
+            "mounts": [{"target": "/w"}],
+        },
+    )
+
+
+def test_cli_list_shows_the_good_snapshots_beside_a_damaged_one(  # type: ignore[no-untyped-def]
+    cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest naming an image that is not its own (podman refused it: `podman image
+    inspect failed`, no hint, exit 5) no longer hides the others; each row that cannot be
+    read says why and what to do, and a podman failure on one image is that row's."""
+    from linpodx.snapshot import service
+
+    def image_id(ref: str) -> str | None:
+        if ref.endswith(":broken"):
+            raise EngineError("podman image inspect failed", stderr="boom")
+        return None if ref.endswith(":gone") else "sha256:" + "0" * 64
+
+    monkeypatch.setattr(service, "image_id", image_id)
+    _manifest("agent", "good")
+    _manifest("agent", "gone")
+    _manifest("agent", "forged", image="BAD::REF!!\x1b[2J")
+    _manifest("agent", "broken")
+    junk = names.snapshot_dir("agent", "junk")
+    junk.mkdir()
+    (junk / manifest.MANIFEST).write_text("{not json")
+    r = cli("snapshot", "list")
+    assert r.exit_code == 0, r.stderr
+    states = {line.split()[1]: line.split()[3] for line in r.stdout.splitlines()[1:]}
+    assert states == {
+        "broken": "unknown", "forged": "damaged", "gone": "image", "good": "ok", "junk": "damaged"
+    }
+    assert "\x1b" not in r.stderr
+    assert r.stderr.count("warning: snapshot agent --label ") == 3
+    assert "hint: remove the snapshot with `linpodx snapshot rm agent --label forged`" in r.stderr
+    r = cli("snapshot", "list", "--json")
+    rows = {row["label"]: row for row in json.loads(r.stdout)["result"]}
+    assert rows["good"]["state"] == "ok" and rows["gone"]["state"] == "image missing"
+    for label in ("broken", "forged", "junk"):
+        assert rows[label]["error"] and rows[label]["hint"], rows[label]
+    assert "podman" in rows["broken"]["hint"] and "snapshot rm" in rows["junk"]["hint"]
+
+
+def test_container_names_follow_the_rule_and_message_of_every_other_command(
+    cli,  # type: ignore[no-untyped-def]
+) -> None:
+    """`snapshot create` said "1-253 characters" where every other command says (and does)
+    1-63: a linpodx container never has a longer name."""
+    assert names.check_container_name("a" * 63) == "a" * 63
+    r = cli("snapshot", "create", "a" * 64, "--label", "x")
+    assert r.exit_code == 3 and "hint: use 1-63 characters" in r.stderr, r.stderr
+    assert "253" not in r.stderr
