@@ -39,6 +39,15 @@ GRANTED_MAX = 65536
 bounded even when an allowed wildcard's upstream hands out a new address for every name
 asked (past it, a lookup needing a new address fails, recorded, until some expire). Expired
 entries are kept below it, so that a policy change also cuts the open flows to them."""
+NEGATIVE_TTL = 30
+"""Seconds a lookup that gave no address (NXDOMAIN, no record of that type, an answer the
+policy refuses) is answered again from memory, without asking upstream. Without it every
+repeat went upstream: a channel out of the container as wide as the upstream's query rate
+(which names were asked, how often, when), even for one exact allowed name."""
+FAILURE_TTL = 5
+SERVFAIL_RCODE = 2  # dns.rcode.SERVFAIL, without importing dnspython here
+"""The same for a failure (SERVFAIL, no answer in time): short, so a resolver that comes
+back is used soon (RFC 9520 asks for at least 1 s)."""
 NAMES_PER_ADDRESS_MAX = 64
 """Names remembered per granted address (a CDN address serves many). Forgetting one only
 means a policy change may revoke the address though that name is still allowed: it fails
@@ -208,6 +217,10 @@ class PolicyResolver:
         # re-add an address the update just removed for a name that is no longer allowed.
         self._set_lock = threading.Lock()
         self._cache: dict[tuple[str, int], _CacheEntry] = {}
+        # (name, type) -> (valid until, rcode) of lookups that gave no address; emptied by
+        # every policy change (a refused answer may be allowed now, and the other way round).
+        # The refusal's reason is kept, so a repeat is recorded as the first one was.
+        self._negative: dict[tuple[str, int], tuple[float, int, str | None]] = {}
         self._granted: dict[IPAddress, _Granted] = {}
         # Query bytes without the id -> (valid until, answer bytes without the id), filled
         # from cache hits only and emptied by every policy change.
@@ -246,6 +259,7 @@ class PolicyResolver:
             with self._lock:
                 self._policy = policy
                 self._fast = {}
+                self._negative = {}
                 self._refusals = (policy, {})
                 gone: list[IPAddress] = []
                 for addr, g in self._granted.items():
@@ -332,23 +346,36 @@ class PolicyResolver:
                         self._fast.clear()
                     self._fast[wire_key] = (hit.expires - ttl, out[2:])
                 return out
-        sent = dnsmsg.upstream_query(int.from_bytes(os.urandom(2), "big"), q.qname, q.rdtype)
+            neg = self._negative.get(key)
+        if neg is not None and neg[0] > now:
+            if neg[2] is not None:
+                self._denied(q.name, q.type_text, neg[2])
+            return dnsmsg.answer(q, neg[1])
+        # The name as linpodx normalized it (lower case), never as the client spelled it:
+        # the letter case of an allowed name would otherwise carry a bit per letter upstream.
+        sent = dnsmsg.upstream_query(
+            int.from_bytes(os.urandom(2), "big"), q.qname.canonicalize(), q.rdtype
+        )
         try:
             resp = self._upstream(sent, policy.upstreams)
         except UpstreamError:
-            return dnsmsg.answer(q, dnsmsg.SERVFAIL)
+            return self._negative_answer(q, key, dnsmsg.SERVFAIL, policy, now)
         rcode = resp.rcode
         if rcode != dnsmsg.NOERROR:
             # NXDOMAIN passes through as itself; anything else is a server failure to us.
-            return dnsmsg.answer(
-                q, dnsmsg.NXDOMAIN if rcode == dnsmsg.NXDOMAIN else dnsmsg.SERVFAIL
-            )
+            failed = dnsmsg.NXDOMAIN if rcode == dnsmsg.NXDOMAIN else dnsmsg.SERVFAIL
+            return self._negative_answer(q, key, failed, policy, now)
         chain = dnsmsg.follow_chain(resp, q.name, q.rdtype, MAX_CNAME_CHAIN)
         for addr in chain.addrs:
             why = self._refusal(policy, addr)
             if why is not None:
-                self._denied(q.name, q.type_text, f"answer {addr}: {why}")
-                return dnsmsg.answer(q, dnsmsg.REFUSED)
+                said = f"answer {addr}: {why}"
+                self._denied(q.name, q.type_text, said)
+                return self._negative_answer(q, key, dnsmsg.REFUSED, policy, now, said)
+        if not chain.addrs:
+            # No address of that type (NODATA), perhaps after a CNAME chain: remembered like
+            # NXDOMAIN. The chain itself is still handed out this time.
+            self._remember_negative(key, dnsmsg.NOERROR, policy, now)
         ttl = clamp_ttl(chain.ttl) if chain.records else 0
         with self._set_lock:
             now_policy = self._policy
@@ -401,6 +428,40 @@ class PolicyResolver:
         ttl = min(life, chain.ttl) if chain.records else 0
         return dnsmsg.answer(q, dnsmsg.NOERROR, chain.records, ttl)
 
+
+    def _remember_negative(
+        self,
+        key: tuple[str, int],
+        rcode: int,
+        policy: ResolverPolicy,
+        now: float,
+        why: str | None = None,
+    ) -> None:
+        """Answer `key` with `rcode` and no records for a while (NEGATIVE_TTL, FAILURE_TTL
+        for SERVFAIL), unless the policy changed meanwhile (it emptied the memory)."""
+        life = FAILURE_TTL if rcode == SERVFAIL_RCODE else NEGATIVE_TTL
+        with self._lock:
+            if self._policy is not policy:
+                return
+            if len(self._negative) >= CACHE_MAX:
+                self._negative = {k: v for k, v in self._negative.items() if v[0] > now}
+                if len(self._negative) >= CACHE_MAX:
+                    self._negative.clear()
+            self._negative[key] = (now + life, rcode, why)
+
+    def _negative_answer(
+        self,
+        q: Query,
+        key: tuple[str, int],
+        rcode: int,
+        policy: ResolverPolicy,
+        now: float,
+        why: str | None = None,
+    ) -> bytes:
+        from linpodx.egress import dnsmsg
+
+        self._remember_negative(key, rcode, policy, now, why)
+        return dnsmsg.answer(q, rcode)
 
     def _room_for(self, addrs: Sequence[IPAddress], now: float) -> bool:
         """Whether `addrs` may be granted without passing GRANTED_MAX (expired entries are

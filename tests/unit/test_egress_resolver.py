@@ -33,6 +33,7 @@ class FakeUpstream:
     def __init__(self, table: dict[str, Any]) -> None:
         self.table = table
         self.asked: list[tuple[str, str]] = []
+        self.spelled: list[str] = []  # the names as they came, letter case kept
 
     def __call__(self, sent: Outgoing, ups: Sequence[tuple[str, int]]) -> Reply:
         # Through the wire both ways, as the real exchange sees it.
@@ -42,6 +43,7 @@ class FakeUpstream:
 
     def answer(self, query: dns.message.Message) -> dns.message.Message:
         q = query.question[0]
+        self.spelled.append(q.name.to_text(omit_final_dot=True))
         name = q.name.to_text(omit_final_dot=True).lower()  # names are case-insensitive
         self.asked.append((name, dns.rdatatype.to_text(q.rdtype)))
         entry = self.table.get(name)
@@ -198,6 +200,59 @@ def test_set_update_failure_means_no_answer() -> None:
 def test_upstream_down_is_servfail() -> None:
     r, *_ = make()
     assert ask(r, "down.example.com").rcode() == dns.rcode.SERVFAIL
+
+
+def test_the_upstream_sees_an_allowed_name_in_lower_case_only() -> None:
+    """The letter case of a name is the client's to choose: passed on, each letter of an
+    allowed name would carry a bit to the upstream (a probe sent 640 bytes in 470 lookups)."""
+    r, up, *_ = make(("crates.io", "*.example.com", "nodata.example.com"))
+    for spelled in ("CRATES.io", "NoData.Example.COM", "nope.EXAMPLE.com"):
+        resp = ask(r, spelled, "AAAA")
+        assert resp.question[0].name.to_text() == spelled + "."  # the answer echoes it
+    assert up.spelled == ["crates.io", "nodata.example.com", "nope.example.com"]
+
+
+@pytest.mark.parametrize(
+    ("name", "rtype", "rcode"),
+    [
+        ("nope.example.com", "A", dns.rcode.NXDOMAIN),  # no such name
+        ("crates.io", "AAAA", dns.rcode.NOERROR),  # no record of that type (NODATA)
+        ("loop.example.com", "A", dns.rcode.REFUSED),  # an answer the policy refuses
+        ("down.example.com", "A", dns.rcode.SERVFAIL),  # no answer from upstream
+    ],
+)
+def test_a_lookup_that_gave_no_address_is_not_asked_upstream_again_for_a_while(
+    name: str, rtype: str, rcode: int
+) -> None:
+    """Repeats of a lookup that gave nothing went upstream every time: a channel as wide as
+    the upstream's query rate. They are answered from memory for NEGATIVE_TTL (FAILURE_TTL
+    for a failure), the same answer each time; a policy change forgets them."""
+    from linpodx.egress import resolver
+
+    r, up, _sets, records, clock = make()
+    first = ask(r, name, rtype)
+    assert first.rcode() == rcode and addrs(first) == []
+    noted: list[tuple[str, str, str]] = []
+    r._denied = lambda *a: noted.append(a)  # type: ignore[method-assign]
+    for _ in range(5):
+        again = ask(r, name, rtype)
+        assert again.rcode() == rcode and addrs(again) == []
+    assert len(up.asked) == 1
+    if rcode == dns.rcode.REFUSED:  # each refusal is a decision, noted as the first was
+        assert records and len(noted) == 5 and len(set(noted)) == 1
+        assert noted[0][:2] == (name, rtype) and noted[0][2].startswith("answer 127.0.0.1: ")
+    else:
+        assert noted == []
+    life = resolver.FAILURE_TTL if rcode == dns.rcode.SERVFAIL else resolver.NEGATIVE_TTL
+    clock.t += life - 1
+    ask(r, name, rtype)
+    assert len(up.asked) == 1
+    clock.t += 2
+    ask(r, name, rtype)
+    assert len(up.asked) == 2
+    r.set_policy(r.policy)  # a re-apply: judged afresh
+    ask(r, name, rtype)
+    assert len(up.asked) == 3
 
 
 def test_ttl_bounded_in_answer_and_set_and_cache_served() -> None:
