@@ -1119,6 +1119,15 @@ def _start(name: str) -> ContainerInfo:
     ref = _ref_for(name, info)
     labels = engine.labels_of(info)
     if engine.state(info) == "running":
+        if egress_status(name) == "down":
+            # Its guard died (or was killed): the container has no network at all, and a
+            # guard cannot be given to a running container's namespace again. Saying "running"
+            # and exit 0 here read as "egress restored", which the docs promise `start` does.
+            raise EngineError(
+                f"container {name} is running, but its egress guard is down: it has no network",
+                f"run `linpodx stop {name}` and then `linpodx start {name}` to start it again "
+                "with its egress filter",
+            )
         return ContainerInfo(
             name,
             str(info.get("Id", "")),

@@ -957,3 +957,27 @@ def test_start_of_a_paused_container_is_refused_before_its_record(fake: FakeEngi
     assert "podman unpause agent-1" in (ei.value.hint or "")
     assert len(admin_records()) == records
     assert "start" not in fake.names() and "init" not in fake.names()
+
+
+@pytest.mark.parametrize(("health", "refused"), [("down", True), ("healthy", False)])
+def test_start_of_a_running_container_says_when_its_egress_guard_is_down(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch, health: str, refused: bool
+) -> None:
+    """A running container whose guard died has no network; `start` said "running", exit 0,
+    which read as "egress restored". It now says what is wrong and what restores it."""
+    containers.run(REQ)
+    monkeypatch.setattr(containers, "egress_status", lambda name: health)
+    fake.calls.clear()
+    records = len(admin_records())
+    if refused:
+        with pytest.raises(EngineError) as ei:
+            containers.start("agent-1")
+        assert "its egress guard is down" in ei.value.message
+        assert ei.value.hint == (
+            "run `linpodx stop agent-1` and then `linpodx start agent-1` to start it again "
+            "with its egress filter"
+        )
+    else:
+        assert containers.start("agent-1").state == "running"
+    assert len(admin_records()) == records
+    assert "start" not in fake.names()
