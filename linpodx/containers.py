@@ -33,7 +33,7 @@ from linpodx.errors import (
     NotFound,
     UsageError,
 )
-from linpodx.fsutil import atomic_write
+from linpodx.fsutil import NotRegularFile, atomic_write, read_small
 from linpodx.output import note
 from linpodx.paths import containers_dir, ensure_dir
 from linpodx.podman import engine, mountpin, probe
@@ -317,18 +317,39 @@ def save_spec(name: str, doc: dict[str, Any]) -> None:
     atomic_write(spec_path(name), json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n")
 
 
+MAX_SPEC_BYTES = 1 << 20
+"""A run spec is a few KiB; anything near this is not one linpodx wrote."""
+
+
+def read_spec_bytes(name: str) -> bytes | None:
+    """The bytes of NAME's run spec, None if there is none. Read as the store reads its files
+    (`fsutil.read_regular`): a FIFO in its place must not hang a command holding the name's
+    lock, a link is not a file linpodx wrote. InvalidInput if it is not a regular file of at
+    most MAX_SPEC_BYTES (damaged, as bad JSON in it is)."""
+    try:
+        return read_small(spec_path(name), MAX_SPEC_BYTES)
+    except NotRegularFile as exc:
+        raise _damaged_spec(name, f"not a regular file of at most {MAX_SPEC_BYTES} bytes") from exc
+    except OSError as exc:
+        raise _damaged_spec(name, exc.strerror or str(exc)) from None
+
+
+def _damaged_spec(name: str, why: str) -> InvalidInput:
+    return InvalidInput(
+        f"run spec of {name} is damaged: {why}", f"remove it with `linpodx rm {name}`"
+    )
+
+
 def load_spec(name: str) -> dict[str, Any]:
     """The run spec of NAME (NotFound if linpodx has none; InvalidInput if it is damaged)."""
-    path = spec_path(name)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    raw = read_spec_bytes(name)
+    if raw is None:
         raise NotFound(
             f"no linpodx run spec for container {name}",
             "it was not created by `linpodx run` (see `linpodx ps --all`)",
         ) from None
     try:
-        doc = strict_loads(text)
+        doc = strict_loads(raw.decode("utf-8"))
     except ValueError as exc:
         raise InvalidInput(
             f"run spec of {name} is damaged: {exc}", f"remove it with `linpodx rm {name}`"
@@ -1381,8 +1402,9 @@ def forget(name: str, container_id: str | None = None, *, ask_podman: bool = Tru
 def _spec_container_id(name: str) -> str | None:
     """The container id in NAME's run spec, or None if it has no readable one."""
     try:
-        doc = json.loads(spec_path(name).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = read_small(spec_path(name), MAX_SPEC_BYTES)
+        doc = json.loads(raw) if raw is not None else None
+    except (OSError, ValueError, NotRegularFile):
         return None
     cid = doc.get("container_id") if isinstance(doc, dict) else None
     return cid if isinstance(cid, str) else None

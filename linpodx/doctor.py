@@ -345,13 +345,15 @@ def check_cgroups(r: Report) -> None:
 
 
 def check_state(r: Report) -> None:
-    """State and runtime dirs writable."""
+    """State and runtime dirs ours (`paths.check_root`) and writable."""
     for label, get in (("state dir", state_dir), ("runtime dir", runtime_dir)):
         try:
             d = ensure_dir(get())
             with tempfile.NamedTemporaryFile(dir=d, prefix=".doctor-"):
                 pass
             r.add(label, OK, f"{d} writable")
+        except LinpodxError as exc:  # not the running user's: refused by every command
+            r.add(label, FAIL, exc.message, exc.hint)
         except OSError as exc:
             r.add(
                 label,

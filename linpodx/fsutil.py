@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 
-from linpodx.paths import FILE_MODE, ensure_dir_str
+from linpodx.paths import FILE_MODE, check_dir_str, ensure_dir_str
 
 TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
 if TYPE_CHECKING:
@@ -36,8 +36,11 @@ def _durable_temp(
     """Write `data` to a new temp file beside `path` (same filesystem), fsynced unless `sync` is
     False; return its name. Without `make_dir`, a missing directory is FileNotFoundError."""
     where, name = os.path.split(os.fspath(path))
+    # Under the state dir, no link or other user's directory on the way (`paths._walk`).
     if make_dir:
         ensure_dir_str(where)
+    else:
+        check_dir_str(where)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
     for _ in range(_TEMP_TRIES):  # as tempfile.mkstemp: a fresh random name, created exclusively
         tmp = os.path.join(where, f".{name}.{os.urandom(6).hex()}.tmp")
@@ -192,17 +195,32 @@ def is_dir(path: Path | str) -> bool:
 def read_regular(path: Path | str, limit: int) -> bytes | None:
     """Up to `limit` + 1 bytes of the regular file at `path`; None if nothing is there.
 
-    For files linpodx wrote and reads back (the profile store, the run plans, a rollback's
-    journal). Opened non-blocking and without following a link: a FIFO or a device in such a
-    file's place must not hang the command (or a lock it holds), and a link is not a file
-    linpodx wrote. Raises NotRegularFile, or OSError (a link gives ELOOP).
+    For files linpodx wrote and reads back (the profile store, the run plans, run specs, the
+    egress policy, a rollback's journal). Opened non-blocking and without following a link: a
+    FIFO or a device in such a file's place must not hang the command (or a lock it holds),
+    and a link is not a file linpodx wrote. Under the state dir, the directories on the way
+    are checked as for a write (`paths.check_dir_str`: no links, no other user's). Raises
+    NotRegularFile (also for a link), or OSError; the caller judges the size.
     """
+    got = read_regular_stat(path, limit)
+    return None if got is None else got[0]
+
+
+def read_regular_stat(path: Path | str, limit: int) -> tuple[bytes, os.stat_result] | None:
+    """`read_regular`, with the file's own stat (from the descriptor read: which file it
+    was, even if it is replaced right after)."""
     try:
+        check_dir_str(os.path.dirname(os.fspath(path)))
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(path) from None
+        raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(path)
         chunks = []
         left = limit + 1
@@ -212,6 +230,16 @@ def read_regular(path: Path | str, limit: int) -> bytes | None:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks), st
     finally:
         os.close(fd)
+
+
+def read_small(path: Path | str, limit: int) -> bytes | None:
+    """`read_regular`, with anything but a regular file of at most `limit` bytes raising
+    NotRegularFile (whose text says what is wrong): for callers that call such a file damaged
+    as they do bad JSON in it."""
+    data = read_regular(path, limit)
+    if data is not None and len(data) > limit:
+        raise NotRegularFile(f"{os.fspath(path)}: larger than {limit} bytes")
+    return data

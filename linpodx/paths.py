@@ -42,12 +42,20 @@ def _xdg(var: str, default: str) -> str:
 
 
 def state_root() -> str:
-    """`state_dir()` as a string.
+    """`state_dir()` as a string, once it is known to be the running user's (`check_root`).
 
     An empty LINPODX_STATE_DIR means unset (as for the XDG variables). A relative one is
     refused rather than ignored: the XDG variables' rule (ignore it) would quietly send a
     person's `audit verify` to another state dir than the one they named, and report on it.
     """
+    root = named_root()
+    check_root(root)
+    return root
+
+
+def named_root() -> str:
+    """The state dir the environment names, not checked (`state_root` checks it): for telling
+    whether a path is inside it."""
     override = os.environ.get("LINPODX_STATE_DIR", "")
     if override:
         if not os.path.isabs(override):
@@ -60,6 +68,78 @@ def state_root() -> str:
             )
         return override
     return os.path.join(_xdg("XDG_STATE_HOME", ".local/state"), "linpodx")
+
+
+_checked: tuple[str, int] | None = None
+"""(state dir, euid) that `check_root` found fine in this process. Once it is ours and 0700,
+only we (or root) can change it or anything in it, so the check need not be repeated."""
+
+_HINT_OWN = (
+    "use a state dir of your own: unset LINPODX_STATE_DIR (and XDG_STATE_HOME) or point it at "
+    "a directory you own; as root, run `sudo` without -E so that root keeps its own state"
+)
+
+
+def _unsafe(message: str, hint: str = _HINT_OWN) -> Exception:
+    from linpodx.errors import EXIT_AUDIT, LinpodxError
+
+    return LinpodxError(message, hint, exit_code=EXIT_AUDIT)
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_root(root: str, *, required: bool = False) -> None:
+    """Refuse a state dir that is not the running user's: it must be a directory (a link to
+    one is fine: people link ~/.local/state), owned by the effective uid and not writable by
+    group or others. One we own is tightened to 0700.
+
+    Whoever can write there decides what linpodx runs (stored run plans, profiles, run specs)
+    and where it writes (a link planted inside): root using another user's state dir (kept by
+    `sudo -E`) would run that user's containers as root. Nothing there yet passes unless
+    `required` (`ensure_dir_str` makes it, then checks it)."""
+    global _checked
+    euid = os.geteuid()
+    if _checked == (root, euid):
+        return
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        if required:
+            raise
+        return
+    except OSError:
+        # Not ours to judge (a parent we may not search): whatever uses it fails with its own
+        # OSError, which the CLI reports as a state dir it cannot use.
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        # Never tighten what is not a directory: LINPODX_STATE_DIR=/dev/null run as root once
+        # made /dev/null 0700 for the whole machine.
+        # The CLI reports it as a state dir it cannot use (`cli.main.environment_error`).
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), root)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != euid:
+        raise _unsafe(
+            f"linpodx's state dir {root} belongs to {_owner(st.st_uid)}, not to you "
+            f"({_owner(euid)}); its mode is {mode:04o}; refusing to use it"
+        )
+    if mode & 0o077:
+        try:
+            os.chmod(root, DIR_MODE)
+        except OSError as exc:
+            if mode & 0o022:
+                raise _unsafe(
+                    f"linpodx's state dir {root} is writable by others (mode {mode:04o}) and "
+                    f"could not be made 0700: {exc.strerror or exc}",
+                    f"run `chmod 0700 {root}`, or use another state dir (LINPODX_STATE_DIR)",
+                ) from None
+    _checked = (root, euid)
 
 
 def state_dir() -> Path:
@@ -169,7 +249,52 @@ def ensure_dir(path: Path) -> Path:
 
 
 def ensure_dir_str(path: str) -> str:
-    """`ensure_dir` for a path given as a string."""
+    """`ensure_dir` for a path given as a string.
+
+    Under the state dir every component below it is checked with lstat (`_walk`): a link or a
+    directory owned by someone else there would send what linpodx writes, or reads its
+    decisions from, out of the state dir."""
+    root, rel = _split(path)
+    if rel is None:
+        _make_missing(path)
+        st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            # Never tighten what is not a directory (see `check_root`).
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        if st.st_uid == os.geteuid() and (st.st_mode & 0o077):
+            os.chmod(path, DIR_MODE)
+        return path
+    _make_missing(root)
+    check_root(root, required=True)
+    _walk(root, rel, create=True)
+    return path
+
+
+def check_dir_str(path: str) -> str:
+    """`ensure_dir_str` without creating anything: a missing component is FileNotFoundError.
+
+    For reading a file under the state dir, or writing one into a directory that must already
+    be there. A path outside the state dir is not checked."""
+    root, rel = _split(path)
+    if rel is not None:
+        check_root(root, required=True)
+        _walk(root, rel, create=False)
+    return path
+
+
+def _split(path: str) -> tuple[str, str | None]:
+    """The state dir and `path` relative to it ("" for itself); None if it is not inside."""
+    root = named_root()
+    base = os.path.normpath(os.path.abspath(root))
+    full = os.path.normpath(os.path.abspath(path))
+    if full == base:
+        return root, ""
+    if full.startswith(base.rstrip("/") + "/"):
+        return root, full[len(base.rstrip("/")) + 1 :]
+    return root, None
+
+
+def _make_missing(path: str) -> None:
     # os.makedirs would give missing parents the umask's mode, not 0700.
     missing = []
     p = path
@@ -181,11 +306,37 @@ def ensure_dir_str(path: str) -> str:
             os.mkdir(d, DIR_MODE)
         except FileExistsError:
             pass  # another process made it meanwhile
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        # Never tighten what is not a directory: LINPODX_STATE_DIR=/dev/null run as root once
-        # made /dev/null 0700 for the whole machine.
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-    if st.st_uid == os.getuid() and (st.st_mode & 0o077):
-        os.chmod(path, DIR_MODE)
-    return path
+
+
+def _walk(root: str, rel: str, *, create: bool) -> None:
+    """Each directory of `rel` below `root`, made 0700 if missing and `create`, must be a real
+    directory (not a link: lstat) that the effective uid owns; one we own is tightened."""
+    euid = os.geteuid()
+    cur = root
+    for part in rel.split("/") if rel else ():
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(cur, DIR_MODE)
+            except FileExistsError:
+                pass  # another process made it meanwhile
+            st = os.lstat(cur)
+        if stat.S_ISLNK(st.st_mode):
+            raise _unsafe(
+                f"{cur} in linpodx's state dir is a symbolic link; linpodx does not follow "
+                "links inside its state dir",
+                f"remove the link (rm {cur}); linpodx makes the directory again",
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), cur)
+        if st.st_uid != euid:
+            raise _unsafe(
+                f"{cur} in linpodx's state dir belongs to {_owner(st.st_uid)}, not to you "
+                f"({_owner(euid)}); refusing to use it"
+            )
+        if st.st_mode & 0o077:
+            os.chmod(cur, DIR_MODE)

@@ -21,8 +21,8 @@ from json import encoder as json_encoder
 
 from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes
 from linpodx.digest import sha256
-from linpodx.errors import AuditError
-from linpodx.paths import FILE_MODE, ensure_dir_str
+from linpodx.errors import AuditError, LinpodxError
+from linpodx.paths import FILE_MODE, check_dir_str, ensure_dir_str
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
@@ -360,11 +360,10 @@ def open_locked(path: str) -> int:
     exclusively; the caller closes it, which releases the lock. AuditError on failure."""
     flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        try:
-            fd = os.open(path, flags, FILE_MODE)
-        except FileNotFoundError:
-            ensure_dir_str(os.path.dirname(path))  # first record of this log: dirs are 0700
-            fd = os.open(path, flags, FILE_MODE)
+        # Every time, not only for a first record: a link (or another user's directory) on the
+        # way would put the record outside the state dir (`paths.ensure_dir_str`).
+        ensure_dir_str(os.path.dirname(path))
+        fd = os.open(path, flags, FILE_MODE)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             # O_NOFOLLOW refused it: "too many levels of symbolic links" and a disk-space
@@ -472,9 +471,10 @@ def append_simple(path: str, typ: str, data: Mapping[str, Any]) -> bool:
     `typ` must be a well-formed event type (the caller's constant, not checked here).
     """
     try:
+        check_dir_str(os.path.dirname(path))  # no link on the way (`paths.check_dir_str`)
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
+    except (OSError, LinpodxError):
+        return False  # the full append refuses it and says why
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

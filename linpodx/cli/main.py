@@ -118,7 +118,7 @@ def environment_error(exc: OSError) -> LinpodxError | None:
 
     path = exc.filename if isinstance(exc.filename, str) else None
     try:
-        state = os.path.abspath(paths.state_root())
+        state = os.path.abspath(paths.named_root())
     except LinpodxError:
         state = None
     inside = (

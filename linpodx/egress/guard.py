@@ -38,7 +38,7 @@ from linpodx.egress.launch import (
 )
 from linpodx.egress.state import EgressState
 from linpodx.errors import AuditError, EngineError
-from linpodx.fsutil import atomic_write
+from linpodx.fsutil import NotRegularFile, atomic_write, read_small
 
 if TYPE_CHECKING:
     from linpodx.profile.store import StoredProfile
@@ -69,10 +69,7 @@ def _write_policy(st: EgressState, stored: StoredProfile, *, force: bool = False
     st.ensure()
     doc = policy_doc(stored)
     if not force:
-        try:
-            cur = json.loads(st.policy_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            cur = None
+        cur = _read_json(st.policy_file)
         if (
             isinstance(cur, dict)
             and cur.get("profile") == doc["profile"]
@@ -92,10 +89,10 @@ def _write_if_changed(
     atomic_write costs two fsyncs.
     """
     try:
-        same = path.read_bytes() == data
+        same = read_small(path, len(data)) == data
         if same and mode is not None:
             same = (path.stat().st_mode & 0o777) == mode
-    except OSError:
+    except (OSError, NotRegularFile):
         same = False
     if not same:
         if mode is None:
@@ -126,8 +123,9 @@ def init_pid(name: str) -> int | None:
     """The init pid `podman init` wrote for `name` (containers created with the `--pidfile`
     beside their resolv.conf), or None: the caller then asks podman."""
     try:
-        pid = int(EgressState(name).init_pidfile.read_text().strip())
-    except (OSError, ValueError):
+        raw = read_small(EgressState(name).init_pidfile, 64)
+        pid = int(raw.decode().strip()) if raw is not None else 0
+    except (OSError, ValueError, NotRegularFile):
         return None
     return pid if pid > 0 else None
 
@@ -213,11 +211,23 @@ def hook_release(name: str, answer: str, running: Callable[[], bool]) -> None:
         return
 
 
-def _read_guard(st: EgressState) -> dict[str, Any] | None:
+_MAX_STATE_BYTES = 4 << 20
+"""Bound on the guard's JSON files we read back (the policy file is its allowlist)."""
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in one of the guard's files, None if it is missing or not what we wrote. Read
+    without following a link or blocking on a FIFO (`fsutil.read_regular`): a FIFO there must
+    not hang `sandbox apply` or a start."""
     try:
-        data = json.loads(st.guard_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = read_small(path, _MAX_STATE_BYTES)
+        return json.loads(raw) if raw is not None else None
+    except (OSError, ValueError, NotRegularFile):
         return None
+
+
+def _read_guard(st: EgressState) -> dict[str, Any] | None:
+    data = _read_json(st.guard_file)
     return data if isinstance(data, dict) else None
 
 
@@ -381,11 +391,9 @@ def _containers_of(profile: str) -> list[str]:
     if not base.is_dir():
         return out
     for d in sorted(base.iterdir()):
-        st = EgressState(d.name)
-        try:
-            doc = json.loads(st.policy_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+        if d.name.startswith("."):
+            continue  # .locks and the like, not containers
+        doc = _read_json(EgressState(d.name).policy_file)
         if isinstance(doc, dict) and doc.get("profile") == profile:
             out.append(d.name)
     return out

@@ -12,6 +12,7 @@ the control socket so the CLI wakes at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import ipaddress
 import json
@@ -32,7 +33,7 @@ from linpodx.egress.policy import Allowlist, upstreams
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, serve_tcp, serve_udp
 from linpodx.egress.state import EgressState
 from linpodx.errors import LinpodxError
-from linpodx.fsutil import atomic_write
+from linpodx.fsutil import atomic_write, read_regular_stat
 
 log = logging.getLogger("linpodx.egress.guard")
 
@@ -87,6 +88,9 @@ def await_order(control: socket.socket, timeout: float) -> tuple[int, str | None
 
 
 PolicyVersion = tuple[int, int]
+
+MAX_POLICY_BYTES = 4 << 20
+"""A policy file is its allowlist in JSON: far below this unless it is not one we wrote."""
 """Which policy file was read: its inode and mtime (the CLI replaces it by rename, so a new
 file is a new inode even within one clock tick)."""
 
@@ -104,9 +108,14 @@ def load_policy(
 ) -> tuple[ResolverPolicy, dict[str, Any], PolicyVersion]:
     """Read the policy file the CLI wrote (fail closed on anything odd), and which file it was:
     a version taken from the very file read, so a file replaced any time after it differs."""
-    with open(st.policy_file, "rb") as f:
-        got = os.fstat(f.fileno())
-        raw = json.loads(f.read().decode("utf-8"))
+    # Not open(): a FIFO in its place would hang the guard, a link is not a file we wrote.
+    read = read_regular_stat(st.policy_file, MAX_POLICY_BYTES)
+    if read is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(st.policy_file))
+    data, got = read
+    if len(data) > MAX_POLICY_BYTES:
+        raise ValueError(f"{st.policy_file} is larger than {MAX_POLICY_BYTES} bytes")
+    raw = json.loads(data.decode("utf-8"))
     allow = Allowlist.from_entries(raw["allowlist"])
     try:
         host_conf = Path("/etc/resolv.conf").read_text(encoding="utf-8")

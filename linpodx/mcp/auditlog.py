@@ -275,11 +275,10 @@ class GroupCommitChain:
         if self._fd is None:
             flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_CREAT
             try:
-                try:
-                    self._fd = os.open(self.path, flags, FILE_MODE)
-                except FileNotFoundError:
-                    ensure_dir(self.path.parent)  # first record of this log: dirs are 0700
-                    self._fd = os.open(self.path, flags, FILE_MODE)
+                # Every time, not only for a first record: a link (or another user's
+                # directory) on the way would put the records outside the state dir.
+                ensure_dir(self.path.parent)
+                self._fd = os.open(self.path, flags, FILE_MODE)
             except OSError as exc:
                 raise AuditError(
                     f"could not record to the audit log {self.path}: {exc.strerror or exc}",

@@ -14,7 +14,7 @@ from typing import Any
 
 from linpodx import paths, proc
 from linpodx.errors import LinpodxError
-from linpodx.fsutil import atomic_write
+from linpodx.fsutil import atomic_write, present
 
 STOP_TIMEOUT_SECONDS = 5  # the state is being replaced; the grace only matters for an undo
 
@@ -37,7 +37,8 @@ def _containers() -> Any:
 
 def check_recreatable(name: str, profile_id: str) -> None:
     """Refuse (before anything changes) when the container could not be recreated."""
-    if not spec_path(name).is_file():
+    # Anything there (a FIFO, a link) is not "none": `load_spec` below calls it damaged.
+    if not present(spec_path(name)):
         raise LinpodxError(
             f"no run spec recorded for {name}; it cannot be recreated",
             "containers created by this linpodx version keep one; nothing was changed",
@@ -57,10 +58,8 @@ def check_recreatable(name: str, profile_id: str) -> None:
 
 def save_spec(name: str) -> bytes | None:
     """The run spec's bytes, to put back if the rollback is undone."""
-    try:
-        return spec_path(name).read_bytes()
-    except FileNotFoundError:
-        return None
+    data: bytes | None = _containers().read_spec_bytes(name)
+    return data
 
 
 def restore_spec(name: str, data: bytes | None) -> None:
