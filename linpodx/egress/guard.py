@@ -434,10 +434,7 @@ def update_profile(stored: StoredProfile, *, only_stale: bool = False) -> list[s
 def _stale(name: str, stored: StoredProfile) -> bool:
     """Container `name`'s policy file, or its running guard, is not at `stored`'s revision."""
     st = EgressState(name)
-    try:
-        cur = json.loads(st.policy_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cur = None
+    cur = _read_json(st.policy_file)
     if not isinstance(cur, dict) or cur.get("revision") != int(stored.revision):
         return True
     info = _read_guard(st)
