@@ -21,12 +21,15 @@ same now:
   destination), whose sources `linpodx.fastrun` checks and pins on the host again before
   every run, as the full path does.
 
+- and the plan's flags, mounts and guard policy are exactly what that revision file gives on
+  this host, built again from it by the full path's own builder (`linpodx.podman.flags`): a
+  plan is a cache, not a source of truth. Someone who edits a plan (adds `--privileged`, drops
+  `--cap-drop=all`, widens the allowlist) only makes the next run take the full path.
+
 Anything else, and any doubt (a missing, damaged or foreign file), means "no plan": the full
-path runs, decides everything afresh and writes a new plan. A plan holds no secret: it lives in
-the same 0700 state dir as the revisions it is checked against, and is trusted as that dir is.
-Whoever can write the state dir can edit a plan's flags and so change what a fast-path run
-does (docs/audit.md, "What a rewritten log can and cannot hide"); only its owner can, since
-linpodx refuses a state dir owned by anyone else.
+path runs, decides everything afresh and writes a new plan. What a run gets is decided by the
+revision file alone, on both paths; an edited revision is what `audit verify` compares with
+its `profile.apply` record.
 
 Standard library only, and only cheap modules: this is on the fast path.
 """
@@ -38,8 +41,9 @@ import os
 
 from linpodx import paths
 from linpodx.digest import sha256
+from linpodx.errors import LinpodxError
 from linpodx.ids import is_id
-from linpodx.podman import probe
+from linpodx.podman import flags, probe
 from linpodx.profile import pointer
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
@@ -52,6 +56,7 @@ MAX_PLAN_BYTES = 1 << 20
 _CODE = (
     "runplan.py",
     "podman/argv.py",
+    "podman/flags.py",
     "podman/runline.py",
     "podman/probe.py",
     "profile/model.py",
@@ -247,6 +252,38 @@ def load(name: str) -> dict[str, Any] | None:
             or audit_hash != doc_audit_hash
         ):
             return None
-    except (ValueError, TypeError, KeyError, OSError):
+        if not _made_from(plan, revision_doc):
+            return None
+    except (ValueError, TypeError, KeyError, OSError, LinpodxError):
         return None
     return plan
+
+
+def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any]) -> bool:
+    """Whether the plan's flags, mounts and egress policy are exactly what the revision file
+    gives on this host now, built again from it by the same code as on the full path
+    (`flags.profile_flags`, `flags.egress_policy`). A plan is a cache: nothing in it is
+    trusted, so an edited plan only means the full path runs."""
+    profile = revision_doc["profile"]
+    name, profile_id = plan["profile"], plan["profile_id"]
+    revision, audit_hash = plan["revision"], plan["audit_hash"]
+    rootless, nofile_hard, nproc_hard, cgroup_limits, init = probe.host_facts()
+    expected = flags.profile_flags(
+        profile,
+        labels=flags.labels(name, profile_id, revision, audit_hash),
+        rootless=rootless,
+        nofile_hard=nofile_hard,
+        nproc_hard=nproc_hard,
+        cgroup_limits=cgroup_limits,
+        init=init,
+    )
+    mounts = [[m["source"], m["target"]] for m in profile["mounts"]]
+    network = profile["network"]
+    guarded = bool(network["egress_dns_allowlist"])
+    policy = flags.egress_policy(name, profile_id, revision, network) if guarded else None
+    return bool(
+        plan["flags"] == expected
+        and plan["mounts"] == mounts
+        and plan["guarded"] is guarded
+        and plan["egress_policy"] == policy
+    )

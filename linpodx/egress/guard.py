@@ -39,6 +39,7 @@ from linpodx.egress.launch import (
 from linpodx.egress.state import EgressState
 from linpodx.errors import AuditError, EngineError
 from linpodx.fsutil import NotRegularFile, atomic_write, read_small
+from linpodx.podman.flags import egress_policy
 
 if TYPE_CHECKING:
     from linpodx.profile.store import StoredProfile
@@ -50,14 +51,16 @@ GUARD_COMMAND = "_egress-guard"
 
 def policy_doc(stored: StoredProfile) -> dict[str, Any]:
     net = stored.profile.network
-    return {
-        "profile": stored.name,
-        "profile_id": stored.profile_id,
-        "revision": int(stored.revision),
-        "allowlist": list(net.egress_dns_allowlist),
-        "upstream_dns": list(net.upstream_dns),
-        "allow_private_answers": bool(net.allow_private_answers),
-    }
+    return egress_policy(
+        stored.name,
+        stored.profile_id,
+        int(stored.revision),
+        {
+            "egress_dns_allowlist": net.egress_dns_allowlist,
+            "upstream_dns": net.upstream_dns,
+            "allow_private_answers": net.allow_private_answers,
+        },
+    )
 
 
 def _write_policy(st: EgressState, stored: StoredProfile, *, force: bool = False) -> None:

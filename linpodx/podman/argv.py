@@ -20,25 +20,17 @@ Every hardening choice is made here, in one place, so the unit tests can pin the
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 from linpodx import paths
 from linpodx.egress.launch import INIT_PIDFILE
-from linpodx.errors import InvalidInput
-from linpodx.podman import mountpin, runline
-from linpodx.podman.runline import HOME_DIR
+from linpodx.podman import flags, mountpin, runline
+from linpodx.podman.flags import clamp_limit
 from linpodx.profile.model import Profile
 
 LABEL_PREFIX = "linpodx."
 MANAGED_LABEL = "linpodx.managed"
 
-_HOME_TARGETS = (HOME_DIR, os.path.dirname(HOME_DIR))
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-_CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
-# Podman's --memory: a number with an optional b/k/m/g unit; --cpus: a decimal.
-_MEMORY_RE = re.compile(r"^[0-9]+[bkmgBKMG]?\Z")
-_CPUS_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\Z")
 
 
 @dataclass(frozen=True)
@@ -93,28 +85,13 @@ class CreateSpec:
 
 
 
-def clamp_limit(name: str, wanted: int, hard: int | None) -> tuple[int, str | None]:
-    """`wanted` if the host's hard limit allows it, else the hard limit and a note saying so.
-
-    Clamping only ever lowers a limit (stricter than asked), so it is safe to do silently-ish;
-    podman would otherwise fail with `setrlimit …: Operation not permitted`.
-    """
-    if hard is not None and wanted > hard:
-        return hard, f"{name} limit {wanted} exceeds the host's hard limit {hard}; using {hard}"
-    return wanted, None
 
 
 
 
 def labels(spec: CreateSpec) -> tuple[tuple[str, str], ...]:
     """The labels every linpodx container carries."""
-    return (
-        (MANAGED_LABEL, "1"),
-        ("linpodx.profile", spec.profile_name),
-        ("linpodx.profile_id", spec.profile_id),
-        ("linpodx.revision", str(spec.revision)),
-        ("linpodx.audit_hash", spec.audit_hash),
-    )
+    return flags.labels(spec.profile_name, spec.profile_id, spec.revision, spec.audit_hash)
 
 
 
@@ -149,75 +126,23 @@ def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
 
 def profile_flags(spec: CreateSpec) -> list[str]:
     """The flags between `runline.head` and `runline.tail`: everything the profile revision and
-    this host decide (labels, privileges, limits, environment, workdir, the profile's mounts).
+    this host decide (labels, privileges, limits, environment, workdir, the profile's mounts),
+    built by `flags.profile_flags` from the profile's stored form, as the fast path checks a
+    run plan against it (`linpodx.runplan`).
 
     Depends on nothing of the spec but `profile`, `profile_name`, `profile_id`, `revision`,
     `audit_hash`, `rootless` and `host`: `linpodx.runplan` stores it for the fast run path,
     keyed by exactly those (tests/unit/test_runplan.py holds them equal).
     """
-    p = spec.profile
-    res = p.resources
-    argv: list[str] = [f"--label={k}={v}" for k, v in labels(spec)]
-    # Privileges: nothing the profile did not name.
-    argv.append("--cap-drop=all")
-    for cap in p.cap_add:
-        if not _CAP_RE.match(cap):
-            raise InvalidInput(
-                f"invalid capability name: {cap!r}", "use names like NET_BIND_SERVICE"
-            )
-        argv.append(f"--cap-add={cap}")
-    argv.append("--security-opt=no-new-privileges")
-    argv.append("--network=none")
-    argv.append("--http-proxy=false")
-    # A private IPC namespace (rootful podman's default is "shareable").
-    argv.append("--ipc=private")
-    argv.append("--systemd=false")
-    # Images come only from this user's store: a missing image is an error, never a pull.
-    argv.append("--pull=never")
-    argv.append("--read-only=false")
-    if spec.rootless:
-        # The person's uid is the agent's uid: files written to writable mounts stay theirs.
-        argv.append("--userns=keep-id")
-    if spec.host.init:
-        argv.append("--init")
-    # Limits. ulimits always (they also work rootless on cgroup v1).
-    nofile, _ = clamp_limit("nofile", res.nofile, spec.host.nofile_hard)
-    nproc, _ = clamp_limit("nproc", res.nproc, spec.host.nproc_hard)
-    argv.append(f"--ulimit=nofile={nofile}:{nofile}")
-    argv.append(f"--ulimit=nproc={nproc}:{nproc}")
-    if spec.host.cgroup_limits:
-        if not _MEMORY_RE.match(res.memory) or not _CPUS_RE.match(res.cpus):
-            raise InvalidInput(
-                f"invalid resources: memory={res.memory!r} cpus={res.cpus!r}",
-                "use memory like 512m or 2g and cpus like 1 or 1.5",
-            )
-        argv.append(f"--pids-limit={res.pids_limit}")
-        argv.append(f"--memory={res.memory}")
-        # No swap beyond the memory limit.
-        argv.append(f"--memory-swap={res.memory}")
-        argv.append(f"--cpus={res.cpus}")
-    # Environment: HOME, then exactly the profile's variables (always KEY=VALUE: a bare KEY or
-    # a KEY* pattern would make podman copy it from the host).
-    argv.append(f"--env=HOME={HOME_DIR}")
-    for key, value in p.env:
-        if not _ENV_KEY_RE.match(key):
-            raise InvalidInput(
-                f"invalid environment variable name: {key!r}", "use [A-Za-z_][A-Za-z0-9_]*"
-            )
-        argv.append(f"--env={key}={value}")
-    argv.append(f"--workdir={p.workdir or HOME_DIR}")
-    for m in p.mounts:
-        if m.target in _HOME_TARGETS:
-            # The loader refuses these; a revision stored before it did still reaches here.
-            # Over `$HOME` a `--rm` container gets two mounts at one destination (podman
-            # refuses it), another gets `$HOME` made by `podman cp` (chowning) in the host path.
-            raise InvalidInput(
-                f"mount target {m.target} is linpodx's $HOME ({HOME_DIR}) or holds it",
-                "apply the profile again with another target, e.g. /workspace or "
-                f"{HOME_DIR}/work",
-            )
-        argv.append(runline.mount_arg(m.source, m.target, m.read_only))
-    return argv
+    return flags.profile_flags(
+        spec.profile.to_dict(),
+        labels=labels(spec),
+        rootless=spec.rootless,
+        nofile_hard=spec.host.nofile_hard,
+        nproc_hard=spec.host.nproc_hard,
+        cgroup_limits=spec.host.cgroup_limits,
+        init=spec.host.init,
+    )
 
 
 def build_run_argv(spec: CreateSpec, cidfile: str) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ mounts:
     target: /rw
     read_only: false
 env:
+  ZZ_FIRST: written before LANG
   LANG: C.UTF-8
 cap_add: [CHOWN]
 resources:
@@ -231,6 +232,27 @@ def foreign_flag(ref: containers.ProfileRef) -> None:
     path.write_text(json.dumps({**doc, "flags": [*doc["flags"], "privileged"]}))
 
 
+def edited_plan(ref: containers.ProfileRef, spoil: str) -> None:
+    """What someone with the state dir's owner's rights can do to a plan: flags and mounts that
+    look like linpodx's own, but are not what the revision gives."""
+    path = Path(runplan.plan_file(ref.profile_id))
+    doc = json.loads(path.read_text())
+    flags = doc["flags"]
+    if spoil == "privileged":
+        flags.append("--privileged")
+    elif spoil == "host network":
+        flags[flags.index("--network=none")] = "--network=host"
+    elif spoil == "no cap-drop":
+        flags.remove("--cap-drop=all")
+    elif spoil == "extra mount":
+        flags.append("--mount=type=bind,source=/etc,destination=/hostetc,ro=false")
+        doc["mounts"].append(["/etc", "/hostetc"])
+    elif spoil == "writable mount":
+        i = next(i for i, f in enumerate(flags) if "destination=/workspace" in f)
+        flags[i] = flags[i].replace("ro=true", "ro=false")
+    path.write_text(json.dumps(doc))
+
+
 def no_plan(ref: containers.ProfileRef) -> None:
     os.unlink(runplan.plan_file(ref.profile_id))
 
@@ -243,6 +265,11 @@ def no_plan(ref: containers.ProfileRef) -> None:
         "host",
         "garbage",
         "foreign flag",
+        "privileged",
+        "host network",
+        "no cap-drop",
+        "extra mount",
+        "writable mount",
         "no plan",
         "removed",
         "swapped mount",
@@ -267,6 +294,8 @@ def test_a_plan_is_used_only_when_nothing_it_came_from_changed(
         garbage_plan(applied)
     elif spoil == "foreign flag":
         foreign_flag(applied)
+    elif spoil in ("privileged", "host network", "no cap-drop", "extra mount", "writable mount"):
+        edited_plan(applied, spoil)
     elif spoil == "no plan":
         no_plan(applied)
     elif spoil == "removed":
@@ -351,6 +380,34 @@ def test_a_guarded_fast_run_starts_the_full_paths_argv_and_fails_closed(
     assert failed["data"]["name"] == "agent-1" and failed["data"]["step"] == "egress_guard"
     assert not (containers_dir() / "agent-1").exists()
     assert launch._launched == {}  # the guard's control socket is closed: it ends by itself
+
+
+def test_a_plan_whose_egress_policy_was_edited_is_not_used(tmp_path: Path) -> None:
+    """The guard of a fast run gets the plan's policy: a plan whose allowlist, upstream or
+    private-answers switch is not the revision's is no plan at all."""
+    path = tmp_path / "net.yml"
+    path.write_text(
+        "version: 1\nname: net\nnetwork:\n  egress_dns_allowlist: [crates.io]\n"
+        "  upstream_dns: ['127.0.0.1:5353']\n"
+    )
+    res = store.apply(path)
+    containers.save_plan(containers.profile_by_id(res.profile_id))
+    where = Path(runplan.plan_file(res.profile_id))
+    good = where.read_text()
+    assert runplan.load("net") is not None
+    for key, value in (
+        ("allowlist", ["crates.io", "exfil.example"]),
+        ("upstream_dns", ["192.0.2.53"]),
+        ("allow_private_answers", True),
+    ):
+        doc = json.loads(good)
+        doc["egress_policy"][key] = value
+        where.write_text(json.dumps(doc))
+        assert runplan.load("net") is None, key
+    doc = json.loads(good)
+    doc["guarded"], doc["egress_policy"] = False, None  # a run with no guard at all
+    where.write_text(json.dumps(doc))
+    assert runplan.load("net") is None
 
 
 def test_a_full_run_writes_the_plan_the_next_run_uses(

@@ -1,0 +1,190 @@
+"""The podman flags a profile revision gives on this host, from the revision's stored form.
+
+One builder for both run paths. The full path hands it `Profile.to_dict()`
+(`argv.profile_flags`); the fast path (`runplan.load`) hands it the `profile` object of the
+revision file it has just read and checked, and takes a stored run plan only if the plan's
+flags are exactly these. So an edited plan can never change what a run gets: only the revision
+decides, and an edited revision is what `audit verify` compares with its `profile.apply`
+record.
+
+Standard library only (and `runline`, `errors`): this is on the fast path. The document is
+the store's JSON, so every field is checked for its type here, and anything unexpected raises
+InvalidInput (the fast path then takes no plan; the full path reports it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from linpodx.errors import InvalidInput
+from linpodx.podman import runline
+from linpodx.podman.runline import HOME_DIR
+
+TYPE_CHECKING = False  # not typing's: see the module docstring
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+HOME_TARGETS = (HOME_DIR, os.path.dirname(HOME_DIR))
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
+# Podman's --memory: a number with an optional b/k/m/g unit; --cpus: a decimal.
+_MEMORY_RE = re.compile(r"^[0-9]+[bkmgBKMG]?\Z")
+_CPUS_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\Z")
+
+
+def labels(
+    name: str, profile_id: str, revision: int, audit_hash: str
+) -> tuple[tuple[str, str], ...]:
+    """The labels every linpodx container carries."""
+    return (
+        ("linpodx.managed", "1"),
+        ("linpodx.profile", name),
+        ("linpodx.profile_id", profile_id),
+        ("linpodx.revision", str(revision)),
+        ("linpodx.audit_hash", audit_hash),
+    )
+
+
+def clamp_limit(name: str, wanted: int, hard: int | None) -> tuple[int, str | None]:
+    """`wanted` if the host's hard limit allows it, else the hard limit and a note saying so.
+
+    Clamping only ever lowers a limit (stricter than asked), so it is safe to do silently-ish;
+    podman would otherwise fail with `setrlimit …: Operation not permitted`.
+    """
+    if hard is not None and wanted > hard:
+        return hard, f"{name} limit {wanted} exceeds the host's hard limit {hard}; using {hard}"
+    return wanted, None
+
+
+def _damaged(what: str) -> InvalidInput:
+    return InvalidInput(
+        f"profile revision is damaged: {what}",
+        "apply the profile again with `linpodx sandbox apply --profile FILE`",
+    )
+
+
+def _strings(value: object, what: str) -> list[str]:
+    # A list in the store's JSON, a tuple in `Profile.to_dict()` (dataclasses.asdict).
+    if not isinstance(value, (list, tuple)) or not all(type(v) is str for v in value):
+        raise _damaged(f"{what} is not a list of strings")
+    return list(value)
+
+
+def _int(value: object, what: str) -> int:
+    if type(value) is not int:
+        raise _damaged(f"{what} is not an integer")
+    return value
+
+
+def profile_flags(
+    doc: Mapping[str, Any],
+    *,
+    labels: Sequence[tuple[str, str]],
+    rootless: bool,
+    nofile_hard: int | None,
+    nproc_hard: int | None,
+    cgroup_limits: bool,
+    init: bool,
+) -> list[str]:
+    """The flags between `runline.head` and `runline.tail`: everything the profile revision
+    (`doc`, a profile's `to_dict()` form) and this host decide: labels, privileges, limits,
+    environment, workdir, the profile's mounts."""
+    res = doc.get("resources")
+    env = doc.get("env")
+    mounts = doc.get("mounts")
+    workdir = doc.get("workdir")
+    if type(res) is not dict or type(env) is not dict or not isinstance(mounts, (list, tuple)):
+        raise _damaged("resources, env or mounts has the wrong type")
+    if workdir is not None and type(workdir) is not str:
+        raise _damaged("workdir is not a string")
+    argv: list[str] = [f"--label={k}={v}" for k, v in labels]
+    # Privileges: nothing the profile did not name.
+    argv.append("--cap-drop=all")
+    for cap in _strings(doc.get("cap_add"), "cap_add"):
+        if not _CAP_RE.match(cap):
+            raise InvalidInput(
+                f"invalid capability name: {cap!r}", "use names like NET_BIND_SERVICE"
+            )
+        argv.append(f"--cap-add={cap}")
+    argv.append("--security-opt=no-new-privileges")
+    argv.append("--network=none")
+    argv.append("--http-proxy=false")
+    # A private IPC namespace (rootful podman's default is "shareable").
+    argv.append("--ipc=private")
+    argv.append("--systemd=false")
+    # Images come only from this user's store: a missing image is an error, never a pull.
+    argv.append("--pull=never")
+    argv.append("--read-only=false")
+    if rootless:
+        # The person's uid is the agent's uid: files written to writable mounts stay theirs.
+        argv.append("--userns=keep-id")
+    if init:
+        argv.append("--init")
+    # Limits. ulimits always (they also work rootless on cgroup v1).
+    nofile, _ = clamp_limit("nofile", _int(res.get("nofile"), "nofile"), nofile_hard)
+    nproc, _ = clamp_limit("nproc", _int(res.get("nproc"), "nproc"), nproc_hard)
+    argv.append(f"--ulimit=nofile={nofile}:{nofile}")
+    argv.append(f"--ulimit=nproc={nproc}:{nproc}")
+    if cgroup_limits:
+        memory, cpus = res.get("memory"), res.get("cpus")
+        if (
+            type(memory) is not str
+            or type(cpus) is not str
+            or not _MEMORY_RE.match(memory)
+            or not _CPUS_RE.match(cpus)
+        ):
+            raise InvalidInput(
+                f"invalid resources: memory={memory!r} cpus={cpus!r}",
+                "use memory like 512m or 2g and cpus like 1 or 1.5",
+            )
+        argv.append(f"--pids-limit={_int(res.get('pids_limit'), 'pids_limit')}")
+        argv.append(f"--memory={memory}")
+        # No swap beyond the memory limit.
+        argv.append(f"--memory-swap={memory}")
+        argv.append(f"--cpus={cpus}")
+    # Environment: HOME, then exactly the profile's variables (always KEY=VALUE: a bare KEY or
+    # a KEY* pattern would make podman copy it from the host).
+    argv.append(f"--env=HOME={HOME_DIR}")
+    for key, value in env.items():
+        if type(value) is not str:
+            raise _damaged(f"the value of env {key!r} is not a string")
+        if not _ENV_KEY_RE.match(key):
+            raise InvalidInput(
+                f"invalid environment variable name: {key!r}", "use [A-Za-z_][A-Za-z0-9_]*"
+            )
+        argv.append(f"--env={key}={value}")
+    argv.append(f"--workdir={workdir or HOME_DIR}")
+    for m in mounts:
+        if type(m) is not dict:
+            raise _damaged("a mount is not an object")
+        source, target, read_only = m.get("source"), m.get("target"), m.get("read_only")
+        if type(source) is not str or type(target) is not str or type(read_only) is not bool:
+            raise _damaged("a mount's source, target or read_only has the wrong type")
+        if target in HOME_TARGETS:
+            # The loader refuses these; a revision stored before it did still reaches here.
+            # Over `$HOME` a `--rm` container gets two mounts at one destination (podman
+            # refuses it), another gets `$HOME` made by `podman cp` (chowning) in the host path.
+            raise InvalidInput(
+                f"mount target {target} is linpodx's $HOME ({HOME_DIR}) or holds it",
+                "apply the profile again with another target, e.g. /workspace or "
+                f"{HOME_DIR}/work",
+            )
+        argv.append(runline.mount_arg(source, target, read_only))
+    return argv
+
+
+def egress_policy(
+    name: str, profile_id: str, revision: int, network: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The policy an egress guard is given for a revision (`network`: the profile's
+    `to_dict()["network"]`); the same for the full and the fast path."""
+    return {
+        "profile": name,
+        "profile_id": profile_id,
+        "revision": int(revision),
+        "allowlist": list(network["egress_dns_allowlist"]),
+        "upstream_dns": list(network["upstream_dns"]),
+        "allow_private_answers": bool(network["allow_private_answers"]),
+    }
