@@ -28,6 +28,7 @@ from linpodx.errors import ChainBroken, LinpodxError
 from linpodx.fsutil import NotRegularFile, Staged, atomic_write, fsync_dir, read_regular
 from linpodx.ids import ULID_RE
 from linpodx.paths import rollback_journal
+from linpodx.snapshot import egresskeep
 from linpodx.snapshot.jobs import proc_start_time
 from linpodx.snapshot.names import LABEL_RE, image_ref
 from linpodx.snapshot.workspace import DIR, FILE
@@ -56,6 +57,11 @@ class Journal:
     spec: str | None
     # Per writable mount: source, target, kind (dir/file) and whether the source existed.
     mounts: list[dict[str, Any]] = field(default_factory=list)
+    # The container's egress policy file as it was before anything changed (its newest
+    # allowlist, maybe from a re-apply after it was created), put back on whichever container
+    # ends up under the name (`egresskeep`); None if it had none. Absent from journals written
+    # before it existed, which then read as None.
+    egress_policy: dict[str, Any] | None = None
     step: str = STEPS[0]
     pid: int = 0
     pid_start: int | None = None
@@ -103,6 +109,7 @@ def new(
     was_running: bool,
     spec: bytes | None,
     mounts: list[Mapping[str, Any]],
+    egress_policy: dict[str, Any] | None = None,
 ) -> Journal:
     """A journal owned by this process, at the first step."""
     kept = [
@@ -124,6 +131,7 @@ def new(
         was_running=was_running,
         spec=None if spec is None else base64.b64encode(spec).decode("ascii"),
         mounts=kept,
+        egress_policy=egress_policy,
         pid=os.getpid(),
         pid_start=_own_start(),
     )
@@ -237,6 +245,9 @@ def _check(j: Journal, name: str) -> None:
         want(isinstance(m["target"], str), "bad mount target")
         want(m["kind"] in (DIR, FILE), "bad mount kind")
         want(isinstance(m["existed"], bool), "bad mount existed flag")
+    if j.egress_policy is not None:
+        # Recovery writes it as the container's policy: only what `guard.policy_doc` writes.
+        egresskeep.check(j.egress_policy)
     j.spec_bytes()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from linpodx import paths, proc
 from linpodx.errors import LinpodxError
 from linpodx.fsutil import atomic_write, present
+from linpodx.snapshot import egresskeep
 
 STOP_TIMEOUT_SECONDS = 5  # the state is being replaced; the grace only matters for an undo
 
@@ -75,27 +76,45 @@ def detach_guard(name: str) -> None:
         guard.detach(name)
 
 
-def stop(name: str) -> None:
-    """Stop the container the linpodx way (audited) and let go of its egress guard."""
+def stop(name: str, egress_policy: dict[str, Any] | None = None) -> None:
+    """Stop the container the linpodx way (audited) and let go of its egress guard; its policy
+    `egress_policy` (`egresskeep`) is put back at once, so the name's policy file is never
+    older than what the container had been given (a re-apply meanwhile finds it too)."""
+    keep = egresskeep.newest(egress_policy, egresskeep.current_or_none(name))
     _containers().stop(name, timeout=STOP_TIMEOUT_SECONDS)
     detach_guard(name)
+    egresskeep.put_back(name, keep)
 
 
-def create_from(name: str, image: str, profile_id: str, *, start: bool) -> str:
+def create_from(
+    name: str,
+    image: str,
+    profile_id: str,
+    *,
+    start: bool,
+    egress_policy: dict[str, Any] | None = None,
+) -> str:
     """Create `name` from `image` under profile revision `profile_id` with its recorded run spec
     (command, hostname, tty) and start it; returns the new container id.
 
     The containers service's `create_and_start` builds the argv, audits `container.run`,
     prepares and attaches the egress guard and creates `$HOME`, exactly as for `linpodx run`.
+    `egress_policy`, the policy the original had been given, is put in place first: the
+    guard's `prepare` keeps a newer revision than `profile_id`'s, as at a `linpodx start`, so
+    the new guard enforces it from its first lookup (never the creation revision's allowlist).
     """
     mod = _containers()
     doc = mod.load_spec(name)
     ref = mod.profile_by_id(profile_id)
     spec = mod.spec_from_record(doc, ref, image=image, name=name, hostname_of=name)
+    egresskeep.put_back(name, egress_policy)
     info = mod.create_and_start(spec, ref, start=True)
     if not start:
+        # Left as `linpodx stop` leaves a container: with its policy file, for the next start.
+        keep = egresskeep.newest(egress_policy, egresskeep.current_or_none(name))
         mod.stop(name, timeout=STOP_TIMEOUT_SECONDS)
         detach_guard(name)
+        egresskeep.put_back(name, keep)
     return str(getattr(info, "container_id", "") or "")
 
 

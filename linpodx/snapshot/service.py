@@ -15,7 +15,16 @@ from typing import Any
 from linpodx import fsutil, paths, proc
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
-from linpodx.snapshot import faults, jobs, journal, manifest, ops, worker, workspace
+from linpodx.snapshot import (
+    egresskeep,
+    faults,
+    jobs,
+    journal,
+    manifest,
+    ops,
+    worker,
+    workspace,
+)
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     audit,
@@ -460,13 +469,16 @@ def rollback(name: str, label: str) -> dict[str, Any]:
         orig_labels = labels_of(info)
         ops.check_recreatable(name, orig_labels.get("linpodx.profile_id", ""))
         was_running = bool((info.get("State") or {}).get("Running"))
+        # Before anything changes: the newest allowlist the container had been given (a
+        # re-apply's, not only its creation revision's), which the new container must keep.
+        kept = egresskeep.current(name)
         rb_id = new_ulid()
         aside = journal.aside_name(name, rb_id)
         spec = ops.save_spec(name)
         jour = journal.new(
             rollback_id=rb_id, container=name, label=label, image=str(man["image"]),
             orig_id=orig_id, aside=aside, was_running=was_running, spec=spec,
-            mounts=list(man["mounts"]),
+            mounts=list(man["mounts"]), egress_policy=kept,
         )
         # The journal needs disk space, the record comes first: stage it, record, rename it in.
         staged = journal.stage(jour)
@@ -480,6 +492,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                     "label": label,
                     "image": man["image"],
                     "image_id": man["image_id"],
+                    "egress_policy": egresskeep.summary(kept),
                 },
             )
         except BaseException:
@@ -528,7 +541,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             step = at("stop")
             if was_running:
                 with holding():
-                    ops.stop(name)
+                    ops.stop(name, kept)
             faults.fail_point(step)
             step = at("rename")
             with holding():
@@ -541,7 +554,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             step = at("create")
             ops.create_from(
                 name, str(man["image"]), orig_labels.get("linpodx.profile_id", ""),
-                start=was_running,
+                start=was_running, egress_policy=kept,
             )
             faults.fail_point(step)
             step = at("verify")
@@ -554,6 +567,7 @@ def rollback(name: str, label: str) -> dict[str, Any]:
                 raise EngineError(f"the new container's labels differ: {', '.join(diff)}")
             if was_running and not (new_info.get("State") or {}).get("Running"):
                 raise EngineError("the new container is not running")
+            enforced = _check_egress(name, kept, running=was_running)
             faults.fail_point(step)
             # Removing the original cannot be undone: recorded first (a failed record undoes).
             # Write-ahead as for every step: the journal says `commit` before the record does,
@@ -561,7 +575,8 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             step = at("commit")
             audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
                                                "container_id": str(new_info["Id"]),
-                                               "previous_id": orig_id})
+                                               "previous_id": orig_id,
+                                               "egress_policy": enforced})
         except BaseException as exc:  # Ctrl-C too: the original must come back either way
             if jour.step == "commit":
                 # Not recorded: undone after all, so first the journal must say so (recovery
@@ -628,6 +643,26 @@ def rollback(name: str, label: str) -> dict[str, Any]:
     if leftovers:
         result["leftovers"] = leftovers
     return result
+
+
+def _check_egress(
+    name: str, kept: dict[str, Any] | None, *, running: bool
+) -> dict[str, Any] | None:
+    """The new container's egress policy (profile, id, revision, for the commit record), checked
+    to be no older than the one the original had been given, `kept`; and, if it runs, the one
+    its guard reports it enforces. EngineError otherwise (the rollback is then undone)."""
+    now = egresskeep.current(name)
+    if kept is not None and (now is None or egresskeep.newer(kept, now)):
+        got = "none" if now is None else f"revision {now['revision']}"
+        raise EngineError(
+            f"the new container's egress policy is {got}, the original had been given "
+            f"revision {kept['revision']}"
+        )
+    if now is not None and running and egresskeep.enforced_revision(name) != now["revision"]:
+        raise EngineError(
+            f"the new container's egress guard does not report revision {now['revision']}"
+        )
+    return egresskeep.summary(now)
 
 
 def _reason(exc: BaseException) -> str:
@@ -765,6 +800,9 @@ def _undo_journal(jour: journal.Journal, notes: list[str], lock_fd: int) -> list
     name = jour.container
     reached = journal.STEPS.index(jour.step)
     problems: list[str] = []
+    # The egress policy the original gets back: the one it had been given (journal), or a
+    # newer one a re-apply pushed to the name after a kill let the name's lock go.
+    keep = egresskeep.newest(jour.egress_policy, egresskeep.current_or_none(name))
     with proc.lending(lock_fd):  # short-lived programs only, as in `rollback`
         if reached >= journal.STEPS.index("create"):
             problems += _remove_if_made_by(jour)
@@ -773,6 +811,12 @@ def _undo_journal(jour: journal.Journal, notes: list[str], lock_fd: int) -> list
             ops.restore_spec(name, jour.spec_bytes())
         except OSError as exc:
             problems.append(f"could not restore the run spec: {exc}")
+        try:
+            # Removing the new container (or detaching its guard) took the name's policy file
+            # away; a start of the original without it would enforce its creation revision.
+            egresskeep.put_back(name, keep)
+        except OSError as exc:
+            problems.append(f"could not restore the egress policy: {exc}")
         swap_started = reached >= journal.STEPS.index("swap")
         for m in reversed(jour.mounts):
             problems += workspace.undo_interrupted(
@@ -813,6 +857,8 @@ def _restart(jour: journal.Journal, notes: list[str]) -> None:
     container blocked: it is whole, only stopped."""
     name = jour.container
     faults.fail_point("restart")
+    with contextlib.suppress(OSError):  # the undo put it back already; this is for a kill
+        egresskeep.put_back(name, jour.egress_policy)
     now = _inspect_or_none(name)
     if now is not None and not (now.get("State") or {}).get("Running"):
         try:

@@ -499,6 +499,103 @@ def test_rollback_keeps_filtered_egress(cli: Cli, unique_name: str, tmp_path: Pa
         cleanup(unique_name, tmp_path)
 
 
+class _Upstream:
+    """A DNS upstream on 127.0.0.1 (the guard asks it from the host side) that answers an A
+    record for every name, so the guard's allowlist alone decides what resolves."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        import dns.message
+        import dns.rrset
+
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            q = dns.message.from_wire(data)
+            r = dns.message.make_response(q)
+            if q.question[0].rdtype == 1:  # A
+                owner = q.question[0].name.to_text()
+                r.answer.append(dns.rrset.from_text(owner, 60, "IN", "A", "192.0.2.1"))
+            self.sock.sendto(r.to_wire(), peer)
+
+
+def _resolves(name: str, host: str) -> bool:
+    return podman("exec", name, "getent", "hosts", host, check=False).returncode == 0
+
+
+def _policy_revision(name: str) -> tuple[int, list[str], object]:
+    """Container `name`'s policy file (revision, allowlist) and what its guard enforces."""
+    from linpodx.egress.state import EgressState
+
+    st = EgressState(name)
+    pol = json.loads(st.policy_file.read_text())
+    enforced = json.loads(st.guard_file.read_text()).get("policy_revision") \
+        if st.guard_file.exists() else None
+    return pol["revision"], pol["allowlist"], enforced
+
+
+def test_rollback_keeps_the_allowlist_a_reapply_gave_the_container(
+    cli: Cli, unique_name: str, tmp_path: Path
+) -> None:
+    """Run under revision A (allowlist with allowed.test), snapshot, re-apply without
+    allowed.test (revision B, pushed to the container's guard), roll back: the recreated
+    container's guard enforces B, not A (allowed.test is denied from inside it). The same for
+    a stopped container, after the profile was removed (`sandbox rm`), and its next start."""
+    from linpodx import containers
+    from linpodx.audit.chain import admin_chain, read_records
+
+    up = _Upstream()
+    # TEST-NET answers are not global: allowed as private answers, so the allowlist decides.
+    network = (f"  egress_dns_allowlist: [allowed.test, other.test]\n"
+               f"  upstream_dns: ['127.0.0.1:{up.port}']\n"
+               "  allow_private_answers: true\n")
+    try:
+        b = make_box(cli, unique_name, tmp_path, image=DEBIAN_IMAGE, network=network)
+        created, _, _ = _policy_revision(b.name)
+        assert _resolves(b.name, "allowed.test") and _resolves(b.name, "other.test")
+        b.snapshot("net")
+        pfile = tmp_path / "profile.yaml"
+        pfile.write_text(pfile.read_text().replace("[allowed.test, other.test]", "[other.test]"))
+        ok(cli("sandbox", "apply", "--profile", str(pfile)))
+        newer, allow, enforced = _policy_revision(b.name)
+        assert newer > created and allow == ["other.test"] and enforced == newer
+        assert not _resolves(b.name, "allowed.test")
+
+        r = result(b.cli("snapshot", "rollback", b.name, "--to", "net", "--json"))
+        assert r["rolled_back"] is True
+        assert _policy_revision(b.name) == (newer, ["other.test"], newer)
+        assert containers.egress_status(b.name) == "healthy"
+        assert not _resolves(b.name, "allowed.test"), "the creation revision came back"
+        assert _resolves(b.name, "other.test")
+        recs = {rec.type: rec.data for rec in read_records(admin_chain().path)}
+        assert recs["snapshot.rollback"]["egress_policy"]["revision"] == newer
+        assert recs["snapshot.rollback.commit"]["egress_policy"]["revision"] == newer
+        assert recs["container.run"]["revision"] == created  # the labels stay the creation's
+
+        # Stopped, its profile removed meanwhile: rolled back stopped, then started.
+        ok(b.cli("stop", b.name))
+        ok(b.cli("sandbox", "rm", b.profile))
+        r = result(b.cli("snapshot", "rollback", b.name, "--to", "net", "--json"))
+        assert inspect(b.name)["State"]["Running"] is False  # type: ignore[index]
+        assert _policy_revision(b.name)[:2] == (newer, ["other.test"])
+        ok(b.cli("start", b.name))
+        assert _policy_revision(b.name) == (newer, ["other.test"], newer)
+        assert not _resolves(b.name, "allowed.test") and _resolves(b.name, "other.test")
+    finally:
+        up.sock.close()
+        cleanup(unique_name, tmp_path)
+
+
 def _states(pids: set[int]) -> dict[int, str]:
     out = {}
     for pid in pids:
