@@ -221,6 +221,7 @@ def load(name: str) -> dict[str, Any] | None:
         if found is None:
             return None
         current, raw, revision_doc = found
+        host = probe.host_facts()
         plan = json.loads(_read(plan_file(current), MAX_PLAN_BYTES) or b"")
         if (
             type(plan) is not dict
@@ -231,7 +232,7 @@ def load(name: str) -> dict[str, Any] | None:
             or (plan["guarded"] and type(plan.get("egress_policy")) is not dict)
             or plan.get("revision_sha256") != sha256(raw).hexdigest()
             or plan.get("code") != code_digest()
-            or plan.get("host") != list(probe.host_facts())
+            or plan.get("host") != list(host)
         ):
             return None
         flags, revision, audit_hash = plan["flags"], plan["revision"], plan["audit_hash"]
@@ -252,14 +253,14 @@ def load(name: str) -> dict[str, Any] | None:
             or audit_hash != doc_audit_hash
         ):
             return None
-        if not _made_from(plan, revision_doc):
+        if not _made_from(plan, revision_doc, host):
             return None
     except (ValueError, TypeError, KeyError, OSError, LinpodxError):
         return None
     return plan
 
 
-def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any]) -> bool:
+def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any], host: probe.HostFacts) -> bool:
     """Whether the plan's flags, mounts and egress policy are exactly what the revision file
     gives on this host now, built again from it by the same code as on the full path
     (`flags.profile_flags`, `flags.egress_policy`). A plan is a cache: nothing in it is
@@ -267,7 +268,7 @@ def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any]) -> bool:
     profile = revision_doc["profile"]
     name, profile_id = plan["profile"], plan["profile_id"]
     revision, audit_hash = plan["revision"], plan["audit_hash"]
-    rootless, nofile_hard, nproc_hard, cgroup_limits, init = probe.host_facts()
+    rootless, nofile_hard, nproc_hard, cgroup_limits, init = host
     expected = flags.profile_flags(
         profile,
         labels=flags.labels(name, profile_id, revision, audit_hash),
