@@ -20,7 +20,6 @@ import json
 import os
 import pwd
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -30,14 +29,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import dns.message
-import dns.rcode
-import dns.rdatatype
-import dns.rrset
 import pexpect
 import pytest
 
 from tests.conftest import ROOTLESS, run_linpodx
+from tests.servers.dns_upstream import DnsUpstream
 
 pytestmark = pytest.mark.podman
 
@@ -87,11 +83,8 @@ class Internet:
 
     def __init__(self) -> None:
         self.host = host_ipv4()
-        self.asked: list[str] = []
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.dns_port = self.sock.getsockname()[1]
-        threading.Thread(target=self._dns, daemon=True).start()
+        self.dns = DnsUpstream(self._records)
+        self.dns_port = self.dns.port
         host = self.host
 
         class Handler(BaseHTTPRequestHandler):
@@ -110,25 +103,20 @@ class Internet:
         self.http_port = self.http.server_address[1]
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
-    def _dns(self) -> None:
-        while True:
-            try:
-                data, peer = self.sock.recvfrom(4096)
-            except OSError:
-                return
-            q = dns.message.from_wire(data)
-            r = dns.message.make_response(q)
-            name = q.question[0].name.to_text(omit_final_dot=True).lower()
-            self.asked.append(name)
-            if name not in SERVED:
-                r.set_rcode(dns.rcode.NXDOMAIN)
-            elif q.question[0].rdtype == dns.rdatatype.A:
-                r.answer.append(dns.rrset.from_text(name + ".", 60, "IN", "A", self.host))
-            self.sock.sendto(r.to_wire(), peer)
+    @property
+    def asked(self) -> list[str]:
+        """The names the guard asked, lower case."""
+        return [name.lower() for name, _type in self.dns.asked]
+
+    def _records(self, name: str, rtype: str) -> list[tuple[str, str, str]] | None:
+        name = name.lower()
+        if name not in SERVED:
+            return None
+        return [(name, "A", self.host)] if rtype == "A" else []
 
     def close(self) -> None:
         self.http.shutdown()
-        self.sock.close()
+        self.dns.close()
 
 
 @pytest.fixture

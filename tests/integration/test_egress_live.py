@@ -22,7 +22,6 @@ import pwd
 import queue
 import shutil
 import signal
-import socket
 import socketserver
 import subprocess
 import threading
@@ -47,6 +46,7 @@ from linpodx.egress.state import EgressState
 from linpodx.errors import EngineError
 from linpodx.profile.model import Network, Profile
 from tests.conftest import DEBIAN_IMAGE, ROOTLESS, linpodx_argv, run_linpodx
+from tests.servers.dns_upstream import DnsUpstream
 
 pytestmark = pytest.mark.podman
 
@@ -74,14 +74,10 @@ def podman_home(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- servers on this machine ------------------------------------------------------------------
-class Upstream:
-    """A tiny authoritative DNS server for the test names (UDP), recording what it was asked."""
+class Upstream(DnsUpstream):
+    """A tiny authoritative DNS server for the test names, recording what it was asked."""
 
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.asked: list[tuple[str, str]] = []
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.zone: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
         for n in ("allowed.test", "second.test", "a.wild.test", "target.cdn.test"):
             self.zone[(n, "A")] = [(n, "A", HOST)]
@@ -93,25 +89,13 @@ class Upstream:
         self.zone[("meta.test", "A")] = [("meta.test", "A", "169.254.169.254")]
         self.zone[("allowed.test", "TXT")] = [("allowed.test", "TXT", '"top-secret"')]
         self.zone[("denied.test", "A")] = [("denied.test", "A", HOST)]
-        threading.Thread(target=self._loop, daemon=True).start()
+        super().__init__(self._records, host)
 
-    def _loop(self) -> None:
-        while True:
-            try:
-                data, peer = self.sock.recvfrom(4096)
-            except OSError:
-                return
-            q = dns.message.from_wire(data)
-            r = dns.message.make_response(q)
-            name = q.question[0].name.to_text(omit_final_dot=True)
-            rtype = dns.rdatatype.to_text(q.question[0].rdtype)
-            self.asked.append((name, rtype))
-            recs = self.zone.get((name, rtype))
-            if recs is None and not any(k[0] == name for k in self.zone):
-                r.set_rcode(dns.rcode.NXDOMAIN)
-            for owner, t, val in recs or []:
-                r.answer.append(dns.rrset.from_text(owner + ".", 60, "IN", t, val))
-            self.sock.sendto(r.to_wire(), peer)
+    def _records(self, name: str, rtype: str) -> list[tuple[str, str, str]] | None:
+        recs = self.zone.get((name, rtype))
+        if recs is None and not any(k[0] == name for k in self.zone):
+            return None  # NXDOMAIN; a known name without this type is NODATA
+        return recs or []
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -159,15 +143,8 @@ def servers() -> Iterator[Servers]:
     up = Upstream()
     web = _http(HOST)
     loop = _http("127.0.0.1")
-    # A second resolver the agent might try: it answers anything (it is the upstream's code on
-    # this host's address).
-    rogue = Upstream.__new__(Upstream)
-    Upstream.__init__(rogue)
-    rogue.sock.close()
-    rogue.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rogue.sock.bind((HOST, 0))
-    rogue.port = rogue.sock.getsockname()[1]
-    threading.Thread(target=rogue._loop, daemon=True).start()
+    # A second resolver the agent might try: the upstream's zone, on this host's address.
+    rogue = Upstream(HOST)
     echo = _EchoServer((HOST, 0), _Echo)
     threading.Thread(target=echo.serve_forever, daemon=True).start()
     yield Servers(

@@ -22,6 +22,7 @@ import pytest
 from linpodx.snapshot import faults, jobs
 from linpodx.snapshot.names import image_ref, snapshot_dir
 from tests.conftest import BUSYBOX_IMAGE, DEBIAN_IMAGE, ROOTLESS, CliResult, run_linpodx
+from tests.servers.dns_upstream import DnsUpstream
 
 pytestmark = pytest.mark.podman
 
@@ -499,34 +500,10 @@ def test_rollback_keeps_filtered_egress(cli: Cli, unique_name: str, tmp_path: Pa
         cleanup(unique_name, tmp_path)
 
 
-class _Upstream:
+def _upstream() -> DnsUpstream:
     """A DNS upstream on 127.0.0.1 (the guard asks it from the host side) that answers an A
     record for every name, so the guard's allowlist alone decides what resolves."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        import dns.message
-        import dns.rrset
-
-        while True:
-            try:
-                data, peer = self.sock.recvfrom(4096)
-            except OSError:
-                return
-            q = dns.message.from_wire(data)
-            r = dns.message.make_response(q)
-            if q.question[0].rdtype == 1:  # A
-                owner = q.question[0].name.to_text()
-                r.answer.append(dns.rrset.from_text(owner, 60, "IN", "A", "192.0.2.1"))
-            self.sock.sendto(r.to_wire(), peer)
+    return DnsUpstream(lambda name, rtype: [(name, "A", "192.0.2.1")] if rtype == "A" else [])
 
 
 def _resolves(name: str, host: str) -> bool:
@@ -554,7 +531,7 @@ def test_rollback_keeps_the_allowlist_a_reapply_gave_the_container(
     from linpodx import containers
     from linpodx.audit.chain import admin_chain, read_records
 
-    up = _Upstream()
+    up = _upstream()
     # TEST-NET answers are not global: allowed as private answers, so the allowlist decides.
     network = (f"  egress_dns_allowlist: [allowed.test, other.test]\n"
                f"  upstream_dns: ['127.0.0.1:{up.port}']\n"
@@ -592,7 +569,7 @@ def test_rollback_keeps_the_allowlist_a_reapply_gave_the_container(
         assert _policy_revision(b.name) == (newer, ["other.test"], newer)
         assert not _resolves(b.name, "allowed.test") and _resolves(b.name, "other.test")
     finally:
-        up.sock.close()
+        up.close()
         cleanup(unique_name, tmp_path)
 
 

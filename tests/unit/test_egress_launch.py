@@ -10,12 +10,15 @@ import json
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from linpodx.egress import guard
 from linpodx.egress.runner import await_order
+from linpodx.profile.model import Network, Profile
 
 _open_peers: list[socket.socket] = []
 
@@ -106,32 +109,41 @@ def test_init_pid_comes_from_the_pidfile_beside_the_resolv_conf() -> None:
     assert not st.dir.parent.exists()  # nothing of the container's was left
 
 
+@dataclass
+class Stored:
+    """The fields of a stored profile the guard reads."""
+
+    profile: Profile
+    name: str
+    profile_id: str
+    revision: int
+
+
+def stored(rev: int) -> Stored:
+    """Revision `rev` of profile p, allowing only r<rev>.test."""
+    net = Network(egress_dns_allowlist=(f"r{rev}.test",))
+    return Stored(Profile(name="p", network=net), "p", f"prof_TEST{rev}", rev)
+
+
+def _egress_updates() -> list[dict[str, Any]]:
+    """The data of every `egress.update` record in the admin chain."""
+    from linpodx.audit.chain import admin_chain, read_records
+
+    path = admin_chain().path
+    found = read_records(path) if path.exists() else []
+    return [dict(r.data) for r in found if r.type == "egress.update"]
+
+
 def test_a_push_waits_for_a_command_holding_the_container_name() -> None:
     """A re-apply's push to a container takes the container's name lock: a run or start that
     is bringing the container's guard up (and writing its policy file) finishes first."""
     import threading
-    from dataclasses import dataclass
 
     from linpodx import namelock
-    from linpodx.audit.chain import admin_chain, read_records
     from linpodx.egress.state import EgressState
-    from linpodx.profile.model import Network, Profile
-
-    @dataclass
-    class Stored:
-        profile: Profile
-        name: str
-        profile_id: str
-        revision: int
-
-    def stored(rev: int) -> Stored:
-        net = Network(egress_dns_allowlist=(f"r{rev}.test",))
-        return Stored(Profile(name="p", network=net), "p", f"prof_TEST{rev}", rev)
 
     def updates() -> list[object]:
-        path = admin_chain().path
-        found = read_records(path) if path.exists() else []
-        return [r.data["revision"] for r in found if r.type == "egress.update"]
+        return [d["revision"] for d in _egress_updates()]
 
     guard._write_policy(EgressState("agent-1"), stored(1))  # type: ignore[arg-type]
     held = namelock.acquire("agent-1")
@@ -155,27 +167,10 @@ def test_a_push_waits_for_a_command_holding_the_container_name() -> None:
 def test_an_unchanged_re_apply_pushes_only_to_containers_left_behind() -> None:
     """An apply cut short after storing revision 2 left agent-1's policy at revision 1;
     applying the same file again (unchanged) pushes to agent-1 only, recorded first."""
-    from dataclasses import dataclass
-
-    from linpodx.audit.chain import admin_chain, read_records
     from linpodx.egress.state import EgressState
-    from linpodx.profile.model import Network, Profile
-
-    @dataclass
-    class Stored:
-        profile: Profile
-        name: str
-        profile_id: str
-        revision: int
-
-    def stored(rev: int) -> Stored:
-        net = Network(egress_dns_allowlist=(f"r{rev}.test",))
-        return Stored(Profile(name="p", network=net), "p", f"prof_TEST{rev}", rev)
 
     def updates() -> list[object]:
-        path = admin_chain().path
-        found = read_records(path) if path.exists() else []
-        return [r.data["container"] for r in found if r.type == "egress.update"]
+        return [d["container"] for d in _egress_updates()]
 
     guard._write_policy(EgressState("agent-1"), stored(1))  # type: ignore[arg-type]
     guard._write_policy(EgressState("agent-2"), stored(2))  # type: ignore[arg-type]
