@@ -226,6 +226,8 @@ def _reason(exc: BaseException) -> dict[str, str]:
         message = exc.message.splitlines()[0] if exc.message else ""
         if len(message) > REASON_MAX:
             message = message[: REASON_MAX - 1] + "…"
+    elif isinstance(exc, OSError) and exc.strerror:
+        message = exc.strerror  # the C library's fixed text ("No space left on device")
     else:
         message = "unexpected error" if isinstance(exc, Exception) else "interrupted"
     return {"error": type(exc).__name__, "reason": message}
@@ -1203,6 +1205,11 @@ def _start(name: str) -> ContainerInfo:
     resolv = spec.get("resolv_conf") if needs_guard(ref) else None
     outcome = Outcome("container.start", name)
     try:
+        if engine.state(info) == "initialized":
+            # A run or start killed between `podman init` and its start left it so (its
+            # command never ran; with an allowlist it has no network). podman refuses to init
+            # it again ("container state improper"): take it back to stopped first.
+            engine.stop(name, timeout=0)
         _bring_up(name, ref, start=True, resolv=resolv, outcome=outcome)
     except BaseException as err:
         # Any failure (also an OSError of the state dir, or Ctrl-C): do not remove a stopped

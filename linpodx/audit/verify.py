@@ -87,6 +87,11 @@ def anchors_map(anchors: Iterable[tuple[int, str]]) -> dict[int, str]:
     return out
 
 
+NOT_CLOSED = "no session.close yet: records after the last seal are not anchored"
+"""The note of a session the admin chain has not seen closed (the bridge still runs, or it
+ended without its closing record); `audit verify --session` also says it as a warning."""
+
+
 @dataclass(frozen=True)
 class ChainCheck:
     """The outcome of verifying one chain with everything that anchors it."""
@@ -481,7 +486,7 @@ def verify_session(
     else:
         notes.append(f"opened at admin seq {opened.seq}")
     if closed is None:
-        notes.append("no session.close yet: records after the last seal are not anchored")
+        notes.append(NOT_CLOSED)
     else:
         notes.append(f"closed at admin seq {closed.seq} with {close_events} record(s)")
         if report.ok and close_events is not None and report.events > close_events:

@@ -23,6 +23,7 @@ from linpodx.audit.chain import (
     torn_problem,
 )
 from linpodx.audit.verify import (
+    NOT_CLOSED,
     ChainCheck,
     anchors_map,
     log_present,
@@ -77,6 +78,9 @@ def _lines(check: ChainCheck) -> list[str]:
         out.append(kv_line("problem", safe_text(p)))
     if r.torn_tail and r.reason and r.ok:
         out.append(kv_line("warning", r.reason))
+    if check.session_id and NOT_CLOSED in check.notes:
+        # Normal while its `mcp attach` runs; after it ended, the closing record is missing.
+        out.append(kv_line("warning", f"{NOT_CLOSED} (normal while the session runs)"))
     return out
 
 

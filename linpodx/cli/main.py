@@ -137,11 +137,16 @@ def environment_error(exc: OSError) -> LinpodxError | None:
             "file system with free space (LINPODX_STATE_DIR picks another)",
             exit_code=EXIT_AUDIT,
         )
-    return LinpodxError(
-        f"{why}{shown}",
-        "check that path, its permissions and the free space of its file system",
-        exit_code=EXIT_FAILURE,
-    )
+    if path:
+        hint = "check that path, its permissions and the free space of its file system"
+    else:
+        # A write() failing tells no file name; most of what linpodx writes is in its state dir.
+        where = f" ({safe_text(state)})" if state else ""
+        hint = (
+            f"check the free space and permissions of linpodx's state dir{where} and of "
+            "podman's storage (`df -h`, `podman info`)"
+        )
+    return LinpodxError(f"{why}{shown}", hint, exit_code=EXIT_FAILURE)
 
 
 def _command_name(args: list[str]) -> str:

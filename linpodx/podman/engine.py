@@ -384,8 +384,11 @@ def relay_announced(
     lock = threading.Lock()
     held = bytearray()
 
+    printed = threading.Event()  # the container's stdout had something: it ran
+
     def pump_out() -> None:
         while chunk := os.read(out_fd, 65536):
+            printed.set()
             released.wait()
             _write_all(1, chunk)
 
@@ -429,16 +432,23 @@ def relay_announced(
         cid = cid or read_cid(cidfile)
         if cid is None:
             rc = child.wait()
+            # Release before joining: a pump that read output waits for the release, so
+            # joining first hung for good (podman 4.3 runs the container even when it cannot
+            # write the id file, e.g. on a full disk, and its output was then waiting here).
+            # That output is the person's: it is passed on, never dropped.
+            held_err = release(show=False)
             for t in pumps:
-                t.join()
-            stderr = release(show=False).decode("utf-8", "replace")
+                t.join(PUMP_JOIN_SECONDS)
+            stderr = held_err.decode("utf-8", "replace")
             default = "see podman's message above; `linpodx doctor` checks the host"
+            what = f"podman run failed (exit {rc})"
+            if rc == 0 or printed.is_set():
+                what = (
+                    f"podman ran the container but did not write its id (exit {rc}), so "
+                    "linpodx could not record or announce it"
+                )
             raise EngineError(
-                f"podman run failed (exit {rc})",
-                classify_hint(stderr, default),
-                argv=argv,
-                returncode=rc,
-                stderr=stderr,
+                what, classify_hint(stderr, default), argv=argv, returncode=rc, stderr=stderr
             )
         try:
             on_created(cid, lambda: child.poll() is None)

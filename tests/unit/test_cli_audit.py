@@ -61,6 +61,23 @@ def test_verify_session_ok(cli: Cli, session: str, applied: tuple[str, str]) -> 
     assert lines[3].startswith(f"chain:   OK (head {applied[1][:12]}…, tail ")
 
 
+def test_verify_session_says_when_the_session_has_no_closing_record(
+    cli: Cli, applied: tuple[str, str]
+) -> None:
+    """`mcp attach` that could not write its closing record (a full disk) says `audit verify
+    --session` reports it; the text output said only OK (the note was in `--json` alone)."""
+    pid, ah = applied
+    chain, _ = open_session(SID, pid, ah)
+    last = chain.append("mcp.decision", {"method": "tools/call", "decision": "deny"})
+    res = cli("audit", "verify", "--session", SID)
+    assert res.exit_code == 0, res.stderr
+    warning = "warning: no session.close yet: records after the last seal are not anchored"
+    assert f"{warning} (normal while the session runs)" in res.stdout.splitlines()
+    anchor_session(SID, last.hash, 2)
+    res = cli("audit", "verify", "--session", SID)
+    assert res.exit_code == 0 and "warning:" not in res.stdout, res.stdout
+
+
 def test_verify_json_has_full_hashes(cli: Cli, session: str, applied: tuple[str, str]) -> None:
     res = cli("audit", "verify", "--session", session, "--json")
     assert res.exit_code == 0

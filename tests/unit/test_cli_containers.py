@@ -981,3 +981,30 @@ def test_start_of_a_running_container_says_when_its_egress_guard_is_down(
         assert containers.start("agent-1").state == "running"
     assert len(admin_records()) == records
     assert "start" not in fake.names()
+
+
+def test_start_of_a_container_left_initialized_stops_it_before_init(fake: FakeEngine) -> None:
+    """A run killed between `podman init` and its start leaves the container initialized;
+    podman refuses to init it again, so the first `linpodx start` failed and only a second one
+    worked. `start` now takes it back to stopped first, after its record."""
+    containers.run(REQ)
+    fake.state = "initialized"
+    fake.calls.clear()
+    containers.start("agent-1")
+    names = fake.names()
+    assert "stop" in names and "start" in names
+    assert names.index("stop") < names.index("start")
+    assert admin_records()[-1]["type"] == "container.start"
+
+
+def test_an_outcome_record_says_which_os_error_stopped_the_run() -> None:
+    """`container.run.failed` said "unexpected error" for a full disk; an OSError's reason is
+    the C library's fixed text (never an exception's own text, which may hold anything)."""
+    import errno
+
+    reason = containers._reason(OSError(errno.ENOSPC, "No space left on device"))
+    assert reason == {"error": "OSError", "reason": "No space left on device"}
+    assert containers._reason(ValueError("anything at all")) == {
+        "error": "ValueError",
+        "reason": "unexpected error",
+    }

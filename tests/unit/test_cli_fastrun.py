@@ -297,3 +297,29 @@ def test_failure_after_create_removes_the_container(monkeypatch: pytest.MonkeyPa
         containers.run_foreground(REQ, announce)
     assert fake.removed == ["agent-1"]
     assert not (containers_dir() / "agent-1").exists()
+
+
+@pytest.mark.parametrize(("rc", "ran"), [(0, True), (3, True), (125, False)])
+def test_podman_that_ran_the_container_without_writing_its_id_is_no_hang(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], watchdog: None, rc: int, ran: bool
+) -> None:
+    """podman 4.3 runs the container even when it cannot write the id file (a full disk).
+    The container's output waited for a release that never came and linpodx hung for good,
+    holding the name's lock. Now the output is passed on and the error says the container
+    ran; a podman that printed nothing and failed is the plain "podman run failed"."""
+    from linpodx.podman import engine
+
+    code = "import sys; sys.stderr.write('write cid: no space left on device\\n')\n"
+    if ran:
+        code += "print('hello from the container', flush=True)\n"
+    code += f"sys.exit({rc})"
+    child = engine.start_run([sys.executable, "-c", code])
+    with pytest.raises(EngineError) as ei:  # (the watchdog fails a hang after 60 s)
+        engine.relay_announced(child, tmp_path / "never.cid", lambda cid, running: None)
+    err = ei.value
+    if ran:
+        assert err.message.startswith("podman ran the container but did not write its id")
+        assert "hello from the container" in capfd.readouterr().out
+    else:
+        assert err.message == f"podman run failed (exit {rc})"
+    assert "no space left on device" in (err.stderr or "")

@@ -295,3 +295,19 @@ def test_integer_options_out_of_range_are_usage_errors(
     if argv[0] != "_egress-guard":
         doc = json.loads(out)
         assert doc["error"]["exit_code"] == EXIT_USAGE and doc["error"]["hint"]
+
+
+def test_a_full_disk_without_a_file_name_points_at_the_state_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write() that fails with ENOSPC names no file; the hint said "check that path", which
+    named none. It names the state dir (and podman's storage) instead."""
+    import errno
+
+    from linpodx.cli.main import environment_error
+
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(tmp_path / "st"))
+    err = environment_error(OSError(errno.ENOSPC, "No space left on device"))
+    assert err is not None and err.message == "No space left on device"
+    assert err.hint is not None and str(tmp_path / "st") in err.hint
+    assert "that path" not in err.hint
