@@ -33,7 +33,7 @@ from linpodx.errors import (
     NotFound,
     UsageError,
 )
-from linpodx.fsutil import NotRegularFile, atomic_write, read_small
+from linpodx.fsutil import NotRegularFile, atomic_write, present, read_small
 from linpodx.output import note
 from linpodx.paths import containers_dir, ensure_dir
 from linpodx.podman import engine, mountpin, probe
@@ -1343,16 +1343,22 @@ def ps(all_states: bool) -> list[dict[str, Any]]:
         names = r.get("Names") or []
         name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
         labels = r.get("Labels") or {}
-        rows.append(
-            {
-                "name": name,
-                "profile": str(labels.get("linpodx.profile", "")),
-                "revision": str(labels.get("linpodx.revision", "")),
-                "state": str(r.get("State", "")),
-                "egress": egress_status(name),
-                "image": str(r.get("Image", "")),
-            }
-        )
+        row = {
+            "name": name,
+            "profile": str(labels.get("linpodx.profile", "")),
+            "revision": str(labels.get("linpodx.revision", "")),
+            "state": str(r.get("State", "")),
+            "egress": egress_status(name),
+            "image": str(r.get("Image", "")),
+        }
+        if row["egress"] == "none" and not present(spec_path(name)):
+            # Renamed with `podman rename`: its guard's state is under the name linpodx gave
+            # it, and "none" would hide a guard that runs (or one that is down).
+            was = _renamed_from(str(r.get("Id", "")), name)
+            if was is not None:
+                row["egress"] = egress_status(was)
+                row["renamed_from"] = was
+        rows.append(row)
     rows.sort(key=lambda x: x["name"])
     return rows
 

@@ -93,6 +93,14 @@ def register(app: typer.Typer) -> None:
             rows = containers.ps(all_states)
             for line in journal.interrupted_notes():
                 note(safe_text(line))
+            for r in rows:
+                if "renamed_from" in r:
+                    note(
+                        f"note: {safe_text(r['name'])} was renamed outside linpodx (linpodx "
+                        f"created it as {safe_text(r['renamed_from'])}); run `podman rename "
+                        f"{safe_text(r['name'])} {safe_text(r['renamed_from'])}` before linpodx "
+                        "commands act on it"
+                    )
             return rows
 
         run_command("ps", json_mode, listing, render)

@@ -1008,3 +1008,31 @@ def test_an_outcome_record_says_which_os_error_stopped_the_run() -> None:
         "error": "ValueError",
         "reason": "unexpected error",
     }
+
+
+def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
+    fake: FakeEngine, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After `podman rename agent-1 agent-2`, ps showed EGRESS `none` for a filtered container
+    (its guard's state is under agent-1). It shows that guard's health and says what to do."""
+    from linpodx.podman import engine
+
+    containers.run(REQ)
+    row = {
+        "Names": ["agent-2"],
+        "Id": "c0ffee",
+        "Labels": {"linpodx.profile": "net", "linpodx.revision": "3"},
+        "State": "running",
+        "Image": "img",
+    }
+    monkeypatch.setattr(engine, "list_managed", lambda all_states: [row])
+    monkeypatch.setattr(
+        containers, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
+    )
+    res = cli("ps")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines()[1].split() == ["agent-2", "net", "3", "running", "healthy"]
+    assert "agent-2 was renamed outside linpodx (linpodx created it as agent-1)" in res.stderr
+    assert "podman rename agent-2 agent-1" in res.stderr
+    [listed] = json.loads(cli("ps", "--json").stdout)["result"]
+    assert listed["egress"] == "healthy" and listed["renamed_from"] == "agent-1"
