@@ -87,6 +87,8 @@ def anchors_map(anchors: Iterable[tuple[int, str]]) -> dict[int, str]:
     return out
 
 
+STORE_CHANGED = "the stored revision was changed after it was applied"
+"""How a store/record mismatch ends (`raise_broken` gives it its own hint)."""
 NOT_CLOSED = "no session.close yet: records after the last seal are not anchored"
 """The note of a session the admin chain has not seen closed (the bridge still runs, or it
 ended without its closing record); `audit verify --session` also says it as a warning."""
@@ -306,8 +308,7 @@ def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
             problems.append(
                 f"profile {name!r} revision {_q(str(rev))} in the profile store is not what its "
                 f"profile.apply record (admin seq {applied.seq}) says was applied "
-                f"({', '.join(differs)} differ): the stored revision was changed after it was "
-                "applied"
+                f"({', '.join(differs)} differ): {STORE_CHANGED}"
             )
     if stored:
         return problems, [f"{len(stored)} profile revision(s) found in the admin chain"]
@@ -643,14 +644,20 @@ def seal(session_id: str | None = None) -> Seal:
 def raise_broken(check: ChainCheck) -> None:
     """Raise ChainBroken describing the first failure of `check`."""
     r = check.report
+    hint = (
+        "the log was changed after it was written; keep the file as evidence and compare it "
+        "with your last seal (`linpodx audit seal`)"
+    )
     if not r.ok:
         msg = f"audit chain broken at seq {r.first_bad_seq}: {r.reason}"
+        hint = r.hint or hint
     else:
         msg = f"audit chain does not match its anchors: {check.problems[0]}"
-    raise ChainBroken(
-        msg,
-        (r.hint if not r.ok else None)
-        or "the log was changed after it was written; keep the file as evidence and compare it "
-        "with your last seal (`linpodx audit seal`)",
-        details=check.to_dict(),
-    )
+        if STORE_CHANGED in check.problems[0]:
+            # The chain is intact; what changed is the profile store's copy of a revision.
+            hint = (
+                "the stored profile revision was changed after it was applied; keep the "
+                "profile store and the admin log as evidence, and apply the profile again from "
+                "a file you trust (`linpodx sandbox apply --profile FILE`)"
+            )
+    raise ChainBroken(msg, hint, details=check.to_dict())

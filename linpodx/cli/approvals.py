@@ -18,7 +18,7 @@ import select
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TextIO
 
@@ -301,7 +301,9 @@ class Prompter:
 
             termios.tcflush(self.tty_in.fileno(), termios.TCIFLUSH)
 
-    def _readline(self, deadline: float) -> str | None:
+    def _readline(self, deadline: float, settled: Callable[[], bool]) -> str | None:
+        """A line typed before `deadline`; None once the window is over or, checked between
+        keystrokes, the request was `settled` elsewhere (another listener, `linpodx approve`)."""
         fd = self.tty_in.fileno()
         buf = b""
         while True:
@@ -310,6 +312,8 @@ class Prompter:
                 return None
             ready, _, _ = select.select([fd], [], [], min(left, 0.5))
             if not ready:
+                if settled():
+                    return None
                 continue
             chunk = os.read(fd, 1024)
             if not chunk:
@@ -342,9 +346,16 @@ class Prompter:
         self._flush_typeahead()
         self.out.write("approve? [y/N]: ")
         self.out.flush()
-        line = self._readline(pending.expires)
+        line = self._readline(
+            pending.expires, lambda: approvals.status(approval_id) != "pending"
+        )
         if line is None:
-            self._say(f"\napproval: {shown} expired (denied after the window)")
+            st = approvals.status(approval_id)
+            if st != "pending":
+                # Answered elsewhere while this prompt was open: say how, not "expired".
+                self._say(f"\napproval: {shown} already decided ({st})")
+            else:
+                self._say(f"\napproval: {shown} expired (denied after the window)")
             return
         decision = approvals.APPROVE if line.strip().lower() in ("y", "yes") else approvals.DENY
         reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"

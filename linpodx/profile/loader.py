@@ -741,7 +741,7 @@ def _schema_problem(err: ValidationError, col: _Collector) -> None:
         col.add(
             (*path, err.instance),
             f"{show(err.instance)} is not a valid environment variable name",
-            "use letters, digits and `_`, not starting with a digit",
+            "use letters, digits and `_`, not starting with a digit, at most 128 characters",
             key=True,
         )
         return

@@ -61,7 +61,7 @@ def read_dir(directory: Path) -> dict[str, Any]:
 
 def not_found(name: str, label: str) -> NotFound:
     return NotFound(
-        f"snapshot not found: {name} --label {label}",
+        f"snapshot not found: {name}, label {label}",
         f"list the snapshots of {name} with `linpodx snapshot list {name}`",
     )
 

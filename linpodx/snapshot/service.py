@@ -366,9 +366,11 @@ def remove(name: str, label: str) -> dict[str, Any]:
         image_removed = False
         if iid is not None:
             res = proc.run(["podman", "rmi", ref], check=False, what="podman rmi")
-            if res.returncode == 0:
+            if res.returncode == 0 or image_id(iid) is None:
+                # (podman 4.3 can delete the image and still fail, on a parent image that a
+                # rolled-back container uses: then it is gone all the same.)
                 image_removed = True
-            else:
+            elif image_id(ref) is not None:
                 # A container (a rolled-back one) still uses the image: drop only our name.
                 proc.run(["podman", "untag", iid, ref], what="podman untag")
         workspace.remove_tree(sdir)
@@ -452,8 +454,9 @@ def rollback(name: str, label: str) -> dict[str, Any]:
             # person's call, not ours (a snapshot worker that died may also have left it so).
             raise InvalidInput(
                 f"{name} is paused",
-                f"run `podman unpause {name}` to roll it back running, or `linpodx stop "
-                f"{name}` to roll it back stopped, then roll back again; nothing was changed",
+                # (podman 4.3 refuses to stop a paused container: unpause comes first either way.)
+                f"run `podman unpause {name}` (and then `linpodx stop {name}` to roll it back "
+                "stopped), then roll back again; nothing was changed",
             )
         current = {(m.source, m.target) for m in workspace.writable_mounts(info)}
         recorded = {(str(e["source"]), str(e["target"])) for e in man["mounts"]}

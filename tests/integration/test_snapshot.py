@@ -258,7 +258,7 @@ def test_rollback_unknown_label_fails_and_changes_nothing(box: Box) -> None:
     before = inspect(box.name)
     r = box.cli("snapshot", "rollback", box.name, "--to", "unknown")
     assert r.exit_code == 4
-    assert f"snapshot not found: {box.name} --label unknown" in r.stderr
+    assert f"snapshot not found: {box.name}, label unknown" in r.stderr
     assert "hint:" in r.stderr
     after = inspect(box.name)
     assert after["Id"] == before["Id"]

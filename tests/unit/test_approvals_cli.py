@@ -535,3 +535,25 @@ def test_an_anchor_takes_ascii_digits_only() -> None:
     assert parse_anchor("0:" + "a" * 64) == (0, "a" * 64)
     with pytest.raises(UsageError):
         parse_anchor("\uff10:" + "a" * 64)  # fullwidth 0
+
+
+def test_an_open_prompt_ends_when_another_listener_answers() -> None:
+    """Two listeners: the first answers `y`; the second's prompt stayed open until the window
+    ended and then said "expired (denied after the window)" about an approved call. It now
+    ends as soon as the request is decided elsewhere, and says how it was decided."""
+    import io
+    import os
+    import threading
+    import time
+
+    p = pending(timeout=30)
+    r, w = os.pipe()  # a terminal nobody types into
+    out = io.StringIO()
+    prompter = cli_approvals.Prompter(os.fdopen(r, "r"), out)
+    threading.Timer(0.3, store.answer, (p.approval_id, p.digest, store.APPROVE)).start()
+    began = time.monotonic()
+    prompter.ask(p.approval_id)
+    os.close(w)
+    text = out.getvalue()
+    assert "already decided (approved)" in text and "expired" not in text
+    assert time.monotonic() - began < 10  # long before the 30 s window (not a timing target)

@@ -672,3 +672,10 @@ def test_edited_profile_revision_with_a_recomputed_digest_is_detected(
     assert admin.report.ok and not admin.ok
     assert "is not what its profile.apply record" in admin.problems[0]
     assert "(digest differ)" in admin.problems[0]
+    # The hint names what changed (the store's revision), not "the log".
+    from linpodx.audit.verify import raise_broken
+    from linpodx.errors import ChainBroken
+
+    with pytest.raises(ChainBroken) as ei:
+        raise_broken(admin)
+    assert (ei.value.hint or "").startswith("the stored profile revision was changed")

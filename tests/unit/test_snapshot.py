@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,7 +228,7 @@ def test_cli_unknown_job(cli) -> None:  # type: ignore[no-untyped-def]
 def test_cli_rollback_unknown_label_is_not_found(cli) -> None:  # type: ignore[no-untyped-def]
     r = cli("snapshot", "rollback", "agent-1", "--to", "nope")
     assert r.exit_code == 4
-    assert "snapshot not found: agent-1 --label nope" in r.stderr
+    assert "snapshot not found: agent-1, label nope" in r.stderr
 
 
 def test_cli_list_empty(cli) -> None:  # type: ignore[no-untyped-def]
@@ -424,7 +425,7 @@ def test_rm_of_an_unknown_snapshot_leaves_no_lock_file(  # type: ignore[no-untyp
 
     monkeypatch.setattr(service, "image_id", lambda ref: None)
     r = cli("snapshot", "rm", "never-had-one", "--label", "x")
-    assert r.exit_code == 4 and "snapshot not found: never-had-one --label x" in r.stderr
+    assert r.exit_code == 4 and "snapshot not found: never-had-one, label x" in r.stderr
     locks = paths.snapshots_dir() / ".locks"
     assert not (locks / "never-had-one.lock").exists()
 
@@ -864,3 +865,38 @@ def test_container_names_follow_the_rule_and_message_of_every_other_command(
     r = cli("snapshot", "create", "a" * 64, "--label", "x")
     assert r.exit_code == 3 and "hint: use 1-63 characters" in r.stderr, r.stderr
     assert "253" not in r.stderr
+
+
+def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # type: ignore[no-untyped-def]
+    cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After snapshot, rollback, snapshot: `podman rmi` of the newer image deletes it and then
+    fails on its parent, which the rolled-back container uses. linpodx went on to untag the
+    deleted id, failed (exit 5) and left the snapshot's directory behind. The image is gone:
+    the snapshot is removed, and `image_deleted` says so."""
+    from types import SimpleNamespace
+
+    from linpodx.snapshot import service
+    from linpodx.snapshot.names import snapshot_dir
+
+    snapshot_dir("box", "l2").mkdir(parents=True)
+    images = {"localhost/linpodx/snapshot/box:l2": "c" * 64, "c" * 64: "c" * 64}
+    ran: list[list[str]] = []
+    real_run = service.proc.run
+
+    def run(argv: list[str], **kw: Any) -> Any:
+        if argv[0] != "podman":
+            return real_run(argv, **kw)  # (the tree removal's own tools)
+        ran.append(argv)
+        if argv[:2] == ["podman", "rmi"]:
+            images.clear()  # deleted, then podman failed on the parent
+            return SimpleNamespace(returncode=2, stderr="image is in use by a container")
+        raise AssertionError(f"unexpected podman call: {argv}")
+
+    monkeypatch.setattr(service, "image_id", lambda ref: images.get(ref))
+    monkeypatch.setattr(service.proc, "run", run)
+    r = cli("snapshot", "rm", "box", "--label", "l2", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["result"]["image_deleted"] is True
+    assert not snapshot_dir("box", "l2").exists()
+    assert [a[:2] for a in ran] == [["podman", "rmi"]]
