@@ -1336,6 +1336,16 @@ def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -
     return engine.run_inherited(engine.exec_argv(name, command, interactive, tty))
 
 
+def _renamable(name: str) -> bool:
+    """A name linpodx could have given (`podman rename` takes longer ones, which have no state
+    dir of their own and must not make `ps` fail)."""
+    try:
+        validate_name(name)
+    except InvalidInput:
+        return False
+    return True
+
+
 def ps(all_states: bool) -> list[dict[str, Any]]:
     """Rows for `linpodx ps`: linpodx containers only."""
     rows = []
@@ -1351,7 +1361,7 @@ def ps(all_states: bool) -> list[dict[str, Any]]:
             "egress": egress_status(name),
             "image": str(r.get("Image", "")),
         }
-        if row["egress"] == "none" and not present(spec_path(name)):
+        if row["egress"] == "none" and _renamable(name) and not present(spec_path(name)):
             # Renamed with `podman rename`: its guard's state is under the name linpodx gave
             # it, and "none" would hide a guard that runs (or one that is down).
             was = _renamed_from(str(r.get("Id", "")), name)

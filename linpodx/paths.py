@@ -11,6 +11,7 @@ before it starts podman, so pathlib is imported only when a Path is asked for.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -49,8 +50,7 @@ def state_root() -> str:
     person's `audit verify` to another state dir than the one they named, and report on it.
     """
     root = named_root()
-    check_root(root)
-    return root
+    return check_root(root)
 
 
 def named_root() -> str:
@@ -70,9 +70,12 @@ def named_root() -> str:
     return os.path.join(_xdg("XDG_STATE_HOME", ".local/state"), "linpodx")
 
 
-_checked: tuple[str, int] | None = None
-"""(state dir, euid) that `check_root` found fine in this process. Once it is ours and 0700,
-only we (or root) can change it or anything in it, so the check need not be repeated."""
+_checked: dict[tuple[str, int], str] = {}
+"""(state dir as named, euid) -> the real directory, for those `check_root` found fine in this
+process.
+Once it is ours and 0700 and no other user can write any directory above it, only we (or root)
+can change it or anything in it, so the check need not be repeated; and every path is built
+from the real directory, so re-pointing a link that named it changes nothing."""
 
 _HINT_OWN = (
     "use a state dir of your own: unset LINPODX_STATE_DIR (and XDG_STATE_HOME) or point it at "
@@ -95,7 +98,7 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_root(root: str, *, required: bool = False) -> None:
+def check_root(root: str, *, required: bool = False) -> str:
     """Refuse a state dir that is not the running user's: it must be a directory (a link to
     one is fine: people link ~/.local/state), owned by the effective uid and not writable by
     group or others. One we own is tightened to 0700.
@@ -103,21 +106,27 @@ def check_root(root: str, *, required: bool = False) -> None:
     Whoever can write there decides what linpodx runs (stored run plans, profiles, run specs)
     and where it writes (a link planted inside): root using another user's state dir (kept by
     `sudo -E`) would run that user's containers as root. Nothing there yet passes unless
-    `required` (`ensure_dir_str` makes it, then checks it)."""
-    global _checked
+    `required` (`ensure_dir_str` makes it, then checks it).
+
+    Returns the directory to build paths from: the real one (links resolved) once it exists,
+    so a link that named it cannot be re-pointed elsewhere after the check. Every directory
+    above it must belong to root or to us and not be writable by others (unless sticky, as
+    /tmp is): whoever can write one could put another directory in its place."""
     euid = os.geteuid()
-    if _checked == (root, euid):
-        return
+    known = _checked.get((root, euid))
+    if known is not None:
+        return known
     try:
-        st = os.stat(root)
+        real = os.path.realpath(root, strict=True)
+        st = os.stat(real)
     except FileNotFoundError:
         if required:
             raise
-        return
+        return root
     except OSError:
         # Not ours to judge (a parent we may not search): whatever uses it fails with its own
         # OSError, which the CLI reports as a state dir it cannot use.
-        return
+        return root
     if not stat.S_ISDIR(st.st_mode):
         # Never tighten what is not a directory: LINPODX_STATE_DIR=/dev/null run as root once
         # made /dev/null 0700 for the whole machine.
@@ -139,7 +148,31 @@ def check_root(root: str, *, required: bool = False) -> None:
                     f"could not be made 0700: {exc.strerror or exc}",
                     f"run `chmod 0700 {root}`, or use another state dir (LINPODX_STATE_DIR)",
                 ) from None
-    _checked = (root, euid)
+    _check_ancestors(real, euid)
+    _checked[(root, euid)] = real
+    return real
+
+
+def _check_ancestors(real: str, euid: int) -> None:
+    parent = os.path.dirname(real)
+    while True:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return  # (one we cannot look at: what uses the state dir fails on its own)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (0, euid) or (mode & 0o022 and not mode & stat.S_ISVTX):
+            who = _owner(st.st_uid)
+            raise _unsafe(
+                f"{parent}, a directory above linpodx's state dir {real}, can be changed by "
+                f"someone else (owner {who}, mode {mode:04o}): they could put another "
+                "directory in the state dir's place; refusing to use it",
+                "use a state dir whose parent directories belong to you or root and are not "
+                "writable by others (LINPODX_STATE_DIR picks another)",
+            )
+        if parent == "/":
+            return
+        parent = os.path.dirname(parent)
 
 
 def state_dir() -> Path:
@@ -283,15 +316,21 @@ def check_dir_str(path: str) -> str:
 
 
 def _split(path: str) -> tuple[str, str | None]:
-    """The state dir and `path` relative to it ("" for itself); None if it is not inside."""
-    root = named_root()
-    base = os.path.normpath(os.path.abspath(root))
+    """The state dir and `path` relative to it ("" for itself); None if it is not inside.
+    Inside means under the state dir as named or under the real directory it names (what
+    `state_root` hands out once it exists)."""
+    named = named_root()
     full = os.path.normpath(os.path.abspath(path))
-    if full == base:
-        return root, ""
-    if full.startswith(base.rstrip("/") + "/"):
-        return root, full[len(base.rstrip("/")) + 1 :]
-    return root, None
+    roots = [named]
+    with contextlib.suppress(OSError):
+        roots.append(os.path.realpath(named, strict=True))
+    for root in roots:
+        base = os.path.normpath(os.path.abspath(root))
+        if full == base:
+            return root, ""
+        if full.startswith(base.rstrip("/") + "/"):
+            return root, full[len(base.rstrip("/")) + 1 :]
+    return named, None
 
 
 def _make_missing(path: str) -> None:

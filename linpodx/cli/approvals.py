@@ -11,6 +11,7 @@ discarded first), so a "y" inside a payload or server output can never answer an
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -242,10 +243,21 @@ class EventFile:
 
     def _open(self) -> int | None:
         try:
-            # O_NONBLOCK: a FIFO in the file's place must not hang the listener (refused below).
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            # O_NONBLOCK: a FIFO in the file's place must not hang the listener (refused below);
+            # O_NOFOLLOW: a link would show another file's lines as linpodx's events.
+            fd = os.open(
+                self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+            )
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise LinpodxError(
+                f"cannot follow the event stream: {self.path} is a symbolic link",
+                "linpodx writes events.jsonl as a regular file; move the link aside",
+                exit_code=EXIT_FAILURE,
+            ) from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise LinpodxError(
@@ -328,6 +340,15 @@ class Prompter:
         self.out.write(safe_lines(text) + "\n")
         self.out.flush()
 
+    @staticmethod
+    def _status(approval_id: str) -> str:
+        """The request's status; a request removed or damaged while its prompt is open is
+        no longer pending (and must not end the listener)."""
+        try:
+            return approvals.status(approval_id)
+        except LinpodxError as exc:
+            return f"unreadable: {exc.message}"
+
     def ask(self, approval_id: str) -> None:
         """Show one pending request from its file (the source of truth) and record the answer."""
         if approval_id in self.seen:
@@ -346,11 +367,9 @@ class Prompter:
         self._flush_typeahead()
         self.out.write("approve? [y/N]: ")
         self.out.flush()
-        line = self._readline(
-            pending.expires, lambda: approvals.status(approval_id) != "pending"
-        )
+        line = self._readline(pending.expires, lambda: self._status(approval_id) != "pending")
         if line is None:
-            st = approvals.status(approval_id)
+            st = self._status(approval_id)
             if st != "pending":
                 # Answered elsewhere while this prompt was open: say how, not "expired".
                 self._say(f"\napproval: {shown} already decided ({st})")

@@ -21,6 +21,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -241,20 +242,36 @@ def _guard_alive(info: dict[str, Any], name: str) -> bool:
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+    if stat_line.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
     is_guard = GUARD_MODULE.encode() in cmdline or GUARD_COMMAND.encode() in cmdline
     return is_guard and name.encode() in cmdline
 
 
+_LOG_TAIL_BYTES = 64 << 10
+
+
 def _log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of the guard's log, for an error message. Only a regular file, read
+    without following a link or blocking (a FIFO there must not hang a command holding the
+    container's lock), and only its last 64 KiB."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        data = os.pread(fd, _LOG_TAIL_BYTES, max(0, st.st_size - _LOG_TAIL_BYTES))
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
 def attach(name: str, pid: int, stored: StoredProfile) -> None:

@@ -45,9 +45,9 @@ policy refuses) is answered again from memory, without asking upstream. Without 
 repeat went upstream: a channel out of the container as wide as the upstream's query rate
 (which names were asked, how often, when), even for one exact allowed name."""
 FAILURE_TTL = 5
-SERVFAIL_RCODE = 2  # dns.rcode.SERVFAIL, without importing dnspython here
 """The same for a failure (SERVFAIL, no answer in time): short, so a resolver that comes
 back is used soon (RFC 9520 asks for at least 1 s)."""
+SERVFAIL_RCODE = 2  # dns.rcode.SERVFAIL, without importing dnspython here
 NAMES_PER_ADDRESS_MAX = 64
 """Names remembered per granted address (a CDN address serves many). Forgetting one only
 means a policy change may revoke the address though that name is still allowed: it fails
@@ -221,6 +221,8 @@ class PolicyResolver:
         # every policy change (a refused answer may be allowed now, and the other way round).
         # The refusal's reason is kept, so a repeat is recorded as the first one was.
         self._negative: dict[tuple[str, int], tuple[float, int, str | None]] = {}
+        # (name, type) -> set once the one upstream query for it in flight has been answered.
+        self._inflight: dict[tuple[str, int], threading.Event] = {}
         self._granted: dict[IPAddress, _Granted] = {}
         # Query bytes without the id -> (valid until, answer bytes without the id), filled
         # from cache hits only and emptied by every policy change.
@@ -329,11 +331,14 @@ class PolicyResolver:
         refusals[addr] = why
         return why
 
-    def _answer(self, q: Query, wire_key: bytes | None, policy: ResolverPolicy) -> bytes:
+    def _answer(
+        self, q: Query, wire_key: bytes | None, policy: ResolverPolicy, waited: bool = False
+    ) -> bytes:
         from linpodx.egress import dnsmsg
 
         now = self._clock()
         key = (q.name, q.rdtype)
+        mine: threading.Event | None = None
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None and hit.expires > now:
@@ -347,10 +352,37 @@ class PolicyResolver:
                     self._fast[wire_key] = (hit.expires - ttl, out[2:])
                 return out
             neg = self._negative.get(key)
+            other = None
+            if neg is None or neg[0] <= now:
+                # One upstream query per name and type at a time: the same lookups arriving
+                # together wait for the first one's answer (then in the caches) instead of
+                # each going upstream, which would let their number carry data out.
+                other = self._inflight.get(key)
+                if other is None:
+                    mine = self._inflight[key] = threading.Event()
         if neg is not None and neg[0] > now:
             if neg[2] is not None:
                 self._denied(q.name, q.type_text, neg[2])
             return dnsmsg.answer(q, neg[1])
+        if mine is None:
+            # The same lookup is with the upstream: wait for it once, then answer from what
+            # it left in the caches (or, if it left nothing, ask ourselves).
+            if waited or other is None:
+                return self._ask_upstream(q, key, policy, now)
+            other.wait(UPSTREAM_TIMEOUT * max(1, len(policy.upstreams)) + 1)
+            return self._answer(q, wire_key, policy, waited=True)
+        try:
+            return self._ask_upstream(q, key, policy, now)
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+            mine.set()
+
+    def _ask_upstream(
+        self, q: Query, key: tuple[str, int], policy: ResolverPolicy, now: float
+    ) -> bytes:
+        from linpodx.egress import dnsmsg
+
         # The name as linpodx normalized it (lower case), never as the client spelled it:
         # the letter case of an allowed name would otherwise carry a bit per letter upstream.
         sent = dnsmsg.upstream_query(
@@ -438,8 +470,11 @@ class PolicyResolver:
         why: str | None = None,
     ) -> None:
         """Answer `key` with `rcode` and no records for a while (NEGATIVE_TTL, FAILURE_TTL
-        for SERVFAIL), unless the policy changed meanwhile (it emptied the memory)."""
+        for SERVFAIL), unless the policy changed meanwhile (it emptied the memory). The while
+        starts now, when the answer (or the last upstream's timeout) came, not when the
+        lookup began: upstreams that time out one after another take longer than it lasts."""
         life = FAILURE_TTL if rcode == SERVFAIL_RCODE else NEGATIVE_TTL
+        now = max(now, self._clock())
         with self._lock:
             if self._policy is not policy:
                 return

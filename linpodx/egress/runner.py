@@ -88,11 +88,11 @@ def await_order(control: socket.socket, timeout: float) -> tuple[int, str | None
 
 
 PolicyVersion = tuple[int, int]
+"""Which policy file was read: its inode and mtime (the CLI replaces it by rename, so a new
+file is a new inode even within one clock tick)."""
 
 MAX_POLICY_BYTES = 4 << 20
 """A policy file is its allowlist in JSON: far below this unless it is not one we wrote."""
-"""Which policy file was read: its inode and mtime (the CLI replaces it by rename, so a new
-file is a new inode even within one clock tick)."""
 
 
 def policy_version(st: EgressState) -> PolicyVersion | None:

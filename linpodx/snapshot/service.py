@@ -795,6 +795,10 @@ def _remove_if_made_by(jour: journal.Journal) -> list[str]:
     return []
 
 
+def _said(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, LinpodxError) else str(exc)
+
+
 def _undo_journal(jour: journal.Journal, notes: list[str], lock_fd: int) -> list[str]:
     """Put the original container and workspace back from what is really there (the journal's
     step says how far the rollback may have got, not how far it did); clear the journal once
@@ -810,16 +814,18 @@ def _undo_journal(jour: journal.Journal, notes: list[str], lock_fd: int) -> list
         if reached >= journal.STEPS.index("create"):
             problems += _remove_if_made_by(jour)
             ops.detach_guard(name)  # a guard made ready for the new container, if any
+        # (LinpodxError too: the state dir's checks raise it. Every step below must still run:
+        # the workspaces and the original come back whatever one of them says.)
         try:
             ops.restore_spec(name, jour.spec_bytes())
-        except OSError as exc:
-            problems.append(f"could not restore the run spec: {exc}")
+        except (OSError, LinpodxError) as exc:
+            problems.append(f"could not restore the run spec: {_said(exc)}")
         try:
             # Removing the new container (or detaching its guard) took the name's policy file
             # away; a start of the original without it would enforce its creation revision.
             egresskeep.put_back(name, keep)
-        except OSError as exc:
-            problems.append(f"could not restore the egress policy: {exc}")
+        except (OSError, LinpodxError) as exc:
+            problems.append(f"could not restore the egress policy: {_said(exc)}")
         swap_started = reached >= journal.STEPS.index("swap")
         for m in reversed(jour.mounts):
             problems += workspace.undo_interrupted(

@@ -557,3 +557,11 @@ def test_an_open_prompt_ends_when_another_listener_answers() -> None:
     text = out.getvalue()
     assert "already decided (approved)" in text and "expired" not in text
     assert time.monotonic() - began < 10  # long before the 30 s window (not a timing target)
+
+
+def test_a_request_gone_while_its_prompt_is_open_does_not_end_the_listener() -> None:
+    """The open prompt polls the request's status; a request removed or damaged meanwhile is
+    no longer pending, and must not raise out of the listener."""
+    assert cli_approvals.Prompter._status("apr_01KB0000000000000000000000").startswith(
+        "unreadable: "
+    )

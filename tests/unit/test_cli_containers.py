@@ -1036,3 +1036,17 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
     assert "podman rename agent-2 agent-1" in res.stderr
     [listed] = json.loads(cli("ps", "--json").stdout)["result"]
     assert listed["egress"] == "healthy" and listed["renamed_from"] == "agent-1"
+
+
+def test_ps_lists_a_container_renamed_to_a_name_linpodx_would_not_give(
+    fake: FakeEngine, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`podman rename` takes names over 63 characters; ps must still list everything."""
+    from linpodx.podman import engine
+
+    long = "x" * 70
+    row = {"Names": [long], "Id": "c0ffee", "Labels": {}, "State": "running", "Image": "img"}
+    monkeypatch.setattr(engine, "list_managed", lambda all_states: [row])
+    res = cli("ps")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines()[1].split()[0] == long

@@ -413,3 +413,27 @@ def test_a_symlinked_admin_log_gets_a_hint_about_the_link(
     assert "is a symbolic link" in res.stderr and "hint: replace the link" in res.stderr
     assert "df -h" not in res.stderr
     assert real.read_bytes() == before
+
+
+def test_an_unchanged_apply_still_pushes_to_containers_left_behind(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sandbox apply` of the same file again stores nothing, but finishes the push of an
+    apply cut short: it asks the guards of containers not at the current revision."""
+    from linpodx.egress import guard
+
+    pushed: list[tuple[int, bool]] = []
+
+    def push(stored: Any, only_stale: bool = False) -> list[str]:
+        pushed.append((int(stored.revision), only_stale))
+        return ["agent-1"] if only_stale else []
+
+    monkeypatch.setattr(guard, "update_profile", push)
+    f = tmp_path / "p.yml"
+    f.write_text("version: 1\nname: net\nnetwork:\n  egress_dns_allowlist: [a.test]\n")
+    assert cli("sandbox", "apply", "--profile", str(f)).exit_code == 0
+    res = cli("sandbox", "apply", "--profile", str(f))
+    assert res.exit_code == 0, res.stderr
+    assert pushed == [(1, False), (1, True)]
+    assert "egress_updated: agent-1" in res.stdout
+    assert "unchanged (revision 1): nothing stored" in res.stderr

@@ -683,3 +683,48 @@ def test_a_revocation_that_fails_is_tried_again_by_the_next_policy_load() -> Non
     r._revoke = sets.revoke
     assert [str(a) for a in r.set_policy(gone)] == ["9.9.9.10"]
     assert sets.revoked == ["9.9.9.10"]
+
+
+def test_the_memory_of_a_failure_starts_when_the_upstreams_gave_up() -> None:
+    """Two upstreams that time out one after the other take longer than FAILURE_TTL: timed
+    from the start of the lookup, the remembered failure had expired when it was stored, and
+    every repeat went upstream again."""
+    from linpodx.egress import resolver
+
+    r, up, _sets, _records, clock = make()
+
+    def slow_failure(sent: Outgoing, ups: Sequence[tuple[str, int]]) -> Reply:
+        up.asked.append(("slow", "A"))
+        clock.t += 2 * resolver.UPSTREAM_TIMEOUT  # two upstreams, one timeout each
+        raise UpstreamError("timeout")
+
+    r._upstream = slow_failure  # type: ignore[assignment]
+    for _ in range(4):
+        assert ask(r, "slow.example.com").rcode() == dns.rcode.SERVFAIL
+    assert len(up.asked) == 1
+
+
+def test_the_same_lookups_at_once_go_upstream_once() -> None:
+    """Eight threads asking the same new name together: one upstream query, eight answers."""
+    import threading
+    import time
+
+    r, up, *_ = make()
+    inner = r._upstream
+
+    def slow(sent: Outgoing, ups: Sequence[tuple[str, int]]) -> Reply:
+        time.sleep(0.3)
+        return inner(sent, ups)
+
+    r._upstream = slow  # type: ignore[assignment]
+    answers: list[list[str]] = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(addrs(ask(r, "crates.io"))))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert answers == [["9.9.9.10"]] * 8
+    assert up.asked == [("crates.io", "A")]

@@ -32,7 +32,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent-readonly.yml
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(paths, "_checked", None, raising=False)
+    monkeypatch.setattr(paths, "_checked", {})
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     yield
@@ -289,3 +289,43 @@ def test_a_fifo_for_an_egress_policy_does_not_hang(state: Path) -> None:
         os.mkfifo(f, 0o600)
     assert guard._read_guard(st) is None
     assert guard.init_pid("agent-1") is None
+
+
+def test_a_state_dir_named_through_a_link_is_used_by_its_real_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check follows the link once; re-pointing the link afterwards (at a directory of
+    someone else's choosing) must not move where linpodx writes in the same process."""
+    from linpodx import events
+
+    real, elsewhere = tmp_path / "real", tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    elsewhere.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(link))
+    assert paths.state_dir() == real
+    link.unlink()
+    link.symlink_to(elsewhere)
+    events.emit("x.y", n=1)
+    assert (real / "events.jsonl").exists()
+    assert not (elsewhere / "events.jsonl").exists()
+
+
+def test_a_state_dir_under_a_directory_others_can_write_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever can write a directory above the state dir can put another in its place. /tmp
+    is fine (sticky: nobody can rename another's entry); a plain 0777 directory is not."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    (open_dir / "st").mkdir(mode=0o700)
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(open_dir / "st"))
+    from linpodx.errors import LinpodxError
+
+    with pytest.raises(LinpodxError) as ei:
+        paths.state_dir()
+    assert "can be changed by someone else" in ei.value.message and ei.value.exit_code == 6
+    open_dir.chmod(0o1777)  # sticky, as /tmp
+    assert paths.state_dir() == open_dir / "st"
