@@ -153,7 +153,28 @@ def check_root(root: str, *, required: bool = False) -> str:
     return real
 
 
+def _unmapped_uid() -> int | None:
+    """The uid that owners outside this user namespace show as, if this process runs in one
+    (rootless helpers under `podman unshare`, where the host's root shows as it); None in the
+    initial namespace."""
+    try:
+        with open("/proc/self/uid_map", encoding="ascii") as f:
+            if f.read().split() == ["0", "0", "4294967295"]:
+                return None
+        with open("/proc/sys/kernel/overflowuid", encoding="ascii") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def _check_ancestors(real: str, euid: int) -> None:
+    owners = {0, euid}
+    unmapped = _unmapped_uid()
+    if unmapped is not None:
+        # Under `podman unshare` the host's root (owner of /home, /tmp …) shows as the
+        # overflow uid. The linpodx command that started this helper checked the same
+        # directories from the initial namespace before it did.
+        owners.add(unmapped)
     parent = os.path.dirname(real)
     while True:
         try:
@@ -161,7 +182,7 @@ def _check_ancestors(real: str, euid: int) -> None:
         except OSError:
             return  # (one we cannot look at: what uses the state dir fails on its own)
         mode = stat.S_IMODE(st.st_mode)
-        if st.st_uid not in (0, euid) or (mode & 0o022 and not mode & stat.S_ISVTX):
+        if st.st_uid not in owners or (mode & 0o022 and not mode & stat.S_ISVTX):
             who = _owner(st.st_uid)
             raise _unsafe(
                 f"{parent}, a directory above linpodx's state dir {real}, can be changed by "
