@@ -121,9 +121,14 @@ def attach(
         message = safe_lines(message)
         if log is not None:
             log(message)
-        else:
+            return
+        try:
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
+        except (OSError, ValueError):
+            # stderr closed (an MCP client that closed its pipe): what is said is lost, and
+            # must not end a reader thread or skip the session's closing record.
+            pass
 
     done = threading.Event()
     why: dict[str, Any] = {}
@@ -202,6 +207,7 @@ def _session(
     server_out = child.stdout.fileno()
     server_in_closed = threading.Event()
     server_in_lock = threading.Lock()
+    forced = threading.Event()  # linpodx ended podman exec to close the server's input
 
     def to_server(data: bytes) -> None:
         with server_in_lock:
@@ -210,11 +216,24 @@ def _session(
             _write_all(server_in, data)
 
     def close_server_input() -> None:
-        with server_in_lock:
-            if not server_in_closed.is_set():
-                server_in_closed.set()
+        server_in_closed.set()  # no write starts from now on
+        if not server_in_lock.acquire(timeout=SERVER_INPUT_WAIT):
+            # A write is blocked: the server stopped reading its input. Waiting for it would
+            # hang the session's end (and a SIGTERM with it); end podman exec instead, which
+            # closes the pipe's other end and fails that write.
+            say("bridge: the server is not reading its input; ending its podman exec")
+            forced.set()
+            with contextlib.suppress(OSError):
+                child.terminate()
+            if not server_in_lock.acquire(timeout=SERVER_INPUT_WAIT):
                 with contextlib.suppress(OSError):
-                    child.stdin.close()  # type: ignore[union-attr]
+                    child.kill()
+                server_in_lock.acquire()
+        try:
+            with contextlib.suppress(OSError):
+                child.stdin.close()  # type: ignore[union-attr]
+        finally:
+            server_in_lock.release()
 
     # One open file and group commit for the session's records (see mcp.auditlog).
     group = GroupCommitChain(chain)
@@ -264,6 +283,7 @@ def _session(
         bridge.settle_client()
         close_server_input()
         status, ended = _wait_child(child, SERVER_EXIT_GRACE)
+        ended = ended or forced.is_set()
         code: int | None = status
         threads[1].join(2.0)  # let the last server messages through
         bridge.fence("server")
@@ -311,6 +331,10 @@ def _session(
     shown = "unknown" if code is None else code
     say(f"bridge: session {session_id} ended ({reason}; server exit {shown})")
     return exit_code
+
+
+SERVER_INPUT_WAIT = 2.0
+"""Seconds the session's end waits for a write to the server's input to finish."""
 
 
 def _end_server(container_id: str, session_id: str, say: Callable[[str], None]) -> int | None:

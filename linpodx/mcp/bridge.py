@@ -46,6 +46,12 @@ PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 AUDIT_TEXT_CAP = 256
 """Longer ids/method/tool names are recorded by digest (an audit line has a size bound)."""
 
+LANE_BACKLOG_MAX = 256
+"""Steps one direction may have queued before its reader waits (see `_Lane.put`)."""
+INFLIGHT_MAX = 4096
+"""Client requests forwarded or held and not yet answered, at most: more are refused."""
+APPROVALS_MAX = 64
+"""Calls waiting for a person at once, at most: more are denied (each waits in a thread)."""
 EVENT_LINGER = 0.02
 """Seconds the event writer lets a burst of `mcp.decision` events gather into one write."""
 
@@ -76,7 +82,14 @@ class _Lane:
         self.thread.start()
 
     def put(self, ticket: Any, ok: Callable[[], None], fail: Callable[[AuditError], None]) -> None:
+        """Queue a step; with LANE_BACKLOG_MAX steps waiting, wait for room first. That is the
+        backpressure: a peer that does not read (a client ignoring stdout, a server ignoring
+        stdin) blocks this lane, and then the reader feeding it, and so the other peer's
+        writes, instead of the queue growing without bound (hundreds of MB in seconds)."""
         with self.cv:
+            if threading.current_thread() is not self.thread:  # (never wait for ourselves)
+                while len(self.queue) >= LANE_BACKLOG_MAX and not self.closed:
+                    self.cv.wait(0.5)
             self.queue.append((ticket, ok, fail))
             self.cv.notify_all()
 
@@ -549,11 +562,37 @@ class Bridge:
             return
         with self._lock:
             reused = key in self.inflight
-            if not reused:
+            crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
+            waiting = sum(1 for e in self.inflight.values() if e.approval_id is not None)
+            if not reused and not crowded:
                 self.inflight[key] = InFlight(msg.method, msg.tool_name, self._clock())
-        if reused:
+        if crowded:
             answer = jsonrpc.error_response(
-                msg.id, jsonrpc.INVALID_REQUEST, "refused by linpodx: request id already in flight"
+                msg.id,
+                jsonrpc.INVALID_REQUEST,
+                f"refused by linpodx: more than {INFLIGHT_MAX} requests in flight",
+            )
+            self._invalid(
+                "client",
+                f"more than {INFLIGHT_MAX} requests in flight",
+                msg.id,
+                0,
+                then=lambda: self.send_client(answer),
+            )
+            return
+        if decision.action is Action.PROMPT and waiting >= APPROVALS_MAX:
+            decision = policy.Decision(
+                Action.DENY,
+                decision.rule_index,
+                f"more than {APPROVALS_MAX} calls are waiting for a person",
+            )
+        if reused:
+            # Answered with a null id: an answer carrying the reused id would settle the
+            # request still in flight under it for the client, whose real answer then follows.
+            answer = jsonrpc.error_response(
+                None,
+                jsonrpc.INVALID_REQUEST,
+                "refused by linpodx: request id already in flight (this answer has a null id)",
             )
             self._invalid(
                 "client",

@@ -154,6 +154,10 @@ def _names(keys: set[str]) -> str:
     return ", ".join(sorted(json.dumps(k, ensure_ascii=True) for k in keys))
 
 
+BATCH_MAX = 100
+"""Messages in one JSON-RPC batch (MCP 2025-03-26), at most."""
+
+
 def parse(data: bytes) -> Message | Batch:
     """Parse one frame strictly. Raises ProtocolError (code -32700 for undecodable JSON)."""
     try:
@@ -163,6 +167,10 @@ def parse(data: bytes) -> Message | Batch:
     if isinstance(value, list):
         if not value:
             raise ProtocolError("empty batch")
+        if len(value) > BATCH_MAX:
+            # Each element is gated, recorded and answered on its own: one line of 500,000
+            # tiny elements was half a million records and hundreds of MB.
+            raise ProtocolError(f"batch of {len(value)} messages (at most {BATCH_MAX})")
         items: list[Message | ProtocolError] = []
         for element in value:
             try:

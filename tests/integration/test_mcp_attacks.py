@@ -161,13 +161,14 @@ def test_attack_classes(tmp_path: Path, unique_name: str) -> None:
         s.send({"jsonrpc": "2.0", "id": 999, "result": {"x": "M-CLIENT-RESPONSE"}})
         s.no_output(0.5)
 
-        # Id reuse while in flight: a prompted call holds id 30, a second id 30 is refused.
+        # Id reuse while in flight: a prompted call holds id 30, a second id 30 is refused,
+        # with a null id (an answer with id 30 would settle the call still held for a person).
         s.send(call(30, "write_file", "M-PROMPTED-30"))
         ev = wait_pending()
         forbidden.append("M-REUSED-ID")
         s.send(call(30, "echo", "M-REUSED-ID"))
         reuse = s.recv()
-        assert reuse["id"] == 30 and "in flight" in reuse["error"]["message"]
+        assert reuse["id"] is None and "in flight" in reuse["error"]["message"]
         assert linpodx("deny", ev["approval_id"]).returncode == 0
         denied = s.recv_id(30)
         assert denied["result"]["isError"] is True

@@ -202,3 +202,38 @@ def test_ctrl_c_ends_the_server_in_the_container_too(tmp_path: Path, unique_name
     data = _closing(sid)
     assert data["reason"] == "signal SIGINT" and data["server_killed"] == 1
     assert _marked_in(unique_name) == []
+
+
+# A server that never reads its input again: whatever the bridge forwards fills the pipe.
+NOT_READING = "import time; print('ready', flush=True); time.sleep(600)"
+
+
+def test_a_server_that_stops_reading_does_not_hang_the_end_of_the_session(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """The client floods allowed notifications at a server that reads nothing, then closes its
+    input. The bridge's write to the server blocked, and the session's end waited for it for
+    good (a SIGTERM too), with no closing record. Now it ends podman exec and closes."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    proc = subprocess.Popen(
+        attach_argv(unique_name, "python3", "-c", NOT_READING),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    note = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,'
+    line = note + b'"progress":1,"message":"' + b"x" * 1000 + b'"}}\n'
+    try:
+        for _ in range(400):  # ~400 KB: far more than a pipe holds
+            proc.stdin.write(line)
+    except BrokenPipeError:
+        pass
+    finally:
+        proc.stdin.close()
+    proc.wait(timeout=90)
+    text = proc.stderr.read().decode()
+    assert "ending its podman exec" in text, text
+    sid = next(x.split(": ", 1)[1] for x in text.splitlines() if x.startswith("mcp_session_id: "))
+    _closing(sid)
+    assert linpodx("audit", "verify", "--session", sid).returncode == 0

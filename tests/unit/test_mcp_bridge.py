@@ -175,6 +175,8 @@ def test_id_reuse_in_flight_refused() -> None:
     h.c(call(1, "read_file", path="other"))
     assert len(h.server) == 1
     assert h.client[0]["error"]["code"] == -32600
+    # A null id: an answer with id 1 would settle the request still in flight for the client.
+    assert h.client[0]["id"] is None
     h.s({"jsonrpc": "2.0", "id": 1, "result": {}})
     h.c(call(1, "read_file", path="again"))  # free again once answered
     assert len(h.server) == 2
@@ -374,3 +376,71 @@ def test_an_oversize_response_is_answered_with_an_error_for_its_call() -> None:
     h.bridge.on_server_frame(Oversize(6_000_123, b'{"jsonrpc":"2.0","id":7,"result":{'))
     h.bridge.on_server_frame(Oversize(6_000_123, b'{"result":{"id":6},"id":6,'))
     assert len(h.client) == 1
+
+
+def test_a_batch_of_more_than_batch_max_messages_is_refused_whole() -> None:
+    """One line `[1,1,1,…]` of 500,000 elements was as many records and hundreds of MB."""
+    from linpodx.mcp import jsonrpc
+
+    h = Harness()
+    h.bridge.protocol_version = "2025-03-26"  # the one revision with batches
+    h.c(json.dumps([call(i, "read_file") for i in range(jsonrpc.BATCH_MAX + 1)]))
+    assert h.server == []
+    assert len(h.client) == 1 and h.client[0]["error"]["code"] == -32600
+    assert "at most" in h.client[0]["error"]["message"]
+    h.c(json.dumps([call(i, "read_file") for i in range(jsonrpc.BATCH_MAX)]))
+    assert len(h.server) == jsonrpc.BATCH_MAX
+
+
+def test_requests_in_flight_and_calls_waiting_for_a_person_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each prompted call waits in a thread, each request in flight is remembered: a client
+    sending thousands of them made the bridge spend the machine's CPU and memory."""
+    from linpodx.mcp import bridge as bridge_mod
+
+    monkeypatch.setattr(bridge_mod, "INFLIGHT_MAX", 5)
+    monkeypatch.setattr(bridge_mod, "APPROVALS_MAX", 2)
+    monkeypatch.setattr(bridge_mod.Bridge, "_prompt", lambda self, msg: self._held(msg))
+
+    def held(self: Any, msg: Any) -> None:  # as `_prompt` marks a call waiting for a person
+        with self._lock:
+            self.inflight[msg.id_key].approval_id = f"apr_{msg.id}"
+
+    monkeypatch.setattr(bridge_mod.Bridge, "_held", held, raising=False)
+    h = Harness()
+    for i in range(3):
+        h.c(call(i, "write_file"))
+    third = [r for t, r in h.chain.records if t == "mcp.request"][2]
+    assert third["decision"] == "deny" and "waiting for a person" in third["reason"]
+    for i in (10, 11, 12, 13):  # two waiting for a person (the denied one is gone) + four
+        h.c(call(i, "read_file"))
+    assert [m["id"] for m in h.server] == [10, 11, 12]
+    refused = h.client[-1]
+    assert refused["id"] == 13 and "requests in flight" in refused["error"]["message"]
+
+
+def test_a_full_lane_makes_its_reader_wait() -> None:
+    """Backpressure: a lane blocked on a peer that does not read holds at most
+    LANE_BACKLOG_MAX steps; the next `put` waits for room instead of queueing without end."""
+    import threading
+
+    from linpodx.mcp import bridge as bridge_mod
+
+    release = threading.Event()
+
+    class Chain:
+        def wait(self, ticket: Any) -> None:
+            release.wait(10)
+
+    lane = bridge_mod._Lane(Chain(), "t", lambda m: None)
+    for _ in range(bridge_mod.LANE_BACKLOG_MAX + 1):  # one is taken by the (blocked) thread
+        lane.put(None, lambda: None, lambda e: None)
+    extra = threading.Thread(target=lane.put, args=(None, lambda: None, lambda e: None))
+    extra.start()
+    extra.join(1.0)
+    assert extra.is_alive() and len(lane.queue) == bridge_mod.LANE_BACKLOG_MAX
+    release.set()
+    extra.join(10)
+    assert not extra.is_alive()
+    lane.drain(10)
