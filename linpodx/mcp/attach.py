@@ -198,11 +198,20 @@ def _session(
     mark = f"{reap.ENV}={session_id}"
     argv = ["podman", "exec", "-i", "--env", mark, target.container_id, *command]
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        # stderr through linpodx too: the server's (and podman's) words reach the person's
+        # terminal escaped, never as escape sequences a server chose.
+        child = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
+        )
     except OSError as exc:
         _close(chain, audit_chain, session_id, "podman exec failed to start", None, {})
         raise LinpodxError(f"could not run podman exec: {exc}", "is podman installed?") from None
     assert child.stdin is not None and child.stdout is not None  # noqa: S101 - PIPE above
+    assert child.stderr is not None  # noqa: S101 - PIPE above
+    stderr_relay = threading.Thread(
+        target=_relay_stderr, args=(child.stderr.fileno(), say), name="stderr", daemon=True
+    )
+    stderr_relay.start()
     server_in = child.stdin.fileno()
     server_out = child.stdout.fileno()
     server_in_closed = threading.Event()
@@ -286,6 +295,7 @@ def _session(
         ended = ended or forced.is_set()
         code: int | None = status
         threads[1].join(2.0)  # let the last server messages through
+        stderr_relay.join(2.0)
         bridge.fence("server")
         bridge.drain()
         # The end of `podman exec` is not the end of the server: podman gives up the moment
@@ -331,6 +341,40 @@ def _session(
     shown = "unknown" if code is None else code
     say(f"bridge: session {session_id} ended ({reason}; server exit {shown})")
     return exit_code
+
+
+STDERR_LINE_MAX = 4096
+"""Bytes of one line of the server's stderr that are shown (the rest is dropped, said)."""
+
+
+def _relay_stderr(fd: int, say: Callable[[str], None]) -> None:
+    """Pass the server's stderr on line by line through `say` (escaped). Reads to the end
+    whatever happens, so the server never blocks on a full stderr pipe."""
+    buf = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            return
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        if len(buf) > STDERR_LINE_MAX:
+            lines.append(buf)
+            buf = b""
+        for line in lines:
+            _say_line(line, say)
+    if buf:
+        _say_line(buf, say)
+
+
+def _say_line(line: bytes, say: Callable[[str], None]) -> None:
+    text = line[:STDERR_LINE_MAX].decode("utf-8", "replace")
+    if len(line) > STDERR_LINE_MAX:
+        text += f"…(+{len(line) - STDERR_LINE_MAX} bytes)"
+    with contextlib.suppress(Exception):  # (a closed stderr: `say` already swallows it)
+        say(text)
 
 
 SERVER_INPUT_WAIT = 2.0

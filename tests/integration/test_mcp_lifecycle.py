@@ -237,3 +237,19 @@ def test_a_server_that_stops_reading_does_not_hang_the_end_of_the_session(
     sid = next(x.split(": ", 1)[1] for x in text.splitlines() if x.startswith("mcp_session_id: "))
     _closing(sid)
     assert linpodx("audit", "verify", "--session", sid).returncode == 0
+
+
+def test_the_servers_stderr_reaches_the_terminal_escaped(tmp_path: Path, unique_name: str) -> None:
+    """podman exec used to inherit linpodx's stderr: a server could write terminal escapes
+    (a new window title, a cleared screen, forged linpodx lines) straight to the terminal."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    code = "import sys; sys.stderr.write('\\x1b]0;pwned\\x07hello\\nbridge: forged\\r\\n')"
+    res = subprocess.run(
+        attach_argv(unique_name, "python3", "-c", code),
+        stdin=subprocess.PIPE,
+        capture_output=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert b"\x1b" not in res.stderr and b"\x07" not in res.stderr and b"\r" not in res.stderr
+    assert b"\\x1b]0;pwned\\x07hello" in res.stderr
