@@ -237,7 +237,8 @@ def _session(
             if not server_in_lock.acquire(timeout=SERVER_INPUT_WAIT):
                 with contextlib.suppress(OSError):
                     child.kill()
-                server_in_lock.acquire()
+                if not server_in_lock.acquire(timeout=SERVER_INPUT_WAIT):
+                    return  # (podman exec is gone; the session ends without waiting more)
         try:
             with contextlib.suppress(OSError):
                 child.stdin.close()  # type: ignore[union-attr]
