@@ -235,6 +235,14 @@ def _read_guard(st: EgressState) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def policy_revision(name: str) -> int | None:
+    """The policy revision container `name`'s guard reports it enforces (guard.json), None if
+    it reports none."""
+    info = _read_guard(EgressState(name))
+    rev = info.get("policy_revision") if info is not None else None
+    return rev if isinstance(rev, int) and not isinstance(rev, bool) else None
+
+
 def _guard_alive(info: dict[str, Any], name: str) -> bool:
     """The recorded guard pid is alive and really is this container's guard."""
     pid = info.get("guard_pid")

@@ -134,10 +134,6 @@ def summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
 def enforced_revision(name: str) -> int | None:
     """The policy revision container `name`'s running guard reports it enforces (guard.json),
     None if it reports none."""
-    try:
-        raw = read_regular(EgressState(name).guard_file, MAX_BYTES)
-        info = json.loads(raw.decode("utf-8")) if raw is not None else None
-    except (OSError, NotRegularFile, ValueError):
-        return None
-    rev = info.get("policy_revision") if isinstance(info, dict) else None
-    return rev if isinstance(rev, int) and not isinstance(rev, bool) else None
+    from linpodx.egress import guard
+
+    return guard.policy_revision(name)
