@@ -30,6 +30,17 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+def _egress_summary(r: dict[str, Any]) -> str:
+    text = _plural(r["egress"], "host allowed", "hosts allowed")
+    if r["wildcards"]:
+        # What a wildcard lets the agent write into DNS names is bounded by the budget.
+        text += (
+            f" ({_plural(r['wildcards'], 'wildcard', 'wildcards')}: at most "
+            f"{r['wildcard_budget']} new names per 10 minutes)"
+        )
+    return text
+
+
 @app.command("validate")
 def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
     """Check a profile file and summarize it; nothing is stored."""
@@ -41,6 +52,8 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
             "status": "ok",
             "mounts": len(p.mounts),
             "egress": len(p.network.egress_dns_allowlist),
+            "wildcards": sum(h.startswith("*.") for h in p.network.egress_dns_allowlist),
+            "wildcard_budget": p.network.wildcard_budget,
             "mcp": len(p.mcp_policy),
         }
 
@@ -52,7 +65,7 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
                     kv_line("profile", r["profile"]),
                     kv_line("status", r["status"]),
                     kv_line("mounts", r["mounts"]),
-                    kv_line("egress", _plural(r["egress"], "host allowed", "hosts allowed")),
+                    kv_line("egress", _egress_summary(r)),
                     kv_line("mcp", _plural(r["mcp"], "rule", "rules")),
                 )
             )

@@ -60,6 +60,7 @@ def policy_doc(stored: StoredProfile) -> dict[str, Any]:
             "egress_dns_allowlist": net.egress_dns_allowlist,
             "upstream_dns": net.upstream_dns,
             "allow_private_answers": net.allow_private_answers,
+            "wildcard_budget": net.wildcard_budget,
         },
     )
 

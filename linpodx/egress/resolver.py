@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from linpodx.egress.budget import DEFAULT_BUDGET, WildcardBudget, window_text
 from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl
 
 if TYPE_CHECKING:
@@ -58,6 +59,10 @@ SetRevoker = Callable[[list[IPAddress]], None]
 """Takes addresses away: out of the allowed sets, and established flows to them stopped."""
 DeniedHook = Callable[[str, str, str], None]
 """(name, record type, reason)"""
+NewNameHook = Callable[[str, str, int, int, str], bool]
+"""(name, the wildcard entry that allows it, names in the window with it, the budget, the
+window for people): a name under a wildcard is about to be asked upstream for the first time
+in the window. False: it could not be recorded, and is refused."""
 Upstream = Callable[["Outgoing", Sequence[tuple[str, int]]], "Reply"]
 """(our query, upstreams) -> the parsed answer to it; UpstreamError if none came."""
 
@@ -70,6 +75,8 @@ class ResolverPolicy:
     upstreams: tuple[tuple[str, int], ...]
     allow_private: bool
     host_addrs: frozenset[IPAddress] = frozenset()
+    wildcard_budget: int = DEFAULT_BUDGET
+    """Distinct new names allowed by wildcards alone, at most, per `budget.WINDOW`."""
 
 
 @dataclass
@@ -203,6 +210,7 @@ class PolicyResolver:
         add_to_sets: SetUpdater,
         revoke_in_sets: SetRevoker,
         on_denied: DeniedHook,
+        on_new_name: NewNameHook | None = None,
         upstream: Upstream = query_upstream,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -210,6 +218,7 @@ class PolicyResolver:
         self._add = add_to_sets
         self._revoke = revoke_in_sets
         self._denied = on_denied
+        self._new_name = on_new_name
         self._upstream = upstream
         self._clock = clock
         self._lock = threading.Lock()
@@ -230,6 +239,9 @@ class PolicyResolver:
         # Address -> why it is refused (None: fine), with the policy it was judged under: the
         # ipaddress range checks cost ~10 us per address, and CDN answers repeat the same few.
         self._refusals: tuple[ResolverPolicy, dict[IPAddress, str | None]] = (policy, {})
+        # Names asked upstream under wildcards in the last 10 minutes. Kept across policy
+        # changes: a re-apply is no fresh budget (a new one applies to the next new name).
+        self._budget = WildcardBudget(clock=clock)
 
     @property
     def policy(self) -> ResolverPolicy:
@@ -383,6 +395,9 @@ class PolicyResolver:
     ) -> bytes:
         from linpodx.egress import dnsmsg
 
+        refused = self._over_budget(q, policy)
+        if refused is not None:
+            return refused
         # The name as linpodx normalized it (lower case), never as the client spelled it:
         # the letter case of an allowed name would otherwise carry a bit per letter upstream.
         sent = dnsmsg.upstream_query(
@@ -460,6 +475,47 @@ class PolicyResolver:
         ttl = min(life, chain.ttl) if chain.records else 0
         return dnsmsg.answer(q, dnsmsg.NOERROR, chain.records, ttl)
 
+
+    def _over_budget(self, q: Query, policy: ResolverPolicy) -> bytes | None:
+        """REFUSED for a new name under a wildcard once the window holds the budget's worth;
+        None (go ahead) otherwise, recording a name that is new.
+
+        Here, right before the upstream query, because that query is what carries the name
+        out: cached and remembered answers cost nothing, and so does a name refused before
+        (not allowed, a refused type, not a host name). Counted whatever the upstream then
+        says: NXDOMAIN or a refused answer come after the name has left. The key is
+        `q.name`, the lower-case text of the parsed labels, which is what the upstream is
+        asked: spellings that reach the upstream as one name (letter case, escapes, the
+        trailing dot) count once, and A and AAAA of one name count once.
+
+        REFUSED, not NXDOMAIN: the name may well exist, and be allowed again once the window
+        moves on. An NXDOMAIN would be a false statement that caches in the container may
+        keep (RFC 8020 even lets them treat every name below it as missing); REFUSED is
+        DNS's "not for policy reasons", as for refused record types, and is never cached.
+        Not remembered either: the next lookup is judged afresh.
+        """
+        from linpodx.egress import dnsmsg
+
+        wildcard = policy.allowlist.wildcard_for(q.name)
+        if wildcard is None:
+            return None  # exact names are never counted
+        got = self._budget.admit(q.name, policy.wildcard_budget)
+        if not got.allowed:
+            self._denied(
+                q.name,
+                q.type_text,
+                f"wildcard budget: {got.budget} new names per "
+                f"{window_text(self._budget.window)}, all used",
+            )
+            return dnsmsg.answer(q, dnsmsg.REFUSED)
+        if got.new and self._new_name is not None:
+            window = window_text(self._budget.window)
+            if not self._new_name(q.name, wildcard, got.used, got.budget, window):
+                # An allow that cannot be recorded does not happen (and costs nothing).
+                self._budget.forget(q.name)
+                self._denied(q.name, q.type_text, "the new name could not be recorded")
+                return dnsmsg.answer(q, dnsmsg.REFUSED)
+        return None
 
     def _remember_negative(
         self,

@@ -175,6 +175,11 @@ def profile_flags(
     return argv
 
 
+WILDCARD_BUDGET_DEFAULT = 100
+"""`Network.wildcard_budget`'s default, without importing the profile model on the fast run
+path (a unit test holds the two, the schema's and the guard's equal)."""
+
+
 def egress_policy(
     name: str, profile_id: str, revision: int, network: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -187,4 +192,6 @@ def egress_policy(
         "allowlist": list(network["egress_dns_allowlist"]),
         "upstream_dns": list(network["upstream_dns"]),
         "allow_private_answers": bool(network["allow_private_answers"]),
+        # Absent from revisions stored before it existed (`Profile.digest_form`): the default.
+        "wildcard_budget": int(network.get("wildcard_budget", WILDCARD_BUDGET_DEFAULT)),
     }

@@ -1148,6 +1148,7 @@ def _build(data: Mapping[str, Any]) -> Profile:
             egress_dns_allowlist=tuple(net.get("egress_dns_allowlist") or ()),
             upstream_dns=tuple(net.get("upstream_dns") or ()),
             allow_private_answers=net.get("allow_private_answers", False),
+            wildcard_budget=net.get("wildcard_budget", Network.wildcard_budget),
         ),
         mcp_policy=tuple(
             McpRule(

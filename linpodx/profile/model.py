@@ -45,6 +45,8 @@ class Network:
     """`IP` or `IP:PORT` resolvers the policy resolver asks; empty means the host's."""
     allow_private_answers: bool = False
     """Allow allowed names to resolve to loopback, link-local, private or host addresses."""
+    wildcard_budget: int = 100
+    """Distinct new names allowed by wildcard entries alone, at most, per 10 minutes."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,22 @@ class Profile:
         ]
         d["env"] = {k: v for k, v in self.env}
         return d
+
+    def digest_form(self) -> dict[str, Any]:
+        """`to_dict()` without the keys added after revisions were first stored, where they
+        hold their default (LATER_DEFAULTS): the form the store hashes. A revision stored
+        before such a key existed means its default, and keeps its digest."""
+        d = self.to_dict()
+        for (section, key), default in LATER_DEFAULTS.items():
+            if d[section].get(key) == default:
+                del d[section][key]
+        return d
+
+
+LATER_DEFAULTS: dict[tuple[str, str], object] = {
+    ("network", "wildcard_budget"): Network.wildcard_budget,
+}
+"""(section, key) -> default, for keys the profile gained after its first release."""
 
 
 def default_profile() -> Profile:
