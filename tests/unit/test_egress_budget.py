@@ -240,6 +240,7 @@ def test_names_refused_for_other_reasons_cost_nothing() -> None:
     assert out is not None and dns.message.from_wire(out).rcode() == dns.rcode.REFUSED
     assert up.asked == []
     assert ask(r, "real.example.com").rcode() == dns.rcode.NOERROR  # the one place is still free
+    assert ask(r, "more.example.com").rcode() == dns.rcode.REFUSED  # and now it is taken
 
 
 def test_txt_and_other_data_types_under_a_wildcard_are_refused_and_never_asked() -> None:
