@@ -492,6 +492,7 @@ def _push_one(name: str, stored: StoredProfile) -> str:
                 "profile_id": stored.profile_id,
                 "revision": int(stored.revision),
                 "allowlist": list(stored.profile.network.egress_dns_allowlist),
+                "wildcard_budget": stored.profile.network.wildcard_budget,
                 "running": running,
             },
         )
