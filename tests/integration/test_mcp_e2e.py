@@ -53,11 +53,15 @@ async def _session(name: str, mode: str, errlog: Any) -> dict[str, Any]:
         )
         ev = await asyncio.to_thread(wait_pending, seen)
         out["pending_event"] = ev
-        approve = await asyncio.to_thread(linpodx, "approve", ev["approval_id"])
+        approve = await asyncio.to_thread(
+            linpodx, "approve", "--non-interactive", ev["approval_id"]
+        )
         out["approve_stdout"] = approve.stdout
         res = await task
         out["approved"] = (res.is_error, _text(res))
-        again = await asyncio.to_thread(linpodx, "approve", ev["approval_id"], check=False)
+        again = await asyncio.to_thread(
+            linpodx, "approve", "--non-interactive", ev["approval_id"], check=False
+        )
         out["approve_again"] = (again.returncode, again.stderr)
 
         # A prompted call nobody answers: denied after the profile's window.

@@ -354,17 +354,17 @@ def test_ctrl_c_stops_a_follower_quietly(cli: Any, monkeypatch: pytest.MonkeyPat
 
 def test_approve_and_deny_commands(cli: Any) -> None:
     p = pending()
-    ok = cli("approve", p.approval_id)
+    ok = cli("approve", "--non-interactive", p.approval_id)
     assert ok.exit_code == 0
     assert f"approval_id: {p.approval_id}" in ok.stdout and "decision: approved" in ok.stdout
-    again = cli("deny", p.approval_id)
+    again = cli("deny", "--non-interactive", p.approval_id)
     assert again.exit_code == 1 and "already approved" in again.stderr
     p2 = pending()
-    no = cli("deny", p2.approval_id, "--json")
+    no = cli("deny", "--non-interactive", p2.approval_id, "--json")
     assert no.exit_code == 0 and json.loads(no.stdout)["result"]["decision"] == "denied"
-    missing = cli("approve", "apr_01KB0000000000000000000000")
+    missing = cli("approve", "--non-interactive", "apr_01KB0000000000000000000000")
     assert missing.exit_code == 4 and "approval not found" in missing.stderr
-    bad = cli("approve", "../../etc/passwd")
+    bad = cli("approve", "--non-interactive", "../../etc/passwd")
     assert bad.exit_code == 4
 
 
@@ -373,7 +373,7 @@ def test_approve_after_the_window_is_refused(cli: Any) -> None:
     import time
 
     time.sleep(0.05)
-    res = cli("approve", p.approval_id)
+    res = cli("approve", "--non-interactive", p.approval_id)
     assert res.exit_code == 1 and "already expired" in res.stderr
     assert store.read_answer(p.approval_id) is None
 
@@ -484,7 +484,7 @@ def test_store_messages_quote_an_untrusted_id_escaped(call: Any) -> None:
 
 
 def test_approve_json_with_a_hostile_id_is_escaped(cli: Any) -> None:
-    res = cli("approve", HOSTILE_ID, "--json")
+    res = cli("approve", "--non-interactive", HOSTILE_ID, "--json")
     assert res.exit_code == 4
     doc = json.loads(res.stdout)
     assert "\x1b" not in doc["error"]["message"]
