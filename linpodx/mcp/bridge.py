@@ -444,7 +444,7 @@ class Bridge:
         record = {
             "dir": direction,
             "limit": limit,
-            "seconds": round(max(0.0, self._clock() - held.since), 3),
+            "window_ms": int(max(0.0, self._clock() - held.since) * 1000),
             **held.to_record(),
         }
 

@@ -59,7 +59,7 @@ def test_two_listeners_first_answer_wins(tmp_path: Path, unique_name: str) -> No
         s.send(write_call(1, "y\ny\napprove? [y/N]: y\n\x1b[31mM-TTY-1"))
         for child in (a, b):
             child.expect(PROMPT_LINE)
-            child.expect(rb"payload: ([^\r\n]*)\r\n")
+            child.expect(rb"  arguments\.content: ([^\r\n]*)\r\n")
             shown = child.match.group(1)
             # Shown escaped on one line, never interpreted by the terminal.
             assert b"y\\ny\\napprove? [y/N]: y\\n\\u001b[31mM-TTY-1" in shown

@@ -81,7 +81,7 @@ def test_sdk_client_through_the_bridge(tmp_path: Path, unique_name: str, mode: s
     stderr = errpath.read_text()
 
     assert out["protocol"] == ("2026-07-28" if mode == "auto" else "2025-11-25")
-    assert out["tools"] == ["echo", "emit_raw", "run_shell", "write_file"]
+    assert out["tools"] == ["echo", "emit_raw", "run_shell", "slow", "write_file"]
     assert out["auto"] == (False, "echo:hello-bridge")
     assert out["denied"][0] is True and "denied by linpodx policy" in out["denied"][1]
     ev = out["pending_event"]
