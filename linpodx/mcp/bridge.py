@@ -330,6 +330,7 @@ class Bridge:
             for d in ("client", "server")
         }
         self.suppressed = 0
+        self._said_window = bounds.Window(1, clock)
         self._on_bound = on_bound
         self.bound_hit: str | None = None
         # The fence (`fence`): frames of a direction handled at the moment, and the directions
@@ -769,8 +770,13 @@ class Bridge:
                 return
             cancelled = jsonrpc.id_key((msg.params or {}).get("requestId"))
         if msg.method in policy.REQUEST_METHODS:
-            # Refused (`policy.refusal`); said without ids or names: this is the client's pipe.
-            self._log("bridge: dropped a request the client sent without an id")
+            # Refused (`policy.refusal`) and recorded below; said without ids or names (this
+            # is the client's pipe), and at most once a second (a flood of them is no flood
+            # of lines).
+            with self._lock:
+                say, _ = self._said_window.admit("notification")
+            if say:
+                self._log("bridge: dropped a request the client sent without an id")
 
         def act() -> None:
             if decision.action is Action.AUTO_ALLOW:

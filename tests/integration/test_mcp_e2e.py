@@ -101,7 +101,7 @@ def test_sdk_client_through_the_bridge(tmp_path: Path, unique_name: str, mode: s
     lines = stderr.splitlines()
     sid = next(x.split(": ", 1)[1] for x in lines if x.startswith("mcp_session_id: sess_"))
     assert "bridge: host stdio <-> container stdio" in lines
-    assert "policy: 4 rules loaded" in lines
+    assert "policy: 5 rules loaded" in lines
     records = audit_chain.read_records(audit_chain.session_path(sid))
     types = [r.type for r in records]
     assert types[0] == "session.start" and types[-1] == "session.close"

@@ -565,3 +565,57 @@ def test_a_request_gone_while_its_prompt_is_open_does_not_end_the_listener() -> 
     assert cli_approvals.Prompter._status("apr_01KB0000000000000000000000").startswith(
         "unreadable: "
     )
+
+
+def test_render_fields_one_key_a_line_escaped_with_sizes() -> None:
+    ev = {
+        "ts": "2026-11-30T05:00:00.000000Z",
+        "type": "approval.pending",
+        "session": "sess_01KB0000000000000000000000",
+        "approval_id": "apr_01KB0000000000000000000000",
+        "method": "tools/call",
+        "tool": "write_file",
+        "payload": "{}",
+        "fields": [
+            ["name", '"write_file"', None],
+            ["arguments.content", '"harmless harmless…', 2700],
+            ["arguments.p\x1b[2Jath", '"/home/agent/.bashrc\x07"', None],
+        ],
+        "fields_more": 3,
+    }
+    lines = cli_approvals.render(ev)
+    assert lines[1:4] == [
+        '  name: "write_file"',
+        '  arguments.content: "harmless harmless… (2,700 chars)',
+        '  arguments.p\\x1b[2Jath: "/home/agent/.bashrc\\x07"',
+    ]
+    assert lines[4] == "  … 3 more keys: linpodx approvals show apr_01KB0000000000000000000000"
+    assert lines[5] == "approval_id: apr_01KB0000000000000000000000"
+
+
+def test_approve_without_a_terminal_needs_the_flag_and_says_so(cli: Any) -> None:
+    """Issue 23 #5: the MCP client's shell tool has no terminal on stdin."""
+    p = pending()
+    res = cli("approve", p.approval_id)
+    assert res.exit_code == 2 and "needs a terminal on stdin" in res.stderr
+    assert "--non-interactive" in res.stderr
+    assert store.status(p.approval_id) == "pending"
+    ok = cli("approve", "--non-interactive", p.approval_id, "--json")
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["result"]["interactive"] is False
+    answer = store.read_answer(p.approval_id)
+    assert answer is not None and answer.by["interactive"] is False
+    assert answer.reason == "approved by a person (non-interactive)"
+
+
+def test_approvals_show_prints_the_whole_request(cli: Any) -> None:
+    p = pending()
+    res = cli("approvals", "show", p.approval_id, "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)["result"]
+    assert store.request_digest(doc["request"]) == p.digest == doc["digest"]
+    text = cli("approvals", "show", p.approval_id)
+    assert text.exit_code == 0 and f"digest: {p.digest}" in text.stdout
+    assert "request:\n{" in text.stdout
+    (store.approvals_dir() / p.approval_id / "request.raw").write_bytes(b"{}")
+    bad = cli("approvals", "show", p.approval_id)
+    assert bad.exit_code == 3 and "does not match the digest" in bad.stderr
