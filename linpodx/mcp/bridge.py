@@ -311,6 +311,7 @@ class Bridge:
         self._server_lock = threading.Lock()
         self.inflight: dict[IdKey, InFlight] = {}
         self.server_inflight: dict[IdKey, str] = {}
+        self._cancelled: collections.OrderedDict[IdKey, None] = collections.OrderedDict()
         self.protocol_version: str | None = None
         self.stats = Stats()
         self.records = 0
@@ -658,7 +659,8 @@ class Bridge:
         if key is None:  # parse() guarantees a string or integer id for requests
             return
         with self._lock:
-            reused = key in self.inflight
+            recycled = key in self._cancelled
+            reused = key in self.inflight or recycled
             crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
             waiting = sum(1 for e in self.inflight.values() if e.approval_id is not None)
             if not reused and not crowded:
@@ -683,6 +685,22 @@ class Bridge:
                 decision.rule_index,
                 f"more than {APPROVALS_MAX} calls are waiting for a person",
             )
+        if recycled:
+            # The server may still answer the cancelled call under this id: that answer would
+            # be taken (and recorded) as this call's.
+            answer = jsonrpc.error_response(
+                msg.id,
+                jsonrpc.INVALID_REQUEST,
+                "refused by linpodx: request id of a cancelled request reused",
+            )
+            self._invalid(
+                "client",
+                "request id of a cancelled request reused",
+                msg.id,
+                0,
+                then=lambda: self.send_client(answer),
+            )
+            return
         if reused:
             # Answered with a null id: an answer carrying the reused id would settle the
             # request still in flight under it for the client, whose real answer then follows.
@@ -810,6 +828,11 @@ class Bridge:
             if entry is not None and entry.forwarded:
                 del self.inflight[key]
                 self.stats.extra["cancelled"] = self.stats.extra.get("cancelled", 0) + 1
+                # Remembered (the last INFLIGHT_MAX) so that a new request cannot take the id
+                # while the server may still answer the old one.
+                self._cancelled[key] = None
+                while len(self._cancelled) > INFLIGHT_MAX:
+                    self._cancelled.popitem(last=False)
 
     def _cancel_pending(self, msg: Message) -> bool:
         """A cancellation for a request still waiting for a person ends that wait (no forward)."""
@@ -1112,7 +1135,14 @@ class Bridge:
             elif key is not None:
                 del self.inflight[key]
         if entry is None:
-            self._dropped("server", "response to no request in flight", msg.id, lane="server")
+            with self._lock:
+                late = key is not None and key in self._cancelled
+                if late and key is not None:
+                    del self._cancelled[key]  # (answered: the id may be used again)
+            reason = (
+                "response to a cancelled request" if late else "response to no request in flight"
+            )
+            self._dropped("server", reason, msg.id, lane="server")
             return
         status = "ok" if msg.kind == "response" else "error"
         record: dict[str, Any] = {

@@ -256,3 +256,21 @@ def test_the_session_ends_at_the_size_bound() -> None:
     assert g.client[-1]["id"] == "late" and "error" in g.client[-1]
     assert g.chain.size == size  # and not recorded past the bound
     assert 65536 <= size < 65536 + 1000
+
+
+def test_the_id_of_a_cancelled_call_is_not_taken_before_its_late_answer() -> None:
+    """A new call under a cancelled call's id would be given the old call's late answer."""
+    g = Gate()
+    g.c(call(7, "slow"))
+    g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}})
+    g.c(call(7, "echo", text="M-REUSE"))
+    refused = g.client[-1]
+    assert refused["id"] == 7 and "cancelled request reused" in refused["error"]["message"]
+    assert [m.get("params", {}).get("name") for m in g.server if "id" in m] == ["slow"]
+    g.s(b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}')  # the late answer: dropped
+    assert g.chain.records[-1] == (
+        "mcp.drop",
+        {"dir": "server", "reason": "response to a cancelled request", "id": 7},
+    )
+    g.c(call(7, "echo", text="M-AFTER"))  # answered: the id is free again
+    assert g.server[-1]["params"]["arguments"] == {"text": "M-AFTER"}
