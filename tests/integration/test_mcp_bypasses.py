@@ -69,7 +69,7 @@ def test_a_tool_name_that_is_no_string_is_refused(tmp_path: Path, unique_name: s
             assert "string params.name" in resp["result"]["content"][0]["text"]
         ok = s.request(9, "tools/call", {"name": "echo", "arguments": {"text": "M-NAME-OK"}})
         assert ok["result"]["content"][0]["text"] == "echo:M-NAME-OK"
-        assert s.close() == 0
+        assert s.close() == 0, s.stderr[-3000:]
     finally:
         s.kill()
     log = server_log(unique_name)
@@ -97,7 +97,7 @@ def test_a_request_sent_as_a_notification_is_dropped(tmp_path: Path, unique_name
         s.send({"jsonrpc": "2.0", "method": "resources/read", "params": {"uri": "M-NOTIFY-2"}})
         s.no_output(1.0)  # (no reply can be sent to a notification)
         assert s.request(5, "ping")["result"] == {}
-        assert s.close() == 0
+        assert s.close() == 0, s.stderr[-3000:]
     finally:
         s.kill()
     assert b"M-NOTIFY" not in server_log(unique_name)
@@ -156,7 +156,7 @@ def test_the_approver_sees_meta_and_every_argument(tmp_path: Path, unique_name: 
         child.sendline(b"y")
         child.expect(rb"APPROVED")
         assert "wrote 2700 bytes" in s.recv_id(1)["result"]["content"][0]["text"]
-        assert s.close() == 0
+        assert s.close() == 0, s.stderr[-3000:]
     finally:
         if child is not None:
             child.terminate(force=True)
@@ -211,7 +211,7 @@ def test_the_client_cannot_approve_its_own_call(tmp_path: Path, unique_name: str
         ev2 = wait_pending({ev["approval_id"]})
         linpodx("deny", "--non-interactive", ev2["approval_id"])
         assert s.recv_id(2)["result"]["isError"] is True
-        assert s.close() == 0
+        assert s.close() == 0, s.stderr[-3000:]
     finally:
         s.kill()
     decided = [r.data for r in records(sid) if r.type == "approval.decided"]
@@ -274,7 +274,7 @@ def test_denials_use_no_sdk_code_and_set_level_passes(tmp_path: Path, unique_nam
         level = s.request(2, "logging/setLevel", {"level": "debug"})
         # The server's own answer (this one has no logging capability), not linpodx's denial.
         assert level.get("error", {}).get("code") != -32090, level
-        assert s.close() == 0
+        assert s.close() == 0, s.stderr[-3000:]
     finally:
         s.kill()
     got = received(unique_name)
