@@ -1163,6 +1163,9 @@ def _build(data: Mapping[str, Any]) -> Profile:
             max_line_bytes=mcp.get("max_line_bytes", 4 * 1024 * 1024),
             allow_server_requests=tuple(mcp.get("allow_server_requests") or ()),
             record_arguments=mcp.get("record_arguments", False),
+            drop_records_per_second=mcp.get("drop_records_per_second", 100),
+            audit_max_bytes=mcp.get("audit_max_bytes", 1024 * 1024 * 1024),
+            stderr_bytes_per_second=mcp.get("stderr_bytes_per_second", 64 * 1024),
         ),
         audit=Audit(hash_chain=True),
         resources=Resources(

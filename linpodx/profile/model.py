@@ -72,6 +72,12 @@ class McpSettings:
     """Server→client request methods let through (e.g. `sampling/createMessage`); others denied."""
     record_arguments: bool = False
     """Record tool-call arguments in full in the audit log (by digest otherwise)."""
+    drop_records_per_second: int = 100
+    """Records of refused or dropped messages per second and direction; the rest summarised."""
+    audit_max_bytes: int = 1024 * 1024 * 1024
+    """Size of a session's audit log at which the session ends (closed, with a last record)."""
+    stderr_bytes_per_second: int = 64 * 1024
+    """Bytes of the server's stderr passed on per second; the rest dropped and counted."""
 
 
 @dataclass(frozen=True)
