@@ -18,7 +18,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,10 +36,11 @@ from linpodx.errors import (
 from linpodx.fsutil import NotRegularFile, atomic_write, present, read_small
 from linpodx.output import note
 from linpodx.paths import containers_dir, ensure_dir
-from linpodx.podman import engine, mountpin, probe
+from linpodx.podman import engine, mountpin, probe, seccomp
 from linpodx.podman.argv import (
     MANAGED_LABEL,
     CreateSpec,
+    HostLimits,
     build_create_argv,
     build_run_argv,
     profile_flags,
@@ -443,6 +444,12 @@ def pin_mounts(name: str, ref: ProfileRef) -> tuple[str, ...]:
     return tuple(mountpin.hooks_flags(hooks))
 
 
+def host_limits() -> HostLimits:
+    """The host facts a container's argv needs, with linpodx's seccomp profile written
+    (`linpodx.podman.seccomp`: once per content)."""
+    return replace(probe.host_limits(), seccomp=seccomp.ensure())
+
+
 def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
     """The CreateSpec for a run request under a profile revision on this host; the profile's
     mount sources are checked again (`check_mount_sources`)."""
@@ -468,7 +475,7 @@ def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = Non
         rm=req.rm,
         rootless=probe.rootless(),
         resolv_conf=resolv_conf,
-        host=probe.host_limits(),
+        host=host_limits(),
     )
 
 
@@ -1400,7 +1407,7 @@ def spec_from_record(
         rm=False,
         rootless=probe.rootless(),
         resolv_conf=doc.get("resolv_conf"),
-        host=probe.host_limits(),
+        host=host_limits(),
     )
 
 

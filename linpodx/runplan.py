@@ -43,7 +43,7 @@ from linpodx import paths
 from linpodx.digest import sha256
 from linpodx.errors import LinpodxError
 from linpodx.ids import is_id
-from linpodx.podman import flags, probe
+from linpodx.podman import flags, probe, seccomp
 from linpodx.profile import pointer
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
@@ -59,6 +59,7 @@ _CODE = (
     "podman/flags.py",
     "podman/runline.py",
     "podman/probe.py",
+    "podman/seccomp.py",
     "profile/model.py",
     "profile/loader.py",
     "profile/schema.json",
@@ -269,6 +270,11 @@ def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any], host: probe.H
     name, profile_id = plan["profile"], plan["profile_id"]
     revision, audit_hash = plan["revision"], plan["audit_hash"]
     rootless, nofile_hard, nproc_hard, cgroup_limits, init = host
+    # The seccomp profile this host gives now, and only if its file holds exactly that (else
+    # the full path writes it).
+    profile_path = seccomp.current()
+    if profile_path is None:
+        return False
     expected = flags.profile_flags(
         profile,
         labels=flags.labels(name, profile_id, revision, audit_hash),
@@ -277,6 +283,7 @@ def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any], host: probe.H
         nproc_hard=nproc_hard,
         cgroup_limits=cgroup_limits,
         init=init,
+        seccomp=profile_path,
     )
     mounts = [[m["source"], m["target"]] for m in profile["mounts"]]
     network = profile["network"]

@@ -87,10 +87,12 @@ def profile_flags(
     nproc_hard: int | None,
     cgroup_limits: bool,
     init: bool,
+    seccomp: str,
 ) -> list[str]:
     """The flags between `runline.head` and `runline.tail`: everything the profile revision
     (`doc`, a profile's `to_dict()` form) and this host decide: labels, privileges, limits,
-    environment, workdir, the profile's mounts."""
+    environment, workdir, the profile's mounts. `seccomp`: the path of linpodx's seccomp
+    profile on this host (`linpodx.podman.seccomp`)."""
     res = doc.get("resources")
     env = doc.get("env")
     mounts = doc.get("mounts")
@@ -109,6 +111,10 @@ def profile_flags(
             )
         argv.append(f"--cap-add={cap}")
     argv.append("--security-opt=no-new-privileges")
+    if not seccomp.startswith("/") or "," in seccomp:
+        raise _damaged(f"seccomp profile path {seccomp!r}")
+    # No setuid/setgid files (linpodx.podman.seccomp): never podman's default alone.
+    argv.append(f"--security-opt=seccomp={seccomp}")
     argv.append("--network=none")
     argv.append("--http-proxy=false")
     # A private IPC namespace (rootful podman's default is "shareable").

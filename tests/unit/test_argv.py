@@ -7,7 +7,7 @@ import os
 import pytest
 
 from linpodx import paths
-from linpodx.errors import InvalidInput
+from linpodx.errors import EngineError, InvalidInput
 from linpodx.podman.argv import (
     CreateSpec,
     HostLimits,
@@ -18,8 +18,13 @@ from linpodx.podman.argv import (
 from linpodx.podman.runline import hostname_for
 from linpodx.profile.model import Mount, Profile, Resources, default_profile
 
-ROOTFUL = HostLimits(nofile_hard=20000, nproc_hard=96364, cgroup_limits=True, init=True)
-ROOTLESS_V1 = HostLimits(nofile_hard=20000, nproc_hard=96364, cgroup_limits=False, init=False)
+SECCOMP = "/state/seccomp/0123.json"
+ROOTFUL = HostLimits(
+    nofile_hard=20000, nproc_hard=96364, cgroup_limits=True, init=True, seccomp=SECCOMP
+)
+ROOTLESS_V1 = HostLimits(
+    nofile_hard=20000, nproc_hard=96364, cgroup_limits=False, init=False, seccomp=SECCOMP
+)
 HASH = "ab" * 32
 
 
@@ -49,6 +54,7 @@ DEFAULT_ROOTFUL = (
     f"--label=linpodx.audit_hash={HASH}",
     "--cap-drop=all",
     "--security-opt=no-new-privileges",
+    f"--security-opt=seccomp={SECCOMP}",
     "--network=none",
     "--http-proxy=false",
     "--ipc=private",
@@ -66,6 +72,16 @@ DEFAULT_ROOTFUL = (
     "--workdir=/home/agent",
     "localhost/linpodx-test/busybox:latest",
 )
+
+
+def test_a_spec_without_a_seccomp_profile_is_refused() -> None:
+    # Never podman's default profile alone: it lets a rootful container make setuid files.
+    spec = CreateSpec(
+        profile=default_profile(), profile_name="default", profile_id="builtin", revision=0,
+        audit_hash=HASH, image="busybox", name="agent-1", host=HostLimits(),
+    )  # fmt: skip
+    with pytest.raises(EngineError, match="no seccomp profile"):
+        build_create_argv(spec)
 
 
 def test_default_profile_rootful() -> None:
@@ -94,6 +110,7 @@ def test_rootless_cgroup_v1_interactive_rm_with_command() -> None:
         f"--label=linpodx.audit_hash={HASH}",
         "--cap-drop=all",
         "--security-opt=no-new-privileges",
+        f"--security-opt=seccomp={SECCOMP}",
         "--network=none",
         "--http-proxy=false",
         "--ipc=private",
@@ -150,6 +167,7 @@ def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
         "--cap-drop=all",
         "--cap-add=NET_BIND_SERVICE",
         "--security-opt=no-new-privileges",
+        f"--security-opt=seccomp={SECCOMP}",
         "--network=none",
         "--http-proxy=false",
         "--ipc=private",
