@@ -93,9 +93,11 @@ ALL_CAPS = frozenset(
 DANGEROUS_CAPS = frozenset(
     """SYS_ADMIN NET_ADMIN NET_RAW SYS_MODULE SYS_RAWIO SYS_PTRACE SYS_BOOT DAC_READ_SEARCH
     MAC_ADMIN MAC_OVERRIDE BPF PERFMON SYSLOG SYS_TIME LINUX_IMMUTABLE AUDIT_CONTROL SETFCAP
-    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE""".split()
+    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE MKNOD""".split()
 )
-"""Capabilities that let a container escape, undo the egress firewall or hide its tracks."""
+"""Capabilities that let a container escape, undo the egress firewall or hide its tracks, or
+leave a privileged file on the host (MKNOD: a device node in a writable mount is the host's
+device for any host user the node's mode lets in; SETFCAP: file capabilities)."""
 
 # Targets linpodx (or podman) manages itself, or that would hand the container the kernel.
 # `/run` and `/run/linpodx` would hold the mount gate (linpodx.podman.mountpin): runc would
