@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -816,7 +816,7 @@ def test_rollback_restores_no_setuid_device_or_file_capability(box: Box) -> None
         assert not os.path.lexists(box.ws / "devnode")
         # A host user runs the restored file (through a hard link where they can reach it).
         with tempfile.TemporaryDirectory(dir="/tmp") as top:
-            os.chmod(top, 0o755)
+            os.chmod(top, 0o755)  # noqa: S103 (nobody must reach the file it runs)
             os.link(suid, f"{top}/suid")
             runs = subprocess.run(
                 ["runuser", "-u", "nobody", "--", f"{top}/suid", "-p", "-c", "id -u"],
