@@ -164,8 +164,14 @@ def limit_notes(spec: CreateSpec) -> list[str]:
     ]
     if not spec.host.cgroup_limits:
         nproc = clamp_limit("nproc", res.nproc, spec.host.nproc_hard)[0]
+        missing = flags.unenforced(spec.profile.to_dict()["resources"], False)
+        what = (
+            f"the profile's {', '.join(missing)} (enforcement: best_effort) are not applied"
+            if missing
+            else "linpodx's default cgroup limits (pids, memory, cpus) are not applied"
+        )
         notes.append(
-            "cgroup limits (pids, memory, cpus) cannot be applied rootless on cgroup v1; "
-            f"processes are bounded by RLIMIT_NPROC={nproc}"
+            f"{what}: this host cannot apply cgroup limits for this user (rootless on cgroup "
+            f"v1); processes are bounded by RLIMIT_NPROC={nproc}"
         )
     return notes

@@ -1117,7 +1117,7 @@ class _Semantics:
                              "between 6m and 1024g")
             else:
                 res["memory"] = mem.lower()
-        if "cpus" in res and self.ok(("resources", "cpus")):
+        if res.get("cpus") is not None and self.ok(("resources", "cpus")):
             # A YAML float is judged as written (`0.1000001` has too many decimals even where
             # the float rounds it away).
             written = self.col.float_texts.get(("resources", "cpus"))
@@ -1172,6 +1172,7 @@ def _build(data: Mapping[str, Any]) -> Profile:
             pids_limit=res.get("pids_limit", d.pids_limit),
             nofile=res.get("nofile", d.nofile),
             nproc=res.get("nproc", d.nproc),
+            enforcement=res.get("enforcement", d.enforcement),
         ),
         cap_add=tuple(data.get("cap_add") or ()),
         env=tuple(sorted((data.get("env") or {}).items())),

@@ -71,6 +71,7 @@ def test_validate_json(cli: Cli, demo: Path) -> None:
         "mounts": 1,
         "egress": 2,
         "mcp": 3,
+        "limits": {"enforcement": "required", "not_enforceable_here": []},
     }
 
 
