@@ -147,8 +147,11 @@ def profile_flags(
             )
         argv.append(f"--cap-add={cap}")
     argv.append("--security-opt=no-new-privileges")
-    if not seccomp.startswith("/") or "," in seccomp:
-        raise _damaged(f"seccomp profile path {seccomp!r}")
+    if not seccomp.startswith("/"):
+        raise InvalidInput(
+            f"the seccomp profile path {seccomp!r} is not absolute",
+            "set LINPODX_STATE_DIR (or HOME) to an absolute path",
+        )
     # No setuid/setgid files (linpodx.podman.seccomp): never podman's default alone.
     argv.append(f"--security-opt=seccomp={seccomp}")
     argv.append("--network=none")

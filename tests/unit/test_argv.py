@@ -281,3 +281,24 @@ def test_a_mount_inside_home_goes_over_the_tmpfs_home() -> None:
     ) in got
     assert ("--mount=type=bind,source=/srv/work,destination=/home/agent/work,ro=true,"
             "bind-propagation=rprivate") in got
+
+
+def test_limits_the_host_cannot_apply_are_refused_unless_best_effort() -> None:
+    limited = Profile(name="lim", resources=Resources(memory="64m", pids_limit=64))
+    with pytest.raises(InvalidInput) as ei:
+        build_create_argv(spec(profile=limited, host=ROOTLESS_V1))
+    assert "sets resources.memory, resources.pids_limit" in ei.value.message
+    assert ei.value.hint and "enforcement: best_effort" in ei.value.hint
+    best = Profile(
+        name="lim",
+        resources=Resources(memory="64m", pids_limit=64, enforcement="best_effort"),
+    )
+    argv = build_create_argv(spec(profile=best, host=ROOTLESS_V1))
+    assert not [a for a in argv if a.startswith(("--memory", "--pids-limit", "--cpus"))]
+    assert "--ulimit=nproc=4096:4096" in argv
+    notes = limit_notes(spec(profile=best, host=ROOTLESS_V1))
+    assert any("memory, pids_limit (enforcement: best_effort) are not applied" in n for n in notes)
+    # Where the host can apply them, both give exactly the profile's limits.
+    for p in (limited, best):
+        argv = build_create_argv(spec(profile=p))
+        assert "--memory=64m" in argv and "--pids-limit=64" in argv and "--cpus=2" in argv
