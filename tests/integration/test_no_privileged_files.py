@@ -116,9 +116,17 @@ def _apply(tmp_path: Path, ws: Path, name: str) -> str:
     pfile.write_text(
         f"name: {profile}\nmounts:\n  - source: {ws}\n    target: /ws\n    read_only: false\n"
     )
-    res = run_linpodx("sandbox", "apply", "--profile", str(pfile))
+    res = run_linpodx("sandbox", "apply", "--profile", str(pfile), "--json")
     assert res.returncode == 0, res.stderr
     return profile
+
+
+def _plan_inode(profile: str) -> int:
+    """The inode of the profile's run plan: the full path rewrites it (a new inode), the fast
+    path only reads it (tests/integration/test_run_once.py)."""
+    from linpodx import containers, runplan
+
+    return os.stat(runplan.plan_file(containers.resolve_profile(profile).profile_id)).st_ino
 
 
 def _results(out: str) -> dict[str, str]:
@@ -181,9 +189,11 @@ def test_nothing_planted_through_a_mount_is_privileged_on_the_host(
     tmp_path: Path, ws: Path, unique_name: str
 ) -> None:
     profile = _apply(tmp_path, ws, unique_name)
+    inode = _plan_inode(profile)
     res = run_linpodx("run", "--rm", "--profile", profile, "--image", DEBIAN_IMAGE,
                       "--name", unique_name, "--", "sh", "-c", PLANT, timeout=180)
     assert res.returncode == 0, res.stderr
+    assert _plan_inode(profile) == inode, "the full path ran instead of the fast one"
     got = _results(res.stdout)
     _check_host(ws)
     _expect_refused(got)
