@@ -71,6 +71,8 @@ attempt("setcap", lambda: os.setxattr(copy("setcap"), "security.capability", cap
 def raw(nr, *args):
     if libc.syscall(nr, *args) < 0:
         raise OSError(ctypes.get_errno(), str(nr))
+attempt("fchmodat2", lambda: raw(452, ctypes.c_int(-100), copy("fchmodat2").encode(),
+                                 ctypes.c_uint(0o4755), ctypes.c_uint(0)))
 # openat2(AT_FDCWD, "openat2", {O_CREAT|O_WRONLY, 04755, 0}, 24): the mode is in a struct.
 how = ctypes.create_string_buffer(struct.pack("<QQQ", os.O_CREAT | os.O_WRONLY, 0o4755, 0))
 attempt("openat2", lambda: raw(437, ctypes.c_int(-100), b"openat2", how, ctypes.c_size_t(24)))
@@ -151,7 +153,7 @@ def _check_host(ws: Path) -> None:
     if ROOTLESS:
         return  # no other host user to run them as
     for name in ("chmod_4755", "chmod_gs", "install_6755", "tar_xp", "cp_a_su", "rename_over",
-                 "os_chmod", "os_fchmod", "fchmodat"):
+                 "os_chmod", "os_fchmod", "fchmodat", "fchmodat2"):
         f = ws / name
         if not f.exists():
             continue
@@ -176,8 +178,8 @@ def _expect_refused(got: dict[str, str]) -> None:
         assert got.get(name) == ("done" if ROOTLESS else "refused"), (name, got)
     # The rename goes ahead, with a file whose chmod was refused (the host check looks at it).
     assert got.get("rename_over") == "done", got
-    for name in ("os_chmod", "os_fchmod", "fchmodat", "open_creat", "o_tmpfile", "creat",
-                 "mknod_reg", "mknod_chr", "mknod_blk", "setcap"):
+    for name in ("os_chmod", "os_fchmod", "fchmodat", "fchmodat2", "open_creat", "o_tmpfile",
+                 "creat", "mknod_reg", "mknod_chr", "mknod_blk", "setcap"):
         assert got.get(name) == EPERM, (name, got)
     for name in ("openat2", "io_uring_setup"):
         assert got.get(name) == ENOSYS, (name, got)
