@@ -93,9 +93,11 @@ ALL_CAPS = frozenset(
 DANGEROUS_CAPS = frozenset(
     """SYS_ADMIN NET_ADMIN NET_RAW SYS_MODULE SYS_RAWIO SYS_PTRACE SYS_BOOT DAC_READ_SEARCH
     MAC_ADMIN MAC_OVERRIDE BPF PERFMON SYSLOG SYS_TIME LINUX_IMMUTABLE AUDIT_CONTROL SETFCAP
-    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE""".split()
+    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE MKNOD""".split()
 )
-"""Capabilities that let a container escape, undo the egress firewall or hide its tracks."""
+"""Capabilities that let a container escape, undo the egress firewall or hide its tracks, or
+leave a privileged file on the host (MKNOD: a device node in a writable mount is the host's
+device for any host user the node's mode lets in; SETFCAP: file capabilities)."""
 
 # Targets linpodx (or podman) manages itself, or that would hand the container the kernel.
 # `/run` and `/run/linpodx` would hold the mount gate (linpodx.podman.mountpin): runc would
@@ -1115,7 +1117,7 @@ class _Semantics:
                              "between 6m and 1024g")
             else:
                 res["memory"] = mem.lower()
-        if "cpus" in res and self.ok(("resources", "cpus")):
+        if res.get("cpus") is not None and self.ok(("resources", "cpus")):
             # A YAML float is judged as written (`0.1000001` has too many decimals even where
             # the float rounds it away).
             written = self.col.float_texts.get(("resources", "cpus"))
@@ -1174,6 +1176,7 @@ def _build(data: Mapping[str, Any]) -> Profile:
             pids_limit=res.get("pids_limit", d.pids_limit),
             nofile=res.get("nofile", d.nofile),
             nproc=res.get("nproc", d.nproc),
+            enforcement=res.get("enforcement", d.enforcement),
         ),
         cap_add=tuple(data.get("cap_add") or ()),
         env=tuple(sorted((data.get("env") or {}).items())),

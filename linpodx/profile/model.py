@@ -92,15 +92,20 @@ class Audit:
 class Resources:
     """Limits; defaults fit under this kind of host's hard limits."""
 
-    memory: str = "2g"
-    """podman `--memory` value (`512m`, `2g`)."""
-    cpus: str = "2"
-    """podman `--cpus` value, a decimal string."""
-    pids_limit: int = 512
+    memory: str | None = None
+    """podman `--memory` value (`512m`, `2g`); None: not set by the profile (linpodx applies
+    `flags.DEFAULT_MEMORY` where the host can, and never refuses a run for it)."""
+    cpus: str | None = None
+    """podman `--cpus` value, a decimal string; None: not set (`flags.DEFAULT_CPUS`)."""
+    pids_limit: int | None = None
+    """None: not set (`flags.DEFAULT_PIDS_LIMIT`)."""
     nofile: int = 1024
     """RLIMIT_NOFILE soft=hard inside the container."""
     nproc: int = 4096
     """RLIMIT_NPROC soft=hard inside the container."""
+    enforcement: str = "required"
+    """`required`: a run whose cgroup limits (memory, cpus, pids_limit) this host cannot apply
+    is refused; `best_effort`: it goes ahead without them, and its record says which."""
 
 
 @dataclass(frozen=True)

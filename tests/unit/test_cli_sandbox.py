@@ -73,6 +73,7 @@ def test_validate_json(cli: Cli, demo: Path) -> None:
         "wildcards": 0,
         "wildcard_budget": 100,
         "mcp": 3,
+        "limits": {"enforcement": "required", "not_enforceable_here": []},
     }
 
 
