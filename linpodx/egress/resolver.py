@@ -49,6 +49,9 @@ FAILURE_TTL = 5
 """The same for a failure (SERVFAIL, no answer in time): short, so a resolver that comes
 back is used soon (RFC 9520 asks for at least 1 s)."""
 SERVFAIL_RCODE = 2  # dns.rcode.SERVFAIL, without importing dnspython here
+RECORD_WAIT = 10.0
+"""Seconds a lookup of a name waits for the record another lookup of it is writing (past
+it: REFUSED, never asked unrecorded)."""
 NAMES_PER_ADDRESS_MAX = 64
 """Names remembered per granted address (a CDN address serves many). Forgetting one only
 means a policy change may revoke the address though that name is still allowed: it fails
@@ -500,6 +503,14 @@ class PolicyResolver:
         if wildcard is None:
             return None  # exact names are never counted
         got = self._budget.admit(q.name, policy.wildcard_budget)
+        if got.recording is not None:
+            # Another lookup of this name (its A beside this AAAA) is having the name
+            # recorded: nothing of the name goes upstream before its record exists.
+            got.recording.wait(RECORD_WAIT)
+            got = self._budget.admit(q.name, policy.wildcard_budget)
+            if got.recording is not None:
+                self._denied(q.name, q.type_text, "the new name could not be recorded in time")
+                return dnsmsg.answer(q, dnsmsg.REFUSED)
         if not got.allowed:
             self._denied(
                 q.name,
@@ -508,13 +519,20 @@ class PolicyResolver:
                 f"{window_text(self._budget.window)}, all used",
             )
             return dnsmsg.answer(q, dnsmsg.REFUSED)
-        if got.new and self._new_name is not None:
+        if got.new:
             window = window_text(self._budget.window)
-            if not self._new_name(q.name, wildcard, got.used, got.budget, window):
+            hook = self._new_name
+            try:
+                recorded = hook is None or hook(q.name, wildcard, got.used, got.budget, window)
+            except BaseException:
+                self._budget.forget(q.name)
+                raise
+            if not recorded:
                 # An allow that cannot be recorded does not happen (and costs nothing).
                 self._budget.forget(q.name)
                 self._denied(q.name, q.type_text, "the new name could not be recorded")
                 return dnsmsg.answer(q, dnsmsg.REFUSED)
+            self._budget.settle(q.name)
         return None
 
     def _remember_negative(

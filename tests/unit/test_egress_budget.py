@@ -298,6 +298,48 @@ def test_each_new_name_is_recorded_once_before_it_is_asked() -> None:
     assert new[0]["container"] == "c1"
 
 
+def test_the_other_type_of_a_new_name_waits_for_its_record_before_going_upstream() -> None:
+    """getaddrinfo sends A and AAAA together: the AAAA (not new: A admitted the name) must
+    not reach the upstream before the name's record is written, nor at all if it fails."""
+    writing = threading.Event()
+    release = threading.Event()
+    outcome = {"fail": False}
+
+    def sink(kind: str, data: dict[str, Any]) -> None:
+        if kind == "dns.wildcard":
+            writing.set()
+            assert release.wait(10)
+            if outcome["fail"]:
+                raise OSError("disk full")
+
+    for fail in (False, True):
+        writing.clear()
+        release.clear()
+        outcome["fail"] = fail
+        r, up, _records, _clock, _rec = make_budgeted(10, sink=sink)
+        got: dict[str, int] = {}
+
+        def look(rtype: str, r: PolicyResolver = r, got: dict[str, int] = got) -> None:
+            got[rtype] = ask(r, "pair.example.com", rtype).rcode()
+
+        a = threading.Thread(target=look, args=("A",))
+        a.start()
+        assert writing.wait(10)  # A's record is being written
+        aaaa = threading.Thread(target=look, args=("AAAA",))
+        aaaa.start()
+        aaaa.join(0.5)
+        assert up.asked == [] and got == {}  # AAAA waits, nothing has gone upstream
+        release.set()
+        a.join(10)
+        aaaa.join(10)
+        if fail:
+            assert got == {"A": dns.rcode.REFUSED, "AAAA": dns.rcode.REFUSED}
+            assert up.asked == []
+        else:
+            assert got == {"A": dns.rcode.NOERROR, "AAAA": dns.rcode.NOERROR}
+            assert sorted(up.asked) == [("pair.example.com", "A"), ("pair.example.com", "AAAA")]
+
+
 def test_a_new_name_that_cannot_be_recorded_is_refused_and_costs_nothing() -> None:
     fail = {"on": True}
     records: list[tuple[str, dict[str, Any]]] = []
