@@ -110,6 +110,13 @@ class WildcardBudget:
         if done is not None:
             done.set()
 
+    def holds(self, name: str) -> bool:
+        """Whether `name` is in the window now (asking it again would cost nothing)."""
+        key = normalize_name(name)
+        with self._lock:
+            last = self._seen.get(key)
+            return last is not None and self._clock() - last < self.window
+
     def used(self) -> int:
         """Names in the window now."""
         with self._lock:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from linpodx.egress.budget import DEFAULT_BUDGET, WildcardBudget, window_text
 from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from linpodx.egress.dnsmsg import Outgoing, Query, Record, Reply
 
 log = logging.getLogger(__name__)
+
+_V = TypeVar("_V")
 
 # Only what a client needs to connect: A and AAAA questions (dns.rdatatype.A, AAAA), answered
 # with their CNAME chain. HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused: each can
@@ -471,8 +473,8 @@ class PolicyResolver:
                     names = self._granted[a].names
                     if len(names) < NAMES_PER_ADDRESS_MAX:
                         names.add(q.name)
-                if len(self._cache) >= CACHE_MAX:
-                    self._cache.clear()
+                if len(self._cache) >= self._memory_max(policy):
+                    self._cache = self._keep(self._cache, policy, now, lambda v: v.expires)
                 if life:
                     self._cache[key] = _CacheEntry(chain.records, now + life, chain.names)
         ttl = min(life, chain.ttl) if chain.records else 0
@@ -535,6 +537,36 @@ class PolicyResolver:
             self._budget.settle(q.name)
         return None
 
+    @staticmethod
+    def _memory_max(policy: ResolverPolicy) -> int:
+        """Lookups remembered at most (answers, and apart from them failures): room for A and
+        AAAA of every name the budget may hold in its window, beside CACHE_MAX others."""
+        return CACHE_MAX + 2 * policy.wildcard_budget
+
+    def _keep(
+        self,
+        memory: dict[tuple[str, int], _V],
+        policy: ResolverPolicy,
+        now: float,
+        until: Callable[[_V], float],
+    ) -> dict[tuple[str, int], _V]:
+        """`memory` (full) without what may go: lapsed lines, then names allowed only by a
+        wildcard that have left the budget's window (asking them again costs a new name);
+        and if that freed too little, exact names too (only a very long allowlist has that
+        many). Emptying it outright let every repeat go upstream again at once: with a budget
+        above CACHE_MAX / 2, cycling through the names in the window emptied it over and
+        over, and each repeat was another message out. The names in the window, A and AAAA,
+        always fit (`_memory_max`), with CACHE_MAX to spare."""
+        kept = {
+            k: v
+            for k, v in memory.items()
+            if until(v) > now
+            and (policy.allowlist.wildcard_for(k[0]) is None or self._budget.holds(k[0]))
+        }
+        if len(kept) > self._memory_max(policy) - CACHE_MAX // 4:
+            kept = {k: v for k, v in kept.items() if policy.allowlist.wildcard_for(k[0])}
+        return kept
+
     def _remember_negative(
         self,
         key: tuple[str, int],
@@ -552,10 +584,8 @@ class PolicyResolver:
         with self._lock:
             if self._policy is not policy:
                 return
-            if len(self._negative) >= CACHE_MAX:
-                self._negative = {k: v for k, v in self._negative.items() if v[0] > now}
-                if len(self._negative) >= CACHE_MAX:
-                    self._negative.clear()
+            if len(self._negative) >= self._memory_max(policy):
+                self._negative = self._keep(self._negative, policy, now, lambda v: v[0])
             self._negative[key] = (now + life, rcode, why)
 
     def _negative_answer(

@@ -340,6 +340,19 @@ def test_the_other_type_of_a_new_name_waits_for_its_record_before_going_upstream
             assert sorted(up.asked) == [("pair.example.com", "A"), ("pair.example.com", "AAAA")]
 
 
+def test_a_large_budget_s_names_are_not_re_asked_before_their_answers_lapse() -> None:
+    """With a budget above half the resolver's cache, the names in the window (A and AAAA)
+    overflowed it, and a full cache was emptied: every repeat then went upstream again at
+    once, as often as the agent liked (a channel as wide as the upstream's query rate)."""
+    n = 4500  # more than 4096 (A only: AAAA would fill the negative memory the same way)
+    r, up, _records, clock, _rec = make_budgeted(n, sink=lambda k, d: None)
+    for _ in range(2):
+        for i in range(n):
+            assert ask(r, f"w{i}.example.com").rcode() == dns.rcode.NOERROR
+        clock.t += 1
+    assert len(up.asked) == n  # each name once, the repeats from memory
+
+
 def test_a_new_name_that_cannot_be_recorded_is_refused_and_costs_nothing() -> None:
     fail = {"on": True}
     records: list[tuple[str, dict[str, Any]]] = []
