@@ -383,9 +383,12 @@ class PolicyResolver:
             return dnsmsg.answer(q, neg[1])
         if mine is None:
             # The same lookup is with the upstream: wait for it once, then answer from what
-            # it left in the caches (or, if it left nothing, ask ourselves).
+            # it left in the caches (or, if it left nothing, ask ourselves, one at a time).
             if waited or other is None:
-                return self._ask_upstream(q, key, policy, now)
+                # Still one with the upstream after all that wait (an upstream slower than
+                # its timeout, a TCP retry): a query of our own beside it would let the
+                # number of lookups at once carry data out. Fail; the client asks again.
+                return dnsmsg.answer(q, dnsmsg.SERVFAIL)
             other.wait(UPSTREAM_TIMEOUT * max(1, len(policy.upstreams)) + 1)
             return self._answer(q, wire_key, policy, waited=True)
         try:
