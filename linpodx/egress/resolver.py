@@ -35,6 +35,11 @@ _V = TypeVar("_V")
 # carry arbitrary bytes back into the container or name more endpoints.
 ADDRESS_TYPES = frozenset({1, 28})
 MAX_CNAME_CHAIN = 8
+MAX_ANSWER_ADDRS = 32
+"""Addresses of one answer kept, granted and handed on, at most (the first ones; clients use
+one or a few). An upstream answer over TCP may carry ~4,000: each kept in memory took
+~1.3 MB, so a zone answering every name so could grow the guard by gigabytes (4096 lines of
+memory, or more under a large wildcard budget)."""
 UPSTREAM_TIMEOUT = 3.0
 CACHE_MAX = 4096
 GRANTED_MAX = 65536
@@ -420,7 +425,7 @@ class PolicyResolver:
             # NXDOMAIN passes through as itself; anything else is a server failure to us.
             failed = dnsmsg.NXDOMAIN if rcode == dnsmsg.NXDOMAIN else dnsmsg.SERVFAIL
             return self._negative_answer(q, key, failed, policy, now)
-        chain = dnsmsg.follow_chain(resp, q.name, q.rdtype, MAX_CNAME_CHAIN)
+        chain = dnsmsg.follow_chain(resp, q.name, q.rdtype, MAX_CNAME_CHAIN, MAX_ANSWER_ADDRS)
         for addr in chain.addrs:
             why = self._refusal(policy, addr)
             if why is not None:

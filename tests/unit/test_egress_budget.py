@@ -636,3 +636,19 @@ def test_validate_names_the_budget_when_there_are_wildcards(tmp_path: Path) -> N
     assert line in r.stdout
     doc = json.loads(run_linpodx("sandbox", "validate", str(f), "--json").stdout)
     assert doc["result"]["wildcards"] == 1 and doc["result"]["wildcard_budget"] == 40
+
+
+def test_a_huge_answer_is_cut_to_a_few_addresses() -> None:
+    """A zone answering with thousands of addresses (TCP carries ~4,000) must not make each
+    remembered answer megabytes."""
+    from linpodx.egress.resolver import MAX_ANSWER_ADDRS
+
+    r, up, _records, _clock, _rec = make_budgeted(10)
+    up.table["big.example.com"] = [
+        ("big.example.com", "A", 300, f"9.9.{i // 250}.{i % 250 + 1}") for i in range(1000)
+    ]
+    resp = ask(r, "big.example.com")
+    assert resp.rcode() == dns.rcode.NOERROR
+    assert len([rd for rr in resp.answer for rd in rr]) == MAX_ANSWER_ADDRS == 32
+    [line] = [v for k, v in r._cache.items() if k[0] == "big.example.com"]
+    assert len(line.records) == MAX_ANSWER_ADDRS
