@@ -52,6 +52,9 @@ class Admission:
     """Names in the window now, this one included when allowed."""
     budget: int
     """The budget the name was judged against."""
+    recording: threading.Event | None = None
+    """Set when the name is in the window but its first lookup's record is not written yet:
+    wait for this before asking upstream, then ask `admit` again."""
 
 
 class WildcardBudget:
@@ -66,6 +69,11 @@ class WildcardBudget:
         # name -> when it was last asked, oldest first (a repeat moves it to the end), so the
         # names that left the window are always at the front.
         self._seen: OrderedDict[str, float] = OrderedDict()
+        # Names admitted as new whose record is not written yet -> set once it is (`settle`)
+        # or the name was given back (`forget`). Another lookup of such a name (its AAAA
+        # beside its A, as getaddrinfo sends them) waits: it must not go upstream before the
+        # name's record exists.
+        self._recording: dict[str, threading.Event] = {}
 
     def admit(self, name: str, budget: int) -> Admission:
         """Whether `name` (allowed by a wildcard only) may be asked upstream now; counts it
@@ -78,16 +86,36 @@ class WildcardBudget:
             if key in self._seen:
                 self._seen.move_to_end(key)
                 self._seen[key] = now
-                return Admission(True, False, len(self._seen), budget)
+                waiting = self._recording.get(key)
+                return Admission(True, False, len(self._seen), budget, waiting)
             if len(self._seen) >= budget:
                 return Admission(False, False, len(self._seen), budget)
             self._seen[key] = now
+            self._recording[key] = threading.Event()
             return Admission(True, True, len(self._seen), budget)
+
+    def settle(self, name: str) -> None:
+        """`name`, admitted as new, is recorded: other lookups of it may go upstream now."""
+        with self._lock:
+            done = self._recording.pop(normalize_name(name), None)
+        if done is not None:
+            done.set()
 
     def forget(self, name: str) -> None:
         """Take `name` out of the window (it was admitted but then not asked after all)."""
+        key = normalize_name(name)
         with self._lock:
-            self._seen.pop(normalize_name(name), None)
+            self._seen.pop(key, None)
+            done = self._recording.pop(key, None)
+        if done is not None:
+            done.set()
+
+    def holds(self, name: str) -> bool:
+        """Whether `name` is in the window now (asking it again would cost nothing)."""
+        key = normalize_name(name)
+        with self._lock:
+            last = self._seen.get(key)
+            return last is not None and self._clock() - last < self.window
 
     def used(self) -> int:
         """Names in the window now."""
@@ -101,3 +129,6 @@ class WildcardBudget:
             if now - last < self.window:
                 break
             del self._seen[name]
+            done = self._recording.pop(name, None)
+            if done is not None:  # pragma: no cover - a record pending for 10 minutes
+                done.set()

@@ -8,15 +8,18 @@ Two kinds, each bounded on its own (a flood of one never hides the other):
   window (defaults: 31 per minute). The lookup is denied whatever happens to the record: a
   failing audit append is logged, never turned into an allow.
 - `dns.wildcard`: a new name under a wildcard is about to be asked upstream (the wildcard
-  budget admitted it). The first `max_records` per window are written one by one, before the
-  lookup goes on; past that the names are kept and written in summary records that list them
-  (`names`, at most SUMMARY_NAMES each), so every name that left is in the audit chain. The
-  budget bounds how many there are (`linpodx.egress.budget`). Such a lookup is an allow: if
-  its record cannot be written, or the last write failed, `new_name` says so and the resolver
-  refuses the lookup instead.
+  budget admitted it). The first `max_records` per window are written one by one; past that
+  the names go into summary records that list them (`names`, at most SUMMARY_NAMES each).
+  Either way a name's record is written BEFORE its lookup goes on (an allow is recorded
+  before it takes effect): a name past the bound waits for the summary write that carries
+  it, and the names that arrive while one write is under way share the next one (a group
+  commit), so a burst costs a few writes, not one per name. So every name that left is in
+  the audit chain, even if the guard is killed right after. The budget bounds how many
+  there are (`linpodx.egress.budget`). If a name's record cannot be written, or the last
+  write failed, `new_name` says so and the resolver refuses the lookup instead.
 
-Summaries are written when the window ends (`tick`, called each second by the guard, or the
-next record), when SUMMARY_NAMES names are waiting, and when the guard stops (`flush`).
+Denial summaries are written when the window ends (`tick`, called each second by the guard,
+or the next record) and when the guard stops (`flush`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 Sink = Callable[[str, dict[str, Any]], None]
+_Record = tuple[str, dict[str, Any]]
+_Write = tuple[_Record, "_Batch | None"]
+"""A record to write, and the batch of names it carries (set as written once it is)."""
 
 SUMMARY_NAMES = 256
 """New names listed in one `dns.wildcard` summary record at most (~64 KiB)."""
@@ -43,8 +49,16 @@ class _Bucket:
     seen: set[tuple[str, str]] = field(default_factory=set)
     written: int = 0
     suppressed: int = 0
+
+
+@dataclass
+class _Batch:
+    """New names waiting for the one summary record that will list them all."""
+
     names: list[str] = field(default_factory=list)
-    """`dns.wildcard` only: the names not written one by one, waiting for their summary."""
+    written: threading.Event = field(default_factory=threading.Event)
+    """Set once the summary was written, or failed (`ok` says which)."""
+    ok: bool = False
 
 
 class DenialRecorder:
@@ -71,6 +85,7 @@ class DenialRecorder:
         self._start = clock()
         self._denied = _Bucket()
         self._new = _Bucket()
+        self._waiting = _Batch()
         self._sink_failed = False
 
     def deny(self, name: str, rtype: str, reason: str) -> None:
@@ -86,23 +101,27 @@ class DenialRecorder:
                 b.written += 1
                 out.append(
                     (
-                        "dns.denied",
-                        {
-                            "container": self._container,
-                            "name": name,
-                            "qtype": rtype,
-                            "reason": reason,
-                            "message": f"dns lookup denied for {name}",
-                        },
+                        (
+                            "dns.denied",
+                            {
+                                "container": self._container,
+                                "name": name,
+                                "qtype": rtype,
+                                "reason": reason,
+                                "message": f"dns lookup denied for {name}",
+                            },
+                        ),
+                        None,
                     )
                 )
         self._write_all(out)
 
     def new_name(self, name: str, wildcard: str, used: int, budget: int, window: str) -> bool:
         """Note a new name about to be asked upstream under `wildcard` (`used` of `budget`
-        names in the budget's `window`, e.g. `10 minutes`). False if it could not be
-        recorded: its record failed, or it waits for a summary while the last write failed
-        (the resolver then refuses the lookup)."""
+        names in the budget's `window`, e.g. `10 minutes`), and return once its record (one
+        by one, or a summary listing it) is written. False if it could not be recorded: its
+        record failed, or the last write failed (the resolver then refuses the lookup)."""
+        batch: _Batch | None = None
         with self._lock:
             out = self._rolled()
             b = self._new
@@ -112,31 +131,42 @@ class DenialRecorder:
                 mine = len(out)
                 out.append(
                     (
-                        "dns.wildcard",
-                        {
-                            "container": self._container,
-                            "name": name,
-                            "wildcard": wildcard,
-                            "used": used,
-                            "budget": budget,
-                            "message": f"dns lookup of new name {name} under {wildcard} "
-                            f"({used} of {budget} per {window})",
-                        },
+                        (
+                            "dns.wildcard",
+                            {
+                                "container": self._container,
+                                "name": name,
+                                "wildcard": wildcard,
+                                "used": used,
+                                "budget": budget,
+                                "message": f"dns lookup of new name {name} under {wildcard} "
+                                f"({used} of {budget} per {window})",
+                            },
+                        ),
+                        None,
                     )
                 )
             elif self._sink_failed:
-                # It would wait for a summary that the broken sink may never take: refuse
-                # it now rather than let it out unrecorded.
+                # Its summary would go to a sink that just failed: refuse it now rather
+                # than hold the lookup for a write that is likely to fail too.
                 mine = -1
             else:
-                b.names.append(name)
-                if len(b.names) >= SUMMARY_NAMES:
-                    mine = len(out)
+                batch = self._waiting
+                batch.names.append(name)
+                if len(batch.names) >= SUMMARY_NAMES:
                     out.extend(self._new_summary())
         ok = self._write_all(out)
-        if mine is None:
-            return True  # waits for its summary (the sink took the last write)
-        return mine >= 0 and ok[mine]
+        if batch is None:
+            return mine is not None and mine >= 0 and ok[mine]
+        if not batch.written.is_set():
+            # Write the batch ourselves unless another thread took it (it then writes it):
+            # the names that joined while we waited for the write lock go in the same record.
+            with self._write_lock:
+                with self._lock:
+                    take = self._new_summary() if self._waiting is batch else []
+                self._write_locked(take)
+            batch.written.wait()
+        return batch.ok
 
     def tick(self) -> None:
         """Write the summaries of a window that has ended (the guard calls this each second,
@@ -151,7 +181,7 @@ class DenialRecorder:
             out = self._summaries()
         self._write_all(out)
 
-    def _rolled(self) -> list[tuple[str, dict[str, Any]]]:
+    def _rolled(self) -> list[_Write]:
         """The summaries of the window, if it has ended (a new one starts now)."""
         now = self._clock()
         if now - self._start < self._window:
@@ -159,18 +189,21 @@ class DenialRecorder:
         self._start = now
         return self._summaries()
 
-    def _summaries(self) -> list[tuple[str, dict[str, Any]]]:
-        out: list[tuple[str, dict[str, Any]]] = []
+    def _summaries(self) -> list[_Write]:
+        out: list[_Write] = []
         if self._denied.suppressed:
             n = self._denied.suppressed
             out.append(
                 (
-                    "dns.denied",
-                    {
-                        "container": self._container,
-                        "suppressed": n,
-                        "message": f"{n} more dns lookups denied (not recorded one by one)",
-                    },
+                    (
+                        "dns.denied",
+                        {
+                            "container": self._container,
+                            "suppressed": n,
+                            "message": f"{n} more dns lookups denied (not recorded one by one)",
+                        },
+                    ),
+                    None,
                 )
             )
         out.extend(self._new_summary())
@@ -178,27 +211,39 @@ class DenialRecorder:
         self._new = _Bucket()
         return out
 
-    def _new_summary(self) -> list[tuple[str, dict[str, Any]]]:
-        names, self._new.names = self._new.names, []
-        if not names:
+    def _new_summary(self) -> list[_Write]:
+        """The waiting names' summary (taken: later names wait for the next one)."""
+        batch, self._waiting = self._waiting, _Batch()
+        if not batch.names:
+            batch.ok = True
+            batch.written.set()
             return []
-        n = len(names)
-        return [
-            (
-                "dns.wildcard",
-                {
-                    "container": self._container,
-                    "names": names,
-                    "suppressed": n,
-                    "message": f"{n} more new names looked up under wildcards (listed in "
-                    "the record, not one by one)",
-                },
-            )
-        ]
+        n = len(batch.names)
+        record = (
+            "dns.wildcard",
+            {
+                "container": self._container,
+                "names": batch.names,
+                "suppressed": n,
+                "message": f"{n} more new names looked up under wildcards (listed in "
+                "the record, not one by one)",
+            },
+        )
+        return [(record, batch)]
 
-    def _write_all(self, out: list[tuple[str, dict[str, Any]]]) -> list[bool]:
+    def _write_all(self, out: list[_Write]) -> list[bool]:
         with self._write_lock:
-            return [self._write(kind, data) for kind, data in out]
+            return self._write_locked(out)
+
+    def _write_locked(self, out: list[_Write]) -> list[bool]:
+        done = []
+        for (kind, data), batch in out:
+            ok = self._write(kind, data)
+            if batch is not None:
+                batch.ok = ok
+                batch.written.set()
+            done.append(ok)
+        return done
 
     def _write(self, kind: str, data: dict[str, Any]) -> bool:
         try:

@@ -162,3 +162,48 @@ def test_past_the_budget_new_names_are_refused_known_ones_resolve_and_all_are_re
     # A new start of the container is a new guard, and a new window.
     bring_up(container, st)
     assert statuses(container, ["n101.wild.test A"]) == ["NOERROR"]
+
+
+BURST = r"""
+import os, socket, struct, threading
+def ask(i):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(10)
+    name = b"".join(bytes([len(p)]) + p for p in (b"k%d" % i, b"wild", b"test")) + b"\0"
+    s.sendto(os.urandom(2) + struct.pack("!HHHHH", 0x0100, 1, 0, 0, 0) + name
+             + struct.pack("!HH", 1, 1), ("127.0.0.1", 53))
+    s.recv(512)
+ts = [threading.Thread(target=ask, args=(i,)) for i in range(100)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("done")
+"""
+
+
+def test_every_name_that_left_is_recorded_even_if_the_guard_is_killed_right_after(
+    upstream: DnsUpstream, container: str
+) -> None:
+    """Names past the one-by-one bound are summarised; their summary is written before
+    they go upstream, so a guard killed (-9: no flush) right after a burst lost none."""
+    net = Network(
+        egress_dns_allowlist=("*.wild.test",),
+        upstream_dns=(f"127.0.0.1:{upstream.port}",),
+        allow_private_answers=True,
+    )
+    st = Stored(Profile(name="budget-kill", network=net), "budget-kill", "prof_TESTbkill", 1)
+    create(container, st)
+    bring_up(container, st)
+    before = len(upstream.asked)
+    out = sh(container, f"python3 -c '{BURST}'", timeout=120)
+    assert out.stdout.strip() == "done", out.stderr
+    left = {n.lower() for n, _ in upstream.asked[before:]}
+    assert left == {f"k{i}.wild.test" for i in range(100)}
+    gpid = json.loads(EgressState(container).guard_file.read_text())["guard_pid"]
+    os.kill(gpid, 9)
+    assert wait_for(lambda: not Path(f"/proc/{gpid}").exists(), timeout=30)
+    recorded: list[str] = []
+    for r in admin_records("dns.wildcard"):
+        d = r["data"]
+        if d["container"] == container:
+            recorded += [d["name"]] if "name" in d else d["names"]
+    assert sorted(recorded) == sorted(left)

@@ -11,6 +11,7 @@ import json
 import random
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -297,6 +298,61 @@ def test_each_new_name_is_recorded_once_before_it_is_asked() -> None:
     assert new[0]["container"] == "c1"
 
 
+def test_the_other_type_of_a_new_name_waits_for_its_record_before_going_upstream() -> None:
+    """getaddrinfo sends A and AAAA together: the AAAA (not new: A admitted the name) must
+    not reach the upstream before the name's record is written, nor at all if it fails."""
+    writing = threading.Event()
+    release = threading.Event()
+    outcome = {"fail": False}
+
+    def sink(kind: str, data: dict[str, Any]) -> None:
+        if kind == "dns.wildcard":
+            writing.set()
+            assert release.wait(10)
+            if outcome["fail"]:
+                raise OSError("disk full")
+
+    for fail in (False, True):
+        writing.clear()
+        release.clear()
+        outcome["fail"] = fail
+        r, up, _records, _clock, _rec = make_budgeted(10, sink=sink)
+        got: dict[str, int] = {}
+
+        def look(rtype: str, r: PolicyResolver = r, got: dict[str, int] = got) -> None:
+            got[rtype] = ask(r, "pair.example.com", rtype).rcode()
+
+        a = threading.Thread(target=look, args=("A",))
+        a.start()
+        assert writing.wait(10)  # A's record is being written
+        aaaa = threading.Thread(target=look, args=("AAAA",))
+        aaaa.start()
+        aaaa.join(0.5)
+        assert up.asked == [] and got == {}  # AAAA waits, nothing has gone upstream
+        release.set()
+        a.join(10)
+        aaaa.join(10)
+        if fail:
+            assert got == {"A": dns.rcode.REFUSED, "AAAA": dns.rcode.REFUSED}
+            assert up.asked == []
+        else:
+            assert got == {"A": dns.rcode.NOERROR, "AAAA": dns.rcode.NOERROR}
+            assert sorted(up.asked) == [("pair.example.com", "A"), ("pair.example.com", "AAAA")]
+
+
+def test_a_large_budget_s_names_are_not_re_asked_before_their_answers_lapse() -> None:
+    """With a budget above half the resolver's cache, the names in the window (A and AAAA)
+    overflowed it, and a full cache was emptied: every repeat then went upstream again at
+    once, as often as the agent liked (a channel as wide as the upstream's query rate)."""
+    n = 4500  # more than 4096 (A only: AAAA would fill the negative memory the same way)
+    r, up, _records, clock, _rec = make_budgeted(n, sink=lambda k, d: None)
+    for _ in range(2):
+        for i in range(n):
+            assert ask(r, f"w{i}.example.com").rcode() == dns.rcode.NOERROR
+        clock.t += 1
+    assert len(up.asked) == n  # each name once, the repeats from memory
+
+
 def test_a_new_name_that_cannot_be_recorded_is_refused_and_costs_nothing() -> None:
     fail = {"on": True}
     records: list[tuple[str, dict[str, Any]]] = []
@@ -389,38 +445,77 @@ def test_defaults_agree_everywhere() -> None:
 
 
 # -- the records -----------------------------------------------------------------------------
-def test_new_names_past_the_bound_are_listed_in_a_summary() -> None:
+def test_new_names_past_the_bound_are_listed_in_a_summary_written_before_they_go_on() -> None:
     out: list[tuple[str, dict[str, Any]]] = []
     clock = Tick()
     rec = DenialRecorder("c", lambda k, d: out.append((k, d)), max_records=3, clock=clock)
     for i in range(10):
         assert rec.new_name(f"n{i}.example.com", "*.example.com", i + 1, 100, "10 minutes")
-    assert [d["name"] for _, d in out] == ["n0.example.com", "n1.example.com", "n2.example.com"]
-    clock.t = 30
-    rec.tick()  # the minute has not ended
-    assert len(out) == 3
+        # Recorded before new_name returns, i.e. before the lookup goes upstream: a guard
+        # killed right after it has left no name out of the chain.
+        listed = [n for _, d in out for n in ([d["name"]] if "name" in d else d["names"])]
+        assert listed == [f"n{j}.example.com" for j in range(i + 1)]
+    assert [d["name"] for _, d in out[:3]] == [f"n{i}.example.com" for i in range(3)]
+    kind, summary = out[3]
+    assert kind == "dns.wildcard" and summary["suppressed"] == 1
+    assert summary["names"] == ["n3.example.com"]
+    assert summary["message"] == (
+        "1 more new names looked up under wildcards (listed in the record, not one by one)"
+    )
     clock.t = 60
     rec.tick()
-    kind, summary = out[3]
-    assert kind == "dns.wildcard" and summary["suppressed"] == 7
-    assert summary["names"] == [f"n{i}.example.com" for i in range(3, 10)]
-    assert summary["message"] == (
-        "7 more new names looked up under wildcards (listed in the record, not one by one)"
-    )
+    assert len(out) == 10  # nothing was left waiting
     rec.new_name("late.example.com", "*.example.com", 11, 100, "10 minutes")
-    assert out[4][1]["name"] == "late.example.com"  # a new minute: one by one again
+    assert out[10][1]["name"] == "late.example.com"  # a new minute: one by one again
 
 
-def test_a_full_summary_is_written_at_once_and_flush_writes_the_rest() -> None:
+def test_names_arriving_during_a_write_share_the_next_summary() -> None:
+    """A group commit: a burst past the bound costs a few writes, not one per name, and
+    each name still waits for the write that carries it."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    first_write = threading.Event()
+    release = threading.Event()
+
+    def sink(kind: str, data: dict[str, Any]) -> None:
+        if not first_write.is_set():
+            first_write.set()
+            assert release.wait(10)
+        out.append((kind, data))
+
+    rec = DenialRecorder("c", sink, max_records=0, clock=Tick())
+    done: dict[str, bool] = {}
+
+    def look(name: str) -> None:
+        done[name] = rec.new_name(name, "*.example.com", 1, 100, "10 minutes")
+
+    first = threading.Thread(target=look, args=("a.example.com",))
+    first.start()
+    assert first_write.wait(10)  # a's summary is being written (and stays so for now)
+    rest = [threading.Thread(target=look, args=(f"b{i}.example.com",)) for i in range(20)]
+    for t in rest:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(rec._waiting.names) < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done == {}  # nobody went on before its record was written
+    release.set()
+    for t in [first, *rest]:
+        t.join(10)
+    assert len(done) == 21 and all(done.values())
+    assert len(out) == 2 and out[0][1]["names"] == ["a.example.com"]
+    assert sorted(out[1][1]["names"]) == sorted(f"b{i}.example.com" for i in range(20))
+
+
+def test_a_full_summary_holds_at_most_its_bound() -> None:
     out: list[tuple[str, dict[str, Any]]] = []
     rec = DenialRecorder("c", lambda k, d: out.append((k, d)), max_records=0, clock=Tick())
-    for i in range(SUMMARY_NAMES + 5):
-        rec.new_name(f"n{i}.example.com", "*.example.com", i + 1, 10000, "10 minutes")
+    batch = rec._waiting
+    batch.names.extend(f"n{i}.example.com" for i in range(SUMMARY_NAMES - 1))
+    assert rec.new_name("last.example.com", "*.example.com", 1, 10000, "10 minutes")
     assert len(out) == 1 and len(out[0][1]["names"]) == SUMMARY_NAMES
     assert len(json.dumps(out[0][1])) < 1 << 20  # far below an audit record's bound
-    rec.flush()
-    rest = range(SUMMARY_NAMES, SUMMARY_NAMES + 5)
-    assert out[1][1]["names"] == [f"n{i}.example.com" for i in rest]
+    assert rec.new_name("next.example.com", "*.example.com", 2, 10000, "10 minutes")
+    assert out[1][1]["names"] == ["next.example.com"]
 
 
 def test_a_flood_of_denials_does_not_hide_new_names_nor_the_other_way_round() -> None:
@@ -435,10 +530,10 @@ def test_a_flood_of_denials_does_not_hide_new_names_nor_the_other_way_round() ->
     names = [d.get("name") for _, d in out]
     assert "a.example.com" in names
     assert "budget.example.com" not in names  # the denial bound was used up by the flood
+    listed = [n for k, d in out if k == "dns.wildcard" for n in d.get("names", [])]
+    assert len(listed) == 96
     rec.flush()
-    kinds = {k: d for k, d in out[-2:]}
-    assert kinds["dns.denied"]["suppressed"] == 96
-    assert len(kinds["dns.wildcard"]["names"]) == 96
+    assert out[-1][0] == "dns.denied" and out[-1][1]["suppressed"] == 96
 
 
 def test_while_the_sink_fails_names_waiting_for_a_summary_are_refused() -> None:
@@ -451,15 +546,17 @@ def test_while_the_sink_fails_names_waiting_for_a_summary_are_refused() -> None:
     clock = Tick()
     rec = DenialRecorder("c", sink, max_records=1, clock=clock)
     assert rec.new_name("a.example.com", "*.example.com", 1, 100, "10 minutes")
-    assert rec.new_name("b.example.com", "*.example.com", 2, 100, "10 minutes")  # waits
+    assert rec.new_name("b.example.com", "*.example.com", 2, 100, "10 minutes")  # a summary
     state["fail"] = True
     rec.deny("x.test", "A", "name not in the allowlist")  # this write fails
     assert not rec.new_name("c.example.com", "*.example.com", 3, 100, "10 minutes")
     state["fail"] = False
     assert not rec.new_name("d.example.com", "*.example.com", 3, 100, "10 minutes")
-    clock.t = 60  # a new minute: the waiting summary is written, and works
+    clock.t = 60  # a new minute: one by one again, and the sink works
     assert rec.new_name("d.example.com", "*.example.com", 3, 100, "10 minutes")
     assert rec.new_name("e.example.com", "*.example.com", 4, 100, "10 minutes")
+    state["fail"] = True  # the summary that would carry f fails: f is refused
+    assert not rec.new_name("f.example.com", "*.example.com", 5, 100, "10 minutes")
 
 
 # -- the profile field -----------------------------------------------------------------------
@@ -539,3 +636,19 @@ def test_validate_names_the_budget_when_there_are_wildcards(tmp_path: Path) -> N
     assert line in r.stdout
     doc = json.loads(run_linpodx("sandbox", "validate", str(f), "--json").stdout)
     assert doc["result"]["wildcards"] == 1 and doc["result"]["wildcard_budget"] == 40
+
+
+def test_a_huge_answer_is_cut_to_a_few_addresses() -> None:
+    """A zone answering with thousands of addresses (TCP carries ~4,000) must not make each
+    remembered answer megabytes."""
+    from linpodx.egress.resolver import MAX_ANSWER_ADDRS
+
+    r, up, _records, _clock, _rec = make_budgeted(10)
+    up.table["big.example.com"] = [
+        ("big.example.com", "A", 300, f"9.9.{i // 250}.{i % 250 + 1}") for i in range(1000)
+    ]
+    resp = ask(r, "big.example.com")
+    assert resp.rcode() == dns.rcode.NOERROR
+    assert len([rd for rr in resp.answer for rd in rr]) == MAX_ANSWER_ADDRS == 32
+    [line] = [v for k, v in r._cache.items() if k[0] == "big.example.com"]
+    assert len(line.records) == MAX_ANSWER_ADDRS
