@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# The test command's two phases that run inside privileged containers made from fresh Debian
+# trees, so that nothing of this machine can make them pass (see docs/infra.md):
+#
+#     pristine   Debian 12 tree (ca-certificates, git, python3 and nothing else): the README's
+#                set-up and walk-through (`bash scripts/walkthrough.sh`), then the host smoke tests
+#                (tests/integration/test_host_ready.py) as root and as the rootless test user.
+#     podman5    Debian 13 tree (podman 5.4): a chosen set of podman-marked integration and e2e
+#                tests as root, then rootless with slirp4netns and with pasta.
+#
+# Called by scripts/test.sh (`bash scripts/test.sh --phase pristine` runs that phase alone, after
+# the set-up phases), as root on the host:
+#
+#     bash scripts/tree-phase.sh NAME SRC LOG
+#
+# SRC is test.sh's copy of the checkout (the file list sync_src makes); it is copied into the
+# container. The container gets only that copy, the machine's CA bundle and /etc/pip.conf (if
+# any), so it reaches the package registries a fresh machine reaches, and the host's test image
+# tarballs (so the images are not built twice). The mmdebstrap output of each tree is cached as
+# $LINPODX_TEST_CACHE/tree-NAME-RECIPEHASH.tar; for the pristine tree it is the bare tree, so its
+# packages are installed inside the fresh container on every run. The last line of LOG-style
+# output starting with `tree-phase: result:` says what ran.
+#
+# Inside the container the same file runs as `tree-phase.sh --inside NAME`.
+set -uo pipefail
+umask 022
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+: "${LINPODX_TEST_CACHE:=/var/cache/linpodx-test}"
+: "${LINPODX_TEST_USER:=linpodx-test}"
+LABEL=io.linpodx.test.recipe
+# Bump when the container set-up below changes in a way the recipe strings do not show.
+RECIPE_VERSION=1
+# The tests the podman5 phase runs, root and rootless (each helper). Chosen to fit the CI budget
+# (docs/infra.md, "Phases in fresh trees"): the host smoke tests, the whole egress guard (the part
+# that depends most on podman's and the helpers' versions), lifecycle (apply/run/ps/stop/start
+# across podman 5's changed inspect output), hardening, and the MCP end-to-end.
+PODMAN5_ROOT_TESTS="tests/integration/test_host_ready.py tests/integration/test_egress_live.py
+tests/integration/test_lifecycle.py tests/integration/test_run_hardening.py
+tests/integration/test_mcp_e2e.py tests/integration/test_run_profile.py"
+PODMAN5_ROOTLESS_TESTS="tests/integration/test_host_ready.py tests/integration/test_egress_live.py
+tests/integration/test_lifecycle.py"
+# Hard bound on one phase's container, so a hang cannot eat the CI's whole time.
+: "${LINPODX_TREE_TIMEOUT:=2400}"
+
+log() { printf 'tree-phase: %s\n' "$*"; }
+die() {
+    printf 'error: %s\n' "$1" >&2
+    [[ $# -gt 1 ]] && printf 'hint: %s\n' "$2" >&2
+    exit 1
+}
+
+# --- inside the container ---------------------------------------------------------------------
+
+# Run scripts/test.sh from the copy with the given phases; record its last pytest line. A run
+# that passes no test at all counts as failed (a phase that collects nothing proves nothing).
+INNER_RESULTS=()
+INNER_FAILED=0
+inner_test() {
+    local label=$1 out rc line
+    shift
+    banner_inner "$label"
+    out=$(mktemp)
+    env "$@" bash scripts/test.sh "${INNER_PHASES[@]}" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    # The summary's pytest lines; each one must have passed tests.
+    line=$(grep -E '^  (root|rootless) ' "$out" | sed -E 's/^ +//; s/ +/ /g' | paste -sd ';')
+    rm -f -- "$out"
+    if ((rc == 0)) && [[ -n $line ]] && ! grep -qvE '[0-9]+ passed' <<<"${line//;/$'\n'}"; then
+        INNER_RESULTS+=("$label ok: $line")
+    else
+        INNER_RESULTS+=("$label FAIL (exit $rc): ${line:-no test line}")
+        INNER_FAILED=1
+    fi
+}
+banner_inner() { printf '\n-------- %s --------\n' "$*"; }
+
+inside_prepare() {
+    # The machine's CA bundle and pip configuration, nothing else (HOST.md: that is what reaching
+    # the registries from here takes). The bundle replaces the tree's own.
+    install -m 0644 /run/lpx-host/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+    [[ -f /run/lpx-host/pip.conf ]] && install -m 0644 /run/lpx-host/pip.conf /etc/pip.conf
+    # A clone as a person would have it: a writable copy under root's home.
+    rm -rf /root/linpodx
+    cp -a /run/lpx-host/src /root/linpodx
+    # The host's image tarballs: scripts/build-images.sh finds them by their recipe hash and
+    # imports them (it builds only those whose recipe differs here, e.g. busybox on trixie).
+    install -d -m 0755 /var/cache/linpodx-test
+    local f
+    for f in /run/lpx-host/images/*.tar; do
+        [[ -e $f ]] && cp -- "$f" /var/cache/linpodx-test/
+    done
+    cd /root/linpodx || exit 1
+}
+
+inside_pristine() {
+    inside_prepare
+    local t0 rc
+    banner_inner "pristine: bash scripts/walkthrough.sh (set-up from a bare Debian 12 tree)"
+    t0=$(date +%s)
+    TERM=${TERM:-xterm} bash scripts/walkthrough.sh </dev/null
+    rc=$?
+    if ((rc == 0)); then
+        INNER_RESULTS+=("walkthrough ok ($(($(date +%s) - t0))s)")
+    else
+        INNER_RESULTS+=("walkthrough FAIL (exit $rc, $(($(date +%s) - t0))s)")
+        INNER_FAILED=1
+    fi
+    # The host smoke tests as root (a rootful container on podman's default network among them)
+    # and as the rootless test user: they run plain podman, so they show what the set-up left.
+    INNER_PHASES=(--phase root --phase rootless)
+    inner_test "host_ready root+rootless" \
+        LINPODX_TEST_PATHS=tests/integration/test_host_ready.py
+}
+
+inside_podman5() {
+    inside_prepare
+    local f
+    for f in $PODMAN5_ROOT_TESTS $PODMAN5_ROOTLESS_TESTS; do
+        [[ -f $f ]] || die "the podman5 phase lists $f, which this checkout lacks" \
+            "update PODMAN5_*_TESTS in scripts/tree-phase.sh"
+    done
+    banner_inner "podman5: set-up on Debian 13 (scripts/test.sh --prepare-only)"
+    bash scripts/test.sh --prepare-only </dev/null || {
+        INNER_RESULTS+=("prepare FAIL")
+        INNER_FAILED=1
+        return
+    }
+    podman version --format 'podman {{.Client.Version}}' || true
+    INNER_PHASES=(--phase root)
+    inner_test "root" LINPODX_PYTEST_ARGS="-m podman" \
+        LINPODX_TEST_PATHS="$(echo $PODMAN5_ROOT_TESTS)"
+    INNER_PHASES=(--phase rootless)
+    inner_test "rootless slirp4netns" LINPODX_EGRESS_HELPER=slirp4netns \
+        LINPODX_TEST_PATHS="$(echo $PODMAN5_ROOTLESS_TESTS)"
+    inner_test "rootless pasta" LINPODX_EGRESS_HELPER=pasta \
+        LINPODX_TEST_PATHS="$(echo $PODMAN5_ROOTLESS_TESTS)"
+}
+
+if [[ ${1:-} == --inside ]]; then
+    INNER_PHASES=()
+    case ${2:-} in
+    pristine) inside_pristine ;;
+    podman5) inside_podman5 ;;
+    *) die "unknown phase: ${2:-}" "pristine or podman5" ;;
+    esac
+    banner_inner "results"
+    for r in "${INNER_RESULTS[@]}"; do log "result: $r"; done
+    exit "$INNER_FAILED"
+fi
+
+# --- on the host ------------------------------------------------------------------------------
+(($# == 2)) || die "usage: tree-phase.sh pristine|podman5 SRC" "scripts/test.sh --phase NAME runs it"
+NAME=$1
+SRC=$2
+[[ $(id -u) -eq 0 ]] || die "scripts/tree-phase.sh must run as root" "run scripts/test.sh as root"
+[[ -f $SRC/scripts/tree-phase.sh ]] || die "$SRC is not a copy of the checkout" \
+    "scripts/test.sh passes its copy"
+
+# The host's test-suite packages, from the one list in setup-host.sh.
+host_packages() {
+    # shellcheck disable=SC1090
+    (eval "$(sed -n '/^PACKAGES=(/,/^)/p' "$HERE/setup-host.sh")" && IFS=, && echo "${PACKAGES[*]}")
+}
+
+case $NAME in
+pristine)
+    SUITE=bookworm
+    # Exactly the issue's "pristine machine": a minimal install plus these three.
+    INCLUDE=ca-certificates,git,python3
+    ;;
+podman5)
+    SUITE=trixie
+    # Cached with the suite's packages already in: this phase is about podman 5, not set-up
+    # (the pristine phase proves the set-up installs everything).
+    pk=$(host_packages) || die "cannot read PACKAGES from scripts/setup-host.sh"
+    INCLUDE=ca-certificates,git,python3,$pk
+    ;;
+*) die "unknown phase: $NAME" "pristine or podman5" ;;
+esac
+
+recipe="v$RECIPE_VERSION mmdebstrap variant=apt suite=$SUITE include=$INCLUDE"
+hash=$(printf '%s' "$recipe" | sha256sum | cut -c1-16)
+tree_tar=$LINPODX_TEST_CACHE/tree-$NAME-$hash.tar
+image=localhost/linpodx-test/tree-$NAME:latest
+install -d -m 0755 "$LINPODX_TEST_CACHE"
+
+if [[ ! -s $tree_tar ]]; then
+    log "building $tree_tar: mmdebstrap $SUITE --include=$INCLUDE"
+    tmp=$(mktemp --suffix=.tar "$LINPODX_TEST_CACHE/.tree-$NAME.XXXXXX")
+    # shellcheck disable=SC2064  # expand now: the trap must remove this very file
+    trap "rm -f -- '$tmp'" EXIT
+    mmdebstrap --quiet --variant=apt --include="$INCLUDE" \
+        --customize-hook='rm -rf "$1/var/cache/apt/archives/"*.deb' \
+        "$SUITE" "$tmp" </dev/null ||
+        die "mmdebstrap of the $NAME tree failed" "Debian's package mirror must be reachable"
+    chmod 0644 "$tmp"
+    mv -f -- "$tmp" "$tree_tar"
+    trap - EXIT
+fi
+for f in "$LINPODX_TEST_CACHE"/tree-"$NAME"-*.tar; do
+    [[ -e $f && $f != "$tree_tar" ]] && rm -f -- "$f"
+done
+have=$(podman image inspect --format "{{index .Labels \"$LABEL\"}}" "$image" 2>/dev/null || true)
+if [[ $have != "$hash" ]]; then
+    old_id=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+    log "importing $image ($hash)"
+    podman import --quiet --change "LABEL $LABEL=$hash" --change 'CMD ["/bin/bash"]' \
+        "$tree_tar" "$image" >/dev/null </dev/null || die "podman import of $image failed"
+    [[ -n $old_id ]] && podman rmi "$old_id" >/dev/null 2>&1
+fi
+
+# What the container gets from the host (read-only): the checkout copy, the CA bundle, the pip
+# configuration and the test image tarballs.
+mounts=(-v "$SRC:/run/lpx-host/src:ro"
+    -v /etc/ssl/certs/ca-certificates.crt:/run/lpx-host/ca-certificates.crt:ro)
+[[ -f /etc/pip.conf ]] && mounts+=(-v /etc/pip.conf:/run/lpx-host/pip.conf:ro)
+for f in "$LINPODX_TEST_CACHE"/debian-*.tar "$LINPODX_TEST_CACHE"/busybox-*.tar; do
+    [[ -e $f ]] && mounts+=(-v "$f:/run/lpx-host/images/${f##*/}:ro")
+done
+
+cname=linpodx-tree-$NAME-$$
+log "running $image as $cname (podman $(podman version --format '{{.Client.Version}}') outside)"
+# --network slirp4netns: its own network namespace, so the inner podman's bridges and firewall
+# rules never touch the host's, and the outer run does not itself need netavark. The inner
+# stores get their own volumes: overlay cannot stack on the container's overlay root.
+# nofile: inner podman runs many containers, conmons and guards under this one limit.
+timeout --kill-after=30 "$LINPODX_TREE_TIMEOUT" \
+    podman run --rm --name "$cname" --privileged --device /dev/fuse --network slirp4netns \
+    --ulimit nofile=16384:16384 --ulimit nproc=16384:16384 \
+    -v /var/lib/containers -v /home -v /var/tmp \
+    "${mounts[@]}" -e TERM=xterm -e CI="${CI:-}" \
+    "$image" bash /run/lpx-host/src/scripts/tree-phase.sh --inside "$NAME" </dev/null
+rc=$?
+if ((rc == 124 || rc == 137)); then
+    log "result: timed out after ${LINPODX_TREE_TIMEOUT}s"
+    podman rm -f -t 0 "$cname" >/dev/null 2>&1
+fi
+exit "$rc"
