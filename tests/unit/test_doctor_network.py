@@ -77,9 +77,13 @@ def test_firewall_driver_setting_is_read_from_the_network_table(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = tmp_path / "base.conf"
-    base.write_text('[engine]\nfirewall_driver = "iptables"\n[network]\nfirewall_driver="iptables"\n')
+    base.write_text(
+        '[engine]\nfirewall_driver = "iptables"\n[network]\nfirewall_driver="iptables"\n'
+    )
     etc = tmp_path / "etc.conf"
-    etc.write_text('[network]\n# firewall_driver = "none"\n  firewall_driver = "nftables"  # ours\n')
+    etc.write_text(
+        '[network]\n# firewall_driver = "none"\n  firewall_driver = "nftables"  # ours\n'
+    )
     monkeypatch.setattr(doctor, "CONTAINERS_CONFS", (str(base), str(etc)))
     monkeypatch.setattr(doctor, "CONTAINERS_CONF_D", str(tmp_path / "missing.d"))
     assert doctor._firewall_driver_setting() == "nftables"
