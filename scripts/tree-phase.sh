@@ -113,6 +113,57 @@ inside_pristine() {
         LINPODX_TEST_PATHS=tests/integration/test_host_ready.py
 }
 
+# The README's Install section, as written: its console lines, `# ` as root from the clone,
+# `$ ` as a new rootless user from their own clone, each line in a new login shell (as a person
+# would type them, the user's after logging in again). Then the user's `linpodx` must be their
+# pipx one in ~/.local/bin, found through the PATH a login gives.
+readme_lines() {
+    awk -v p="$1 " '/^## / { sec = ($0 == "## Install") }
+        sec && /^```/ { inb = !inb; next }
+        sec && inb && index($0, p) == 1 { print substr($0, length(p) + 1) }' README.md
+}
+inside_readme() {
+    inside_prepare
+    local line n=0 user=lpx-reader home found
+    banner_inner "readme: the README's Install section, as written, in a bare Debian 12 tree"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq </dev/null || { INNER_RESULTS+=("readme FAIL: apt-get update"); INNER_FAILED=1; return; }
+    while IFS= read -r line; do
+        n=$((n + 1))
+        printf '# %s\n' "$line"
+        if ! bash -c "$line" </dev/null; then
+            INNER_RESULTS+=("readme FAIL: root line $n: $line")
+            INNER_FAILED=1
+            return
+        fi
+    done < <(readme_lines '#')
+    ((n > 0)) || { INNER_RESULTS+=("readme FAIL: no root lines in README's Install"); INNER_FAILED=1; return; }
+    useradd -m -s /bin/bash "$user"
+    home=$(getent passwd "$user" | cut -d: -f6)
+    cp -a /root/linpodx "$home/linpodx"
+    chown -R "$user:" "$home/linpodx"
+    install -d -m 0700 -o "$user" -g "$user" "/run/user/$(id -u "$user")"
+    local m=0
+    while IFS= read -r line; do
+        m=$((m + 1))
+        printf '$ %s\n' "$line"
+        if ! XDG_RUNTIME_DIR=/run/user/$(id -u "$user") runuser -l "$user" \
+            -w XDG_RUNTIME_DIR -c "cd ~/linpodx && $line" </dev/null; then
+            INNER_RESULTS+=("readme FAIL: user line $m: $line")
+            INNER_FAILED=1
+            return
+        fi
+    done < <(readme_lines '$')
+    ((m > 0)) || { INNER_RESULTS+=("readme FAIL: no user lines in README's Install"); INNER_FAILED=1; return; }
+    found=$(runuser -l "$user" -c 'command -v linpodx' </dev/null)
+    if [[ $found != "$home/.local/bin/linpodx" ]]; then
+        INNER_RESULTS+=("readme FAIL: the user's login PATH finds '${found:-no linpodx}', not ~/.local/bin/linpodx")
+        INNER_FAILED=1
+        return
+    fi
+    INNER_RESULTS+=("readme ok: $n root and $m user lines; the user's linpodx is $found")
+}
+
 inside_podman5() {
     inside_prepare
     local f
@@ -141,6 +192,7 @@ if [[ ${1:-} == --inside ]]; then
     INNER_PHASES=()
     case ${2:-} in
     pristine) inside_pristine ;;
+    readme) inside_readme ;;
     podman5) inside_podman5 ;;
     *) die "unknown phase: ${2:-}" "pristine or podman5" ;;
     esac
@@ -219,21 +271,38 @@ for f in "$LINPODX_TEST_CACHE"/debian-*.tar "$LINPODX_TEST_CACHE"/busybox-*.tar;
     [[ -e $f ]] && mounts+=(-v "$f:/run/lpx-host/images/${f##*/}:ro")
 done
 
-cname=linpodx-tree-$NAME-$$
-log "running $image as $cname (podman $(podman version --format '{{.Client.Version}}') outside)"
-# --network slirp4netns: its own network namespace, so the inner podman's bridges and firewall
-# rules never touch the host's, and the outer run does not itself need netavark. The inner
-# stores get their own volumes: overlay cannot stack on the container's overlay root.
-# nofile: inner podman runs many containers, conmons and guards under this one limit.
-timeout --kill-after=30 "$LINPODX_TREE_TIMEOUT" \
-    podman run --rm --name "$cname" --privileged --device /dev/fuse --network slirp4netns \
-    --ulimit nofile=16384:16384 --ulimit nproc=16384:16384 \
-    -v /var/lib/containers -v /home -v /var/tmp \
-    "${mounts[@]}" -e TERM=xterm -e CI="${CI:-}" \
-    "$image" bash /run/lpx-host/src/scripts/tree-phase.sh --inside "$NAME" </dev/null
-rc=$?
-if ((rc == 124 || rc == 137)); then
-    log "result: timed out after ${LINPODX_TREE_TIMEOUT}s"
-    podman rm -f -t 0 "$cname" >/dev/null 2>&1
-fi
-exit "$rc"
+# in_container PART: one fresh container of the tree running `tree-phase.sh --inside PART`.
+in_container() {
+    local part=$1 cname=linpodx-tree-$1-$$ rc t0
+    t0=$(date +%s)
+    log "running $image as $cname (podman $(podman version --format '{{.Client.Version}}') outside)"
+    # --network slirp4netns: its own network namespace, so the inner podman's bridges and
+    # firewall rules never touch the host's, and the outer run does not itself need netavark.
+    # The inner stores get their own volumes: overlay cannot stack on the container's overlay
+    # root. nofile/nproc: inner podman runs many containers, conmons and guards under these.
+    timeout --kill-after=30 "$LINPODX_TREE_TIMEOUT" \
+        podman run --rm --name "$cname" --privileged --device /dev/fuse --network slirp4netns \
+        --ulimit nofile=16384:16384 --ulimit nproc=16384:16384 \
+        -v /var/lib/containers -v /home -v /var/tmp \
+        "${mounts[@]}" -e TERM=xterm -e CI="${CI:-}" \
+        "$image" bash /run/lpx-host/src/scripts/tree-phase.sh --inside "$part" </dev/null
+    rc=$?
+    if ((rc == 124 || rc == 137)); then
+        log "result: $part timed out after ${LINPODX_TREE_TIMEOUT}s"
+        podman rm -f -t 0 "$cname" >/dev/null 2>&1
+    fi
+    log "$part: exit $rc after $(($(date +%s) - t0))s"
+    return "$rc"
+}
+
+case $NAME in
+pristine)
+    # Two fresh containers: the set-up scripts and the README's own install commands must each
+    # be complete on their own (either one's packages would hide the other's gaps).
+    in_container pristine
+    rc=$?
+    in_container readme || rc=1
+    exit "$rc"
+    ;;
+podman5) in_container podman5 ;;
+esac
