@@ -264,96 +264,99 @@ pytest_tail() {
 
 # --- lint -----------------------------------------------------------------------------------
 lint_phase() {
-banner "lint: ruff check"
-t0=$(date +%s)
-lint_paths=()
-for p in linpodx tests bench; do [[ -e $SRC/$p ]] && lint_paths+=("$p"); done
-(cd "$SRC" && "$VENV/bin/ruff" check --no-cache "${lint_paths[@]}") 9>&-
-rc=$?
-# mypy strict on the package (settings in pyproject.toml); no cache, so a stale one never hides
-# an error.
-(cd "$SRC" && "$VENV/bin/mypy" --cache-dir=/dev/null) 9>&-
-mrc=$?
-if ((rc == 0 && mrc == 0)); then
-    record lint ok "$(($(date +%s) - t0))" "ruff check ${lint_paths[*]}; mypy linpodx"
-else
-    record lint FAIL "$(($(date +%s) - t0))" "ruff exit $rc, mypy exit $mrc"
-fi
+    banner "lint: ruff check"
+    t0=$(date +%s)
+    lint_paths=()
+    for p in linpodx tests bench; do [[ -e $SRC/$p ]] && lint_paths+=("$p"); done
+    (cd "$SRC" && "$VENV/bin/ruff" check --no-cache "${lint_paths[@]}") 9>&-
+    rc=$?
+    # mypy strict on the package (settings in pyproject.toml); no cache, so a stale one never hides
+    # an error.
+    (cd "$SRC" && "$VENV/bin/mypy" --cache-dir=/dev/null) 9>&-
+    mrc=$?
+    if ((rc == 0 && mrc == 0)); then
+        record lint ok "$(($(date +%s) - t0))" "ruff check ${lint_paths[*]}; mypy linpodx"
+    else
+        record lint FAIL "$(($(date +%s) - t0))" "ruff exit $rc, mypy exit $mrc"
+    fi
 }
 
 # --- pytest as root -------------------------------------------------------------------------
 root_phase() {
-local root_paths=(tests)
-((${#TEST_PATHS[@]})) && root_paths=("${TEST_PATHS[@]}")
-banner "pytest as root: ${root_paths[*]}"
-t0=$(date +%s)
-root_log=$LOGS/pytest-root.log
-(
-    cd "$SRC" &&
-        PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" \
-            "$VENV/bin/python" -m pytest -p no:cacheprovider "${root_paths[@]}" "${EXTRA[@]}" </dev/null
-) 2>&1 9>&- | tee "$root_log"
-rc=${PIPESTATUS[0]}
-tail_line=$(pytest_tail "$root_log")
-case $rc in
-0) record root ok "$(($(date +%s) - t0))" "$tail_line" ;;
-5) record root FAIL "$(($(date +%s) - t0))" "NO TESTS COLLECTED (pytest exit 5)" ;;
-*) record root FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line" ;;
-esac
+    local root_paths=(tests)
+    ((${#TEST_PATHS[@]})) && root_paths=("${TEST_PATHS[@]}")
+    banner "pytest as root: ${root_paths[*]}"
+    t0=$(date +%s)
+    root_log=$LOGS/pytest-root.log
+    (
+        cd "$SRC" &&
+            PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" \
+                "$VENV/bin/python" -m pytest -p no:cacheprovider "${root_paths[@]}" "${EXTRA[@]}" </dev/null
+    ) 2>&1 9>&- | tee "$root_log"
+    rc=${PIPESTATUS[0]}
+    tail_line=$(pytest_tail "$root_log")
+    case $rc in
+    0) record root ok "$(($(date +%s) - t0))" "$tail_line" ;;
+    5) record root FAIL "$(($(date +%s) - t0))" "NO TESTS COLLECTED (pytest exit 5)" ;;
+    *) record root FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line" ;;
+    esac
 }
 
 # --- pytest as the rootless user ------------------------------------------------------------
 rootless_phase() {
-local user_paths=() p
-if ((${#TEST_PATHS[@]})); then
-    user_paths=("${TEST_PATHS[@]}")
-else
-    for p in tests/integration tests/e2e; do [[ -d $SRC/$p ]] && user_paths+=("$p"); done
-fi
-banner "pytest as $LINPODX_TEST_USER (rootless${LINPODX_EGRESS_HELPER:+, $LINPODX_EGRESS_HELPER}): -m podman ${user_paths[*]}"
-t0=$(date +%s)
-user_log=$LOGS/pytest-rootless.log
-# basetemp in the user's own home: tmp_path dirs are then the user's, and bind mounts of them
-# into rootless containers behave as they would for a person.
-basetemp=$USER_HOME/.cache/linpodx-tests/basetemp
-runuser -u "$LINPODX_TEST_USER" -- install -d -m 0700 "$USER_HOME/.cache" \
-    "$USER_HOME/.cache/linpodx-tests"
-user_env=(
-    HOME="$USER_HOME" USER="$LINPODX_TEST_USER" LOGNAME="$LINPODX_TEST_USER"
-    PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin" VIRTUAL_ENV="$VENV" LANG=C.UTF-8
-    XDG_RUNTIME_DIR="/run/user/$USER_UID"
-    CONTAINERS_STORAGE_CONF="$USER_HOME/.config/containers/storage.conf"
-    LINPODX_TEST_IMAGE="$LINPODX_TEST_IMAGE" LINPODX_TEST_BUSYBOX="$LINPODX_TEST_BUSYBOX"
-)
-[[ -n ${CI:-} ]] && user_env+=(CI="$CI")
-[[ -n ${TERM:-} ]] && user_env+=(TERM="$TERM")
-[[ -n ${LINPODX_EGRESS_HELPER:-} ]] && user_env+=(LINPODX_EGRESS_HELPER="$LINPODX_EGRESS_HELPER")
-if ((${#user_paths[@]} == 0)); then
-    echo "test.sh: no tests/integration or tests/e2e directory" | tee "$user_log"
-    rc=4
-else
-    runuser -u "$LINPODX_TEST_USER" -- env -i --chdir="$SRC" "${user_env[@]}" \
-        "$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$basetemp" \
-        -m podman "${user_paths[@]}" "${EXTRA[@]}" </dev/null 2>&1 9>&- | tee "$user_log"
-    rc=${PIPESTATUS[0]}
-fi
-tail_line=$(pytest_tail "$user_log")
-if ((rc == 5)); then
-    # Acceptable only when the tree truly has no podman test yet: count them as root.
-    n=$(cd "$SRC" && "$VENV/bin/python" -m pytest -p no:cacheprovider --collect-only -q \
-        -m podman "${user_paths[@]}" 2>/dev/null | grep -c '::' || true)
-    if [[ $n == 0 ]]; then
-        printf '\n!!!!!!!! NO PODMAN TESTS EXIST: the rootless phase ran nothing !!!!!!!!\n\n'
-        record rootless ok "$(($(date +%s) - t0))" "NO PODMAN TESTS EXIST (nothing ran)"
+    local user_paths=() p
+    if ((${#TEST_PATHS[@]})); then
+        user_paths=("${TEST_PATHS[@]}")
     else
-        record rootless FAIL "$(($(date +%s) - t0))" \
-            "collected nothing as $LINPODX_TEST_USER, but root sees $n podman tests"
+        for p in tests/integration tests/e2e; do [[ -d $SRC/$p ]] && user_paths+=("$p"); done
     fi
-elif ((rc == 0)); then
-    record rootless ok "$(($(date +%s) - t0))" "$tail_line"
-else
-    record rootless FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line"
-fi
+    banner "pytest as $LINPODX_TEST_USER (rootless${LINPODX_EGRESS_HELPER:+, $LINPODX_EGRESS_HELPER}): -m podman ${user_paths[*]}"
+    t0=$(date +%s)
+    user_log=$LOGS/pytest-rootless.log
+    # basetemp in the user's own home: tmp_path dirs are then the user's, and bind mounts of them
+    # into rootless containers behave as they would for a person.
+    basetemp=$USER_HOME/.cache/linpodx-tests/basetemp
+    runuser -u "$LINPODX_TEST_USER" -- install -d -m 0700 "$USER_HOME/.cache" \
+        "$USER_HOME/.cache/linpodx-tests"
+    user_env=(
+        HOME="$USER_HOME" USER="$LINPODX_TEST_USER" LOGNAME="$LINPODX_TEST_USER"
+        PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin" VIRTUAL_ENV="$VENV" LANG=C.UTF-8
+        XDG_RUNTIME_DIR="/run/user/$USER_UID"
+        CONTAINERS_STORAGE_CONF="$USER_HOME/.config/containers/storage.conf"
+        LINPODX_TEST_IMAGE="$LINPODX_TEST_IMAGE" LINPODX_TEST_BUSYBOX="$LINPODX_TEST_BUSYBOX"
+    )
+    [[ -n ${CI:-} ]] && user_env+=(CI="$CI")
+    [[ -n ${TERM:-} ]] && user_env+=(TERM="$TERM")
+    [[ -n ${LINPODX_EGRESS_HELPER:-} ]] && user_env+=(LINPODX_EGRESS_HELPER="$LINPODX_EGRESS_HELPER")
+    # Set by the podman5 phase: podman 5 warns about cgroup v1 hosts (this CI's) on every call.
+    [[ -n ${PODMAN_IGNORE_CGROUPSV1_WARNING:-} ]] &&
+        user_env+=(PODMAN_IGNORE_CGROUPSV1_WARNING="$PODMAN_IGNORE_CGROUPSV1_WARNING")
+    if ((${#user_paths[@]} == 0)); then
+        echo "test.sh: no tests/integration or tests/e2e directory" | tee "$user_log"
+        rc=4
+    else
+        runuser -u "$LINPODX_TEST_USER" -- env -i --chdir="$SRC" "${user_env[@]}" \
+            "$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$basetemp" \
+            -m podman "${user_paths[@]}" "${EXTRA[@]}" </dev/null 2>&1 9>&- | tee "$user_log"
+        rc=${PIPESTATUS[0]}
+    fi
+    tail_line=$(pytest_tail "$user_log")
+    if ((rc == 5)); then
+        # Acceptable only when the tree truly has no podman test yet: count them as root.
+        n=$(cd "$SRC" && "$VENV/bin/python" -m pytest -p no:cacheprovider --collect-only -q \
+            -m podman "${user_paths[@]}" 2>/dev/null | grep -c '::' || true)
+        if [[ $n == 0 ]]; then
+            printf '\n!!!!!!!! NO PODMAN TESTS EXIST: the rootless phase ran nothing !!!!!!!!\n\n'
+            record rootless ok "$(($(date +%s) - t0))" "NO PODMAN TESTS EXIST (nothing ran)"
+        else
+            record rootless FAIL "$(($(date +%s) - t0))" \
+                "collected nothing as $LINPODX_TEST_USER, but root sees $n podman tests"
+        fi
+    elif ((rc == 0)); then
+        record rootless ok "$(($(date +%s) - t0))" "$tail_line"
+    else
+        record rootless FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line"
+    fi
 }
 
 # --- phases in containers made from fresh Debian trees (scripts/tree-phase.sh) ---------------
@@ -364,7 +367,7 @@ tree_phase() {
     bash "$REPO/scripts/tree-phase.sh" "$name" "$SRC" 2>&1 9>&- | tee "$log"
     rc=${PIPESTATUS[0]}
     note=$(grep -E '^tree-phase: result: ' "$log" | sed -E 's/^tree-phase: result: //' |
-        paste -sd ';' | sed 's/;/; /g')
+        paste -sd '|' | sed 's/|/ | /g')
     if ((rc == 0)) && [[ -n $note ]]; then
         record "$name" ok "$(($(date +%s) - t0))" "$note"
     else

@@ -4,22 +4,23 @@
 #
 #     pristine   Debian 12 tree (ca-certificates, git, python3 and nothing else): the README's
 #                set-up and walk-through (`bash scripts/walkthrough.sh`), then the host smoke tests
-#                (tests/integration/test_host_ready.py) as root and as the rootless test user.
+#                (tests/integration/test_host_ready.py) as root and as the rootless test user;
+#                then, in a second fresh container, the README's Install commands as written.
 #     podman5    Debian 13 tree (podman 5.4): a chosen set of podman-marked integration and e2e
 #                tests as root, then rootless with slirp4netns and with pasta.
 #
 # Called by scripts/test.sh (`bash scripts/test.sh --phase pristine` runs that phase alone, after
 # the set-up phases), as root on the host:
 #
-#     bash scripts/tree-phase.sh NAME SRC LOG
+#     bash scripts/tree-phase.sh NAME SRC
 #
 # SRC is test.sh's copy of the checkout (the file list sync_src makes); it is copied into the
 # container. The container gets only that copy, the machine's CA bundle and /etc/pip.conf (if
 # any), so it reaches the package registries a fresh machine reaches, and the host's test image
 # tarballs (so the images are not built twice). The mmdebstrap output of each tree is cached as
 # $LINPODX_TEST_CACHE/tree-NAME-RECIPEHASH.tar; for the pristine tree it is the bare tree, so its
-# packages are installed inside the fresh container on every run. The last line of LOG-style
-# output starting with `tree-phase: result:` says what ran.
+# packages are installed inside the fresh container on every run. Lines starting with
+# `tree-phase: result:` say what ran (test.sh puts them in its summary).
 #
 # Inside the container the same file runs as `tree-phase.sh --inside NAME`.
 set -uo pipefail
@@ -122,45 +123,45 @@ readme_lines() {
         sec && /^```/ { inb = !inb; next }
         sec && inb && index($0, p) == 1 { print substr($0, length(p) + 1) }' README.md
 }
+# Record a failed part of the inside run and return non-zero.
+inner_fail() {
+    INNER_RESULTS+=("$1")
+    INNER_FAILED=1
+    return 1
+}
+
 inside_readme() {
     inside_prepare
-    local line n=0 user=lpx-reader home found
+    local line n=0 m=0 user=lpx-reader home uid found
     banner_inner "readme: the README's Install section, as written, in a bare Debian 12 tree"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq </dev/null || { INNER_RESULTS+=("readme FAIL: apt-get update"); INNER_FAILED=1; return; }
+    apt-get update -qq </dev/null || { inner_fail "readme FAIL: apt-get update"; return; }
     while IFS= read -r line; do
         n=$((n + 1))
         printf '# %s\n' "$line"
-        if ! bash -c "$line" </dev/null; then
-            INNER_RESULTS+=("readme FAIL: root line $n: $line")
-            INNER_FAILED=1
-            return
-        fi
+        bash -c "$line" </dev/null || { inner_fail "readme FAIL: root line $n: $line"; return; }
     done < <(readme_lines '#')
-    ((n > 0)) || { INNER_RESULTS+=("readme FAIL: no root lines in README's Install"); INNER_FAILED=1; return; }
+    ((n > 0)) || { inner_fail "readme FAIL: no root lines in the README's Install"; return; }
     useradd -m -s /bin/bash "$user"
     home=$(getent passwd "$user" | cut -d: -f6)
+    uid=$(id -u "$user")
     cp -a /root/linpodx "$home/linpodx"
     chown -R "$user:" "$home/linpodx"
-    install -d -m 0700 -o "$user" -g "$user" "/run/user/$(id -u "$user")"
-    local m=0
+    # No logind here: make the runtime dir a login would have.
+    install -d -m 0700 -o "$user" -g "$user" "/run/user/$uid"
     while IFS= read -r line; do
         m=$((m + 1))
         printf '$ %s\n' "$line"
-        if ! XDG_RUNTIME_DIR=/run/user/$(id -u "$user") runuser -l "$user" \
-            -w XDG_RUNTIME_DIR -c "cd ~/linpodx && $line" </dev/null; then
-            INNER_RESULTS+=("readme FAIL: user line $m: $line")
-            INNER_FAILED=1
-            return
-        fi
+        XDG_RUNTIME_DIR=/run/user/$uid runuser -l "$user" -w XDG_RUNTIME_DIR \
+            -c "cd ~/linpodx && $line" </dev/null ||
+            { inner_fail "readme FAIL: user line $m: $line"; return; }
     done < <(readme_lines '$')
-    ((m > 0)) || { INNER_RESULTS+=("readme FAIL: no user lines in README's Install"); INNER_FAILED=1; return; }
+    ((m > 0)) || { inner_fail "readme FAIL: no user lines in the README's Install"; return; }
     found=$(runuser -l "$user" -c 'command -v linpodx' </dev/null)
-    if [[ $found != "$home/.local/bin/linpodx" ]]; then
-        INNER_RESULTS+=("readme FAIL: the user's login PATH finds '${found:-no linpodx}', not ~/.local/bin/linpodx")
-        INNER_FAILED=1
+    [[ $found == "$home/.local/bin/linpodx" ]] || {
+        inner_fail "readme FAIL: the user's login PATH finds '${found:-no linpodx}', not pipx's"
         return
-    fi
+    }
     INNER_RESULTS+=("readme ok: $n root and $m user lines; the user's linpodx is $found")
 }
 
@@ -202,7 +203,8 @@ if [[ ${1:-} == --inside ]]; then
 fi
 
 # --- on the host ------------------------------------------------------------------------------
-(($# == 2)) || die "usage: tree-phase.sh pristine|podman5 SRC" "scripts/test.sh --phase NAME runs it"
+(($# == 2)) || die "usage: tree-phase.sh pristine|podman5 SRC" \
+    "scripts/test.sh --phase NAME runs it"
 NAME=$1
 SRC=$2
 [[ $(id -u) -eq 0 ]] || die "scripts/tree-phase.sh must run as root" "run scripts/test.sh as root"
@@ -278,13 +280,17 @@ in_container() {
     log "running $image as $cname (podman $(podman version --format '{{.Client.Version}}') outside)"
     # --network slirp4netns: its own network namespace, so the inner podman's bridges and
     # firewall rules never touch the host's, and the outer run does not itself need netavark.
+    # Not slirp4netns's default 10.0.2.0/24: the sandboxes inside get that one from their own
+    # slirp4netns, and "this machine's address" (where the tests' servers listen) would then be
+    # their own.
     # The inner stores get their own volumes: overlay cannot stack on the container's overlay
     # root. nofile/nproc: inner podman runs many containers, conmons and guards under these.
     timeout --kill-after=30 "$LINPODX_TREE_TIMEOUT" \
-        podman run --rm --name "$cname" --privileged --device /dev/fuse --network slirp4netns \
+        podman run --rm --name "$cname" --privileged --device /dev/fuse \
+        --network slirp4netns:cidr=10.77.0.0/24 \
         --ulimit nofile=16384:16384 --ulimit nproc=16384:16384 \
         -v /var/lib/containers -v /home -v /var/tmp \
-        "${mounts[@]}" -e TERM=xterm -e CI="${CI:-}" \
+        "${mounts[@]}" -e TERM=xterm -e CI="${CI:-}" "${envs[@]}" \
         "$image" bash /run/lpx-host/src/scripts/tree-phase.sh --inside "$part" </dev/null
     rc=$?
     if ((rc == 124 || rc == 137)); then
@@ -294,6 +300,11 @@ in_container() {
     log "$part: exit $rc after $(($(date +%s) - t0))s"
     return "$rc"
 }
+
+envs=()
+# This host has cgroup v1 (HOST.md), on which podman 5 prints a deprecation warning on every
+# call; podman 5's users are on cgroup v2 and never see it. Pristine runs podman 4.3: no warning.
+[[ $NAME == podman5 ]] && envs=(-e PODMAN_IGNORE_CGROUPSV1_WARNING=1)
 
 case $NAME in
 pristine)
