@@ -274,7 +274,23 @@ for f in "$LINPODX_TEST_CACHE"/debian-*.tar "$LINPODX_TEST_CACHE"/busybox-*.tar;
 done
 
 # in_container PART: one fresh container of the tree running `tree-phase.sh --inside PART`.
+# podman's own start failure (exit 125/126 within seconds, e.g. runc's "can't get final child's
+# PID from pipe" seen here once under load) is tried once more: nothing of the phase ran yet.
 in_container() {
+    local rc t0
+    t0=$(date +%s)
+    start_container "$1"
+    rc=$?
+    if ((rc == 125 || rc == 126)) && (($(date +%s) - t0 < 20)); then
+        log "$1: the container did not start (exit $rc); trying once more"
+        sleep 2
+        start_container "$1"
+        rc=$?
+    fi
+    return "$rc"
+}
+
+start_container() {
     local part=$1 cname=linpodx-tree-$1-$$ rc t0
     t0=$(date +%s)
     log "running $image as $cname (podman $(podman version --format '{{.Client.Version}}') outside)"
