@@ -40,8 +40,10 @@ die() {
 if [[ -r /etc/os-release ]]; then
     # shellcheck disable=SC1091
     . /etc/os-release
-    if [[ ${VERSION_CODENAME:-} != bookworm ]]; then
-        warn "this script is written for Debian 12 (bookworm); found '${PRETTY_NAME:-unknown}'"
+    # Debian 13 (trixie, podman 5) is what the test command's podman5 phase sets up with it.
+    if [[ ${VERSION_CODENAME:-} != bookworm && ${VERSION_CODENAME:-} != trixie ]]; then
+        warn "this script is written for Debian 12 (bookworm) and 13 (trixie); found" \
+            "'${PRETTY_NAME:-unknown}'"
     fi
 fi
 command -v apt-get >/dev/null || die "apt-get not found" "run the test suite on Debian 12"
