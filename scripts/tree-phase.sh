@@ -33,14 +33,12 @@ LABEL=io.linpodx.test.recipe
 # Bump when the container set-up below changes in a way the recipe strings do not show.
 RECIPE_VERSION=1
 # The tests the podman5 phase runs, root and rootless (each helper). Chosen to fit the CI budget
-# (docs/infra.md, "Phases in fresh trees"): the host smoke tests, the whole egress guard (the part
-# that depends most on podman's and the helpers' versions), lifecycle (apply/run/ps/stop/start
-# across podman 5's changed inspect output), hardening, and the MCP end-to-end.
+# (docs/infra.md, "Phases in fresh trees"): the host smoke tests and the whole egress guard (the
+# part that depends most on podman's and the helpers' versions) everywhere; lifecycle (apply,
+# run, ps, stop, start, signals, across podman 5's inspect output) and hardening as root.
 PODMAN5_ROOT_TESTS="tests/integration/test_host_ready.py tests/integration/test_egress_live.py
-tests/integration/test_lifecycle.py tests/integration/test_run_hardening.py
-tests/integration/test_mcp_e2e.py tests/integration/test_run_profile.py"
-PODMAN5_ROOTLESS_TESTS="tests/integration/test_host_ready.py tests/integration/test_egress_live.py
-tests/integration/test_lifecycle.py"
+tests/integration/test_lifecycle.py tests/integration/test_run_hardening.py"
+PODMAN5_ROOTLESS_TESTS="tests/integration/test_host_ready.py tests/integration/test_egress_live.py"
 # Hard bound on one phase's container, so a hang cannot eat the CI's whole time.
 : "${LINPODX_TREE_TIMEOUT:=2400}"
 
@@ -180,12 +178,13 @@ inside_podman5() {
     }
     podman version --format 'podman {{.Client.Version}}' || true
     INNER_PHASES=(--phase root)
-    inner_test "root" LINPODX_PYTEST_ARGS="-m podman" \
+    inner_test "root" LINPODX_PYTEST_ARGS="-m podman --durations=15" \
         LINPODX_TEST_PATHS="$(echo $PODMAN5_ROOT_TESTS)"
     INNER_PHASES=(--phase rootless)
     inner_test "rootless slirp4netns" LINPODX_EGRESS_HELPER=slirp4netns \
+        LINPODX_PYTEST_ARGS="--durations=15" \
         LINPODX_TEST_PATHS="$(echo $PODMAN5_ROOTLESS_TESTS)"
-    inner_test "rootless pasta" LINPODX_EGRESS_HELPER=pasta \
+    inner_test "rootless pasta" LINPODX_EGRESS_HELPER=pasta LINPODX_PYTEST_ARGS="--durations=15" \
         LINPODX_TEST_PATHS="$(echo $PODMAN5_ROOTLESS_TESTS)"
 }
 
