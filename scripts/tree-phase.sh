@@ -300,8 +300,10 @@ start_container() {
     # their own.
     # The inner stores get their own volumes: overlay cannot stack on the container's overlay
     # root. nofile/nproc: inner podman runs many containers, conmons and guards under these.
+    # --init: an init as PID 1 that reaps orphans, as on a machine; without it the processes
+    # linpodx and the tests wait to see gone (guards, helpers) stayed as zombies of this script.
     timeout --kill-after=30 "$LINPODX_TREE_TIMEOUT" \
-        podman run --rm --name "$cname" --privileged --device /dev/fuse \
+        podman run --rm --init --name "$cname" --privileged --device /dev/fuse \
         --network slirp4netns:cidr=10.77.0.0/24 \
         --ulimit nofile=16384:16384 --ulimit nproc=16384:16384 \
         -v /var/lib/containers -v /home -v /var/tmp \
