@@ -300,8 +300,8 @@ start_container() {
     # their own.
     # The inner stores get their own volumes: overlay cannot stack on the container's overlay
     # root. nofile/nproc: inner podman runs many containers, conmons and guards under these.
-    # --init: an init as PID 1 that reaps orphans, as on a machine; without it the processes
-    # linpodx and the tests wait to see gone (guards, helpers) stayed as zombies of this script.
+    # --init: an init as PID 1 that reaps orphans, as on a machine: linpodx and the tests wait
+    # for processes (guards, helpers) to be gone, and an orphan nobody reaps never is.
     timeout --kill-after=30 "$LINPODX_TREE_TIMEOUT" \
         podman run --rm --init --name "$cname" --privileged --device /dev/fuse \
         --network slirp4netns:cidr=10.77.0.0/24 \
