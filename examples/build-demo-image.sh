@@ -48,7 +48,9 @@ else
     trap 'rm -rf -- "$ctx"' EXIT
     install -d -m 0755 "$ctx/demo-mcp-server"
     install -m 0644 "$HERE/demo-mcp-server/server.py" "$ctx/demo-mcp-server/server.py"
-    podman build --quiet --pull=never --build-arg "BASE=$BASE" --label "$LABEL=$recipe" \
+    # --network none: the build needs no network, and rootful podman's default network needs
+    # netavark's firewall tools (iptables) that a fresh machine may lack.
+    podman build --quiet --pull=never --network none --build-arg "BASE=$BASE" --label "$LABEL=$recipe" \
         -f "$HERE/Containerfile.demo" -t "$IMAGE" "$ctx" </dev/null >/dev/null ||
         die "podman build of $IMAGE failed" "see podman's messages above"
     have=$(podman image inspect --format "{{index .Labels \"$LABEL\"}}" "$IMAGE")

@@ -136,12 +136,13 @@ def _info(podman: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def check_runtime(r: Report, podman: str) -> None:
-    """OCI runtime and cgroup setup as podman sees them."""
+def check_runtime(r: Report, podman: str) -> dict[str, Any] | None:
+    """OCI runtime and cgroup setup as podman sees them; returns `podman info` (None if it
+    failed) for the checks that read it too."""
     info = _info(podman)
     if info is None:
         r.add("runtime", FAIL, "`podman info` failed", "run `podman info` to see why")
-        return
+        return None
     host = info.get("host", {})
     rt = host.get("ociRuntime", {}).get("name", "?")
     cgv = host.get("cgroupVersion", "?")
@@ -156,6 +157,92 @@ def check_runtime(r: Report, podman: str) -> None:
         )
     else:
         r.add("runtime", OK, detail)
+    return info
+
+
+NFT_NETAVARK = (1, 12)
+"""The first netavark with a firewall driver that uses nftables instead of the iptables tools."""
+CONTAINERS_CONFS = (
+    "/usr/share/containers/containers.conf",
+    "/etc/containers/containers.conf",
+)
+CONTAINERS_CONF_D = "/etc/containers/containers.conf.d"
+
+
+def _firewall_driver_setting() -> str | None:
+    """`firewall_driver` under [network] in the system containers.conf files (the last one
+    wins, as in podman), or None when none sets it. Rootful only: root reads these files."""
+    files = list(CONTAINERS_CONFS)
+    try:
+        files += sorted(
+            os.path.join(CONTAINERS_CONF_D, n)
+            for n in os.listdir(CONTAINERS_CONF_D)
+            if n.endswith(".conf")
+        )
+    except OSError:
+        pass
+    found: str | None = None
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        table = ""
+        for raw in text.splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if line.startswith("["):
+                table = line.strip("[] ")
+            elif table == "network" and line.replace(" ", "").startswith("firewall_driver="):
+                found = line.split("=", 1)[1].strip().strip("\"'")
+    return found
+
+
+def check_network(
+    r: Report,
+    info: dict[str, Any],
+    which: Callable[[str], str | None] = proc.which,
+    firewall_driver: Callable[[], str | None] = _firewall_driver_setting,
+) -> None:
+    """Rootful podman's default network works: netavark sets up its NAT and forwarding rules
+    with the iptables tools (or, from netavark 1.12 when configured, nftables). linpodx's own
+    containers use --network=none and do not need it; the demo image build and any plain
+    `podman run` as root do, and fail with `netavark: No such file or directory` without it."""
+    if probe.rootless():
+        r.add(
+            "network",
+            OK,
+            "rootless: podman's default network is slirp4netns/pasta (no firewall tools needed)",
+        )
+        return
+    host = info.get("host", {})
+    backend_info = host.get("networkBackendInfo") or {}
+    backend = host.get("networkBackend") or backend_info.get("backend") or "?"
+    if backend != "netavark":
+        r.add("network", OK, f"network backend {backend}")
+        return
+    ver = probe.parse_version(str(backend_info.get("version", "")))
+    shown = "netavark" + (" " + ".".join(map(str, ver)) if ver else "")
+    nft_capable = ver is not None and ver[:2] >= NFT_NETAVARK
+    driver = firewall_driver()
+    if nft_capable and driver == "nftables":
+        r.add("network", OK, f"{shown}, firewall driver nftables (containers.conf)")
+        return
+    iptables = which("iptables")
+    if iptables:
+        r.add("network", OK, f"{shown}, firewall tools {iptables}")
+        return
+    fix = "install iptables (Debian: apt-get install iptables)"
+    if nft_capable:
+        fix += ', or set firewall_driver = "nftables" under [network] in containers.conf'
+    r.add(
+        "network",
+        WARN,
+        f"{shown} without iptables: rootful containers on podman's default network (and "
+        "`podman build` RUN steps) fail with `netavark: No such file or directory`; linpodx's "
+        "own containers use --network=none and still run",
+        fix,
+    )
 
 
 def _small_image(podman: str) -> str | None:
@@ -408,11 +495,15 @@ def run_checks() -> Report:
     podman = check_podman(r)
     check_mode(r)
     if podman:
-        check_runtime(r, podman)
+        info = check_runtime(r, podman)
+        if info is not None:
+            check_network(r, info)
+        else:
+            r.add("network", FAIL, "skipped: `podman info` failed", "run `podman info` first")
         check_container(r, podman)
         check_privileged_files(r, podman)
     else:
-        for name in ("runtime", "container", "privileged files"):
+        for name in ("runtime", "network", "container", "privileged files"):
             r.add(name, FAIL, "skipped: podman is missing", "install podman first")
     steps: list[Callable[[Report], None]] = [
         check_ulimits, check_subids, check_tun, check_tools, check_cgroups, check_state,

@@ -15,9 +15,11 @@ export DEBIAN_FRONTEND=noninteractive
 
 # Packages the suite needs. runc is asked for explicitly in the same apt-get call as podman so
 # apt does not pick crun (crun fails on hybrid cgroup hosts); netavark is named so the rootful
-# network stack is the one HOST.md describes even where apt skips Recommends.
+# network stack is the one HOST.md describes even where apt skips Recommends. iptables: Debian
+# 12's podman only suggests it, yet netavark runs it for every rootful container on the default
+# network ("netavark: No such file or directory" without it, `podman build` RUN steps too).
 PACKAGES=(
-    podman runc conmon catatonit netavark aardvark-dns nftables uidmap slirp4netns passt
+    podman runc conmon catatonit netavark aardvark-dns iptables nftables uidmap slirp4netns passt
     mmdebstrap busybox-static
     python3 python3-venv python3-pip
     iproute2 ca-certificates procps util-linux git tar
@@ -38,8 +40,10 @@ die() {
 if [[ -r /etc/os-release ]]; then
     # shellcheck disable=SC1091
     . /etc/os-release
-    if [[ ${VERSION_CODENAME:-} != bookworm ]]; then
-        warn "this script is written for Debian 12 (bookworm); found '${PRETTY_NAME:-unknown}'"
+    # Debian 13 (trixie, podman 5) is what the test command's podman5 phase sets up with it.
+    if [[ ${VERSION_CODENAME:-} != bookworm && ${VERSION_CODENAME:-} != trixie ]]; then
+        warn "this script is written for Debian 12 (bookworm) and 13 (trixie); found" \
+            "'${PRETTY_NAME:-unknown}'"
     fi
 fi
 command -v apt-get >/dev/null || die "apt-get not found" "run the test suite on Debian 12"

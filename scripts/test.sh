@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # linpodx's one test command, for a Debian 12 machine, as root:
 #
-#     bash scripts/test.sh [--prepare-only]
+#     bash scripts/test.sh [--prepare-only] [--phase NAME]...
 #
 # It sets the machine up (scripts/setup-host.sh: packages, containers.conf, the rootless test
 # user), copies this checkout to a place that user can read, makes a venv from Debian's python3
@@ -10,12 +10,20 @@
 #     lint       ruff check linpodx tests bench; mypy (strict, on linpodx/)
 #     root       pytest tests                                    (unit, integration, e2e)
 #     rootless   pytest -m podman tests/integration tests/e2e    (as the rootless test user)
+#     pristine   set-up + walk-through in a container made from a bare Debian 12 tree
+#     podman5    podman tests in a container made from a Debian 13 tree (podman 5), root and
+#                rootless with slirp4netns and with pasta            (scripts/tree-phase.sh)
 # Each step skips what is already in place (hashes, labels, stamps), so a re-run is fast.
 # --prepare-only stops after the images: the machine, the venv (with the `linpodx` command in
 # $LINPODX_TEST_ROOT/venv/bin) and the images are ready, no lint or test runs.
+# --phase NAME (repeatable) runs only the named phases (lint, root, rootless, pristine, podman5)
+# after the set-up ones (setup, python, images); without it every phase runs.
 #
 # Environment:
 #     LINPODX_PYTEST_ARGS   extra pytest arguments for both pytest phases (split on spaces)
+#     LINPODX_TEST_PATHS    test paths for both pytest phases instead of their defaults (split on
+#                           spaces; the podman5 phase uses it inside its container)
+#     LINPODX_EGRESS_HELPER passed to the rootless phase too (slirp4netns or pasta)
 #     LINPODX_TEST_IMAGE    Debian test image (default localhost/linpodx-test/debian:12)
 #     LINPODX_TEST_BUSYBOX  busybox test image (default localhost/linpodx-test/busybox:latest)
 #     LINPODX_TEST_USER     rootless test user (default linpodx-test)
@@ -97,9 +105,30 @@ setup_phase() {
 }
 
 PREPARE_ONLY=0
-for arg in "$@"; do
+ALL_PHASES=(lint root rootless pristine podman5)
+WANT=()
+want() {
+    local p
+    ((${#WANT[@]})) || return 0
+    for p in "${WANT[@]}"; do [[ $p == "$1" ]] && return 0; done
+    return 1
+}
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    arg=${args[$i]}
     case $arg in
     --prepare-only) PREPARE_ONLY=1 ;;
+    --phase | --phase=*)
+        if [[ $arg == --phase ]]; then
+            i=$((i + 1))
+            arg=${args[$i]:-}
+        else
+            arg=${arg#--phase=}
+        fi
+        [[ " ${ALL_PHASES[*]} " == *" $arg "* ]] ||
+            die "unknown phase: '$arg'" "phases: ${ALL_PHASES[*]} (setup, python, images always run)"
+        WANT+=("$arg")
+        ;;
     -h | --help)
         sed -n '2,/^set -uo pipefail/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
         exit 0
@@ -226,6 +255,7 @@ fi
 
 install -d -m 0755 "$LOGS"
 read -ra EXTRA <<<"${LINPODX_PYTEST_ARGS:-}"
+read -ra TEST_PATHS <<<"${LINPODX_TEST_PATHS:-}"
 
 # Last pytest summary line of a log ("=== 12 passed, 1 skipped in 3.21s ===" -> the inside).
 pytest_tail() {
@@ -233,85 +263,123 @@ pytest_tail() {
 }
 
 # --- lint -----------------------------------------------------------------------------------
-banner "lint: ruff check"
-t0=$(date +%s)
-lint_paths=()
-for p in linpodx tests bench; do [[ -e $SRC/$p ]] && lint_paths+=("$p"); done
-(cd "$SRC" && "$VENV/bin/ruff" check --no-cache "${lint_paths[@]}") 9>&-
-rc=$?
-# mypy strict on the package (settings in pyproject.toml); no cache, so a stale one never hides
-# an error.
-(cd "$SRC" && "$VENV/bin/mypy" --cache-dir=/dev/null) 9>&-
-mrc=$?
-if ((rc == 0 && mrc == 0)); then
-    record lint ok "$(($(date +%s) - t0))" "ruff check ${lint_paths[*]}; mypy linpodx"
-else
-    record lint FAIL "$(($(date +%s) - t0))" "ruff exit $rc, mypy exit $mrc"
-fi
+lint_phase() {
+    banner "lint: ruff check"
+    t0=$(date +%s)
+    lint_paths=()
+    for p in linpodx tests bench; do [[ -e $SRC/$p ]] && lint_paths+=("$p"); done
+    (cd "$SRC" && "$VENV/bin/ruff" check --no-cache "${lint_paths[@]}") 9>&-
+    rc=$?
+    # mypy strict on the package (settings in pyproject.toml); no cache, so a stale one never hides
+    # an error.
+    (cd "$SRC" && "$VENV/bin/mypy" --cache-dir=/dev/null) 9>&-
+    mrc=$?
+    if ((rc == 0 && mrc == 0)); then
+        record lint ok "$(($(date +%s) - t0))" "ruff check ${lint_paths[*]}; mypy linpodx"
+    else
+        record lint FAIL "$(($(date +%s) - t0))" "ruff exit $rc, mypy exit $mrc"
+    fi
+}
 
 # --- pytest as root -------------------------------------------------------------------------
-banner "pytest as root: tests (unit, integration, e2e)"
-t0=$(date +%s)
-root_log=$LOGS/pytest-root.log
-(
-    cd "$SRC" &&
-        PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" \
-            "$VENV/bin/python" -m pytest -p no:cacheprovider tests "${EXTRA[@]}" </dev/null
-) 2>&1 9>&- | tee "$root_log"
-rc=${PIPESTATUS[0]}
-tail_line=$(pytest_tail "$root_log")
-case $rc in
-0) record root ok "$(($(date +%s) - t0))" "$tail_line" ;;
-5) record root FAIL "$(($(date +%s) - t0))" "NO TESTS COLLECTED (pytest exit 5)" ;;
-*) record root FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line" ;;
-esac
+root_phase() {
+    local root_paths=(tests)
+    ((${#TEST_PATHS[@]})) && root_paths=("${TEST_PATHS[@]}")
+    banner "pytest as root: ${root_paths[*]}"
+    t0=$(date +%s)
+    root_log=$LOGS/pytest-root.log
+    (
+        cd "$SRC" &&
+            PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" \
+                "$VENV/bin/python" -m pytest -p no:cacheprovider "${root_paths[@]}" "${EXTRA[@]}" </dev/null
+    ) 2>&1 9>&- | tee "$root_log"
+    rc=${PIPESTATUS[0]}
+    tail_line=$(pytest_tail "$root_log")
+    case $rc in
+    0) record root ok "$(($(date +%s) - t0))" "$tail_line" ;;
+    5) record root FAIL "$(($(date +%s) - t0))" "NO TESTS COLLECTED (pytest exit 5)" ;;
+    *) record root FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line" ;;
+    esac
+}
 
 # --- pytest as the rootless user ------------------------------------------------------------
-banner "pytest as $LINPODX_TEST_USER (rootless): -m podman tests/integration tests/e2e"
-t0=$(date +%s)
-user_log=$LOGS/pytest-rootless.log
-user_paths=()
-for p in tests/integration tests/e2e; do [[ -d $SRC/$p ]] && user_paths+=("$p"); done
-# basetemp in the user's own home: tmp_path dirs are then the user's, and bind mounts of them
-# into rootless containers behave as they would for a person.
-basetemp=$USER_HOME/.cache/linpodx-tests/basetemp
-runuser -u "$LINPODX_TEST_USER" -- install -d -m 0700 "$USER_HOME/.cache" \
-    "$USER_HOME/.cache/linpodx-tests"
-user_env=(
-    HOME="$USER_HOME" USER="$LINPODX_TEST_USER" LOGNAME="$LINPODX_TEST_USER"
-    PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin" VIRTUAL_ENV="$VENV" LANG=C.UTF-8
-    XDG_RUNTIME_DIR="/run/user/$USER_UID"
-    CONTAINERS_STORAGE_CONF="$USER_HOME/.config/containers/storage.conf"
-    LINPODX_TEST_IMAGE="$LINPODX_TEST_IMAGE" LINPODX_TEST_BUSYBOX="$LINPODX_TEST_BUSYBOX"
-)
-[[ -n ${CI:-} ]] && user_env+=(CI="$CI")
-[[ -n ${TERM:-} ]] && user_env+=(TERM="$TERM")
-if ((${#user_paths[@]} == 0)); then
-    echo "test.sh: no tests/integration or tests/e2e directory" | tee "$user_log"
-    rc=4
-else
-    runuser -u "$LINPODX_TEST_USER" -- env -i --chdir="$SRC" "${user_env[@]}" \
-        "$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$basetemp" \
-        -m podman "${user_paths[@]}" "${EXTRA[@]}" </dev/null 2>&1 9>&- | tee "$user_log"
-    rc=${PIPESTATUS[0]}
-fi
-tail_line=$(pytest_tail "$user_log")
-if ((rc == 5)); then
-    # Acceptable only when the tree truly has no podman test yet: count them as root.
-    n=$(cd "$SRC" && "$VENV/bin/python" -m pytest -p no:cacheprovider --collect-only -q \
-        -m podman "${user_paths[@]}" 2>/dev/null | grep -c '::' || true)
-    if [[ $n == 0 ]]; then
-        printf '\n!!!!!!!! NO PODMAN TESTS EXIST: the rootless phase ran nothing !!!!!!!!\n\n'
-        record rootless ok "$(($(date +%s) - t0))" "NO PODMAN TESTS EXIST (nothing ran)"
+rootless_phase() {
+    local user_paths=() p
+    if ((${#TEST_PATHS[@]})); then
+        user_paths=("${TEST_PATHS[@]}")
     else
-        record rootless FAIL "$(($(date +%s) - t0))" \
-            "collected nothing as $LINPODX_TEST_USER, but root sees $n podman tests"
+        for p in tests/integration tests/e2e; do [[ -d $SRC/$p ]] && user_paths+=("$p"); done
     fi
-elif ((rc == 0)); then
-    record rootless ok "$(($(date +%s) - t0))" "$tail_line"
-else
-    record rootless FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line"
-fi
+    banner "pytest as $LINPODX_TEST_USER (rootless${LINPODX_EGRESS_HELPER:+, $LINPODX_EGRESS_HELPER}): -m podman ${user_paths[*]}"
+    t0=$(date +%s)
+    user_log=$LOGS/pytest-rootless.log
+    # basetemp in the user's own home: tmp_path dirs are then the user's, and bind mounts of them
+    # into rootless containers behave as they would for a person.
+    basetemp=$USER_HOME/.cache/linpodx-tests/basetemp
+    runuser -u "$LINPODX_TEST_USER" -- install -d -m 0700 "$USER_HOME/.cache" \
+        "$USER_HOME/.cache/linpodx-tests"
+    user_env=(
+        HOME="$USER_HOME" USER="$LINPODX_TEST_USER" LOGNAME="$LINPODX_TEST_USER"
+        PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin" VIRTUAL_ENV="$VENV" LANG=C.UTF-8
+        XDG_RUNTIME_DIR="/run/user/$USER_UID"
+        CONTAINERS_STORAGE_CONF="$USER_HOME/.config/containers/storage.conf"
+        LINPODX_TEST_IMAGE="$LINPODX_TEST_IMAGE" LINPODX_TEST_BUSYBOX="$LINPODX_TEST_BUSYBOX"
+    )
+    [[ -n ${CI:-} ]] && user_env+=(CI="$CI")
+    [[ -n ${TERM:-} ]] && user_env+=(TERM="$TERM")
+    [[ -n ${LINPODX_EGRESS_HELPER:-} ]] && user_env+=(LINPODX_EGRESS_HELPER="$LINPODX_EGRESS_HELPER")
+    # Set by the podman5 phase: podman 5 warns about cgroup v1 hosts (this CI's) on every call.
+    [[ -n ${PODMAN_IGNORE_CGROUPSV1_WARNING:-} ]] &&
+        user_env+=(PODMAN_IGNORE_CGROUPSV1_WARNING="$PODMAN_IGNORE_CGROUPSV1_WARNING")
+    if ((${#user_paths[@]} == 0)); then
+        echo "test.sh: no tests/integration or tests/e2e directory" | tee "$user_log"
+        rc=4
+    else
+        runuser -u "$LINPODX_TEST_USER" -- env -i --chdir="$SRC" "${user_env[@]}" \
+            "$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$basetemp" \
+            -m podman "${user_paths[@]}" "${EXTRA[@]}" </dev/null 2>&1 9>&- | tee "$user_log"
+        rc=${PIPESTATUS[0]}
+    fi
+    tail_line=$(pytest_tail "$user_log")
+    if ((rc == 5)); then
+        # Acceptable only when the tree truly has no podman test yet: count them as root.
+        n=$(cd "$SRC" && "$VENV/bin/python" -m pytest -p no:cacheprovider --collect-only -q \
+            -m podman "${user_paths[@]}" 2>/dev/null | grep -c '::' || true)
+        if [[ $n == 0 ]]; then
+            printf '\n!!!!!!!! NO PODMAN TESTS EXIST: the rootless phase ran nothing !!!!!!!!\n\n'
+            record rootless ok "$(($(date +%s) - t0))" "NO PODMAN TESTS EXIST (nothing ran)"
+        else
+            record rootless FAIL "$(($(date +%s) - t0))" \
+                "collected nothing as $LINPODX_TEST_USER, but root sees $n podman tests"
+        fi
+    elif ((rc == 0)); then
+        record rootless ok "$(($(date +%s) - t0))" "$tail_line"
+    else
+        record rootless FAIL "$(($(date +%s) - t0))" "pytest exit $rc: $tail_line"
+    fi
+}
+
+# --- phases in containers made from fresh Debian trees (scripts/tree-phase.sh) ---------------
+tree_phase() {
+    local name=$1 log=$LOGS/$1.log note
+    banner "$name: in a container made from a fresh Debian tree (scripts/tree-phase.sh $name)"
+    t0=$(date +%s)
+    bash "$REPO/scripts/tree-phase.sh" "$name" "$SRC" 2>&1 9>&- | tee "$log"
+    rc=${PIPESTATUS[0]}
+    note=$(grep -E '^tree-phase: result: ' "$log" | sed -E 's/^tree-phase: result: //' |
+        paste -sd '|' | sed 's/|/ | /g')
+    if ((rc == 0)) && [[ -n $note ]]; then
+        record "$name" ok "$(($(date +%s) - t0))" "$note"
+    else
+        record "$name" FAIL "$(($(date +%s) - t0))" "exit $rc: ${note:-no result line}"
+    fi
+}
+
+want lint && lint_phase
+want root && root_phase
+want rootless && rootless_phase
+want pristine && tree_phase pristine
+want podman5 && tree_phase podman5
 
 summary
 echo "test.sh: logs in $LOGS"

@@ -132,18 +132,29 @@ class Held:
         return 128 + self.received[0] if rc == 0 and self.received else rc
 
 
+_HOLDS: list[Held] = []
+"""The holds in effect, outermost first (`linpodx.fastrun` holds while podman starts, then
+`engine.relay_announced` holds again, with a `stop`, for the same podman)."""
+
+
 def hold_signals(send: Callable[[int], None], stop: Callable[[], None] | None = None) -> Held:
     """While linpodx waits on a foreground podman: SIGINT ignored (a Ctrl-C reaches podman
     through the terminal's process group, or is a byte for the container in a TTY session),
     FORWARDED signals handed to `send`. With `stop`, the first forwarded signal also starts a
     timer: if the wait is still on STOP_GRACE_SECONDS later, `stop()` runs (in a thread), to end
-    a container that did not end by itself. Call from the main thread."""
+    a container that did not end by itself. A signal an enclosing hold already passed on counts
+    as this hold's first: it came for the same podman, and without it a container that ignored
+    a signal sent in between the two holds kept linpodx waiting for ever (seen under load: the
+    run's grace-period stop never came). Call from the main thread."""
     old: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGINT, *FORWARDED)}
     held = Held(old)
+    held.received.extend(sig for outer in _HOLDS for sig in outer.received)
     if stop is not None:
         import threading  # only here: `linpodx.fastrun` keeps its imports to what it needs
 
         held.fired, held.ended = threading.Event(), threading.Event()
+        if held.received:
+            held.fired.set()
         threading.Thread(
             target=_stop_after_grace, args=(held, stop), name="stop-after-signal", daemon=True
         ).start()
@@ -157,6 +168,7 @@ def hold_signals(send: Callable[[int], None], stop: Callable[[], None] | None = 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in FORWARDED:
         signal.signal(sig, on_signal)
+    _HOLDS.append(held)
     return held
 
 
@@ -171,6 +183,8 @@ def _stop_after_grace(held: Held, stop: Callable[[], None]) -> None:
 
 
 def restore_signals(held: Held) -> None:
+    if held in _HOLDS:
+        _HOLDS.remove(held)
     for sig, handler in held.old.items():
         # None: a handler not set from Python; the default is the closest we can put back.
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

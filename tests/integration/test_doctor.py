@@ -33,6 +33,8 @@ def test_doctor_on_the_test_host() -> None:
     assert by["container"]["status"] == "ok", by["container"]
     assert by["runtime"]["status"] == "ok" and "runc" in by["runtime"]["detail"]
     assert by["mode"]["detail"].startswith("rootless" if ROOTLESS else "root")
+    # scripts/setup-host.sh installs iptables: rootful podman's default network works here.
+    assert by["network"]["status"] == "ok", by["network"]
     if ROOTLESS:
         assert by["subuid"]["status"] == "ok" and by["subgid"]["status"] == "ok"
         # cgroup v1 rootless: limits cannot apply, and doctor says so.

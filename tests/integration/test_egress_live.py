@@ -194,20 +194,25 @@ def pid_of(name: str) -> int:
     return int(podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip())
 
 
+NFT_IN_CONTAINER = "/opt/nft/ld.so --library-path /opt/nft /opt/nft/nft"
+"""The host's nft inside the container, run by the host's own dynamic loader with the host's
+libraries (libc included): it then runs in an image whose libc is older than the host's (the
+Debian 12 image on a Debian 13 host, as in the podman5 phase)."""
+
+
 def nft_mounts() -> list[str]:
-    """Host nft + the libraries the Debian test image lacks, so the test can try `nft` inside."""
+    """Host nft + its loader and every library it links, so the test can try `nft` inside."""
     out = []
     nft = shutil.which("nft") or "/usr/sbin/nft"
     out += ["-v", f"{os.path.realpath(nft)}:/opt/nft/nft:ro"]
     ldd = subprocess.run(["ldd", nft], capture_output=True, text=True, check=True).stdout
     for line in ldd.splitlines():
         parts = line.split()
-        if (
-            len(parts) >= 3
-            and parts[1] == "=>"
-            and any(k in parts[0] for k in ("nftables", "nftnl", "jansson"))
-        ):
+        if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/"):
             out += ["-v", f"{os.path.realpath(parts[2])}:/opt/nft/{parts[0]}:ro"]
+        elif parts and parts[0].startswith("/") and "ld-linux" in parts[0]:
+            out += ["-v", f"{os.path.realpath(parts[0])}:/opt/nft/ld.so:ro"]
+    assert any(m.endswith(":/opt/nft/ld.so:ro") for m in out), ldd
     return out
 
 
@@ -504,7 +509,7 @@ def test_container_cannot_change_rules_or_routes(servers: Servers, container: st
     create(container, st, extra=nft_mounts())
     pid = bring_up(container, st)
     rules_before = nft_list(pid)
-    nft = "LD_LIBRARY_PATH=/opt/nft /opt/nft/nft"
+    nft = NFT_IN_CONTAINER
     dev = uplink(container)
     attempts = {
         "nft flush": f"{nft} flush ruleset",

@@ -47,3 +47,34 @@ def test_a_signal_before_podman_exists_is_passed_on_once_it_does(
     monkeypatch.setattr(subprocess, "Popen", popen)
     code = "import time; time.sleep(30)"
     assert engine.run_inherited([sys.executable, "-c", code]) == 128 + signal.SIGTERM
+
+
+def test_a_signal_an_enclosing_hold_passed_on_starts_the_inner_holds_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fastrun holds the signals while podman starts, then relay_announced holds them again
+    with a grace-period `stop`. A SIGTERM that came in between (passed on to podman, ignored by
+    the container) must still start that stop, or linpodx waits for ever (seen on podman 5
+    under load: `linpodx run --rm` of a command that traps TERM hung)."""
+    import threading
+
+    monkeypatch.setattr(spawn, "STOP_GRACE_SECONDS", 0.2)
+    sent: list[int] = []
+    outer = spawn.hold_signals(sent.append)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert sent == [signal.SIGTERM]
+        stopped = threading.Event()
+        inner = spawn.hold_signals(sent.append, stopped.set)
+        try:
+            assert stopped.wait(10), "the signal before the inner hold did not start its stop"
+            assert inner.status(0) == 143  # and it is reported as that run's signal
+        finally:
+            spawn.restore_signals(inner)
+    finally:
+        spawn.restore_signals(outer)
+    # Once the holds are gone, a new hold starts clean.
+    quiet = threading.Event()
+    held = spawn.hold_signals(sent.append, quiet.set)
+    spawn.restore_signals(held)
+    assert not quiet.wait(0.5)
