@@ -26,6 +26,7 @@ EVENT_TYPES = (
     "container.rm",
     "container.exec",
     "dns.denied",
+    "egress.denied",
     "snapshot.create",
     "snapshot.rm",
     "snapshot.rollback",

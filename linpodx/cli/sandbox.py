@@ -36,6 +36,13 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
 
     def run() -> dict[str, Any]:
         p = load_file(file)
+        for entry in p.network.egress_dns_allowlist:
+            if entry.endswith("/tcp"):
+                # Not an error: some protocols carry no name. But say what it means.
+                sys.stderr.write(
+                    f"note: {entry} is checked by address only (weaker than a TLS or /http "
+                    "entry: any name served on that address is reachable on that port)\n"
+                )
         return {
             "profile": p.name,
             "status": "ok",

@@ -22,7 +22,7 @@ Sink = Callable[[str, dict[str, Any]], None]
 
 
 class DenialRecorder:
-    """Rate-limited writer of `dns.denied` records."""
+    """Rate-limited writer of `dns.denied` and `egress.denied` records."""
 
     def __init__(
         self,
@@ -40,38 +40,52 @@ class DenialRecorder:
         self._clock = clock
         self._lock = threading.Lock()
         self._start = clock()
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: set[tuple[str, str, str]] = set()
         self._written = 0
-        self._suppressed = 0
+        self._suppressed: dict[str, int] = {}
 
     def deny(self, name: str, rtype: str, reason: str) -> None:
-        """Note one denial; write a record unless the bound says to count it instead."""
+        """Note one denied lookup; write a record unless the bound says to count it instead."""
+        self._note(
+            "dns.denied",
+            (name, reason),
+            {
+                "name": name,
+                "qtype": rtype,
+                "reason": reason,
+                "message": f"dns lookup denied for {name}",
+            },
+        )
+
+    def deny_connection(self, target: str, address: str, reason: str) -> None:
+        """Note one refused connection (`target`: what it asked for, `NAME:PORT` or
+        `ADDRESS:PORT`), under the same bound as the lookups."""
+        self._note(
+            "egress.denied",
+            (target, reason),
+            {
+                "target": target,
+                "address": address,
+                "reason": reason,
+                "message": f"egress denied: {target} to {address} ({reason})",
+            },
+        )
+
+    def _note(self, kind: str, key: tuple[str, str], data: dict[str, Any]) -> None:
         out: list[tuple[str, dict[str, Any]]] = []
         with self._lock:
             now = self._clock()
             if now - self._start >= self._window:
                 out.extend(self._roll())
                 self._start = now
-            key = (name, reason)
-            if key in self._seen or self._written >= self._max:
-                self._suppressed += 1
+            if (kind, *key) in self._seen or self._written >= self._max:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
             else:
-                self._seen.add(key)
+                self._seen.add((kind, *key))
                 self._written += 1
-                out.append(
-                    (
-                        "dns.denied",
-                        {
-                            "container": self._container,
-                            "name": name,
-                            "qtype": rtype,
-                            "reason": reason,
-                            "message": f"dns lookup denied for {name}",
-                        },
-                    )
-                )
-        for kind, data in out:
-            self._write(kind, data)
+                out.append((kind, {"container": self._container, **data}))
+        for k, d in out:
+            self._write(k, d)
 
     def flush(self) -> None:
         """Write the pending summary (called when the guard stops)."""
@@ -82,21 +96,21 @@ class DenialRecorder:
 
     def _roll(self) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
-        if self._suppressed:
-            n = self._suppressed
+        for kind, n in sorted(self._suppressed.items()):
+            what = "dns lookups" if kind == "dns.denied" else "connections"
             out.append(
                 (
-                    "dns.denied",
+                    kind,
                     {
                         "container": self._container,
                         "suppressed": n,
-                        "message": f"{n} more dns lookups denied (not recorded one by one)",
+                        "message": f"{n} more {what} denied (not recorded one by one)",
                     },
                 )
             )
         self._seen.clear()
         self._written = 0
-        self._suppressed = 0
+        self._suppressed = {}
         return out
 
     def _write(self, kind: str, data: dict[str, Any]) -> None:
