@@ -21,7 +21,6 @@ A refusal resets the connection and is recorded (`egress.denied`, events and aud
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import ipaddress
 import logging
@@ -412,37 +411,37 @@ def _switched(onward: socket.socket, conn: socket.socket) -> bool:
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
     """Move bytes from `src` to `dst` until EOF, in the kernel (splice through a pipe); then
-    pass the EOF on (half-close)."""
+    pass the EOF on (half-close), or a reset as a reset."""
     r, w = os.pipe2(os.O_CLOEXEC)
+    reset = False
     try:
         with contextlib.suppress(OSError):
             fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
         sfd, dfd = src.fileno(), dst.fileno()
         while True:
-            try:
-                n = os.splice(sfd, w, PIPE_SIZE, flags=os.SPLICE_F_MOVE)
-            except OSError as exc:
-                if exc.errno in (errno.ECONNRESET, errno.EPIPE, errno.EBADF):
-                    break
-                raise
+            n = os.splice(sfd, w, PIPE_SIZE, flags=os.SPLICE_F_MOVE)
             if n == 0:
                 break
             while n:
                 n -= os.splice(r, dfd, n, flags=os.SPLICE_F_MOVE)
     except OSError:
-        _reset(dst)
+        reset = True  # ECONNRESET, EPIPE, …: the other side must fail the same way
     finally:
         os.close(r)
         os.close(w)
+    if reset:
+        _reset(dst)
+    else:
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 
 
 def _reset(sock: socket.socket) -> None:
-    """End `sock` both ways now, and make its close a TCP reset (SO_LINGER 0), so the peer
-    fails at once and clearly. Not closed here: another thread may still be using its file
-    descriptor, which must not be reused under it; its owner closes it."""
+    """Make `sock`'s close a TCP reset (SO_LINGER 0), so the peer fails at once and clearly,
+    and wake whoever reads it (SHUT_RD sends nothing). Not closed here: another thread may
+    still be using its file descriptor, which must not be reused under it; its owner closes
+    it (and that close sends the reset)."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+        sock.shutdown(socket.SHUT_RD)

@@ -915,7 +915,9 @@ def normalize_entry(raw: str) -> tuple[str | None, str | None]:
     except ValueError as exc:
         # `[::1]`, `1.2.3.4:x`: say what the name part is wrong about, if it is.
         _, name_problem = normalize_hostname(raw)
-        return None, name_problem or f"{show(raw)}: {exc}"
+        if name_problem and "IP address" in name_problem:
+            return None, name_problem
+        return None, f"{show(raw)}: {exc}"
     name, problem = normalize_hostname(written)
     if problem or name is None:
         return None, problem
