@@ -270,3 +270,121 @@ def test_udp_only_dns_to_the_policy_resolver(
                f"s.settimeout(2);s.sendto(b'x'*20,('{HOST}',{servers.rogue_dns_port}));"
                "print(s.recv(100))\"")
     assert rogue.returncode != 0, rogue
+
+
+PROBE = r'''
+import socket, ssl, sys, time
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def hello(name):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(inc, out, server_hostname=name)
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return out.read()
+
+def answer(s):
+    s.settimeout(6)
+    try:
+        data = s.recv(5)
+    except (ConnectionResetError, TimeoutError) as e:
+        return type(e).__name__
+    return "server-hello" if data[:1] == b"\x16" else "closed:" + repr(data)
+
+good = hello("allowed.test")
+s = socket.create_connection((host, port), timeout=5)
+if mode == "whole":
+    s.sendall(good)
+elif mode == "late":  # the rest after the checker's bound
+    s.sendall(good[:40]); time.sleep(4)
+    try:
+        s.sendall(good[40:])
+    except OSError as e:
+        print(type(e).__name__); sys.exit()
+elif mode == "records":  # one ClientHello over two TLS records
+    body = good[5:]
+    a, b = body[:60], body[60:]
+    s.sendall(good[:3] + len(a).to_bytes(2, "big") + a + good[:3] + len(b).to_bytes(2, "big") + b)
+elif mode in ("nul", "long"):
+    name = "allowed.tes\x00" if mode == "nul" else "a" * 70 + ".allowed"
+    # A name ssl will send, of the same length (labels of at most 40).
+    stand_in = ".".join("x" * len(part) for part in ("x" * 40 + "." + "x" * 37).split("."))
+    stand_in = stand_in if len(name) > 40 else "x" * len(name)
+    fake = hello(stand_in)
+    s.sendall(fake.replace(stand_in.encode(), name.encode()))
+print(answer(s))
+'''
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("probe")
+    d.chmod(0o755)
+    p = d / "probe.py"
+    p.write_text(PROBE)
+    p.chmod(0o644)
+    return p
+
+
+def test_client_hellos_the_checker_refuses(
+    servers: Servers, container: str, names: Names, probe: Path
+) -> None:
+    p = names.tls_port
+    st = stored(servers, (f"allowed.test:{p}",))
+    create(container, st, extra=["-v", f"{probe}:/probe.py:ro"])
+    bring_up(container, st)
+    assert sh(container, "getent hosts allowed.test").returncode == 0
+
+    def run(mode: str) -> str:
+        return sh(container, f"python3 /probe.py {mode} allowed.test {p}").stdout.strip()
+
+    assert run("whole") == "server-hello"  # the allowed path, same bytes in one piece
+    for mode in ("late", "records", "nul", "long"):
+        got = run(mode)
+        assert got != "server-hello" and got.startswith(("ConnectionResetError", "closed")), (
+            mode,
+            got,
+        )
+    events = "\n".join(denied_events(container))
+    assert "no complete ClientHello" in events
+    assert "not exactly one TLS record" in events
+    assert "byte no host name has" in events
+
+
+def test_large_download_websocket_and_idle_reuse(
+    servers: Servers, container: str, names: Names
+) -> None:
+    hp, tp = names.http_port, names.tls_port
+    _up(servers, container, names, (f"allowed.test:{hp}/http", f"allowed.test:{tp}"))
+    for url in (f"http://allowed.test:{hp}/big", f"https://allowed.test:{tp}/big"):
+        got = curl(container, url, "-o", "/dev/null", "-w", "'%{size_download}'")
+        assert got.returncode == 0 and got.stdout == str(BIG), (url, got)
+    ws = (
+        f"exec 3<>/dev/tcp/allowed.test/{hp}; "
+        "printf 'GET /ws HTTP/1.1\\r\\nHost: allowed.test\\r\\nUpgrade: websocket\\r\\n"
+        "Connection: Upgrade\\r\\n\\r\\n' >&3; sleep 0.5; printf 'frame-bytes' >&3; "
+        "timeout 2 cat <&3"
+    )
+    out = sh(container, f'bash -c "{ws}"')
+    assert " 101 " in out.stdout and "ws:frame-bytes" in out.stdout, out
+
+
+def test_connection_idle_past_the_ttl_is_reused(
+    servers: Servers, container: str, names: Names
+) -> None:
+    hp = names.http_port
+    _up(servers, container, names, (f"allowed.test:{hp}/http",))
+    script = (
+        "import http.client,time\n"
+        f"c=http.client.HTTPConnection('allowed.test',{hp},timeout=10)\n"
+        "c.request('GET','/'); print(c.getresponse().read().decode().strip())\n"
+        "time.sleep(35)\n"  # past the lease (MIN_TTL 30 s): the open connection keeps it
+        "c.request('GET','/'); print(c.getresponse().read().decode().strip())\n"
+    )
+    out = sh(container, f'python3 -c "{script}"', timeout=90)
+    assert out.stdout.split() == ["content-of-allowed.test"] * 2, out
