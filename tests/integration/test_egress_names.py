@@ -10,6 +10,7 @@ with another name, another port or another protocol, while the allowed path work
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import socketserver
 import ssl
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from linpodx.egress import guard
+from linpodx.egress.state import EgressState
 from tests.conftest import run_linpodx
 from tests.integration.test_egress_live import (
     HOST,
@@ -388,3 +390,23 @@ def test_connection_idle_past_the_ttl_is_reused(
     )
     out = sh(container, f'python3 -c "{script}"', timeout=90)
     assert out.stdout.split() == ["content-of-allowed.test"] * 2, out
+
+
+def test_pasta_helper_checks_names_too(
+    servers: Servers, container: str, names: Names, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same checks with pasta instead of slirp4netns (root and rootless)."""
+    monkeypatch.setenv("LINPODX_EGRESS_HELPER", "pasta")
+    hp, tp = names.http_port, names.tls_port
+    _up(servers, container, names, (f"allowed.test:{hp}/http", f"allowed.test:{tp}"))
+    info = json.loads(EgressState(container).guard_file.read_text())
+    assert info["helper"] == "pasta"
+    assert curl(container, f"http://allowed.test:{hp}/").stdout == "content-of-allowed.test\n"
+    assert curl(container, f"https://allowed.test:{tp}/").stdout == "content-of-allowed.test\n"
+    bad = curl(container, f"http://allowed.test:{hp}/", "-H", "'Host: evil.test'")
+    assert bad.returncode != 0 and "evil" not in bad.stdout, bad
+    sni = curl(container, f"https://evil.test:{tp}/", "--resolve", f"evil.test:{tp}:{HOST}")
+    assert sni.returncode != 0 and "evil" not in sni.stdout, sni
+    got = curl(container, f"http://allowed.test:{hp}/big", "-o", "/dev/null", "-w",
+               "'%{size_download}'")  # fmt: skip
+    assert got.stdout == str(BIG), got
