@@ -410,3 +410,32 @@ def test_pasta_helper_checks_names_too(
     got = curl(container, f"http://allowed.test:{hp}/big", "-o", "/dev/null", "-w",
                "'%{size_download}'")  # fmt: skip
     assert got.stdout == str(BIG), got
+
+
+def test_new_connections_per_second_are_bounded_and_recorded(
+    servers: Servers, container: str, names: Names
+) -> None:
+    hp = names.http_port
+    _up(servers, container, names, (f"allowed.test:{hp}/http",))
+    script = (
+        "import socket\n"
+        "ip=socket.gethostbyname('allowed.test')\n"
+        "req=b'GET / HTTP/1.1\\\\r\\\\nHost: allowed.test\\\\r\\\\n\\\\r\\\\n'\n"
+        "ok=0\n"
+        "socks=[]\n"
+        "for _ in range(300):\n"  # a burst: connected and sent at once, read afterwards
+        " try:\n"
+        f"  s=socket.create_connection((ip,{hp}),timeout=5); socks.append(s); s.sendall(req)\n"
+        " except OSError: pass\n"
+        "for s in socks:\n"
+        " try:\n"
+        "  ok+=b'content-of' in s.recv(4096)\n"
+        " except OSError: pass\n"
+        "print(ok)\n"
+    )
+    out = sh(container, f'python3 -c "{script}"', timeout=90)
+    served = int(out.stdout.strip() or -1)
+    assert 100 <= served < 300, out  # a burst of 100, then 100 per second
+    assert wait_for(lambda: any(
+        "more than 100 new connections per second" in ln for ln in denied_events(container)
+    )), (out.stdout, denied_events(container), EgressState(container).guard_log.read_text()[-2000:])
