@@ -22,7 +22,8 @@
 Everything stays on this machine (upstream on 127.0.0.1, answers are this host's address or
 198.18.0.0/15 benchmark addresses that no packet is sent to).
 
-    python bench/bench_egress.py [--queries N] [--runs N] [--image IMAGE] [--part dns|startup]
+    python bench/bench_egress.py [--queries N] [--runs N] [--image IMAGE]
+        [--part dns|startup|connect] [--connections N] [--download-mib N]
 """
 
 from __future__ import annotations
@@ -319,13 +320,168 @@ def bench_run(image: str, runs: int, up_port: int) -> tuple[float, float, float]
     )
 
 
+WEB = textwrap.dedent(
+    """
+    import socket, sys, threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    CHUNK = b"x" * (1 << 20)
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def do_GET(self):
+            size = int(self.path.split("/")[-1] or 0)
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            while size:
+                n = min(size, len(CHUNK))
+                self.wfile.write(CHUNK[:n])
+                size -= n
+        def log_message(self, *a):
+            pass
+    class S(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 1024
+    a, b = S((sys.argv[1], 0), H), S((sys.argv[1], 0), H)
+    for srv in (a, b):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    print(a.server_address[1], b.server_address[1], flush=True)
+    threading.Event().wait()
+    """
+)
+"""A local HTTP server on two ports (one reached through the checker, one pinned as before)."""
+
+CONNECT_CLIENT = textwrap.dedent(
+    """
+    import json, socket, sys, time
+    host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    ip = socket.gethostbyname(host)
+    req = f"GET /0 HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n".encode()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        s = socket.create_connection((ip, port))
+        s.sendall(req)
+        s.recv(4096)
+        out.append(time.perf_counter() - t)
+        s.close()
+    print(json.dumps(out))
+    """
+)
+
+HOLD_CLIENT = textwrap.dedent(
+    """
+    import socket, sys, time
+    host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    ip = socket.gethostbyname(host)
+    req = f"GET /0 HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n".encode()
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((ip, port))
+        s.sendall(req)
+        s.recv(4096)
+        socks.append(s)
+        time.sleep(0.012)  # under the 100 new connections per second bound
+    print("held", len(socks), flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def bench_connections(image: str, up_port: int, count: int, big: int) -> None:
+    """Through the checker vs pinned (the pre-checker path: the address allowed, no redirect)
+    in the same container, to the same server, in the same run."""
+    from linpodx.egress import guard, ruleset
+    from linpodx.egress.state import EgressState
+    from linpodx.profile.model import Network, Profile
+
+    web = subprocess.Popen(
+        [sys.executable, "-c", WEB, host_ip()], stdout=subprocess.PIPE, text=True
+    )
+    assert web.stdout is not None
+    checked, pinned = (int(x) for x in web.stdout.readline().split())
+    net = Network(
+        egress_dns_allowlist=(f"w.bench.test:{checked}/http",),
+        upstream_dns=(f"127.0.0.1:{up_port}",),
+        allow_private_answers=True,
+    )
+    st = Stored(Profile(name="bench-conn", network=net), "bench-conn", "prof_BENCHC", 1)
+    name = f"lpx-bench-{uuid.uuid4().hex[:8]}"
+    resolv = guard.prepare(name, st)
+    sh("podman", "create", "--name", name, "--network", "none", "--cap-drop", "all",
+       "--security-opt", "no-new-privileges", "-v", f"{resolv}:/etc/resolv.conf:ro",
+       image, "sleep", "900")  # fmt: skip
+    try:
+        sh("podman", "init", name)
+        pid = int(sh("podman", "inspect", "--format", "{{.State.Pid}}", name))
+        guard.attach(name, pid, st)
+        sh("podman", "start", name)
+        nft = ["nsenter", f"--net=/proc/{pid}/ns/net", shutil.which("nft") or "nft"]
+        t = ruleset.TABLE
+        # The pinned port: what every allowed address's port got before the checker.
+        sh(*nft, "insert", "rule", "inet", t, "nat_output", "tcp", "dport", str(pinned), "return")
+        sh(*nft, "insert", "rule", "inet", t, "output", "ip", "daddr", f"@{ruleset.SET4}",
+           "tcp", "dport", str(pinned), "accept")  # fmt: skip
+        ex = ["podman", "exec", name, "python3", "-c"]
+        lat: dict[str, list[float]] = {"checker": [], "pinned": []}
+        for i in range(ROUNDS):
+            sides = [("checker", checked), ("pinned", pinned)]
+            for label, port in sides if i % 2 == 0 else sides[::-1]:
+                out = sh(*ex, CONNECT_CLIENT, "w.bench.test", str(port), str(count // ROUNDS))
+                lat[label].extend(json.loads(out))
+        c, p = median_ms(lat["checker"]), median_ms(lat["pinned"])
+        print(f"connection set-up + one request, {count} each, median ms:")
+        print(f"  pinned address (before)  {p:7.3f}")
+        print(f"  through the checker      {c:7.3f}  added {c - p:6.3f} ms  target <= 1 ms")
+        rates: dict[str, list[float]] = {"checker": [], "pinned": []}
+        for i in range(2):
+            sides = [("checker", checked), ("pinned", pinned)]
+            for label, port in sides if i % 2 == 0 else sides[::-1]:
+                url = f"http://w.bench.test:{port}/{big}"
+                out = sh("podman", "exec", name, "curl", "-sS", "-o", "/dev/null", "-w",
+                         "%{speed_download}", url, timeout=600)  # fmt: skip
+                rates[label].append(float(out) / (1 << 20))
+        rc, rp = max(rates["checker"]), max(rates["pinned"])
+        print(f"download of {big >> 20} MiB, best of 2, MiB/s:")
+        print(f"  pinned address (before)  {rp:8.1f}")
+        print(f"  through the checker      {rc:8.1f}  ratio {rc / rp:5.2f}  target >= 0.9")
+        guard_pid = json.loads(EgressState(name).guard_file.read_text())["guard_pid"]
+        base = _rss_kib(guard_pid)
+        argv = ["podman", "exec", "-i", name, "python3", "-c", HOLD_CLIENT]
+        hold = subprocess.Popen([*argv, "w.bench.test", str(checked), "256"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert hold.stdout is not None and hold.stdin is not None
+        line = hold.stdout.readline().strip()
+        held = _rss_kib(guard_pid)
+        threads = len(os.listdir(f"/proc/{guard_pid}/task"))
+        hold.stdin.write("\n")
+        hold.stdin.close()
+        hold.wait(timeout=60)
+        print(f"256 connections held ({line}): guard RSS {base} KiB idle -> {held} KiB, "
+              f"{threads} threads, {(held - base) / 256:.0f} KiB per connection")  # fmt: skip
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True)
+        guard.detach(name)
+        web.terminate()
+        web.wait()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument(
-        "--part", choices=("all", "dns", "startup"), default="all", help="what to measure"
+        "--part", choices=("all", "dns", "startup", "connect"), default="all",
+        help="what to measure",
     )
+    ap.add_argument("--connections", type=int, default=400)
+    ap.add_argument("--download-mib", type=int, default=1024)
     ap.add_argument(
         "--image", default=os.environ.get("LINPODX_TEST_IMAGE", "localhost/linpodx-test/debian:12")
     )
@@ -348,7 +504,9 @@ def main() -> int:
             print("  floors: a relay on the host in front of the same upstream, cold names")
             for label, d, r in bench_floors(args.queries, port):
                 print(f"  {label:34} {d:8.3f} {r:9.3f} {r / d:6.2f}")
-        if args.part == "dns":
+        if args.part in ("all", "connect"):
+            bench_connections(args.image, port, args.connections, args.download_mib << 20)
+        if args.part in ("dns", "connect"):
             return 0
         p, f, u = bench_run(args.image, args.runs, port)
         print(f"start-up, {args.runs} alternating runs each, median s:")

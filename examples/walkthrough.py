@@ -240,6 +240,12 @@ def derive_profile(demo: Demo) -> Path:
                 i += 1
             out += [
                 "    - demo-mirror.test   # added: a local name, served by the stand-in upstream\n",
+                "  # added: the local HTTP server speaks plain HTTP on its own port; a bare name\n",
+                "  # allows TLS on 443 only, so each name gets a NAME:PORT/http entry too.\n",
+                *(
+                    f"    - {n}:{demo.http_port}/http\n"
+                    for n in ("registry.example.com", "crates.io", "demo-mirror.test")
+                ),
                 "  # added: this machine has no outside network; a local DNS upstream stands in\n",
                 "  # for the internet and answers the allowlisted names with this machine's\n",
                 "  # own address (where a local HTTP server answers), so it must be allowed.\n",

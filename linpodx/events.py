@@ -27,6 +27,7 @@ EVENT_TYPES = (
     "container.exec",
     "dns.denied",
     "dns.wildcard",
+    "egress.denied",
     "snapshot.create",
     "snapshot.rm",
     "snapshot.rollback",

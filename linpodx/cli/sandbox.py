@@ -50,6 +50,13 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
 
         p = load_file(file)
         missing = flags.unenforced(p.to_dict()["resources"], probe.host_limits().cgroup_limits)
+        for entry in p.network.egress_dns_allowlist:
+            if entry.endswith("/tcp"):
+                # Not an error: some protocols carry no name. But say what it means.
+                sys.stderr.write(
+                    f"note: {entry} is checked by address only (weaker than a TLS or /http "
+                    "entry: any name served on that address is reachable on that port)\n"
+                )
         return {
             "profile": p.name,
             "status": "ok",

@@ -62,7 +62,7 @@ class _Batch:
 
 
 class DenialRecorder:
-    """Rate-limited writer of `dns.denied` and `dns.wildcard` records."""
+    """Rate-limited writer of `dns.denied`, `egress.denied` and `dns.wildcard` records."""
 
     def __init__(
         self,
@@ -84,36 +84,48 @@ class DenialRecorder:
         self._write_lock = threading.Lock()
         self._start = clock()
         self._denied = _Bucket()
+        self._refused = _Bucket()
         self._new = _Bucket()
         self._waiting = _Batch()
         self._sink_failed = False
 
     def deny(self, name: str, rtype: str, reason: str) -> None:
-        """Note one denial; write a record unless the bound says to count it instead."""
+        """Note one denied lookup; write a record unless the bound says to count it instead."""
+        self._note(
+            "dns.denied",
+            (name, reason),
+            {
+                "name": name,
+                "qtype": rtype,
+                "reason": reason,
+                "message": f"dns lookup denied for {name}",
+            },
+        )
+
+    def deny_connection(self, target: str, address: str, reason: str) -> None:
+        """Note one refused connection (`target`: what it asked for, `NAME:PORT` or
+        `ADDRESS:PORT`), bounded like the lookups (on its own, so neither hides the other)."""
+        self._note(
+            "egress.denied",
+            (target, reason),
+            {
+                "target": target,
+                "address": address,
+                "reason": reason,
+                "message": f"egress denied: {target} to {address} ({reason})",
+            },
+        )
+
+    def _note(self, kind: str, key: tuple[str, str], data: dict[str, Any]) -> None:
         with self._lock:
-            out = self._rolled()
-            b = self._denied
-            key = (name, reason)
+            out = self._rolled()  # may start a new window: take the bucket after it
+            b = self._refused if kind == "egress.denied" else self._denied
             if key in b.seen or b.written >= self._max:
                 b.suppressed += 1
             else:
                 b.seen.add(key)
                 b.written += 1
-                out.append(
-                    (
-                        (
-                            "dns.denied",
-                            {
-                                "container": self._container,
-                                "name": name,
-                                "qtype": rtype,
-                                "reason": reason,
-                                "message": f"dns lookup denied for {name}",
-                            },
-                        ),
-                        None,
-                    )
-                )
+                out.append(((kind, {"container": self._container, **data}), None))
         self._write_all(out)
 
     def new_name(self, name: str, wildcard: str, used: int, budget: int, window: str) -> bool:
@@ -206,8 +218,24 @@ class DenialRecorder:
                     None,
                 )
             )
+        if self._refused.suppressed:
+            n = self._refused.suppressed
+            out.append(
+                (
+                    (
+                        "egress.denied",
+                        {
+                            "container": self._container,
+                            "suppressed": n,
+                            "message": f"{n} more connections denied (not recorded one by one)",
+                        },
+                    ),
+                    None,
+                )
+            )
         out.extend(self._new_summary())
         self._denied = _Bucket()
+        self._refused = _Bucket()
         self._new = _Bucket()
         return out
 

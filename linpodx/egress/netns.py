@@ -112,6 +112,41 @@ def bind_resolver_sockets(pid: int) -> tuple[socket.socket, socket.socket]:
     return result["socks"]  # type: ignore[return-value]
 
 
+def bind_checker_socket(pid: int, port: int) -> socket.socket:
+    """The connection checker's listening TCP socket on 127.0.0.1:`port` INSIDE the netns of
+    `pid` (the same way as the resolver's sockets, see there)."""
+    result: dict[str, object] = {}
+
+    def work() -> None:
+        sock = None
+        try:
+            fd = os.open(netns_path(pid), os.O_RDONLY)
+            try:
+                setns(fd, CLONE_NEWNET)
+            finally:
+                os.close(fd)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((RESOLVER_ADDR, port))
+            sock.listen(1024)
+            result["sock"] = sock
+        except BaseException as exc:
+            if sock is not None:
+                sock.close()
+            result["error"] = exc
+
+    t = threading.Thread(target=work, name="netns-bind-checker")
+    t.start()
+    t.join()
+    if "error" in result:
+        raise EngineError(
+            f"could not open the connection checker in the container's network namespace: "
+            f"{result['error']}",
+            "see `linpodx doctor`",
+        )
+    return result["sock"]  # type: ignore[return-value]
+
+
 def nft_argv(pid: int) -> list[str]:
     """`nsenter --net=/proc/PID/ns/net nft -f -` with full paths (a user's PATH lacks sbin)."""
     nsenter = proc.which("nsenter") or "nsenter"

@@ -35,27 +35,92 @@ def normalize_name(name: str) -> str:
     return name.strip().rstrip(".").lower()
 
 
+KINDS = ("tls", "http", "tcp")
+"""What a connection under an entry carries and how it is checked: `tls` (the ClientHello's
+server name), `http` (every request's Host), `tcp` (nothing but the address: weaker)."""
+DEFAULT_PORT = 443
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One parsed allowlist entry: a name (exact, or `*.suffix`) on one port, of one kind."""
+
+    name: str
+    """Normalized: lower case, no trailing dot; `*.example.com` for a wildcard."""
+    port: int
+    kind: str
+    """One of KINDS."""
+
+    def matches(self, name: str) -> bool:
+        """`name` (normalized) is this rule's name, or a strict subdomain of its wildcard."""
+        if self.name.startswith("*."):
+            return name.endswith(self.name[1:]) and len(name) > len(self.name) - 1
+        return name == self.name
+
+    def text(self) -> str:
+        """The canonical entry (`NAME` for TLS on 443, `NAME:PORT`, `NAME:PORT/KIND`)."""
+        if self.kind == "tls":
+            return self.name if self.port == DEFAULT_PORT else f"{self.name}:{self.port}"
+        return f"{self.name}:{self.port}/{self.kind}"
+
+
+def split_entry(raw: str) -> tuple[str, int, str]:
+    """`NAME`, `NAME:PORT`, `NAME:PORT/KIND` -> (name as written, port, kind); ValueError
+    with a message for anything else. The name itself is checked by the caller."""
+    text = raw.strip()
+    kind = "tls"
+    if "/" in text:
+        text, _, kind = text.partition("/")
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r} (use /http, /tcp, or nothing for TLS)")
+        if ":" not in text:
+            raise ValueError(f"/{kind} needs a port (`NAME:PORT/{kind}`)")
+    port = DEFAULT_PORT
+    if ":" in text:
+        text, _, digits = text.rpartition(":")
+        if not digits.isascii() or not digits.isdigit() or len(digits) > 5:
+            raise ValueError(f"port {digits!r} is not a number")
+        port = int(digits)
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is out of range (1-65535)")
+    return text, port, kind
+
+
 @dataclass(frozen=True)
 class Allowlist:
-    """Exact names and `*.suffix` wildcards (a wildcard matches subdomains, never the apex)."""
+    """Exact names and `*.suffix` wildcards (a wildcard matches subdomains, never the apex),
+    each on the ports and of the kinds its entries say."""
 
     exact: frozenset[str]
-    """Names allowed as they are."""
+    """Names allowed as they are (to resolve; connections are judged by `rules`)."""
     suffixes: tuple[str, ...]
     """For `*.example.com`: `.example.com` (leading dot, so `badexample.com` never matches)."""
+    rules: tuple[Rule, ...] = ()
+    """Every entry, parsed: which name may be reached on which port, and how it is checked."""
 
     @classmethod
     def from_entries(cls, entries: Iterable[str]) -> Allowlist:
-        """Build from profile entries (already validated by the profile loader)."""
+        """Build from profile entries (already validated by the profile loader; an entry that
+        does not parse here is left out, which only ever allows less)."""
         exact: set[str] = set()
         suffixes: list[str] = []
+        rules: list[Rule] = []
         for raw in entries:
-            entry = normalize_name(raw)
+            try:
+                written, port, kind = split_entry(raw)
+            except ValueError:
+                continue
+            entry = normalize_name(written)
             if entry.startswith("*."):
                 suffixes.append(entry[1:])
             elif entry:
                 exact.add(entry)
-        return cls(frozenset(exact), tuple(sorted(set(suffixes))))
+            else:
+                continue
+            rule = Rule(entry, port, kind)
+            if rule not in rules:
+                rules.append(rule)
+        return cls(frozenset(exact), tuple(sorted(set(suffixes))), tuple(rules))
 
     def allows(self, name: str) -> bool:
         """True when `name` is listed exactly or is a strict subdomain of a wildcard entry."""
@@ -75,6 +140,14 @@ class Allowlist:
             return None
         matches = [s for s in self.suffixes if n.endswith(s) and len(n) > len(s)]
         return "*" + max(matches, key=len) if matches else None
+
+    def kinds(self, name: str, port: int) -> frozenset[str]:
+        """The kinds of connection `name` (normalized) may make to `port`."""
+        return frozenset(r.kind for r in self.rules if r.port == port and r.matches(name))
+
+    def ports(self) -> frozenset[int]:
+        """Every port some entry names."""
+        return frozenset(r.port for r in self.rules)
 
     def __bool__(self) -> bool:
         return bool(self.exact or self.suffixes)

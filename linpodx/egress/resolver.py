@@ -67,6 +67,10 @@ closed, and the next lookup of the name grants the address again."""
 SetUpdater = Callable[[list[tuple[IPAddress, int]]], None]
 SetRevoker = Callable[[list[IPAddress]], None]
 """Takes addresses away: out of the allowed sets, and established flows to them stopped."""
+LeaseHook = Callable[[str, list[tuple[IPAddress, float]]], None]
+"""(name asked, [(address, until)]): the addresses a lookup of that name was answered with,
+each granted until then (this resolver's clock); the connection checker binds names to
+them."""
 DeniedHook = Callable[[str, str, str], None]
 """(name, record type, reason)"""
 NewNameHook = Callable[[str, str, int, int, str], bool]
@@ -223,8 +227,10 @@ class PolicyResolver:
         on_new_name: NewNameHook | None = None,
         upstream: Upstream = query_upstream,
         clock: Callable[[], float] = time.monotonic,
+        on_lease: LeaseHook | None = None,
     ) -> None:
         self._policy = policy
+        self._on_lease = on_lease
         self._add = add_to_sets
         self._revoke = revoke_in_sets
         self._denied = on_denied
@@ -485,6 +491,11 @@ class PolicyResolver:
                     self._cache = self._keep(self._cache, policy, now, lambda v: v.expires)
                 if life:
                     self._cache[key] = _CacheEntry(chain.records, now + life, chain.names)
+                leased = [(a, self._granted[a].expires) for a in chain.addrs]
+            if self._on_lease is not None and leased:
+                # Before the answer leaves, like the set update: a client never holds an
+                # address its connections to that name would be refused on.
+                self._on_lease(q.name, leased)
         ttl = min(life, chain.ttl) if chain.records else 0
         return dnsmsg.answer(q, dnsmsg.NOERROR, chain.records, ttl)
 

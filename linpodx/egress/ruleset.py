@@ -20,8 +20,17 @@ Design (see docs/egress.md):
 - input: policy drop except loopback and established/related, so nothing reaches the container
   from the helper's side;
 - forward: policy drop (the container must not route for anyone).
-ICMP to allowed addresses is not special-cased: a set member is allowed for any protocol,
-which includes ping; ICMP anywhere else is rejected like any other packet.
+Connections are bound to names, not addresses (see `linpodx.egress.checker`): the `nat`
+chain redirects each new TCP connection to an address in @allowed4 to the connection
+checker's socket inside the netns (CHECKER_PORT on 127.0.0.1), which reads what the
+connection carries (TLS server name, HTTP Host), checks it against the allowlist and the
+addresses the resolver returned for that name, and only then connects onward itself, from a
+socket marked GUARD_MARK. So the filter accepts: loopback, the redirected flows (`ct status
+dnat`, which only this table's own redirect creates), replies, and the checker's marked
+sockets. Nothing else leaves: no UDP at all but DNS to the policy resolver on loopback (UDP
+443, QUIC, is rejected with an ICMP error at once so clients fall back to TCP), no ICMP, no
+IPv6. If the checker is not running, a redirected SYN meets a closed port and gets a reset:
+nothing leaves unchecked.
 """
 
 from __future__ import annotations
@@ -31,6 +40,11 @@ SET4 = "allowed4"
 SET6 = "allowed6"
 REVOKED4 = "revoked4"
 REVOKED6 = "revoked6"
+CHECKER_PORT = 15001
+"""Where the connection checker listens inside the container's netns (127.0.0.1)."""
+GUARD_MARK = 0x6C70
+"""SO_MARK of the checker's own onward sockets: the only non-loopback traffic the filter lets
+out as new (setting a mark needs CAP_NET_ADMIN over the netns, which the agent lacks)."""
 
 
 def build_ruleset(table: str = TABLE) -> str:
@@ -53,17 +67,24 @@ table inet {table} {{
 	set {REVOKED6} {{
 		type ipv6_addr
 	}}
+	chain nat_output {{
+		type nat hook output priority -100; policy accept;
+		oifname "lo" return
+		meta mark {GUARD_MARK:#x} return
+		ip daddr @{SET4} meta l4proto tcp redirect to :{CHECKER_PORT}
+	}}
 	chain output {{
 		type filter hook output priority 0; policy drop;
 		oifname "lo" accept
+		ct status dnat ip daddr 127.0.0.1 tcp dport {CHECKER_PORT} accept
 		ip daddr @{REVOKED4} meta l4proto tcp counter reject with tcp reset
 		ip daddr @{REVOKED4} counter reject with icmp type admin-prohibited
 		ip6 daddr @{REVOKED6} meta l4proto tcp counter reject with tcp reset
 		ip6 daddr @{REVOKED6} counter reject with icmpv6 type admin-prohibited
 		ct state established,related accept
 		ct state invalid drop
-		ip daddr @{SET4} accept
-		ip6 daddr @{SET6} accept
+		meta mark {GUARD_MARK:#x} ip daddr @{SET4} meta l4proto tcp accept
+		udp dport 443 counter reject with icmp type port-unreachable
 		meta l4proto tcp counter reject with tcp reset
 		meta nfproto ipv4 counter reject with icmp type admin-prohibited
 		meta nfproto ipv6 counter reject with icmpv6 type admin-prohibited

@@ -29,6 +29,7 @@ from typing import Any
 
 from linpodx.egress import netns, nfsets, ruleset
 from linpodx.egress.budget import DEFAULT_BUDGET, MAX_BUDGET
+from linpodx.egress.checker import Bounds, Checker, Leases
 from linpodx.egress.denials import DenialRecorder, default_sink
 from linpodx.egress.policy import Allowlist, upstreams
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, serve_tcp, serve_udp
@@ -248,6 +249,9 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         filtering = _Background(netns.load_ruleset, pid, ruleset.build_ruleset())
         log.info("binding the policy resolver")
         udp, tcp = netns.bind_resolver_sockets(pid)
+        # Before `ready`: a connection redirected to a port nobody holds gets a reset, so
+        # nothing ever leaves unchecked, but the agent's first connection must find it open.
+        listener = netns.bind_checker_socket(pid, ruleset.CHECKER_PORT)
         if external_pasta:
             filtering.wait()  # pasta is started by the CLI once this says "filtered"
         else:
@@ -257,15 +261,30 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             )
             filtering.wait()
         sets = nfsets.NftSets(netns.netns_path(pid))
+        leases = Leases()
         resolver = PolicyResolver(
             policy,
             add_to_sets=sets.add,
             revoke_in_sets=sets.revoke,
             on_denied=recorder.deny,
             on_new_name=recorder.new_name,
+            on_lease=leases.grant,
+        )
+        bounds = [_bounds(raw)]
+        checker = Checker(
+            listener,
+            netns.netns_path(pid),
+            lambda: resolver.policy.allowlist,
+            leases,
+            recorder.deny_connection,
+            lambda: bounds[0],
         )
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
+        checking = threading.Thread(
+            target=checker.serve, args=(stop,), name="connection-checker", daemon=True
+        )
+        checking.start()
         if external_pasta:
             # The CLI starts it from outside the user namespace when it sees this state.
             with contextlib.suppress(FileNotFoundError):
@@ -319,6 +338,11 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         if term_flag.is_set():
             log.info("asked to stop")
             break
+        if not checking.is_alive():
+            # No checker, no connection: the redirect meets a closed port (reset). Stopping
+            # the guard takes the helper with it, and `linpodx ps` shows it down.
+            log.error("the connection checker stopped; stopping the guard")
+            break
         if not helper.alive():
             # Without the helper the container has no network at all: fail closed, and
             # `linpodx ps` shows the guard as down.
@@ -332,6 +356,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             try:
                 new_policy, raw, version = load_policy(st)
                 gone = resolver.set_policy(new_policy)
+                bounds[0] = _bounds(raw)
                 log.info(
                     "policy revision %s loaded; %d addresses revoked",
                     raw.get("revision"),
@@ -358,6 +383,16 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
     recorder.flush()
     report.write(state="stopped", container=name, container_pid=pid)
     return 0
+
+
+def _bounds(raw: dict[str, Any]) -> Bounds:
+    """The connection bounds a policy file gives (defaults where it gives none)."""
+    conns = raw.get("max_connections")
+    rate = raw.get("max_new_connections_per_second")
+    return Bounds(
+        conns if isinstance(conns, int) and conns > 0 else Bounds.max_connections,
+        rate if isinstance(rate, int) and rate > 0 else Bounds.max_new_per_second,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

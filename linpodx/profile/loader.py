@@ -907,6 +907,25 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
     return name, None
 
 
+def normalize_entry(raw: str) -> tuple[str | None, str | None]:
+    """(canonical entry, problem) for an allowlist entry `NAME[:PORT[/KIND]]` (KIND: `http`,
+    `tcp`; none means TLS; a bare NAME is TLS on 443)."""
+    from linpodx.egress.policy import Rule, split_entry
+
+    try:
+        written, port, kind = split_entry(raw)
+    except ValueError as exc:
+        # `[::1]`, `1.2.3.4:x`: say what the name part is wrong about, if it is.
+        _, name_problem = normalize_hostname(raw)
+        if name_problem and "IP address" in name_problem:
+            return None, name_problem
+        return None, f"{show(raw)}: {exc}"
+    name, problem = normalize_hostname(written)
+    if problem or name is None:
+        return None, problem
+    return Rule(name, port, kind).text(), None
+
+
 def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     """(normalized `IP` / `IP:PORT` / `[V6]:PORT`, problem)."""
     import ipaddress
@@ -1036,10 +1055,12 @@ class _Semantics:
                 path: KeyPath = ("network", "egress_dns_allowlist", i)
                 if not isinstance(h, str) or not self.ok(path):
                     continue
-                norm, problem = normalize_hostname(h)
+                norm, problem = normalize_entry(h)
                 if problem or norm is None:
                     self.col.add(path, problem or "invalid host name",
-                                 "write host names like `crates.io` or `*.example.com`")
+                                 "write entries like `crates.io`, `*.example.com`, "
+                                 "`example.com:8443`, `example.com:80/http` or "
+                                 "`example.com:22/tcp`")
                 elif norm in seen:
                     self.col.add(
                         path,

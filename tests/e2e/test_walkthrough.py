@@ -126,8 +126,9 @@ def internet() -> Iterator[Internet]:
     net.close()
 
 
-def walkthrough_profile(dest: Path, dns_port: int) -> Path:
-    """examples/agent-readonly.yml plus the local upstream, one local name and a short window."""
+def walkthrough_profile(dest: Path, dns_port: int, http_port: int) -> Path:
+    """examples/agent-readonly.yml plus the local upstream, one local name, the local HTTP
+    server's port (plain HTTP: an `/http` entry per name) and a short window."""
     text = (EXAMPLES / "agent-readonly.yml").read_text()
     anchor = "    - crates.io\n"
     assert anchor in text, "the example profile changed: update this test"
@@ -135,6 +136,10 @@ def walkthrough_profile(dest: Path, dns_port: int) -> Path:
         anchor,
         anchor
         + "    - demo-mirror.test\n"
+        + "".join(
+            f"    - {n}:{http_port}/http\n"
+            for n in ("registry.example.com", "crates.io", "demo-mirror.test")
+        )
         + f'  upstream_dns: ["127.0.0.1:{dns_port}"]\n'
         + "  allow_private_answers: true\n",
     )
@@ -237,7 +242,9 @@ def test_walkthrough_steps_1_to_7(
     project = home / "demo-project"
     project.mkdir()
     (project / "README.md").write_text("# demo-project\nMARK-README\n")
-    profile = walkthrough_profile(tmp_path / "agent-readonly.yml", internet.dns_port)
+    profile = walkthrough_profile(
+        tmp_path / "agent-readonly.yml", internet.dns_port, internet.http_port
+    )
 
     # 2. validate and apply.
     res = run_linpodx("sandbox", "validate", str(profile))
@@ -246,7 +253,7 @@ def test_walkthrough_steps_1_to_7(
         "profile: agent-readonly",
         "status:  ok",
         "mounts:  1",
-        "egress:  3 hosts allowed",
+        "egress:  6 hosts allowed",
         "mcp:     3 rules",
     ]
     res = run_linpodx("sandbox", "apply", "--profile", str(profile))

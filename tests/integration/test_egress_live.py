@@ -176,8 +176,15 @@ def stored(
     rev: int = 1,
     name: str = "egress-test",
 ) -> Stored:
+    # Connections are bound to names and ports: each name is allowed on the test's HTTP
+    # server (plain HTTP) and its echo server (raw TCP), the ports these tests use.
+    entries = tuple(
+        e
+        for n in allow
+        for e in (n, f"{n}:{servers.http_port}/http", f"{n}:{servers.echo_port}/tcp")
+    )
     net = Network(
-        egress_dns_allowlist=allow,
+        egress_dns_allowlist=entries,
         upstream_dns=(f"127.0.0.1:{servers.upstream.port}",),
         allow_private_answers=private,
     )
@@ -362,7 +369,7 @@ def test_allowed_name_works_other_name_denied_at_once_and_recorded(
     assert recs and recs[0]["data"]["container"] == container
 
 
-def test_ip_literal_blocked_until_an_allowed_name_resolves_to_it(
+def test_ip_literal_blocked_even_once_an_allowed_name_resolves_to_it(
     servers: Servers, container: str
 ) -> None:
     st = stored(servers, ("allowed.test",))
@@ -373,7 +380,10 @@ def test_ip_literal_blocked_until_an_allowed_name_resolves_to_it(
     assert blocked.returncode != 0 and BODY.decode() not in blocked.stdout
     assert reject_count(pid) > before  # rejected inside the container's netns
     assert resolves(container, "allowed.test").returncode == 0
-    assert curl(container, f"http://{HOST}:{servers.http_port}/").stdout == BODY.decode()
+    # The address is held now, but a connection must still say which name it is for: an IP
+    # literal as Host is no allowed name (the checker refuses it), the name works.
+    assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
+    assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
 
 
 def test_other_resolvers_are_unreachable(servers: Servers, container: str) -> None:
@@ -428,7 +438,9 @@ def test_ipv6_and_icmp_blocked(servers: Servers, container: str) -> None:
     # The allowed path works, over IPv4.
     assert resolves(container, "allowed.test").returncode == 0
     assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
-    assert "ip6 daddr @allowed6 accept" in nft_list(pid)
+    # No IPv6 path at all: only IPv4 connections are redirected to the connection checker.
+    rules = nft_list(pid)
+    assert "ip6 daddr @allowed6 accept" not in rules and "redirect to :15001" in rules
 
 
 def test_host_loopback_via_gateway_and_metadata_blocked(servers: Servers, container: str) -> None:
@@ -580,7 +592,8 @@ def test_reapply_changes_the_allowlist_live_and_is_audited(
     assert curl(container, f"http://second.test:{servers.http_port}/").stdout == BODY.decode()
     recs = [r for r in admin_records("egress.update") if r["data"]["container"] == container]
     assert recs and recs[-1]["data"]["revision"] == 2
-    assert recs[-1]["data"]["allowlist"] == ["second.test"]
+    assert recs[-1]["data"]["allowlist"][0] == "second.test"
+    assert all(e.startswith("second.test") for e in recs[-1]["data"]["allowlist"])
 
 
 def _guard_pid_of(container: str) -> int | None:
@@ -832,7 +845,7 @@ def test_cli_run_ps_events_stop_start_rm(
     prof = tmp_path / "egress-cli.yml"
     prof.write_text(
         "version: 1\nname: egress-cli\nnetwork:\n"
-        "  egress_dns_allowlist: [allowed.test]\n"
+        f"  egress_dns_allowlist: [allowed.test, 'allowed.test:{servers.http_port}/http']\n"
         f"  upstream_dns: ['127.0.0.1:{servers.upstream.port}']\n"
         "  allow_private_answers: true\n"
     )
@@ -865,7 +878,8 @@ def test_cli_run_ps_events_stop_start_rm(
         # The troubleshooting step: add the host to the profile, re-apply, it gets through
         # without a restart (and `sandbox apply` says which containers took it).
         assert resolves(name, "second.test").returncode != 0
-        prof.write_text(prof.read_text().replace("[allowed.test]", "[allowed.test, second.test]"))
+        added = f"[allowed.test, second.test, 'second.test:{servers.http_port}/http', "
+        prof.write_text(prof.read_text().replace("[allowed.test, ", added))
         reapplied = run_linpodx("sandbox", "apply", "--profile", str(prof))
         assert reapplied.returncode == 0, reapplied.stderr
         assert "revision: 2" in reapplied.stdout
@@ -930,7 +944,7 @@ def _apply_cli_profile(servers: Servers, tmp_path: Path, name: str) -> str:
         f"version: 1\nname: {name}\n"
         f"mounts:\n  - source: {project}\n    target: /workspace\n"
         "network:\n"
-        "  egress_dns_allowlist: [allowed.test]\n"
+        f"  egress_dns_allowlist: [allowed.test, 'allowed.test:{servers.http_port}/http']\n"
         f"  upstream_dns: ['127.0.0.1:{servers.upstream.port}']\n"
         "  allow_private_answers: true\n"
     )
@@ -1024,7 +1038,7 @@ def test_two_runs_of_one_name_at_once_leave_the_winners_guard_files_alone(
     prof = tmp_path / "egress-race.yml"
     prof.write_text(
         "version: 1\nname: egress-race\nnetwork:\n"
-        "  egress_dns_allowlist: [allowed.test]\n"
+        f"  egress_dns_allowlist: [allowed.test, 'allowed.test:{servers.http_port}/http']\n"
         f"  upstream_dns: ['127.0.0.1:{servers.upstream.port}']\n"
         "  allow_private_answers: true\n"
     )

@@ -60,6 +60,25 @@ def test_validate_prints_the_walkthrough_summary(cli: Cli, demo: Path) -> None:
     assert nothing_stored()
 
 
+def test_validate_says_a_tcp_entry_is_weaker(cli: Cli, tmp_path: Path) -> None:
+    prof = tmp_path / "p.yml"
+    prof.write_text(
+        "version: 1\nname: ports\nnetwork:\n  egress_dns_allowlist:\n"
+        "    - Git.Example.com:22/tcp\n    - mirror.example.com:80/http\n    - crates.io\n"
+    )
+    r = cli("sandbox", "validate", str(prof))
+    assert r.exit_code == 0, r.stderr
+    assert "egress:  3 hosts allowed" in r.stdout
+    assert r.stderr == (
+        "note: git.example.com:22/tcp is checked by address only (weaker than a TLS or /http "
+        "entry: any name served on that address is reachable on that port)\n"
+    )
+    bad = tmp_path / "bad.yml"
+    bad.write_text("version: 1\nname: ports\nnetwork:\n  egress_dns_allowlist: ['a.test:80/udp']\n")
+    r = cli("sandbox", "validate", str(bad))
+    assert r.exit_code != 0 and "unknown kind" in r.stderr and "hint:" in r.stderr
+
+
 def test_validate_json(cli: Cli, demo: Path) -> None:
     r = cli("sandbox", "validate", str(demo), "--json")
     assert r.exit_code == 0

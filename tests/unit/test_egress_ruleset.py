@@ -27,17 +27,24 @@ table inet linpodx_egress {
 	set revoked6 {
 		type ipv6_addr
 	}
+	chain nat_output {
+		type nat hook output priority -100; policy accept;
+		oifname "lo" return
+		meta mark 0x6c70 return
+		ip daddr @allowed4 meta l4proto tcp redirect to :15001
+	}
 	chain output {
 		type filter hook output priority 0; policy drop;
 		oifname "lo" accept
+		ct status dnat ip daddr 127.0.0.1 tcp dport 15001 accept
 		ip daddr @revoked4 meta l4proto tcp counter reject with tcp reset
 		ip daddr @revoked4 counter reject with icmp type admin-prohibited
 		ip6 daddr @revoked6 meta l4proto tcp counter reject with tcp reset
 		ip6 daddr @revoked6 counter reject with icmpv6 type admin-prohibited
 		ct state established,related accept
 		ct state invalid drop
-		ip daddr @allowed4 accept
-		ip6 daddr @allowed6 accept
+		meta mark 0x6c70 ip daddr @allowed4 meta l4proto tcp accept
+		udp dport 443 counter reject with icmp type port-unreachable
 		meta l4proto tcp counter reject with tcp reset
 		meta nfproto ipv4 counter reject with icmp type admin-prohibited
 		meta nfproto ipv6 counter reject with icmpv6 type admin-prohibited

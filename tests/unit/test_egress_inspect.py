@@ -1,0 +1,374 @@
+"""The connection checker's pure parts: allowlist entries, the ClientHello reader, the HTTP
+request reader, leases and judging; and a parser-differential test against real servers
+(Python's ssl module with an SNI callback, http.server): the checker never lets through a
+connection that the server would route to a name other than the one the checker judged."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, ClassVar
+
+import pytest
+
+from linpodx.egress.checker import Leases, Refusal, judge
+from linpodx.egress.inspect import HttpRequests, Refused, client_hello, host_name
+from linpodx.egress.policy import Allowlist, Rule, split_entry
+from linpodx.profile.loader import normalize_entry
+
+ADDR = ipaddress.IPv4Address("192.0.2.10")
+
+
+# -- entries -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        ("Example.com", "example.com"),
+        ("example.com:443", "example.com"),
+        ("example.com:8443", "example.com:8443"),
+        ("example.com:8443/tls", "example.com:8443"),
+        ("example.com:80/http", "example.com:80/http"),
+        ("*.Example.com:22/tcp", "*.example.com:22/tcp"),
+        ("example.com.:80/http", "example.com:80/http"),
+    ],
+)
+def test_entries_parse_to_one_canonical_form(raw: str, canonical: str) -> None:
+    assert normalize_entry(raw) == (canonical, None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("example.com:0", "out of range"),
+        ("example.com:65536", "out of range"),
+        ("example.com:http", "not a number"),
+        ("example.com/http", "needs a port"),
+        ("example.com:80/udp", "unknown kind"),
+        ("example.com:\uff18\uff10", "not"),
+        ("192.0.2.1:80/http", "IP address"),
+        ("[::1]", "IP address"),
+    ],
+)
+def test_bad_entries_are_refused(raw: str, problem: str) -> None:
+    norm, why = normalize_entry(raw)
+    assert norm is None and why is not None and problem in why
+
+
+def test_a_bare_name_is_tls_on_443_only() -> None:
+    allow = Allowlist.from_entries(["a.test", "a.test:8080/http", "*.w.test:22/tcp"])
+    assert allow.kinds("a.test", 443) == {"tls"}
+    assert allow.kinds("a.test", 80) == frozenset()
+    assert allow.kinds("a.test", 8080) == {"http"}
+    assert allow.kinds("x.w.test", 22) == {"tcp"}
+    assert allow.kinds("w.test", 22) == frozenset()  # a wildcard is never its apex
+    assert allow.allows("a.test") and allow.allows("x.w.test") and not allow.allows("w.test")
+    assert allow.ports() == {443, 8080, 22}
+    assert split_entry("a.test:8080/http") == ("a.test", 8080, "http")
+    assert Rule("a.test", 443, "tls").text() == "a.test"
+
+
+# -- ClientHello ---------------------------------------------------------------------------
+def real_hello(server_name: str | None, **kw: Any) -> bytes:
+    """The ClientHello Python's ssl (OpenSSL) sends for `server_name`."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(inc, out, server_hostname=server_name, **kw)
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return out.read()
+
+
+def test_a_real_client_hello_gives_its_server_name() -> None:
+    data = real_hello("allowed.test")
+    hello = client_hello(data)
+    assert hello is not None and hello.server_name == "allowed.test"
+    assert hello.length == len(data)
+    # Incomplete: more bytes needed, never a verdict from a part.
+    for cut in (1, 4, 5, 40, len(data) - 1):
+        assert client_hello(data[:cut]) is None
+
+
+def test_no_server_name_is_refused() -> None:
+    with pytest.raises(Refused, match="no server name"):
+        client_hello(real_hello(None))
+
+
+def _set_record_len(data: bytes, n: int) -> bytes:
+    return data[:3] + n.to_bytes(2, "big") + data[5:]
+
+
+def _with_sni(name: bytes) -> bytes:
+    """A real ClientHello with its server name replaced by `name` (lengths fixed up)."""
+    data = real_hello("x" * len(name) if len(name) < 250 else "y.test")
+    old = b"x" * len(name)
+    if old in data:
+        return data.replace(old, name)
+    return data
+
+
+def test_malformed_client_hellos_are_refused() -> None:
+    good = real_hello("allowed.test")
+    corpus = {
+        "not TLS": b"GET / HTTP/1.1\r\n",
+        "not a handshake": b"\x17" + good[1:],
+        "record too long": _set_record_len(good, 40000),
+        "ClientHello over two records": _set_record_len(good[: 5 + 100], 100),
+        "second message in the record": _set_record_len(good + b"\x01\x00\x00\x00", len(good) - 1),
+        "NUL in the name": _with_sni(b"allowed\x00test"),
+        "non-ASCII": _with_sni(b"allow\xc3\xa9.test"),
+        "space": _with_sni(b"allowed test"),
+        "empty label": _with_sni(b"allowed..test"),
+    }
+    for why, data in corpus.items():
+        with pytest.raises(Refused):
+            client_hello(data)
+            pytest.fail(why)
+    with pytest.raises(Refused):
+        host_name(b"a" * 64 + b".test")  # overlong label
+    with pytest.raises(Refused):
+        host_name(b"a." * 130 + b"test")  # overlong name
+
+
+def test_server_name_is_normalized() -> None:
+    hello = client_hello(_with_sni(b"ALLOWED.TEST."))
+    assert hello is not None and hello.server_name == "allowed.test"
+
+
+def test_duplicate_extension_is_refused() -> None:
+    good = bytearray(real_hello("allowed.test"))
+    # Append a second server_name extension: fix the extensions, handshake and record lengths.
+    ext = b"\x00\x00" + (5 + 6).to_bytes(2, "big") + (3 + 6).to_bytes(2, "big") + b"\x00" + (
+        6
+    ).to_bytes(2, "big") + b"evil.t"
+    data = _append_extension(bytes(good), ext)
+    with pytest.raises(Refused, match="repeats an extension"):
+        client_hello(data)
+
+
+def _append_extension(data: bytes, ext: bytes) -> bytes:
+    rec = bytearray(data[5:])
+    body = rec[4:]
+    pos = 2 + 32
+    pos += 1 + body[pos]
+    pos += 2 + int.from_bytes(body[pos : pos + 2], "big")
+    pos += 1 + body[pos]
+    ext_len = int.from_bytes(body[pos : pos + 2], "big") + len(ext)
+    body = body[:pos] + ext_len.to_bytes(2, "big") + body[pos + 2 :] + ext
+    hs = b"\x01" + len(body).to_bytes(3, "big") + body
+    return data[:3] + len(hs).to_bytes(2, "big") + hs
+
+
+def test_ech_grease_passes_on_its_outer_name() -> None:
+    # An encrypted_client_hello extension (0xfe0d) with junk, as GREASE sends: the outer
+    # server_name is what is judged.
+    ext = b"\xfe\x0d" + (8).to_bytes(2, "big") + b"\x00" * 8
+    hello = client_hello(_append_extension(real_hello("allowed.test"), ext))
+    assert hello is not None and hello.server_name == "allowed.test"
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+def hosts_of(*chunks: bytes) -> list[str]:
+    h = HttpRequests()
+    out: list[str] = []
+    for c in chunks:
+        out += h.feed(c)
+    return out
+
+
+def test_http_requests_each_give_their_host() -> None:
+    two = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\nGET / HTTP/1.1\r\nHost: b.test\r\n\r\n"
+    assert hosts_of(two) == ["a.test", "b.test"]
+    assert hosts_of(b"\r\nGET / HTTP/1.1\r\nHost: A.test.:80\r\n\r\n") == ["a.test"]
+    body = b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\nab"
+    assert hosts_of(body, b"cdGET / HTTP/1.1\r\nHo", b"st: c.test\r\n\r\n") == [
+        "a.test",
+        "c.test",
+    ]
+    chunked = b"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert hosts_of(chunked + b"3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: d.test\r\n\r\n") == [
+        "a.test",
+        "d.test",
+    ]
+    assert hosts_of(b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\n\r\n") == ["a.test"]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\r\n folded\r\n\r\n",
+        b"GET / HTTP/1.1\r\n\r\n",
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"GET http://evil.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        b"GET evil.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        b"CONNECT evil.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: user@a.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\x00.test\r\n\r\n",
+        b"\x16\x03\x01 not http\r\n\r\n",
+    ],
+)
+def test_http_heads_that_are_refused(head: bytes) -> None:
+    with pytest.raises(Refused):
+        hosts_of(head)
+
+
+def test_an_upgrade_request_stops_the_reading() -> None:
+    h = HttpRequests()
+    up = b"GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    assert h.feed(up) == ["a.test"] and h.upgraded
+    with pytest.raises(Refused):
+        h.feed(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+
+
+# -- leases and judging ----------------------------------------------------------------------
+def test_judge_binds_names_to_the_addresses_resolved_for_them() -> None:
+    now = [100.0]
+    leases = Leases(clock=lambda: now[0])
+    allow = Allowlist.from_entries(["allowed.test", "other.test", "allowed.test:80/http"])
+    with pytest.raises(Refusal, match=r"address not resolved for allowed\.test"):
+        judge(allow, leases, ADDR, 443, "allowed.test", "tls")
+    leases.grant("allowed.test", [(ADDR, 130.0)])
+    judge(allow, leases, ADDR, 443, "allowed.test", "tls")
+    judge(allow, leases, ADDR, 80, "allowed.test", "http")
+    with pytest.raises(Refusal) as exc:
+        judge(allow, leases, ADDR, 443, "evil.test", "tls")
+    assert exc.value.reason == (
+        "server name not in the allowlist; address resolved for allowed.test"
+    )
+    with pytest.raises(Refusal, match=r"address not resolved for other\.test"):
+        judge(allow, leases, ADDR, 443, "other.test", "tls")
+    with pytest.raises(Refusal, match="port 8443 is not allowed"):
+        judge(allow, leases, ADDR, 8443, "allowed.test", "tls")
+    with pytest.raises(Refusal, match="allowed as http, not tls"):
+        judge(allow, leases, ADDR, 80, "allowed.test", "tls")
+    # The lease lapses, unless a connection to it is open; a new lookup renews it.
+    leases.opened("allowed.test", ADDR)
+    now[0] = 200.0
+    judge(allow, leases, ADDR, 443, "allowed.test", "tls")
+    leases.closed("allowed.test", ADDR)
+    with pytest.raises(Refusal):
+        judge(allow, leases, ADDR, 443, "allowed.test", "tls")
+    leases.grant("allowed.test", [(ADDR, 260.0)])
+    judge(allow, leases, ADDR, 443, "allowed.test", "tls")
+
+
+# -- parser differential ---------------------------------------------------------------------
+def _server_sni(data: bytes) -> str | None:
+    """The name a real TLS server (OpenSSL via Python's ssl) routes `data` to: what its SNI
+    callback sees; None if it fails before."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    seen: list[str | None] = []
+
+    def cb(_s: ssl.SSLObject, name: str | None, _c: ssl.SSLContext) -> None:
+        seen.append(name)
+
+    ctx.sni_callback = cb  # type: ignore[assignment]
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(inc, out, server_side=True)
+    inc.write(data)
+    try:
+        obj.do_handshake()
+    except ssl.SSLError:
+        pass
+    return seen[0] if seen else None
+
+
+def _hello_corpus() -> list[bytes]:
+    good = real_hello("allowed.test")
+    out = [
+        good,
+        real_hello("evil.test"),
+        real_hello("ALLOWED.test"),
+        _with_sni(b"allowed.test\x00evil"),
+        _append_extension(good, b"\x00\x00\x00\x0e\x00\x0c\x00\x00\x09evil.test"),
+        _append_extension(good, b"\xfe\x0d\x00\x04abcd"),
+    ]
+    # Truncations and byte flips across the whole message.
+    for i in range(5, len(good), 7):
+        flipped = bytearray(good)
+        flipped[i] ^= 0xFF
+        out.append(bytes(flipped))
+    return out
+
+
+def test_checker_never_passes_a_client_hello_a_server_routes_elsewhere() -> None:
+    checked = 0
+    for data in _hello_corpus():
+        try:
+            hello = client_hello(data)
+        except Refused:
+            continue
+        if hello is None:
+            continue
+        routed = _server_sni(data)
+        if routed is not None:
+            checked += 1
+            assert routed.rstrip(".").lower() == hello.server_name, data.hex()
+    assert checked >= 3
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    routed: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        host = self.headers.get("Host") or ""
+        target = self.path
+        if "://" in target:  # what an RFC 9112 server does with an absolute-form target
+            host = target.split("://", 1)[1].split("/", 1)[0]
+        self.routed.append(host.split(":")[0].rstrip(".").lower())
+        length = int(self.headers.get("Content-Length") or 0)
+        if length and "chunked" not in (self.headers.get("Transfer-Encoding") or ""):
+            self.rfile.read(length)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+HEAD_CORPUS = [
+    b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: allowed.test\r\nHost: evil.test\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+    b"GET http://evil.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    b"GET / HTTP/1.1\r\nX: a\r\n Host: evil.test\r\nHost: allowed.test\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost : evil.test\r\nHost: allowed.test\r\n\r\n",
+    b"GET / HTTP/1.1\r\nhOsT: allowed.test\r\n\r\n",
+    b"\r\nGET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 38\r\n\r\n"
+    b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n"
+    b"Content-Length: 4\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+    b"GET / HTTP/1.1\nHost: allowed.test\n\nGET / HTTP/1.1\nHost: evil.test\n\n",
+]
+
+
+def test_checker_never_passes_an_http_request_a_server_routes_elsewhere() -> None:
+    srv = HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for head in HEAD_CORPUS:
+            try:
+                hosts = hosts_of(head)
+            except Refused:
+                continue
+            _Recorder.routed = []
+            with socket.create_connection(srv.server_address, timeout=5) as s:
+                s.sendall(head)
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(4096):
+                    pass
+            assert set(_Recorder.routed) <= set(hosts), (head, hosts, _Recorder.routed)
+    finally:
+        srv.shutdown()
+        srv.server_close()
