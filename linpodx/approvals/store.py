@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
 import stat
 import time
@@ -118,7 +119,7 @@ class Field:
     key: str
     """Its path: `arguments.path`, `_meta.progressToken`, `name`."""
     value: str
-    """Its JSON, cut at VALUE_CAP characters (escaping is the renderer's job)."""
+    """Its JSON, cut at VALUE_CAP characters as a terminal shows them (escaped once cut)."""
     size: int | None
     """Its whole size in characters (a string's length, else its JSON's) when it was cut."""
 
@@ -126,13 +127,74 @@ class Field:
         return [self.key, self.value, self.size]
 
 
+def _cut(text: str, width: int) -> str | None:
+    """`text` escaped as a terminal shows it (`safe_text`) and cut at `width` characters,
+    never inside an escape; None when all of it fits (width + 1 characters never do)."""
+    out: list[str] = []
+    n = 0
+    for ch in text[: width + 1]:
+        shown = safe_text(ch)
+        if n + len(shown) > width:
+            return "".join(out)
+        out.append(shown)
+        n += len(shown)
+    return None
+
+
+def _shown_key(key: str) -> str:
+    """A key's path as shown, cut at KEY_CAP characters *as escaped for the terminal* (a key
+    of ESC characters shows four times longer): a cut key also says its length and a digest of
+    the whole path, so two keys that share their first KEY_CAP characters never read alike."""
+    cut = _cut(key, KEY_CAP)
+    if cut is None:
+        return key
+    tag = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return cut + f"…({len(key)} chars, #{tag})"
+
+
 def _field(key: str, value: Any) -> Field:
     text = canonical_or_json(value)
     size = len(value) if isinstance(value, str) else len(text)
-    key = key if len(key) <= KEY_CAP else key[:KEY_CAP] + f"…({len(key)} chars)"
-    if len(text) > VALUE_CAP:
-        return Field(key, text[:VALUE_CAP] + "…", size)
+    key = _shown_key(key)
+    # Cut as the terminal shows it: `"\u202e…/etc/shadow"` fits VALUE_CAP raw, but its escapes
+    # took the renderer's whole width and the path was never shown, with no size said.
+    cut = _cut(text, VALUE_CAP)
+    if cut is not None:
+        return Field(key, cut + "…", size)
     return Field(key, text, None)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+
+def _path(prefix: str, key: str) -> str:
+    """`prefix.key`, or `prefix["key"]` for a key that is not a plain name: a key holding a dot
+    (`{"arguments.path": …}` next to `arguments`) must not read as a nested one."""
+    if _PLAIN_KEY.match(key):
+        return f"{prefix}.{key}" if prefix else key
+    return f"{prefix}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def _leaves(prefix: str, value: Any, order: Callable[[str], Any] = lambda k: k) -> Iterator[Field]:
+    """One field per scalar (and per empty object or array) under `value`, each with its path:
+    a nested object shown as one JSON value cut at VALUE_CAP let padding in one of its keys
+    hide another (`arguments.opts: {"a": "harmless …", "target": "/home/agent/.bashrc"}`)."""
+    stack: list[tuple[str, Any, Callable[[str], Any]]] = [(prefix, value, order)]
+    while stack:
+        path, v, key_order = stack.pop()
+        if isinstance(v, dict) and v:
+            children = [(_path(path, k), v[k]) for k in sorted(v, key=key_order)]
+        elif isinstance(v, list) and v:
+            children = [(f"{path}[{i}]", x) for i, x in enumerate(v)]
+        else:
+            yield _field(path, v)
+            continue
+        # (depth first, in order: pushed in reverse)
+        stack.extend((p, x, _by_name) for p, x in reversed(children))
+
+
+def _by_name(key: str) -> Any:
+    return key
 
 
 def canonical_or_json(value: Any) -> str:
@@ -144,28 +206,35 @@ def canonical_or_json(value: Any) -> str:
 
 
 def display_fields(params: Any, first: tuple[str, ...] = ()) -> tuple[list[Field], int]:
-    """Every key of a request's params, each value cut on its own, and how many keys are left
-    out past FIELDS_MAX. Cutting the whole payload at one length let a call pad one argument
-    so that another one (`path`) was never shown. Order: `name`, then the tool's arguments
-    (those named in `first`, the ones a rule matched on, before the rest), then every other
-    key, `_meta` included: the approval binds all of it."""
+    """Every scalar of a request's params with its path (`arguments.opts.target`,
+    `arguments.files[1]`), each value cut on its own, and how many are left out past
+    FIELDS_MAX. Cutting the whole payload (or one nested value) at one length let a call pad
+    one argument so that another one (`path`) was never shown. Order: `name`, then the tool's
+    arguments (those named in `first`, the ones a rule matched on, before the rest), then every
+    other key, `_meta` included: the approval binds all of it."""
     if not isinstance(params, dict):
-        return ([] if params is None else [_field("params", params)]), 0
+        return ([] if params is None else list(_leaves("params", params))[:FIELDS_MAX]), 0
     out: list[Field] = []
+    more = 0
+
+    def add(fields: Iterator[Field]) -> None:
+        nonlocal more
+        for f in fields:
+            if len(out) < FIELDS_MAX:
+                out.append(f)
+            else:
+                more += 1
+
     if "name" in params:
-        out.append(_field("name", params["name"]))
-    nested = ("arguments", "_meta")
-    for top in nested:
-        value = params.get(top)
-        if isinstance(value, dict):
-            keys = sorted(value, key=lambda k: (k not in first, k) if top == "arguments" else k)
-            out.extend(_field(f"{top}.{k}", value[k]) for k in keys)
-            if not value:
-                out.append(_field(top, value))
-        elif top in params:
-            out.append(_field(top, value))
-    out.extend(_field(k, params[k]) for k in sorted(params) if k != "name" and k not in nested)
-    return out[:FIELDS_MAX], max(0, len(out) - FIELDS_MAX)
+        add(_leaves("name", params["name"]))
+    if "arguments" in params:
+        add(_leaves("arguments", params["arguments"], lambda k: (k not in first, k)))
+    if "_meta" in params:
+        add(_leaves("_meta", params["_meta"]))
+    for k in sorted(params):
+        if k not in ("name", "arguments", "_meta"):
+            add(_leaves(_path("", k), params[k]))
+    return out, more
 
 
 def who() -> dict[str, Any]:
