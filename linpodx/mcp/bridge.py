@@ -49,7 +49,8 @@ AUDIT_TEXT_CAP = 256
 LANE_BACKLOG_MAX = 256
 """Steps one direction may have queued before its reader waits (see `_Lane.put`)."""
 INFLIGHT_MAX = 4096
-"""Client requests forwarded or held and not yet answered, at most: more are refused."""
+"""Client requests forwarded or held and not yet answered, at most: more are refused. The
+server's requests forwarded to the client and not yet answered, the same."""
 APPROVALS_MAX = 64
 """Calls waiting for a person at once, at most: more are denied (each waits in a thread)."""
 EVENT_LINGER = 0.02
@@ -257,8 +258,9 @@ def _modern(msg: Message) -> bool:
 class InFlight:
     """A client request the bridge has accepted and not yet seen answered."""
 
-    method: str
-    tool: str | None
+    method: Any
+    """The method, or its digest when long (`_short`): what its records name."""
+    tool: Any
     started: float
     forwarded: bool = False
     approval_id: str | None = None
@@ -664,7 +666,10 @@ class Bridge:
             crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
             waiting = sum(1 for e in self.inflight.values() if e.approval_id is not None)
             if not reused and not crowded:
-                self.inflight[key] = InFlight(msg.method, msg.tool_name, self._clock())
+                # (bounded: a method or tool name may be megabytes long, 4,096 times over)
+                self.inflight[key] = InFlight(
+                    _short(msg.method), _short(msg.tool_name), self._clock()
+                )
         if crowded:
             answer = jsonrpc.error_response(
                 msg.id,
@@ -1081,6 +1086,24 @@ class Bridge:
         decision = policy.evaluate_server_request(self.settings.allow_server_requests, msg.method)
         with self._lock:
             reused = msg.id_key in self.server_inflight
+            crowded = not reused and len(self.server_inflight) >= INFLIGHT_MAX
+        if crowded:
+            # A client that does not answer the server's pings (or answers slowly) let the
+            # table grow for as long as the server sent them: megabyte ids, gigabytes of RSS.
+            answer = jsonrpc.error_response(
+                msg.id,
+                jsonrpc.INVALID_REQUEST,
+                f"refused by linpodx: more than {INFLIGHT_MAX} requests in flight",
+            )
+            self._invalid(
+                "server",
+                f"more than {INFLIGHT_MAX} server requests in flight",
+                msg.id,
+                0,
+                then=lambda: self.send_server(answer),
+                lane="server",
+            )
+            return
         record = {
             "dir": "server",
             "kind": "request",

@@ -5,6 +5,7 @@ size bound ends a session closed; and a normal session is far from every bound."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +15,13 @@ import pytest
 from linpodx.audit import chain as audit_chain
 from linpodx.profile.model import McpSettings
 from tests.conftest import DEBIAN_IMAGE
-from tests.servers.harness import TEST_PROFILE, RawSession, linpodx, start_server_container
+from tests.servers.harness import (
+    TEST_PROFILE,
+    RawSession,
+    linpodx,
+    server_log,
+    start_server_container,
+)
 
 pytestmark = pytest.mark.podman
 
@@ -139,3 +146,35 @@ def test_a_long_normal_session_stays_far_from_every_bound(
     types = [r.type for r in audit_chain.read_records(path)]
     assert "mcp.suppressed" not in types and "mcp.stderr_suppressed" not in types
     assert b"not shown (over" not in s.stderr and b"not recorded one by one" not in s.stderr
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_pings_the_client_never_answers_do_not_grow_the_bridge(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """The server's requests in flight had no bound: 4,146 pings with 16 KB ids that the client
+    never answers stayed in the bridge's memory (66 MB of ids; megabyte ids made it gigabytes).
+    Past 4,096 the server is refused, and a long id is kept by its digest."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    s = RawSession(unique_name)
+    try:
+        s.handshake()
+        before = _rss_kib(s.proc.pid)
+        r = s.request(1, "tools/call", {"name": "emit_raw", "arguments": {"kind": "pings"}}, 180)
+        assert r["result"]["content"][0]["text"] == "emitted pings", r
+        after = _rss_kib(s.proc.pid)
+        pings = [m for m in s.others if m.get("method") == "ping"]
+        assert len(pings) == 4096, len(pings)
+        assert s.close(60) == 0, s.stderr[-2000:]
+    finally:
+        s.kill()
+    assert after - before < 30 * 1024, (before, after)
+    got = [json.loads(x) for x in server_log(unique_name).splitlines() if x.strip()]
+    refused = [m for m in got if m.get("error", {}).get("code") == -32600]
+    assert len(refused) == 50 and refused[0]["id"].startswith("ping-4096-"), refused[:1]

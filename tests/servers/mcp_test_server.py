@@ -10,7 +10,8 @@ Tools:
 - `write_file(path, content)`, `run_shell(cmd)`: harmless stand-ins the profile prompts/denies.
 - `slow(seconds)`: answers after that long (auto-allowed; for cancellations).
 - `emit_raw(kind)`: writes hostile output straight to stdout (a sampling request, a response with
-  an unknown id, an oversize line, invalid JSON) so tests can check the bridge drops it.
+  an unknown id, an oversize line, invalid JSON, thousands of pings with long ids) so tests can
+  check the bridge drops it.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def emit_raw(kind: str) -> str:
         )
     elif kind == "garbage":
         _raw(b"this is not json\n")
+    elif kind == "pings":
+        # 4,146 pings with 16 KB ids, to a client that answers none of them.
+        pad = "p" * 16384
+        for i in range(4146):
+            ping = {"jsonrpc": "2.0", "id": f"ping-{i}-{pad}", "method": "ping"}
+            _raw(json.dumps(ping).encode() + b"\n")
     return "emitted " + kind
 
 

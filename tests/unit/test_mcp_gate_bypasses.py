@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import tracemalloc
 from collections.abc import Mapping
 from typing import Any
 
@@ -274,3 +275,42 @@ def test_the_id_of_a_cancelled_call_is_not_taken_before_its_late_answer() -> Non
     )
     g.c(call(7, "echo", text="M-AFTER"))  # answered: the id is free again
     assert g.server[-1]["params"]["arguments"] == {"text": "M-AFTER"}
+
+
+def test_the_servers_requests_in_flight_are_bounded_in_number_and_memory() -> None:
+    """A server that sends pings (with 100 KB ids) to a client that does not answer them grew
+    the bridge's table without bound: 2,000 of them held 400 MB."""
+    g = Gate()
+    forwarded = 0
+
+    def to_client(data: bytes) -> None:
+        nonlocal forwarded
+        forwarded += 1
+
+    g.bridge._to_client = to_client
+    tracemalloc.start()
+    try:
+        for i in range(INFLIGHT_MAX + 20):
+            rid = f"{i}-" + "x" * 100_000
+            g.s(json.dumps({"jsonrpc": "2.0", "id": rid, "method": "ping"}).encode())
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert forwarded == INFLIGHT_MAX
+    assert len(g.bridge.server_inflight) == INFLIGHT_MAX
+    refused = [m for m in g.server if m.get("error", {}).get("code") == jsonrpc.INVALID_REQUEST]
+    assert len(refused) == 20 and refused[0]["id"].startswith(f"{INFLIGHT_MAX}-")
+    assert held < 32 * 1024 * 1024, held  # (unbounded: ~400 MB per 2,000)
+    # An answer still settles its request (the key of a long id is its digest).
+    first = json.dumps({"jsonrpc": "2.0", "id": "0-" + "x" * 100_000, "result": {}})
+    g.bridge.on_client_frame(Line(first.encode()))
+    assert len(g.bridge.server_inflight) == INFLIGHT_MAX - 1
+
+
+def test_long_ids_are_kept_by_digest_and_stay_apart() -> None:
+    long_a, long_b = "a" * 300, "a" * 299 + "b"
+    assert jsonrpc.id_key(long_a) != jsonrpc.id_key(long_b)
+    assert jsonrpc.id_key(long_a) == jsonrpc.id_key("a" * 300)
+    key = jsonrpc.id_key(long_a)
+    assert key is not None and len(repr(key)) < 200
+    assert jsonrpc.id_key("1") != jsonrpc.id_key(1)
