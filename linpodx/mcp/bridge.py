@@ -792,6 +792,15 @@ class Bridge:
             if self._cancel_pending(msg):
                 return
             cancelled = jsonrpc.id_key((msg.params or {}).get("requestId"))
+            with self._lock:
+                known = cancelled is not None and cancelled in self.inflight
+            if not known:
+                # Nothing to cancel (answered already, denied, or never sent): the server may
+                # ignore it, so it is not forwarded, and it is counted like other dropped
+                # messages. Forwarded, each was a record of its own: a storm of bogus ids was
+                # a flood of the session log that no per-second bound held.
+                self._dropped("client", "cancellation of no request in flight", None)
+                return
         if msg.method in policy.REQUEST_METHODS:
             # Refused (`policy.refusal`) and recorded below; said without ids or names (this
             # is the client's pipe), and at most once a second (a flood of them is no flood
@@ -1073,6 +1082,14 @@ class Bridge:
                 # Progress/log/list-changed traffic is frequent and carries no decision: it is
                 # forwarded without a record each (the session's records stay about calls).
                 self.send_client(msg.raw)
+                if msg.method == "notifications/cancelled":
+                    # The server gave up on one of its requests: a conformant client never
+                    # answers it, and its slot would be taken for good (INFLIGHT_MAX). A late
+                    # answer is then one to no request the server made: dropped, recorded.
+                    rid = jsonrpc.id_key((msg.params or {}).get("requestId"))
+                    with self._lock:
+                        if rid is not None:
+                            self.server_inflight.pop(rid, None)
             else:
                 self._dropped(
                     "server", f"notification {msg.method!r} not forwarded", None, lane="server"

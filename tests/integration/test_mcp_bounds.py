@@ -117,9 +117,7 @@ def test_the_session_ends_closed_at_its_size_bound(tmp_path: Path, unique_name: 
     assert linpodx("audit", "verify", "--session", sid).returncode == 0
 
 
-def test_a_long_normal_session_stays_far_from_every_bound(
-    tmp_path: Path, unique_name: str
-) -> None:
+def test_a_long_normal_session_stays_far_from_every_bound(tmp_path: Path, unique_name: str) -> None:
     """The defaults are generous: a session of real calls through the SDK test server, with
     its stderr logging, summarises nothing, and at its bytes per call the default size bound
     holds over a million calls."""
@@ -178,3 +176,41 @@ def test_pings_the_client_never_answers_do_not_grow_the_bridge(
     got = [json.loads(x) for x in server_log(unique_name).splitlines() if x.strip()]
     refused = [m for m in got if m.get("error", {}).get("code") == -32600]
     assert len(refused) == 50 and refused[0]["id"].startswith("ping-4096-"), refused[:1]
+
+
+def test_a_storm_of_bogus_cancellations_is_neither_forwarded_nor_recorded_one_by_one(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """Each `notifications/cancelled` naming no request in flight was forwarded with a decision
+    record of its own, past every per-second bound."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    s = RawSession(unique_name)
+    storm = 5000
+    try:
+        s.handshake()
+        sid = s.session_id()
+        t0 = time.monotonic()
+        data = b"".join(
+            b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":%d,'
+            b'"reason":"M-BOGUS"}}\n' % i
+            for i in range(storm)
+        )
+        assert s.proc.stdin is not None
+        s.proc.stdin.write(data)
+        s.proc.stdin.flush()
+        assert s.request("after", "ping", timeout=120)["result"] == {}
+        took = time.monotonic() - t0
+        assert s.close() == 0, s.stderr[-2000:]
+    finally:
+        s.kill()
+    assert b"M-BOGUS" not in server_log(unique_name)
+    records = audit_chain.read_records(audit_chain.session_path(sid))
+    drops = [r for r in records if r.type == "mcp.drop"]
+    assert 0 < len(drops) <= DEFAULTS.drop_records_per_second * (took + 2), len(drops)
+    assert not [
+        r
+        for r in records
+        if r.type == "mcp.notification" and r.data.get("method") == "notifications/cancelled"
+    ]
+    held = sum(r.data["count"] for r in records if r.type == "mcp.suppressed")
+    assert held + len(drops) == storm

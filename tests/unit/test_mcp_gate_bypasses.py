@@ -314,3 +314,38 @@ def test_long_ids_are_kept_by_digest_and_stay_apart() -> None:
     key = jsonrpc.id_key(long_a)
     assert key is not None and len(repr(key)) < 200
     assert jsonrpc.id_key("1") != jsonrpc.id_key(1)
+
+
+def test_a_request_the_server_cancelled_frees_its_slot() -> None:
+    """The server's own cancellation left its request counted until the client answered, and
+    a conformant client never answers a cancelled request."""
+    g = Gate()
+    for i in range(INFLIGHT_MAX + 1):
+        g.s(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping"}).encode())
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": i}}
+        g.s(json.dumps(cancel).encode())
+    assert g.bridge.server_inflight == {}
+    assert [m for m in g.server if "error" in m] == []  # none refused as crowded
+    assert sum(1 for m in g.client if m.get("method") == "ping") == INFLIGHT_MAX + 1
+    # A late answer to a cancelled ping is dropped and recorded, not forwarded.
+    g.bridge.on_client_frame(Line(b'{"jsonrpc":"2.0","id":3,"result":{}}'))
+    assert g.server == [] and g.types()[-1] == "mcp.drop"
+
+
+def test_cancellations_of_nothing_in_flight_are_dropped_and_summarised() -> None:
+    """Each was forwarded with a decision record of its own: a storm of bogus ids filled the
+    session log past any per-second bound (1,000 cancellations, 1,000 records)."""
+    g = Gate()
+    g.c(call(1, "echo", text="x"))  # forwarded, in flight
+    for rid in [*range(100, 1100), None, "1"]:
+        params = {} if rid is None else {"requestId": rid}
+        g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+    g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
+    cancels = [m for m in g.server if m.get("method") == "notifications/cancelled"]
+    assert [m["params"]["requestId"] for m in cancels] == [1]  # only the real one
+    types = g.types()
+    assert types.count("mcp.drop") == McpSettings().drop_records_per_second
+    assert g.bridge.suppressed == 1002 - McpSettings().drop_records_per_second
+    # Cancelling it again: nothing in flight any more.
+    g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
+    assert len([m for m in g.server if m.get("method") == "notifications/cancelled"]) == 1
