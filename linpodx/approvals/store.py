@@ -175,22 +175,49 @@ def _path(prefix: str, key: str) -> str:
     return f"{prefix}[{json.dumps(key, ensure_ascii=False)}]"
 
 
-def _leaves(prefix: str, value: Any, order: Callable[[str], Any] = lambda k: k) -> Iterator[Field]:
-    """One field per scalar (and per empty object or array) under `value`, each with its path:
-    a nested object shown as one JSON value cut at VALUE_CAP let padding in one of its keys
-    hide another (`arguments.opts: {"a": "harmless …", "target": "/home/agent/.bashrc"}`)."""
-    stack: list[tuple[str, Any, Callable[[str], Any]]] = [(prefix, value, order)]
+def _leaves(
+    prefix: str, value: Any, order: Callable[[str], Any], room: int
+) -> tuple[list[Field], int]:
+    """Up to `room` fields, one per scalar (and per empty object or array) under `value` with
+    its path, depth first and in order, and how many more there are: a nested object shown as
+    one JSON value cut at VALUE_CAP let padding in one of its keys hide another
+    (`arguments.opts: {"a": "harmless …", "target": "/home/…"}`). Paths are built only for
+    what is shown: a request may hold millions of keys."""
+    out: list[Field] = []
+    stack: list[tuple[str, Any, str | int | None]] = [(prefix, value, None)]
+    # (each entry: the parent's path, the value, its key or index under it; None for the root)
     while stack:
-        path, v, key_order = stack.pop()
-        if isinstance(v, dict) and v:
-            children = [(_path(path, k), v[k]) for k in sorted(v, key=key_order)]
-        elif isinstance(v, list) and v:
-            children = [(f"{path}[{i}]", x) for i, x in enumerate(v)]
+        if len(out) >= room:
+            return out, sum(_count_leaves(v) for _, v, _ in stack)
+        parent, v, step = stack.pop()
+        if step is None:
+            path = parent
+        elif isinstance(step, int):
+            path = f"{parent}[{step}]"
         else:
-            yield _field(path, v)
-            continue
-        # (depth first, in order: pushed in reverse)
-        stack.extend((p, x, _by_name) for p, x in reversed(children))
+            path = _path(parent, step)
+        if isinstance(v, dict) and v:
+            keys = sorted(v, key=order if step is None else _by_name)
+            stack.extend((path, v[k], k) for k in reversed(keys))
+        elif isinstance(v, list) and v:
+            stack.extend((path, v[i], i) for i in range(len(v) - 1, -1, -1))
+        else:
+            out.append(_field(path, v))
+    return out, 0
+
+
+def _count_leaves(value: Any) -> int:
+    """How many `_leaves` `value` has (without building their paths)."""
+    n, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict) and v:
+            stack.extend(v.values())
+        elif isinstance(v, list) and v:
+            stack.extend(v)
+        else:
+            n += 1
+    return n
 
 
 def _by_name(key: str) -> Any:
@@ -213,27 +240,23 @@ def display_fields(params: Any, first: tuple[str, ...] = ()) -> tuple[list[Field
     arguments (those named in `first`, the ones a rule matched on, before the rest), then every
     other key, `_meta` included: the approval binds all of it."""
     if not isinstance(params, dict):
-        return ([] if params is None else list(_leaves("params", params))[:FIELDS_MAX]), 0
+        parts: list[tuple[str, Any, Callable[[str], Any]]] = (
+            [] if params is None else [("params", params, _by_name)]
+        )
+    else:
+        parts = [(k, params[k], _by_name) for k in ("name",) if k in params]
+        if "arguments" in params:
+            parts.append(("arguments", params["arguments"], lambda k: (k not in first, k)))
+        if "_meta" in params:
+            parts.append(("_meta", params["_meta"], _by_name))
+        rest = sorted(k for k in params if k not in ("name", "arguments", "_meta"))
+        parts.extend((_path("", k), params[k], _by_name) for k in rest)
     out: list[Field] = []
     more = 0
-
-    def add(fields: Iterator[Field]) -> None:
-        nonlocal more
-        for f in fields:
-            if len(out) < FIELDS_MAX:
-                out.append(f)
-            else:
-                more += 1
-
-    if "name" in params:
-        add(_leaves("name", params["name"]))
-    if "arguments" in params:
-        add(_leaves("arguments", params["arguments"], lambda k: (k not in first, k)))
-    if "_meta" in params:
-        add(_leaves("_meta", params["_meta"]))
-    for k in sorted(params):
-        if k not in ("name", "arguments", "_meta"):
-            add(_leaves(_path("", k), params[k]))
+    for prefix, value, order in parts:
+        shown, left = _leaves(prefix, value, order, FIELDS_MAX - len(out))
+        out.extend(shown)
+        more += left
     return out, more
 
 

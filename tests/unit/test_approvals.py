@@ -309,3 +309,11 @@ def test_escapes_cannot_push_a_value_out_of_sight_unsaid() -> None:
     assert "\u202e" not in f.value and len(f.value) <= store.VALUE_CAP + 1
     short = store.display_fields({"arguments": {"path": "\u202e/x"}})[0][0]
     assert short.size is None and short.value == '"\u202e/x"'  # (the renderer escapes it)
+
+
+def test_a_request_of_many_keys_is_listed_without_building_them_all() -> None:
+    """Only the fields shown are built; the rest are counted."""
+    args = {f"k{i:06d}": [i] for i in range(50_000)}
+    fields, more = store.display_fields({"name": "t", "arguments": args, "zz": {"a": 1, "b": 2}})
+    assert len(fields) == store.FIELDS_MAX and more == 50_000 + 1 + 2 - store.FIELDS_MAX
+    assert fields[1].key == "arguments.k000000[0]"
