@@ -334,6 +334,9 @@ class Bridge:
         }
         self.suppressed = 0
         self._said_window = bounds.Window(1, clock)
+        # The server's pings, each a decision record and a forward to the client: past this
+        # many a second they are refused and summarised (see `_server_request`).
+        self._ping_window = bounds.Window(self.settings.drop_records_per_second, clock)
         self._on_bound = on_bound
         self.bound_hit: str | None = None
         # The fence (`fence`): frames of a direction handled at the moment, and the directions
@@ -1104,21 +1107,25 @@ class Bridge:
         with self._lock:
             reused = msg.id_key in self.server_inflight
             crowded = not reused and len(self.server_inflight) >= INFLIGHT_MAX
-        if crowded:
-            # A client that does not answer the server's pings (or answers slowly) let the
-            # table grow for as long as the server sent them: megabyte ids, gigabytes of RSS.
+            flooding = False
+            if not reused and not crowded and msg.method in policy.SERVER_HOUSEKEEPING:
+                flooding = not self._ping_window.admit("ping")[0]
+        if crowded or flooding:
+            # Crowded: a client that does not answer the server's pings (or answers slowly)
+            # let the table grow for as long as the server sent them: megabyte ids, gigabytes
+            # of RSS. Flooding: with a client that answers, each ping was a decision record
+            # and an answer record (~700 bytes), as fast as the client answered: the session
+            # log's whole bound in minutes. A liveness check needs neither.
+            why = (
+                f"more than {INFLIGHT_MAX} server requests in flight"
+                if crowded
+                else f"more than {self.settings.drop_records_per_second} server pings a second"
+            )
             answer = jsonrpc.error_response(
-                msg.id,
-                jsonrpc.INVALID_REQUEST,
-                f"refused by linpodx: more than {INFLIGHT_MAX} requests in flight",
+                msg.id, jsonrpc.INVALID_REQUEST, f"refused by linpodx: {why}"
             )
             self._invalid(
-                "server",
-                f"more than {INFLIGHT_MAX} server requests in flight",
-                msg.id,
-                0,
-                then=lambda: self.send_server(answer),
-                lane="server",
+                "server", why, msg.id, 0, then=lambda: self.send_server(answer), lane="server"
             )
             return
         record = {

@@ -105,12 +105,13 @@ def emit_raw(kind: str) -> str:
         )
     elif kind == "garbage":
         _raw(b"this is not json\n")
-    elif kind == "pings":
-        # 4,146 pings with 16 KB ids, to a client that answers none of them.
-        pad = "p" * 16384
+    elif kind in ("pings", "roots_many"):
+        # 4,146 requests, to a client that answers none of them (roots/list with 16 KB ids).
+        method = "ping" if kind == "pings" else "roots/list"
+        pad = "p" * (16384 if kind == "roots_many" else 8)
         for i in range(4146):
-            ping = {"jsonrpc": "2.0", "id": f"ping-{i}-{pad}", "method": "ping"}
-            _raw(json.dumps(ping).encode() + b"\n")
+            req = {"jsonrpc": "2.0", "id": f"{method}-{i}-{pad}", "method": method}
+            _raw(json.dumps(req).encode() + b"\n")
     return "emitted " + kind
 
 

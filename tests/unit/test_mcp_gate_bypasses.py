@@ -292,6 +292,7 @@ def test_the_servers_requests_in_flight_are_bounded_in_number_and_memory() -> No
     try:
         for i in range(INFLIGHT_MAX + 20):
             rid = f"{i}-" + "x" * 100_000
+            g.now += 0.011  # (under the pings' rate)
             g.s(json.dumps({"jsonrpc": "2.0", "id": rid, "method": "ping"}).encode())
         held, _ = tracemalloc.get_traced_memory()
     finally:
@@ -321,6 +322,7 @@ def test_a_request_the_server_cancelled_frees_its_slot() -> None:
     a conformant client never answers a cancelled request."""
     g = Gate()
     for i in range(INFLIGHT_MAX + 1):
+        g.now += 0.011  # (under the pings' rate)
         g.s(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping"}).encode())
         cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": i}}
         g.s(json.dumps(cancel).encode())
@@ -349,3 +351,20 @@ def test_cancellations_of_nothing_in_flight_are_dropped_and_summarised() -> None
     # Cancelling it again: nothing in flight any more.
     g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
     assert len([m for m in g.server if m.get("method") == "notifications/cancelled"]) == 1
+
+
+def test_the_servers_pings_are_held_to_the_rate() -> None:
+    """Each ping was a decision record and a forward, as fast as a client answered them."""
+    g = Gate()
+    limit = McpSettings().drop_records_per_second
+    for i in range(limit + 50):
+        g.s(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping"}).encode())
+        g.bridge.on_client_frame(
+            Line(json.dumps({"jsonrpc": "2.0", "id": i, "result": {}}).encode())
+        )
+    assert sum(1 for m in g.client if m.get("method") == "ping") == limit
+    refused = [m for m in g.server if m.get("error", {}).get("code") == jsonrpc.INVALID_REQUEST]
+    assert [m["id"] for m in refused] == list(range(limit, limit + 50))
+    g.now += 1.0  # the next second: pings pass again
+    g.s(b'{"jsonrpc":"2.0","id":"later","method":"ping"}')
+    assert g.client[-1]["id"] == "later"
