@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
 import stat
 import time
@@ -118,7 +119,7 @@ class Field:
     key: str
     """Its path: `arguments.path`, `_meta.progressToken`, `name`."""
     value: str
-    """Its JSON, cut at VALUE_CAP characters (escaping is the renderer's job)."""
+    """Its JSON, cut at VALUE_CAP characters as a terminal shows them (escaped once cut)."""
     size: int | None
     """Its whole size in characters (a string's length, else its JSON's) when it was cut."""
 
@@ -126,13 +127,101 @@ class Field:
         return [self.key, self.value, self.size]
 
 
+def _cut(text: str, width: int) -> str | None:
+    """`text` escaped as a terminal shows it (`safe_text`) and cut at `width` characters,
+    never inside an escape; None when all of it fits (width + 1 characters never do)."""
+    out: list[str] = []
+    n = 0
+    for ch in text[: width + 1]:
+        shown = safe_text(ch)
+        if n + len(shown) > width:
+            return "".join(out)
+        out.append(shown)
+        n += len(shown)
+    return None
+
+
+def _shown_key(key: str) -> str:
+    """A key's path as shown, cut at KEY_CAP characters *as escaped for the terminal* (a key
+    of ESC characters shows four times longer): a cut key also says its length and a digest of
+    the whole path, so two keys that share their first KEY_CAP characters never read alike."""
+    cut = _cut(key, KEY_CAP)
+    if cut is None:
+        return key
+    tag = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return cut + f"…({len(key)} chars, #{tag})"
+
+
 def _field(key: str, value: Any) -> Field:
     text = canonical_or_json(value)
     size = len(value) if isinstance(value, str) else len(text)
-    key = key if len(key) <= KEY_CAP else key[:KEY_CAP] + f"…({len(key)} chars)"
-    if len(text) > VALUE_CAP:
-        return Field(key, text[:VALUE_CAP] + "…", size)
+    key = _shown_key(key)
+    # Cut as the terminal shows it: `"\u202e…/etc/shadow"` fits VALUE_CAP raw, but its escapes
+    # took the renderer's whole width and the path was never shown, with no size said.
+    cut = _cut(text, VALUE_CAP)
+    if cut is not None:
+        return Field(key, cut + "…", size)
     return Field(key, text, None)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+
+def _path(prefix: str, key: str) -> str:
+    """`prefix.key`, or `prefix["key"]` for a key that is not a plain name: a key holding a dot
+    (`{"arguments.path": …}` next to `arguments`) must not read as a nested one."""
+    if _PLAIN_KEY.match(key):
+        return f"{prefix}.{key}" if prefix else key
+    return f"{prefix}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def _leaves(
+    prefix: str, value: Any, order: Callable[[str], Any], room: int
+) -> tuple[list[Field], int]:
+    """Up to `room` fields, one per scalar (and per empty object or array) under `value` with
+    its path, depth first and in order, and how many more there are: a nested object shown as
+    one JSON value cut at VALUE_CAP let padding in one of its keys hide another
+    (`arguments.opts: {"a": "harmless …", "target": "/home/…"}`). Paths are built only for
+    what is shown: a request may hold millions of keys."""
+    out: list[Field] = []
+    stack: list[tuple[str, Any, str | int | None]] = [(prefix, value, None)]
+    # (each entry: the parent's path, the value, its key or index under it; None for the root)
+    while stack:
+        if len(out) >= room:
+            return out, sum(_count_leaves(v) for _, v, _ in stack)
+        parent, v, step = stack.pop()
+        if step is None:
+            path = parent
+        elif isinstance(step, int):
+            path = f"{parent}[{step}]"
+        else:
+            path = _path(parent, step)
+        if isinstance(v, dict) and v:
+            keys = sorted(v, key=order if step is None else _by_name)
+            stack.extend((path, v[k], k) for k in reversed(keys))
+        elif isinstance(v, list) and v:
+            stack.extend((path, v[i], i) for i in range(len(v) - 1, -1, -1))
+        else:
+            out.append(_field(path, v))
+    return out, 0
+
+
+def _count_leaves(value: Any) -> int:
+    """How many `_leaves` `value` has (without building their paths)."""
+    n, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict) and v:
+            stack.extend(v.values())
+        elif isinstance(v, list) and v:
+            stack.extend(v)
+        else:
+            n += 1
+    return n
+
+
+def _by_name(key: str) -> Any:
+    return key
 
 
 def canonical_or_json(value: Any) -> str:
@@ -144,28 +233,31 @@ def canonical_or_json(value: Any) -> str:
 
 
 def display_fields(params: Any, first: tuple[str, ...] = ()) -> tuple[list[Field], int]:
-    """Every key of a request's params, each value cut on its own, and how many keys are left
-    out past FIELDS_MAX. Cutting the whole payload at one length let a call pad one argument
-    so that another one (`path`) was never shown. Order: `name`, then the tool's arguments
-    (those named in `first`, the ones a rule matched on, before the rest), then every other
-    key, `_meta` included: the approval binds all of it."""
+    """Every scalar of a request's params with its path (`arguments.opts.target`,
+    `arguments.files[1]`), each value cut on its own, and how many are left out past
+    FIELDS_MAX. Cutting the whole payload (or one nested value) at one length let a call pad
+    one argument so that another one (`path`) was never shown. Order: `name`, then the tool's
+    arguments (those named in `first`, the ones a rule matched on, before the rest), then every
+    other key, `_meta` included: the approval binds all of it."""
     if not isinstance(params, dict):
-        return ([] if params is None else [_field("params", params)]), 0
+        parts: list[tuple[str, Any, Callable[[str], Any]]] = (
+            [] if params is None else [("params", params, _by_name)]
+        )
+    else:
+        parts = [(k, params[k], _by_name) for k in ("name",) if k in params]
+        if "arguments" in params:
+            parts.append(("arguments", params["arguments"], lambda k: (k not in first, k)))
+        if "_meta" in params:
+            parts.append(("_meta", params["_meta"], _by_name))
+        rest = sorted(k for k in params if k not in ("name", "arguments", "_meta"))
+        parts.extend((_path("", k), params[k], _by_name) for k in rest)
     out: list[Field] = []
-    if "name" in params:
-        out.append(_field("name", params["name"]))
-    nested = ("arguments", "_meta")
-    for top in nested:
-        value = params.get(top)
-        if isinstance(value, dict):
-            keys = sorted(value, key=lambda k: (k not in first, k) if top == "arguments" else k)
-            out.extend(_field(f"{top}.{k}", value[k]) for k in keys)
-            if not value:
-                out.append(_field(top, value))
-        elif top in params:
-            out.append(_field(top, value))
-    out.extend(_field(k, params[k]) for k in sorted(params) if k != "name" and k not in nested)
-    return out[:FIELDS_MAX], max(0, len(out) - FIELDS_MAX)
+    more = 0
+    for prefix, value, order in parts:
+        shown, left = _leaves(prefix, value, order, FIELDS_MAX - len(out))
+        out.extend(shown)
+        more += left
+    return out, more
 
 
 def who() -> dict[str, Any]:

@@ -132,7 +132,7 @@ def _field_lines(event: dict[str, Any]) -> list[str] | None:
         if not (isinstance(item, list) and len(item) == 3):
             return None
         key, value, size = item
-        text = f"  {_s(key, approvals.KEY_CAP + 20)}: {_s(value, approvals.VALUE_CAP + 1)}"
+        text = f"  {_s(key, approvals.KEY_CAP + 40)}: {_s(value, approvals.VALUE_CAP + 1)}"
         if type(size) is int:
             text += f" ({size:,} chars)"
         lines.append(text)

@@ -49,7 +49,8 @@ AUDIT_TEXT_CAP = 256
 LANE_BACKLOG_MAX = 256
 """Steps one direction may have queued before its reader waits (see `_Lane.put`)."""
 INFLIGHT_MAX = 4096
-"""Client requests forwarded or held and not yet answered, at most: more are refused."""
+"""Client requests forwarded or held and not yet answered, at most: more are refused. The
+server's requests forwarded to the client and not yet answered, the same."""
 APPROVALS_MAX = 64
 """Calls waiting for a person at once, at most: more are denied (each waits in a thread)."""
 EVENT_LINGER = 0.02
@@ -257,8 +258,9 @@ def _modern(msg: Message) -> bool:
 class InFlight:
     """A client request the bridge has accepted and not yet seen answered."""
 
-    method: str
-    tool: str | None
+    method: Any
+    """The method, or its digest when long (`_short`): what its records name."""
+    tool: Any
     started: float
     forwarded: bool = False
     approval_id: str | None = None
@@ -332,6 +334,9 @@ class Bridge:
         }
         self.suppressed = 0
         self._said_window = bounds.Window(1, clock)
+        # The server's pings, each a decision record and a forward to the client: past this
+        # many a second they are refused and summarised (see `_server_request`).
+        self._ping_window = bounds.Window(self.settings.drop_records_per_second, clock)
         self._on_bound = on_bound
         self.bound_hit: str | None = None
         # The fence (`fence`): frames of a direction handled at the moment, and the directions
@@ -664,7 +669,10 @@ class Bridge:
             crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
             waiting = sum(1 for e in self.inflight.values() if e.approval_id is not None)
             if not reused and not crowded:
-                self.inflight[key] = InFlight(msg.method, msg.tool_name, self._clock())
+                # (bounded: a method or tool name may be megabytes long, 4,096 times over)
+                self.inflight[key] = InFlight(
+                    _short(msg.method), _short(msg.tool_name), self._clock()
+                )
         if crowded:
             answer = jsonrpc.error_response(
                 msg.id,
@@ -787,6 +795,15 @@ class Bridge:
             if self._cancel_pending(msg):
                 return
             cancelled = jsonrpc.id_key((msg.params or {}).get("requestId"))
+            with self._lock:
+                known = cancelled is not None and cancelled in self.inflight
+            if not known:
+                # Nothing to cancel (answered already, denied, or never sent): the server may
+                # ignore it, so it is not forwarded, and it is counted like other dropped
+                # messages. Forwarded, each was a record of its own: a storm of bogus ids was
+                # a flood of the session log that no per-second bound held.
+                self._dropped("client", "cancellation of no request in flight", None)
+                return
         if msg.method in policy.REQUEST_METHODS:
             # Refused (`policy.refusal`) and recorded below; said without ids or names (this
             # is the client's pipe), and at most once a second (a flood of them is no flood
@@ -1068,6 +1085,14 @@ class Bridge:
                 # Progress/log/list-changed traffic is frequent and carries no decision: it is
                 # forwarded without a record each (the session's records stay about calls).
                 self.send_client(msg.raw)
+                if msg.method == "notifications/cancelled":
+                    # The server gave up on one of its requests: a conformant client never
+                    # answers it, and its slot would be taken for good (INFLIGHT_MAX). A late
+                    # answer is then one to no request the server made: dropped, recorded.
+                    rid = jsonrpc.id_key((msg.params or {}).get("requestId"))
+                    with self._lock:
+                        if rid is not None:
+                            self.server_inflight.pop(rid, None)
             else:
                 self._dropped(
                     "server", f"notification {msg.method!r} not forwarded", None, lane="server"
@@ -1081,6 +1106,28 @@ class Bridge:
         decision = policy.evaluate_server_request(self.settings.allow_server_requests, msg.method)
         with self._lock:
             reused = msg.id_key in self.server_inflight
+            crowded = not reused and len(self.server_inflight) >= INFLIGHT_MAX
+            flooding = False
+            if not reused and not crowded and msg.method in policy.SERVER_HOUSEKEEPING:
+                flooding = not self._ping_window.admit("ping")[0]
+        if crowded or flooding:
+            # Crowded: a client that does not answer the server's pings (or answers slowly)
+            # let the table grow for as long as the server sent them: megabyte ids, gigabytes
+            # of RSS. Flooding: with a client that answers, each ping was a decision record
+            # and an answer record (~700 bytes), as fast as the client answered: the session
+            # log's whole bound in minutes. A liveness check needs neither.
+            why = (
+                f"more than {INFLIGHT_MAX} server requests in flight"
+                if crowded
+                else f"more than {self.settings.drop_records_per_second} server pings a second"
+            )
+            answer = jsonrpc.error_response(
+                msg.id, jsonrpc.INVALID_REQUEST, f"refused by linpodx: {why}"
+            )
+            self._invalid(
+                "server", why, msg.id, 0, then=lambda: self.send_server(answer), lane="server"
+            )
+            return
         record = {
             "dir": "server",
             "kind": "request",

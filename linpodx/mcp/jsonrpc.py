@@ -13,6 +13,7 @@ that were read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ ERROR_KEYS = frozenset({"code", "message", "data"})
 
 IdKey = tuple[str, Any]
 """An id as a dict key: `("s", "1")` and `("i", 1)` are different ids, as JSON-RPC says."""
+
+ID_KEY_CAP = 256
+"""A longer string id is kept by its sha256 (`("h", …)`): the in-flight tables hold keys for
+thousands of requests, and an id may be megabytes long."""
 
 
 class ProtocolError(ValueError):
@@ -90,6 +95,8 @@ def id_key(value: Any) -> IdKey | None:
     if isinstance(value, int):
         return ("i", value)
     if isinstance(value, str):
+        if len(value) > ID_KEY_CAP:
+            return ("h", hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest())
         return ("s", value)
     return None
 

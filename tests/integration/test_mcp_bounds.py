@@ -5,6 +5,7 @@ size bound ends a session closed; and a normal session is far from every bound."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +15,13 @@ import pytest
 from linpodx.audit import chain as audit_chain
 from linpodx.profile.model import McpSettings
 from tests.conftest import DEBIAN_IMAGE
-from tests.servers.harness import TEST_PROFILE, RawSession, linpodx, start_server_container
+from tests.servers.harness import (
+    TEST_PROFILE,
+    RawSession,
+    linpodx,
+    server_log,
+    start_server_container,
+)
 
 pytestmark = pytest.mark.podman
 
@@ -110,9 +117,7 @@ def test_the_session_ends_closed_at_its_size_bound(tmp_path: Path, unique_name: 
     assert linpodx("audit", "verify", "--session", sid).returncode == 0
 
 
-def test_a_long_normal_session_stays_far_from_every_bound(
-    tmp_path: Path, unique_name: str
-) -> None:
+def test_a_long_normal_session_stays_far_from_every_bound(tmp_path: Path, unique_name: str) -> None:
     """The defaults are generous: a session of real calls through the SDK test server, with
     its stderr logging, summarises nothing, and at its bytes per call the default size bound
     holds over a million calls."""
@@ -139,3 +144,104 @@ def test_a_long_normal_session_stays_far_from_every_bound(
     types = [r.type for r in audit_chain.read_records(path)]
     assert "mcp.suppressed" not in types and "mcp.stderr_suppressed" not in types
     assert b"not shown (over" not in s.stderr and b"not recorded one by one" not in s.stderr
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_requests_the_client_never_answers_do_not_grow_the_bridge(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """The server's requests in flight had no bound: 4,146 requests with 16 KB ids that the
+    client never answers stayed in the bridge's memory (66 MB of ids; megabyte ids made it
+    gigabytes). Past 4,096 the server is refused, and a long id is kept by its digest."""
+    profile = TEST_PROFILE + "  allow_server_requests: [roots/list]\n"
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, profile_text=profile)
+    s = RawSession(unique_name)
+    try:
+        s.handshake()
+        before = _rss_kib(s.proc.pid)
+        args = {"name": "emit_raw", "arguments": {"kind": "roots_many"}}
+        r = s.request(1, "tools/call", args, 180)
+        assert r["result"]["content"][0]["text"] == "emitted roots_many", r
+        after = _rss_kib(s.proc.pid)
+        asked = [m for m in s.others if m.get("method") == "roots/list"]
+        assert len(asked) == 4096, len(asked)
+        assert s.close(60) == 0, s.stderr[-2000:]
+    finally:
+        s.kill()
+    assert after - before < 30 * 1024, (before, after)
+    got = [json.loads(x) for x in server_log(unique_name).splitlines() if x.strip()]
+    refused = [m for m in got if m.get("error", {}).get("code") == -32600]
+    assert len(refused) == 50 and refused[0]["id"].startswith("roots/list-4096-"), refused[:1]
+
+
+def test_a_ping_flood_from_the_server_is_held_to_the_rate(tmp_path: Path, unique_name: str) -> None:
+    """Each of the server's pings was a decision record and a forward (with a client that
+    answers, an answer record too): ~700 bytes each, as fast as the client answered. Past
+    mcp.drop_records_per_second a second they are refused and summarised."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    s = RawSession(unique_name)
+    try:
+        s.handshake()
+        sid = s.session_id()
+        t0 = time.monotonic()
+        r = s.request(1, "tools/call", {"name": "emit_raw", "arguments": {"kind": "pings"}}, 180)
+        took = time.monotonic() - t0
+        assert r["result"]["content"][0]["text"] == "emitted pings", r
+        asked = [m for m in s.others if m.get("method") == "ping"]
+        assert s.close(60) == 0, s.stderr[-2000:]
+    finally:
+        s.kill()
+    assert 0 < len(asked) <= DEFAULTS.drop_records_per_second * (took + 2), (len(asked), took)
+    got = [json.loads(x) for x in server_log(unique_name).splitlines() if x.strip()]
+    refused = [m for m in got if m.get("error", {}).get("code") == -32600]
+    assert len(refused) + len(asked) == 4146
+    records = audit_chain.read_records(audit_chain.session_path(sid))
+    pings = [r for r in records if r.type == "mcp.request" and r.data.get("method") == "ping"]
+    assert len(pings) == len(asked)
+    held = sum(r.data["count"] for r in records if r.type == "mcp.suppressed")
+    one_by_one = sum(1 for r in records if r.type == "mcp.invalid")
+    assert held + one_by_one == len(refused)
+
+
+def test_a_storm_of_bogus_cancellations_is_neither_forwarded_nor_recorded_one_by_one(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """Each `notifications/cancelled` naming no request in flight was forwarded with a decision
+    record of its own, past every per-second bound."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    s = RawSession(unique_name)
+    storm = 5000
+    try:
+        s.handshake()
+        sid = s.session_id()
+        t0 = time.monotonic()
+        data = b"".join(
+            b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":%d,'
+            b'"reason":"M-BOGUS"}}\n' % i
+            for i in range(storm)
+        )
+        assert s.proc.stdin is not None
+        s.proc.stdin.write(data)
+        s.proc.stdin.flush()
+        assert s.request("after", "ping", timeout=120)["result"] == {}
+        took = time.monotonic() - t0
+        assert s.close() == 0, s.stderr[-2000:]
+    finally:
+        s.kill()
+    assert b"M-BOGUS" not in server_log(unique_name)
+    records = audit_chain.read_records(audit_chain.session_path(sid))
+    drops = [r for r in records if r.type == "mcp.drop"]
+    assert 0 < len(drops) <= DEFAULTS.drop_records_per_second * (took + 2), len(drops)
+    assert not [
+        r
+        for r in records
+        if r.type == "mcp.notification" and r.data.get("method") == "notifications/cancelled"
+    ]
+    held = sum(r.data["count"] for r in records if r.type == "mcp.suppressed")
+    assert held + len(drops) == storm

@@ -10,7 +10,8 @@ Tools:
 - `write_file(path, content)`, `run_shell(cmd)`: harmless stand-ins the profile prompts/denies.
 - `slow(seconds)`: answers after that long (auto-allowed; for cancellations).
 - `emit_raw(kind)`: writes hostile output straight to stdout (a sampling request, a response with
-  an unknown id, an oversize line, invalid JSON) so tests can check the bridge drops it.
+  an unknown id, an oversize line, invalid JSON, thousands of pings with long ids) so tests can
+  check the bridge drops it.
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ def emit_raw(kind: str) -> str:
         )
     elif kind == "garbage":
         _raw(b"this is not json\n")
+    elif kind in ("pings", "roots_many"):
+        # 4,146 requests, to a client that answers none of them (roots/list with 16 KB ids).
+        method = "ping" if kind == "pings" else "roots/list"
+        pad = "p" * (16384 if kind == "roots_many" else 8)
+        for i in range(4146):
+            req = {"jsonrpc": "2.0", "id": f"{method}-{i}-{pad}", "method": method}
+            _raw(json.dumps(req).encode() + b"\n")
     return "emitted " + kind
 
 

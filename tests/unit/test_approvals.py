@@ -11,6 +11,7 @@ import pytest
 
 from linpodx.approvals import store
 from linpodx.errors import InvalidInput, NotFound
+from linpodx.output import safe_text
 from tests.unit.approval_damage import DAMAGES, damage, valid_approval
 
 REQ = {
@@ -253,3 +254,66 @@ def test_a_request_whose_times_are_not_finite_numbers_is_damaged(value: object) 
     with pytest.raises(InvalidInput) as exc:
         store.load(p.approval_id)
     assert "approval request is unreadable" in exc.value.message or "malformed" in exc.value.message
+
+
+def _shown(params: dict[str, Any]) -> dict[str, store.Field]:
+    fields, more = store.display_fields(params)
+    assert more == 0
+    return {f.key: f for f in fields}
+
+
+def test_padding_inside_a_nested_argument_cannot_hide_its_sibling() -> None:
+    """A nested object or array was one value cut at VALUE_CAP: padding one of its members hid
+    the next (`arguments.opts.target`, `arguments.files[1]`)."""
+    shown = _shown(
+        {
+            "name": "write_file",
+            "arguments": {
+                "opts": {"a": "harmless " * 300, "target": "/home/agent/.bashrc"},
+                "files": ["x" * 100, "/etc/shadow"],
+                "empty": {},
+            },
+            "_meta": {"deep": [{"k": "M-DEEP"}]},
+        }
+    )
+    assert shown["arguments.opts.target"].value == '"/home/agent/.bashrc"'
+    assert shown["arguments.opts.a"].size == 2700
+    assert shown["arguments.files[1]"].value == '"/etc/shadow"'
+    assert shown["arguments.empty"].value == "{}"
+    assert shown['_meta.deep[0].k'].value == '"M-DEEP"'
+
+
+def test_a_key_with_a_dot_does_not_read_as_a_nested_one() -> None:
+    shown = _shown({"name": "t", "arguments": {"path": "/ok"}, "arguments.path": "/evil"})
+    assert shown["arguments.path"].value == '"/ok"'
+    assert shown['["arguments.path"]'].value == '"/evil"'
+
+
+def test_keys_cut_alike_still_read_apart() -> None:
+    """Two keys with the same first KEY_CAP characters (or escapes that fill the width) were
+    shown as the same line."""
+    a, b = "k" * 100 + "a", "k" * 100 + "b"
+    esc_a, esc_b = "\x1b" * 30 + "a", "\x1b" * 30 + "b"
+    fields, _ = store.display_fields({"arguments": {a: 1, b: 2, esc_a: 3, esc_b: 4}})
+    keys = [f.key for f in fields]
+    assert len(set(keys)) == 4, keys
+    assert all(len(safe_text(k)) <= store.KEY_CAP + 40 for k in keys), keys
+
+
+def test_escapes_cannot_push_a_value_out_of_sight_unsaid() -> None:
+    """`"\\u202e" * 10 + "/etc/shadow"` fits VALUE_CAP raw, but escaped for the terminal it
+    filled the width: the path was cut off and no size said so."""
+    value = "\u202e" * 10 + "/etc/shadow"
+    (f,) = store.display_fields({"arguments": {"path": value}})[0]
+    assert f.size == len(value) and f.value.endswith("…")
+    assert "\u202e" not in f.value and len(f.value) <= store.VALUE_CAP + 1
+    short = store.display_fields({"arguments": {"path": "\u202e/x"}})[0][0]
+    assert short.size is None and short.value == '"\u202e/x"'  # (the renderer escapes it)
+
+
+def test_a_request_of_many_keys_is_listed_without_building_them_all() -> None:
+    """Only the fields shown are built; the rest are counted."""
+    args = {f"k{i:06d}": [i] for i in range(50_000)}
+    fields, more = store.display_fields({"name": "t", "arguments": args, "zz": {"a": 1, "b": 2}})
+    assert len(fields) == store.FIELDS_MAX and more == 50_000 + 1 + 2 - store.FIELDS_MAX
+    assert fields[1].key == "arguments.k000000[0]"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import tracemalloc
 from collections.abc import Mapping
 from typing import Any
 
@@ -274,3 +275,96 @@ def test_the_id_of_a_cancelled_call_is_not_taken_before_its_late_answer() -> Non
     )
     g.c(call(7, "echo", text="M-AFTER"))  # answered: the id is free again
     assert g.server[-1]["params"]["arguments"] == {"text": "M-AFTER"}
+
+
+def test_the_servers_requests_in_flight_are_bounded_in_number_and_memory() -> None:
+    """A server that sends pings (with 100 KB ids) to a client that does not answer them grew
+    the bridge's table without bound: 2,000 of them held 400 MB."""
+    g = Gate()
+    forwarded = 0
+
+    def to_client(data: bytes) -> None:
+        nonlocal forwarded
+        forwarded += 1
+
+    g.bridge._to_client = to_client
+    tracemalloc.start()
+    try:
+        for i in range(INFLIGHT_MAX + 20):
+            rid = f"{i}-" + "x" * 100_000
+            g.now += 0.011  # (under the pings' rate)
+            g.s(json.dumps({"jsonrpc": "2.0", "id": rid, "method": "ping"}).encode())
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert forwarded == INFLIGHT_MAX
+    assert len(g.bridge.server_inflight) == INFLIGHT_MAX
+    refused = [m for m in g.server if m.get("error", {}).get("code") == jsonrpc.INVALID_REQUEST]
+    assert len(refused) == 20 and refused[0]["id"].startswith(f"{INFLIGHT_MAX}-")
+    assert held < 32 * 1024 * 1024, held  # (unbounded: ~400 MB per 2,000)
+    # An answer still settles its request (the key of a long id is its digest).
+    first = json.dumps({"jsonrpc": "2.0", "id": "0-" + "x" * 100_000, "result": {}})
+    g.bridge.on_client_frame(Line(first.encode()))
+    assert len(g.bridge.server_inflight) == INFLIGHT_MAX - 1
+
+
+def test_long_ids_are_kept_by_digest_and_stay_apart() -> None:
+    long_a, long_b = "a" * 300, "a" * 299 + "b"
+    assert jsonrpc.id_key(long_a) != jsonrpc.id_key(long_b)
+    assert jsonrpc.id_key(long_a) == jsonrpc.id_key("a" * 300)
+    key = jsonrpc.id_key(long_a)
+    assert key is not None and len(repr(key)) < 200
+    assert jsonrpc.id_key("1") != jsonrpc.id_key(1)
+
+
+def test_a_request_the_server_cancelled_frees_its_slot() -> None:
+    """The server's own cancellation left its request counted until the client answered, and
+    a conformant client never answers a cancelled request."""
+    g = Gate()
+    for i in range(INFLIGHT_MAX + 1):
+        g.now += 0.011  # (under the pings' rate)
+        g.s(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping"}).encode())
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": i}}
+        g.s(json.dumps(cancel).encode())
+    assert g.bridge.server_inflight == {}
+    assert [m for m in g.server if "error" in m] == []  # none refused as crowded
+    assert sum(1 for m in g.client if m.get("method") == "ping") == INFLIGHT_MAX + 1
+    # A late answer to a cancelled ping is dropped and recorded, not forwarded.
+    g.bridge.on_client_frame(Line(b'{"jsonrpc":"2.0","id":3,"result":{}}'))
+    assert g.server == [] and g.types()[-1] == "mcp.drop"
+
+
+def test_cancellations_of_nothing_in_flight_are_dropped_and_summarised() -> None:
+    """Each was forwarded with a decision record of its own: a storm of bogus ids filled the
+    session log past any per-second bound (1,000 cancellations, 1,000 records)."""
+    g = Gate()
+    g.c(call(1, "echo", text="x"))  # forwarded, in flight
+    for rid in [*range(100, 1100), None, "1"]:
+        params = {} if rid is None else {"requestId": rid}
+        g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+    g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
+    cancels = [m for m in g.server if m.get("method") == "notifications/cancelled"]
+    assert [m["params"]["requestId"] for m in cancels] == [1]  # only the real one
+    types = g.types()
+    assert types.count("mcp.drop") == McpSettings().drop_records_per_second
+    assert g.bridge.suppressed == 1002 - McpSettings().drop_records_per_second
+    # Cancelling it again: nothing in flight any more.
+    g.c({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
+    assert len([m for m in g.server if m.get("method") == "notifications/cancelled"]) == 1
+
+
+def test_the_servers_pings_are_held_to_the_rate() -> None:
+    """Each ping was a decision record and a forward, as fast as a client answered them."""
+    g = Gate()
+    limit = McpSettings().drop_records_per_second
+    for i in range(limit + 50):
+        g.s(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping"}).encode())
+        g.bridge.on_client_frame(
+            Line(json.dumps({"jsonrpc": "2.0", "id": i, "result": {}}).encode())
+        )
+    assert sum(1 for m in g.client if m.get("method") == "ping") == limit
+    refused = [m for m in g.server if m.get("error", {}).get("code") == jsonrpc.INVALID_REQUEST]
+    assert [m["id"] for m in refused] == list(range(limit, limit + 50))
+    g.now += 1.0  # the next second: pings pass again
+    g.s(b'{"jsonrpc":"2.0","id":"later","method":"ping"}')
+    assert g.client[-1]["id"] == "later"
