@@ -451,19 +451,14 @@ def check_cgroups(r: Report) -> None:
         )
         return
     if probe.rootless():
-        uid = os.getuid()
-        ctl = f"/sys/fs/cgroup/user.slice/user-{uid}.slice/user@{uid}.service/cgroup.controllers"
-        try:
-            with open(ctl, encoding="utf-8") as f:
-                have = set(f.read().split())
-        except OSError:
-            have = set()
-        missing = {"memory", "pids", "cpu"} - have
+        missing = probe.LIMIT_CONTROLLERS - probe.user_controllers(os.getuid())
         if missing:
             r.add(
                 "cgroups",
                 WARN,
-                f"cgroup v2, controllers not delegated to you: {', '.join(sorted(missing))}",
+                f"cgroup v2, controllers not delegated to you: {', '.join(sorted(missing))}; "
+                "a profile that sets memory/cpus/pids_limit is refused unless it says "
+                "resources.enforcement: best_effort",
                 "enable systemd cgroup delegation (Delegate=yes for user@.service)",
             )
             return

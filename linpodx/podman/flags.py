@@ -86,7 +86,8 @@ def enforceable(profile: str, res: Mapping[str, Any], cgroup_limits: bool) -> li
         raise InvalidInput(
             f"profile {profile} sets resources.{', resources.'.join(missing)}, which this host "
             "cannot enforce for this user (rootless podman on cgroup v1 applies no cgroup "
-            "limits); refused rather than run without them",
+            "limits, and on cgroup v2 none whose controller is not delegated to the user); "
+            "refused rather than run without them",
             "run on a cgroup v2 host with the memory, cpu and pids controllers delegated to "
             "this user (`linpodx doctor` shows which limits apply here), or set "
             "`resources.enforcement: best_effort` in the profile to run without them",

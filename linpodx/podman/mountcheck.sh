@@ -48,6 +48,8 @@ case $root in /*) ;; *) fail "the rootfs path is not absolute" ;; esac
 # kernel would resolve `/proc/PID/root$root$dest` from the host's root, so a plain stat there
 # would look at the host path, not at the mount. The container's command has not started, so
 # nothing in it can change these links while this runs. Prints the path below R (`/…`).
+nl='
+'
 resolve() {
     r=$1 rest=$2 cur= links=0
     while :; do
@@ -62,7 +64,12 @@ resolve() {
         if [ -L "$r$cur/$comp" ]; then
             links=$((links + 1))
             [ "$links" -le 40 ] || return 1
-            link=$(readlink -- "$r$cur/$comp") && [ -n "$link" ] || return 1
+            # `$(…)` drops every trailing newline, which a link's target may end in: a
+            # sentinel keeps them, then only readlink's own newline goes.
+            link=$(readlink -- "$r$cur/$comp" && echo .) || return 1
+            link=${link%.}
+            link=${link%"$nl"}
+            [ -n "$link" ] || return 1
             case $link in /*) cur= ;; esac
             rest=$link/$rest
         else
@@ -72,8 +79,12 @@ resolve() {
     printf '%s\n' "${cur:-/}"
 }
 checked=0
-while IFS=' ' read -r dev ino dest; do
-    [ -n "$dev" ] || continue
+# The whole line, then split by hand: `read` into fields would trim a target's trailing
+# spaces (`/ws ` is a different directory from `/ws`, and runc mounts at the former).
+while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    dev=${line%% *} line=${line#* }
+    ino=${line%% *} dest=${line#* }
     at=$(resolve "/proc/$pid/root$root" "$dest") || fail "cannot resolve $dest in the rootfs"
     got=$(stat -c '%d %i' -- "/proc/$pid/root$root$at" 2>/dev/null) ||
         fail "cannot see the mount at $dest"

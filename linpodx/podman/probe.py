@@ -47,6 +47,47 @@ def cgroup_version() -> int:
     return 1
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+SELF_CGROUP = "/proc/self/cgroup"
+LIMIT_CONTROLLERS = frozenset({"memory", "cpu", "pids"})
+"""The cgroup v2 controllers the profile's memory, cpus and pids_limit need."""
+
+
+def user_controllers(uid: int) -> frozenset[str]:
+    """The cgroup v2 controllers rootless podman can use for `uid`: those delegated to the
+    user's systemd manager (where podman puts rootless containers, and the file podman itself
+    reads), else those of this process's own cgroup; none if neither can be read."""
+    own = None
+    try:
+        with open(SELF_CGROUP, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("0::/"):
+                    own = line[3:].strip()
+    except OSError:
+        pass
+    places = [f"{CGROUP_ROOT}/user.slice/user-{uid}.slice/user@{uid}.service"]
+    if own is not None:
+        places.append(CGROUP_ROOT + own.rstrip("/"))
+    for place in places:
+        try:
+            with open(f"{place}/cgroup.controllers", encoding="utf-8") as f:
+                return frozenset(f.read().split())
+        except OSError:
+            continue
+    return frozenset()
+
+
+def cgroup_limits_apply(is_rootless: bool) -> bool:
+    """Whether podman applies memory, cpus and pids limits for this caller. Rootless podman on
+    cgroup v1 applies none; on v2 it drops, with only a warning, a limit whose controller is not
+    delegated to the user (a run would go without it), so all three must be there."""
+    if not is_rootless:
+        return True
+    if cgroup_version() == 1:
+        return False
+    return LIMIT_CONTROLLERS <= user_controllers(os.getuid())
+
+
 def _hard(which: int) -> int | None:
     hard = resource.getrlimit(which)[1]
     return None if hard == resource.RLIM_INFINITY else hard
@@ -67,7 +108,7 @@ def host_facts() -> HostFacts:
         is_rootless,
         _hard(resource.RLIMIT_NOFILE),
         _hard(resource.RLIMIT_NPROC),
-        not (is_rootless and cgroup_version() == 1),
+        cgroup_limits_apply(is_rootless),
         init_binary() is not None,
     )
 

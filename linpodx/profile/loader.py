@@ -93,11 +93,13 @@ ALL_CAPS = frozenset(
 DANGEROUS_CAPS = frozenset(
     """SYS_ADMIN NET_ADMIN NET_RAW SYS_MODULE SYS_RAWIO SYS_PTRACE SYS_BOOT DAC_READ_SEARCH
     MAC_ADMIN MAC_OVERRIDE BPF PERFMON SYSLOG SYS_TIME LINUX_IMMUTABLE AUDIT_CONTROL SETFCAP
-    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE MKNOD""".split()
+    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE MKNOD FSETID""".split()
 )
 """Capabilities that let a container escape, undo the egress firewall or hide its tracks, or
 leave a privileged file on the host (MKNOD: a device node in a writable mount is the host's
-device for any host user the node's mode lets in; SETFCAP: file capabilities)."""
+device for any host user the node's mode lets in; SETFCAP: file capabilities; FSETID: a write
+to a setuid file already in a writable mount keeps its bit, so the agent could turn a host
+setuid-root program into its own code)."""
 
 # Targets linpodx (or podman) manages itself, or that would hand the container the kernel.
 # `/run` and `/run/linpodx` would hold the mount gate (linpodx.podman.mountpin): runc would

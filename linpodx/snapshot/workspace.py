@@ -46,6 +46,8 @@ class WritableMount:
 _XATTR_ARGS = ("--acls", "--xattrs", "--xattrs-include=*")
 # ... except file capabilities, which a restore leaves out (`Restore.extract`).
 _FILE_CAPS = "security.capability"
+_TREE = "tree"
+"""A directory mount's extracted content, inside the (private) staging directory."""
 
 
 def _unshare_prefix() -> list[str]:
@@ -300,17 +302,27 @@ class Restore:
     def aside(self) -> Path:
         return _names(self.source, self.rb_id)[1]
 
-    def _new_item(self) -> Path:
-        return self.staging if self.entry["kind"] == DIR else self.staging / self.source.name
+    @property
+    def restored(self) -> Path:
+        """What `swap` puts in the source's place: the extracted directory or file, inside the
+        staging directory."""
+        return self.staging / (_TREE if self.entry["kind"] == DIR else self.source.name)
 
     def extract(self, archive_path: Path) -> None:
         """Extract the archive into the staging directory (the live source is untouched)."""
+        # The staging dir stays 0700 until the swap, and tar extracts below it: tar gives the
+        # directory it extracts into the archive's mode for `.` (0755, say) as it finishes,
+        # and until the clean-up below has run, any host user who could reach a setuid-root
+        # member could run it.
         self.staging.mkdir(mode=0o700)
+        if self.entry["kind"] == DIR:
+            self.restored.mkdir(mode=0o700)
         tar = proc.which("tar") or "tar"
         proc.run(
             [*_unshare_prefix(), tar, "--extract", "--file", str(archive_path),
              "--numeric-owner", "--same-permissions", "--same-owner", *_XATTR_ARGS,
-             f"--xattrs-exclude={_FILE_CAPS}", "--directory", str(self.staging)],
+             f"--xattrs-exclude={_FILE_CAPS}", "--directory",
+             str(self.restored if self.entry["kind"] == DIR else self.staging)],
             what=f"restoring {self.entry['target']}",
             timeout=3600,
             hint="check free disk space next to the mount source",
@@ -334,7 +346,7 @@ class Restore:
         if had_original:
             os.rename(self.source, self.aside)
         try:
-            os.rename(self._new_item(), self.source)
+            os.rename(self.restored, self.source)
         except OSError:
             if had_original:
                 os.rename(self.aside, self.source)

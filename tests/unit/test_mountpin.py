@@ -221,3 +221,34 @@ def test_hook_refuses_a_symlink_loop(tmp_path: Path, rootfs: Path) -> None:
     (rootfs / "b").symlink_to("/a")
     res = _hook(tmp_path, [_pin(rootfs / "workspace", "/a/ws")])
     assert res.returncode == 1 and "cannot resolve /a/ws in the rootfs" in res.stderr
+
+
+def test_hook_reads_a_link_target_that_ends_in_a_newline_exactly(
+    tmp_path: Path, rootfs: Path
+) -> None:
+    """runc follows `/a` -> "/real\\n" to the directory named "real\\n". A shell's `$(readlink)`
+    drops trailing newlines and would look at `/real` instead, where the agent could have made
+    the checked directory visible (another mount of its parent) while runc mounted something
+    else at "/real\\n/ws": the hook must look where runc mounted."""
+    (rootfs / "real" / "ws").mkdir(parents=True)
+    (rootfs / "real\n" / "ws").mkdir(parents=True)
+    (rootfs / "a").symlink_to("/real\n")
+    res = _hook(tmp_path, [_pin(rootfs / "real" / "ws", "/a/ws")])
+    assert res.returncode == 1, res.stderr
+    assert "the mount at /a/ws is not the directory" in res.stderr
+    res = _hook(tmp_path, [_pin(rootfs / "real\n" / "ws", "/a/ws")])
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("dest", ["/ws ", "/ws  ", "/w s"])
+def test_hook_checks_a_target_with_spaces_exactly(tmp_path: Path, rootfs: Path, dest: str) -> None:
+    """A target may end in a space (`/ws `): runc mounts there, not at `/ws`; the hook must not
+    let `read` trim the field and look at `/ws`, where the checked directory could be."""
+    (rootfs / "ws").mkdir()
+    (rootfs / dest.lstrip("/")).mkdir(exist_ok=True)
+    if dest.strip() != dest:
+        res = _hook(tmp_path, [_pin(rootfs / "ws", dest)])
+        assert res.returncode == 1, res.stderr
+        assert f"the mount at {dest} is not the directory" in res.stderr
+    res = _hook(tmp_path, [_pin(rootfs / dest.lstrip("/"), dest)])
+    assert res.returncode == 0, res.stderr

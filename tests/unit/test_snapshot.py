@@ -247,8 +247,8 @@ def test_restore_swap_and_undo_on_plain_dirs(tmp_path: Path) -> None:
     src.mkdir()
     (src / "f").write_text("live")
     r = workspace.Restore({"source": str(src), "target": "/w", "kind": workspace.DIR}, "RB1")
-    r.staging.mkdir()
-    (r.staging / "f").write_text("snap")
+    r.restored.mkdir(parents=True)
+    (r.restored / "f").write_text("snap")
     workspace.check_restorable(r.entry)
     r.swap()
     assert (src / "f").read_text() == "snap" and (r.aside / "f").read_text() == "live"
@@ -471,13 +471,34 @@ def test_archive_and_restore_keep_acls_and_xattrs_but_no_capabilities(tmp_path: 
     assert archived["suid"].mode & 0o6000 and archived["null"].ischr()
     r = workspace.Restore({**entry, "source": str(src)}, "RB2")
     r.extract(out)
-    assert os.getxattr(r.staging / "acl.txt", "system.posix_acl_access") == acl
-    assert "security.capability" not in os.listxattr(r.staging / "capbin")
-    assert os.getxattr(r.staging / "capbin", "user.note") == b"kept"
-    assert (r.staging / "suid").stat().st_mode & 0o7777 == 0o755
-    assert (r.staging / "sgid-dir").stat().st_mode & 0o7777 == 0o1775  # the sticky bit stays
-    assert not os.path.lexists(r.staging / "null")
-    assert (r.staging / "acl.txt").stat().st_mode & 0o070 == f.stat().st_mode & 0o070
+    assert os.getxattr(r.restored / "acl.txt", "system.posix_acl_access") == acl
+    assert "security.capability" not in os.listxattr(r.restored / "capbin")
+    assert os.getxattr(r.restored / "capbin", "user.note") == b"kept"
+    assert (r.restored / "suid").stat().st_mode & 0o7777 == 0o755
+    assert (r.restored / "sgid-dir").stat().st_mode & 0o7777 == 0o1775  # the sticky bit stays
+    assert not os.path.lexists(r.restored / "null")
+    assert (r.restored / "acl.txt").stat().st_mode & 0o070 == f.stat().st_mode & 0o070
+
+
+def test_a_restore_keeps_its_staging_private_until_the_swap(tmp_path: Path) -> None:
+    """tar gives the directory it extracts into the archive's mode for `.`; if that were the
+    staging dir, a host user could reach (and run) a setuid-root member between tar and the
+    clean-up of its bits. The staging dir stays 0700 and the content keeps its own mode."""
+    src = tmp_path / "ws"
+    src.mkdir()
+    src.chmod(0o755)
+    (src / "suid").write_bytes(b"\x7fELF")
+    (src / "suid").chmod(0o4755)
+    out = tmp_path / "a.tar"
+    entry = workspace.archive(workspace.WritableMount(str(src), "/ws"), out)
+    r = workspace.Restore({**entry, "source": str(src)}, "RB3")
+    r.extract(out)
+    assert r.staging.stat().st_mode & 0o777 == 0o700
+    assert r.restored.stat().st_mode & 0o7777 == 0o755
+    assert (r.restored / "suid").stat().st_mode & 0o7777 == 0o755
+    r.swap()
+    assert src.stat().st_mode & 0o7777 == 0o755 and (src / "suid").read_bytes() == b"\x7fELF"
+    assert r.cleanup() == [] and not r.staging.exists()
 
 
 def _raw_job(**fields: object) -> dict[str, object]:
