@@ -1435,16 +1435,25 @@ def _spec_container_id(name: str) -> str | None:
 
 def logs(name: str, follow: bool) -> int:
     """Print NAME's output with control characters escaped (it is untrusted: an agent could
-    write terminal escape sequences into it)."""
+    write terminal escape sequences into it), piece by piece: a line of any length costs no
+    more memory than a piece (`engine.stream_chunks`)."""
     import sys
 
-    from linpodx.output import safe_text
+    from linpodx.output import StreamEscaper
 
     managed_info(name)
+    escaper = StreamEscaper()
+    last = "\n"
 
-    def sink(raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r")
-        sys.stdout.write(safe_text(text) + "\n")
-        sys.stdout.flush()
+    def write(text: str) -> None:
+        nonlocal last
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            last = text[-1]
 
-    return engine.stream_lines(engine.logs_argv(name, follow), sink)
+    rc = engine.stream_chunks(engine.logs_argv(name, follow), lambda raw: write(escaper.feed(raw)))
+    write(escaper.end())
+    if last != "\n":
+        write("\n")  # the last line ends like every other
+    return rc

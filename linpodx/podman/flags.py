@@ -32,6 +32,8 @@ _CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 # Podman's --memory: a number with an optional b/k/m/g unit; --cpus: a decimal.
 _MEMORY_RE = re.compile(r"^[0-9]+[bkmgBKMG]?\Z")
 _CPUS_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\Z")
+_SIZE_RE = re.compile(r"^[1-9][0-9]{0,9}[kmg]\Z")
+_LOG_MAX_DEFAULT = "64m"  # profile.model.Resources.log_max_size (not imported: fast path)
 
 
 def labels(
@@ -127,6 +129,14 @@ def profile_flags(
     nproc, _ = clamp_limit("nproc", _int(res.get("nproc"), "nproc"), nproc_hard)
     argv.append(f"--ulimit=nofile={nofile}:{nofile}")
     argv.append(f"--ulimit=nproc={nproc}:{nproc}")
+    # The log file has a bound whatever containers.conf says (the driver is pinned: journald's
+    # bounds are the host's, not the profile's). At max-size conmon empties the file and goes
+    # on. A revision stored before the field existed gets the default.
+    log_max = res.get("log_max_size", _LOG_MAX_DEFAULT)
+    if type(log_max) is not str or not _SIZE_RE.match(log_max):
+        raise _damaged("resources.log_max_size is not a size like 64m")
+    argv.append("--log-driver=k8s-file")
+    argv.append(f"--log-opt=max-size={log_max}")
     if cgroup_limits:
         memory, cpus = res.get("memory"), res.get("cpus")
         if (

@@ -1115,6 +1115,19 @@ class _Semantics:
                              "between 6m and 1024g")
             else:
                 res["memory"] = mem.lower()
+        for key, low, high, span in (("log_max_size", 1 << 20, 1 << 40, "1m and 1024g"),
+                                     ("snapshot_max_size", 1 << 20, 1 << 50, "1m and 1048576g")):
+            size = res.get(key)
+            if isinstance(size, str) and self.ok(("resources", key)):
+                n = _memory_bytes(size)
+                if n is None:
+                    self.col.add(("resources", key), f"{show(size)} is not a size",
+                                 _PATTERN_HINTS["memory"])
+                elif not low <= n <= high:
+                    self.col.add(("resources", key), f"{show(size)} is out of range: must be "
+                                 f"between {span}")
+                else:
+                    res[key] = size.lower()
         if "cpus" in res and self.ok(("resources", "cpus")):
             # A YAML float is judged as written (`0.1000001` has too many decimals even where
             # the float rounds it away).
@@ -1170,6 +1183,8 @@ def _build(data: Mapping[str, Any]) -> Profile:
             pids_limit=res.get("pids_limit", d.pids_limit),
             nofile=res.get("nofile", d.nofile),
             nproc=res.get("nproc", d.nproc),
+            log_max_size=res.get("log_max_size", d.log_max_size),
+            snapshot_max_size=res.get("snapshot_max_size", d.snapshot_max_size),
         ),
         cap_add=tuple(data.get("cap_add") or ()),
         env=tuple(sorted((data.get("env") or {}).items())),

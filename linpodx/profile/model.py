@@ -93,6 +93,12 @@ class Resources:
     """RLIMIT_NOFILE soft=hard inside the container."""
     nproc: int = 4096
     """RLIMIT_NPROC soft=hard inside the container."""
+    log_max_size: str = "64m"
+    """Bound of the container's log file (podman `--log-opt max-size`, k8s-file driver): at
+    the bound conmon truncates the file and goes on writing, so it never holds more."""
+    snapshot_max_size: str = "16g"
+    """Bound of one snapshot: the container's changes (apparent size, as `podman commit`
+    writes them) plus the workspace archives; `snapshot create` refuses above it."""
 
 
 @dataclass(frozen=True)
