@@ -5,7 +5,8 @@ writes one byte on its stdin to let it go (EOF instead means the CLI died first:
 It runs the job to the end and exits; nothing stays resident.
 
 Steps (each recorded in the job file before it starts): inspect → freeze → commit → archive →
-thaw → publish. The image is committed untagged and the archives go to a temporary directory;
+thaw → publish. (`--consistency stop`: the freeze is a `linpodx stop`, the thaw a start.)
+The image is committed untagged and the archives go to a temporary directory;
 only `publish` makes the snapshot visible (directory rename, then the tag), so a failed or
 killed job never leaves a half snapshot under the label.
 """
@@ -16,6 +17,7 @@ import contextlib
 import errno
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,16 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
-from linpodx.snapshot import faults, freeze, jobs, journal, manifest, workspace
+from linpodx.snapshot import (
+    egresskeep,
+    faults,
+    freeze,
+    jobs,
+    journal,
+    manifest,
+    ops,
+    workspace,
+)
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     container_lock,
@@ -172,6 +183,30 @@ def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
     return old_image if old_image != new_image else None
 
 
+@contextlib.contextmanager
+def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
+    """Hold the container still as the job's `consistency` asks; yields the method used.
+
+    `stop`: stopped the linpodx way (audited, its egress policy kept) and started again after,
+    holding the name's lock so that no `linpodx start` slips in between. Otherwise frozen
+    (`freeze.frozen`), by signals only if `best-effort` allows it."""
+    job = run.job
+    if job.consistency == freeze.STOP and (info.get("State") or {}).get("Running"):
+        with ops.hold_name(job.container):
+            ops.stop(job.container, egresskeep.current(job.container))
+            run.update(freeze=freeze.STOPPED)
+            try:
+                yield freeze.STOPPED
+            finally:
+                ops.start(job.container)
+        return
+    with freeze.frozen(
+        cid, on_hold=lambda m, held: run.update(freeze=m, held=held),
+        signals=job.consistency == freeze.BEST_EFFORT,
+    ) as method:
+        yield method
+
+
 def run_create(job_id: str) -> int:
     """Do the work of a create job; returns the process exit status."""
     run = _Run(jobs.read(job_id))
@@ -212,9 +247,7 @@ def run_create(job_id: str) -> int:
             # By id from here on: the container checked above, never one recreated under the
             # name meanwhile (`linpodx rm` + `run` do not take the snapshot lock).
             cid = str(info["Id"])
-            with freeze.frozen(
-                cid, on_hold=lambda m, held: run.update(freeze=m, held=held)
-            ) as method:
+            with _held(run, cid, info) as method:
                 run.update(freeze=method)
                 run.step("commit")
                 res = proc.run(

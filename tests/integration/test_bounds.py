@@ -8,11 +8,24 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from linpodx.snapshot import freeze, jobs
+from linpodx.snapshot.names import snapshot_dir
 from tests.conftest import BUSYBOX_IMAGE, run_linpodx
+from tests.integration.test_snapshot import (  # noqa: F401 - the fixture applies here too
+    Box,
+    Cli,
+    audit_types,
+    cleanup,
+    inspect,
+    make_box,
+    result,
+    rootless_storage_conf,
+)
 
 pytestmark = pytest.mark.podman
 
@@ -109,3 +122,52 @@ def test_logs_streams_a_huge_line_in_bounded_memory(unique_name: str, tmp_path: 
         f.seek(n - 4)
         assert f.read() == b"yyyy\nbig-done\n"
     os.unlink(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# item 7: a freeze that cannot be guaranteed
+
+# A workload that keeps writing to its workspace; held by signals only, it is the kind that
+# gets away (a POSIX timer of its own that sends SIGCONT, a sibling that continues it).
+WRITER_CMD = ("sh", "-c", "trap 'exit 0' TERM; (i=0; while :; do i=$((i+1)); "
+              "echo $i > /ws/c.tmp; mv /ws/c.tmp /ws/counter; done) & while :; do sleep 1; done")
+
+
+@pytest.fixture
+def writer_box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
+    try:
+        yield make_box(cli, unique_name, tmp_path, command=WRITER_CMD)
+    finally:
+        cleanup(unique_name, tmp_path)
+
+
+def test_snapshot_of_a_running_container_is_held_by_the_freezer_or_refused(
+    writer_box: Box,
+) -> None:
+    """Where the cgroup freezer holds the container (root, or cgroup v2), it is used. Where it
+    cannot (rootless on cgroup v1: signals only), `snapshot create` says so and refuses,
+    before anything is recorded; `--consistency stop` stops the writer for the snapshot and
+    starts the container again, and the job says so."""
+    box = writer_box
+    if freeze.can_freeze():
+        snap = box.snapshot("fz")
+        assert snap["freeze"] == freeze.PAUSE and snap["consistency"] == freeze.FREEZE
+    else:
+        r = box.cli("snapshot", "create", box.name, "--label", "fz", "--wait")
+        assert r.exit_code != 0 and "Traceback" not in r.stderr
+        assert "cannot snapshot" in r.stderr and "no cgroup freezer" in r.stderr
+        assert "--consistency stop" in r.stderr and "--consistency best-effort" in r.stderr
+        assert "snapshot.create" not in audit_types()
+        assert not snapshot_dir(box.name, "fz").exists()
+    before = audit_types()
+    snap = result(box.cli("snapshot", "create", box.name, "--label", "st", "--consistency",
+                          "stop", "--wait", "--json"))
+    assert snap["status"] == jobs.SUCCEEDED, snap
+    assert snap["freeze"] == freeze.STOPPED and snap["consistency"] == freeze.STOP
+    after = audit_types()[len(before):]
+    assert after[:3] == ["snapshot.create", "container.stop", "container.start"], after
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+    # Started again: the writer writes again.
+    first = box.sh("cat /ws/counter")
+    time.sleep(0.5)
+    assert box.sh("cat /ws/counter") != first
