@@ -939,7 +939,7 @@ def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     return addr.compressed, None
 
 
-def _memory_bytes(value: str) -> int | None:
+def size_bytes(value: str) -> int | None:
     """Bytes of a `512m` form, None for anything else (the schema refuses it first, except for
     a stored revision, whose schema pass may be skipped)."""
     if not re.fullmatch(r"[1-9][0-9]{0,9}[kmgKMG]", value):
@@ -1106,7 +1106,7 @@ class _Semantics:
             return
         mem = res.get("memory")
         if isinstance(mem, str) and self.ok(("resources", "memory")):
-            n = _memory_bytes(mem)
+            n = size_bytes(mem)
             if n is None:
                 self.col.add(("resources", "memory"), f"{show(mem)} is not a memory size",
                              _PATTERN_HINTS["memory"])
@@ -1119,7 +1119,7 @@ class _Semantics:
                                      ("snapshot_max_size", 1 << 20, 1 << 50, "1m and 1048576g")):
             size = res.get(key)
             if isinstance(size, str) and self.ok(("resources", key)):
-                n = _memory_bytes(size)
+                n = size_bytes(size)
                 if n is None:
                     self.col.add(("resources", key), f"{show(size)} is not a size",
                                  _PATTERN_HINTS["memory"])

@@ -117,7 +117,7 @@ def stage(job: Job) -> Staged:
 
 
 MAX_BYTES = 1 << 20  # a job file is a few KiB; anything this large is not ours
-STEPS = ("start", "inspect", "freeze", "commit", "archive", "thaw", "publish", "done")
+STEPS = ("start", "inspect", "freeze", "check", "commit", "archive", "thaw", "publish", "done")
 FREEZE_METHODS = ("pause", "sigstop", "none", "stopped")  # freeze.PAUSE, SIGSTOP_METHOD, …
 CONSISTENCIES = ("freeze", "best-effort", "stop")  # freeze.CONSISTENCIES
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")

@@ -25,6 +25,8 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
+from linpodx.podman.runline import HOME_DIR
+from linpodx.profile.loader import size_bytes
 from linpodx.snapshot import (
     egresskeep,
     faults,
@@ -33,6 +35,7 @@ from linpodx.snapshot import (
     journal,
     manifest,
     ops,
+    precheck,
     workspace,
 )
 from linpodx.snapshot.common import (
@@ -85,7 +88,7 @@ def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
     lock. Returns (what was done, what could not be done); safe to run again."""
     done: list[str] = []
     problems: list[str] = []
-    if job.step in ("commit", "archive", "thaw"):
+    if job.step in ("check", "commit", "archive", "thaw"):
         try:
             now = _id_of(job.container) if job.container_id and job.freeze == freeze.PAUSE \
                 else job.container_id
@@ -183,6 +186,43 @@ def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
     return old_image if old_image != new_image else None
 
 
+def _check(name: str, cid: str, info: Mapping[str, Any],
+           mounts: list[workspace.WritableMount]) -> None:
+    """Refuse, before anything is committed, a snapshot a rollback could not restore or one
+    above its bound or the free disk (`precheck`); the container is held meanwhile, so what
+    is checked is what would be taken."""
+    trees = [(m.target, precheck.walk_mount(m.source)) for m in mounts]
+    problems = [f"{target}: {p}" for target, tree in trees for p in tree.problems]
+    more = sum(tree.more_problems for _target, tree in trees)
+    targets = sorted({str(m.get("Destination")) for m in info.get("Mounts") or []
+                      if m.get("Destination")})
+    problems += precheck.check_rootfs(cid, HOME_DIR, targets)
+    if problems:
+        raise InvalidInput(
+            f"snapshot of {name} refused before anything was committed: a rollback could not "
+            "restore it: " + "; ".join(problems) + (f"; and {more} more" if more else ""),
+            "remove, move or shorten what is named there (in the workspace, or in the "
+            "container), then create the snapshot again",
+        )
+    bound_text = ops.snapshot_bound(labels_of(info).get("linpodx.profile_id", ""))
+    bound = size_bytes(bound_text)
+    if bound is None:
+        raise InvalidInput(f"the profile's resources.snapshot_max_size {bound_text!r} is not "
+                           "a size", "apply the profile again")
+    res = proc.run(["podman", "container", "inspect", "--size", "--format", "{{.SizeRw}}", cid],
+                   what="podman container inspect --size")
+    storage = proc.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"],
+                       what="podman info").stdout.strip()
+    try:
+        changes = int(res.stdout.strip() or "0")
+    except ValueError:
+        raise EngineError("podman inspect --size printed no size", argv=res.argv,
+                          stderr=res.stdout) from None
+    precheck.check_size(name, changes=changes, trees=trees, bound=bound,
+                        bound_text=bound_text, archive_dir=str(container_root(name)),
+                        storage_dir=storage)
+
+
 @contextlib.contextmanager
 def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
     """Hold the container still as the job's `consistency` asks; yields the method used.
@@ -249,6 +289,8 @@ def run_create(job_id: str) -> int:
             cid = str(info["Id"])
             with _held(run, cid, info) as method:
                 run.update(freeze=method)
+                run.step("check")
+                _check(job.container, cid, info, mounts)
                 run.step("commit")
                 res = proc.run(
                     ["podman", "commit", "--pause=false", "--quiet", cid],

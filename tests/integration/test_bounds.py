@@ -4,6 +4,7 @@ restored, a full state dir, and a freeze that cannot be guaranteed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from linpodx.snapshot import freeze, jobs
 from linpodx.snapshot.names import snapshot_dir
 from tests.conftest import BUSYBOX_IMAGE, run_linpodx
 from tests.integration.test_snapshot import (  # noqa: F401 - the fixture applies here too
+    HELD,
     Box,
     Cli,
     audit_types,
@@ -171,3 +173,140 @@ def test_snapshot_of_a_running_container_is_held_by_the_freezer_or_refused(
     first = box.sh("cat /ws/counter")
     time.sleep(0.5)
     assert box.sh("cat /ws/counter") != first
+
+
+# ----------------------------------------------------------------------------------------------
+# item 4: snapshot size
+
+
+def snapshot_images(name: str) -> set[str]:
+    """Ids of every image podman has (a refused snapshot must not add one)."""
+    return set(podman("images", "-a", "-q", "--no-trunc").stdout.split())
+
+
+def failed_job(box: Box, label: str) -> dict[str, object]:
+    r = box.cli("snapshot", "create", *HELD, box.name, "--label", label, "--wait", "--json")
+    assert r.exit_code != 0, r.stdout
+    assert "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    job = doc["error"]["details"]["job"]
+    assert job["status"] == jobs.FAILED and job["step"] == "check", job
+    assert not snapshot_dir(box.name, label).exists()
+    return job  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def small_box(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
+    try:
+        yield make_box(cli, unique_name, tmp_path, resources="  snapshot_max_size: 256m\n")
+    finally:
+        cleanup(unique_name, tmp_path)
+
+
+def test_sparse_container_file_is_counted_in_full_and_refused_before_commit(
+    small_box: Box,
+) -> None:
+    """`truncate -s 1G` in the container's own filesystem: podman commit would write 1 GiB;
+    under a 256m bound the job is refused at `check`, before anything is committed (no new
+    image, the container running again). A sparse file in the workspace is archived sparse
+    and fits."""
+    box = small_box
+    box.sh("truncate -s 1G /home/agent/big")
+    images = snapshot_images(box.name)
+    job = failed_job(box, "sparse")
+    err = str(job["error"])
+    assert "refused before anything was committed" in err and "snapshot_max_size 256m" in err
+    assert "1.0 GiB" in err and "apparent size" in err
+    assert snapshot_images(box.name) == images
+    assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
+    # The same gigabyte as a hole in the workspace: tar --sparse stores only its data.
+    box.sh("rm /home/agent/big; truncate -s 1G /ws/sparse; echo data >> /ws/sparse")
+    snap = box.snapshot("ws-sparse")
+    assert snap["status"] == jobs.SUCCEEDED
+    archive = snapshot_dir(box.name, "ws-sparse") / "mount-0.tar"
+    assert archive.stat().st_size < 4 * MIB, archive.stat().st_size
+
+
+def test_workspace_of_many_empty_files_is_refused_over_the_bound(small_box: Box) -> None:
+    """200,000 empty files cost ~300 MB of tar headers: above 256m, refused at `check` with
+    the estimate and the number of entries."""
+    box = small_box
+    many = box.ws / "many"
+    many.mkdir()
+    for i in range(200_000):
+        (many / f"f{i}").touch()
+    job = failed_job(box, "many")
+    err = str(job["error"])
+    assert "snapshot_max_size 256m" in err and "200005 entries" in err, err
+
+
+def test_default_bound_takes_an_npm_install_sized_workspace(
+    cli: Cli, unique_name: str, tmp_path: Path
+) -> None:
+    """The defaults are generous: a node_modules-like workspace (20,000 files, 80 MB) and
+    50 MB of container changes snapshot under the default profile bounds."""
+    box = make_box(cli, unique_name, tmp_path)
+    try:
+        mods = box.ws / "node_modules"
+        for i in range(200):
+            d = mods / f"pkg{i}" / "lib"
+            d.mkdir(parents=True)
+            for j in range(100):
+                (d / f"m{j}.js").write_bytes(b"x" * 4000)
+        box.sh("head -c 50000000 /dev/urandom > /home/agent/blob")
+        snap = box.snapshot("npm")
+        assert snap["status"] == jobs.SUCCEEDED
+    finally:
+        cleanup(unique_name, tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# item 5: snapshots a rollback could not restore
+
+
+def test_path_beyond_path_max_is_refused_at_creation(box5: Box) -> None:
+    """70 levels of 60-character names (4,270 bytes) in the workspace: tar archives it, no
+    rollback could extract it: refused at creation, naming PATH_MAX and tar's reason."""
+    box = box5
+    fd = os.open(box.ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(70):
+            name = f"{i:02d}" + "d" * 58
+            os.mkdir(name, dir_fd=fd)
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    err = str(failed_job(box, "deep")["error"])
+    assert "a rollback could not restore it" in err and "PATH_MAX" in err, err
+    assert "File name too long" in err
+
+
+def test_socket_in_workspace_is_refused_at_creation(box5: Box) -> None:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(box5.ws / "agent.sock"))
+        err = str(failed_job(box5, "sock")["error"])
+    finally:
+        s.close()
+    assert "./agent.sock is a socket" in err, err
+
+
+def test_home_replaced_by_a_symlink_is_refused_at_creation(box5: Box) -> None:
+    """`/home/agent` replaced by a symlink in the container's filesystem: every rollback
+    would fail at create; the snapshot is refused when taken."""
+    box5.sh("mv /home/agent /home/agent.old && ln -s /tmp /home/agent")
+    err = str(failed_job(box5, "homelink")["error"])
+    assert "/home/agent is a symlink" in err, err
+
+
+@pytest.fixture
+def box5(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
+    try:
+        yield make_box(cli, unique_name, tmp_path)
+    finally:
+        cleanup(unique_name, tmp_path)
