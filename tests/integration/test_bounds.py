@@ -313,3 +313,89 @@ def box5(cli: Cli, unique_name: str, tmp_path: Path) -> Iterator[Box]:
         yield make_box(cli, unique_name, tmp_path)
     finally:
         cleanup(unique_name, tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# item 6: a full state dir
+
+
+def fill(directory: Path) -> None:
+    """Fill the filesystem of `directory` to the last byte."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (65536, 4096, 512, 64, 1):  # down to the last byte
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+    assert os.statvfs(directory).f_bavail == 0
+
+
+@pytest.fixture
+def small_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A 4 MiB tmpfs as the linpodx state dir (root only: mounting it needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem as the state dir needs root")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)],
+                   check=True, timeout=30)
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(state))
+    try:
+        yield state
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False, timeout=30)
+
+
+def test_full_state_dir_lets_stop_and_rm_through_and_refuses_start(
+    small_state: Path, unique_name: str
+) -> None:
+    """A state dir filled to the last byte (as a flooding session log would): `run`, `exec`
+    and `start` stay refused; `stop` goes ahead, its record written in the reserve; filled
+    again, `stop` and `rm -f` go ahead without a record and say so. Once space is back the
+    chain verifies and holds the first stop."""
+    run_ok("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "sleep", "600")
+    assert (small_state / "audit" / ".reserve").stat().st_size > 0
+    fill(small_state)
+    other = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--name", f"{unique_name}-2", "-d",
+                        "--", "true")
+    assert other.returncode != 0 and "No space left on device" in other.stderr, other.stderr
+    assert podman("container", "exists", f"{unique_name}-2", check=False).returncode == 1
+    fill(small_state)  # (the refused run put back what it had written)
+    # The chain's last page may still take a few records: until it is full, exec records.
+    for _ in range(40):
+        ex = run_linpodx("exec", unique_name, "--", "true")
+        if ex.returncode != 0:
+            break
+    assert ex.returncode == 6 and "No space left on device" in ex.stderr, ex.stderr
+
+    stop = run_linpodx("stop", unique_name, "--time", "1")
+    assert stop.returncode == 0, stop.stderr
+    assert "is full: the container.stop record was written in the space" in stop.stderr
+    assert podman("inspect", "-f", "{{.State.Status}}", unique_name).stdout.strip() == "exited"
+
+    fill(small_state)  # the flood goes on and takes the reserve's space too
+    for _ in range(40):
+        again = run_linpodx("stop", unique_name, "--time", "1")
+        assert again.returncode == 0, again.stderr
+        if "could not be written" in again.stderr:
+            break
+    assert "the container.stop record could not be written" in again.stderr, again.stderr
+    start = run_linpodx("start", unique_name)
+    assert start.returncode == 6, start.stderr
+    assert podman("inspect", "-f", "{{.State.Status}}", unique_name).stdout.strip() == "exited"
+    rm = run_linpodx("rm", "-f", unique_name)
+    assert rm.returncode == 0, rm.stderr
+    assert "the container.rm record could not be written" in rm.stderr
+    assert podman("container", "exists", unique_name, check=False).returncode == 1
+
+    (small_state / "filler").unlink()
+    verify = run_linpodx("audit", "verify")
+    assert verify.returncode == 0, verify.stderr
+    from linpodx.audit.chain import admin_chain, read_records
+
+    types = [r.type for r in read_records(admin_chain().path)]
+    assert "container.stop" in types and "container.rm" not in types, types
