@@ -609,7 +609,7 @@ def test_sigstop_freeze_holds_every_process_and_lets_go(unique_name: str) -> Non
     assert len(pids) >= 5, pids
     pre_stopped = {p for p, s in _states(pids).items() if s == "T"}
     assert len(pre_stopped) == 1
-    with freeze.frozen(unique_name, method=freeze.SIGSTOP_METHOD) as method:
+    with freeze.frozen(unique_name, method=freeze.SIGSTOP_METHOD, signals=True) as method:
         assert method == freeze.SIGSTOP_METHOD
         during = _states(freeze.container_pids(init))
         assert during and all(s in ("T", "t") for s in during.values()), during
