@@ -18,7 +18,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,10 +36,11 @@ from linpodx.errors import (
 from linpodx.fsutil import NotRegularFile, atomic_write, present, read_small
 from linpodx.output import note
 from linpodx.paths import containers_dir, ensure_dir
-from linpodx.podman import engine, mountpin, probe
+from linpodx.podman import engine, flags, mountpin, probe, seccomp
 from linpodx.podman.argv import (
     MANAGED_LABEL,
     CreateSpec,
+    HostLimits,
     build_create_argv,
     build_run_argv,
     profile_flags,
@@ -458,6 +459,21 @@ def pin_mounts(name: str, ref: ProfileRef) -> tuple[str, ...]:
     return tuple(mountpin.hooks_flags(hooks))
 
 
+def host_limits() -> HostLimits:
+    """The host facts a container's argv needs, with linpodx's seccomp profile written
+    (`linpodx.podman.seccomp`: once per content)."""
+    return replace(probe.host_limits(), seccomp=seccomp.ensure())
+
+
+def unapplied_limits(ref: ProfileRef) -> list[str]:
+    """The cgroup limits of `ref`'s profile that a run on this host goes without (only under
+    `resources.enforcement: best_effort`); InvalidInput, before anything is recorded, when the
+    profile requires them and this host cannot apply them for this user."""
+    return flags.enforceable(
+        ref.name, ref.profile.to_dict()["resources"], probe.host_limits().cgroup_limits
+    )
+
+
 def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
     """The CreateSpec for a run request under a profile revision on this host; the profile's
     mount sources are checked again (`check_mount_sources`)."""
@@ -466,6 +482,7 @@ def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = Non
     validate_name(name)
     validate_image(req.image)
     check_mount_sources(ref)
+    unapplied_limits(ref)
     if req.tty and not req.interactive and not req.detach:
         # podman start --attach without -i would leave the terminal without input.
         raise InvalidInput("--tty needs --interactive (or --detach)", "use -it for a terminal")
@@ -483,7 +500,7 @@ def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = Non
         rm=req.rm,
         rootless=probe.rootless(),
         resolv_conf=resolv_conf,
-        host=probe.host_limits(),
+        host=host_limits(),
     )
 
 
@@ -653,6 +670,9 @@ def _run_record(spec: CreateSpec, ref: ProfileRef) -> dict[str, Any]:
         interactive=spec.interactive,
         tty=spec.tty,
         rm=spec.rm,
+        limits_not_applied=flags.unenforced(
+            ref.profile.to_dict()["resources"], spec.host.cgroup_limits
+        ),
     )
 
 
@@ -1183,6 +1203,8 @@ def _start(name: str) -> ContainerInfo:
             "of the snapshot job that paused it)",
         )
     check_mount_sources(ref)  # before the record; `_bring_up` pins them for podman start
+    # A profile's limits this host cannot apply: refused (required) or recorded (best effort).
+    unapplied = unapplied_limits(ref)
     try:
         # Before the record too: a start that cannot happen is not recorded as one.
         spec = load_spec(name)
@@ -1213,10 +1235,12 @@ def _start(name: str) -> ContainerInfo:
             f"it was created or replaced outside linpodx; remove it with `podman rm {name}` "
             "and create it again with `linpodx run`",
         )
-    audit(
-        "container.start",
-        {"name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")},
-    )
+    record: dict[str, Any] = {
+        "name": name, "profile_id": ref.profile_id, "revision": labels.get("linpodx.revision")
+    }
+    if unapplied:
+        record["limits_not_applied"] = unapplied
+    audit("container.start", record)
     resolv = spec.get("resolv_conf") if needs_guard(ref) else None
     outcome = Outcome("container.start", name)
     try:
@@ -1400,6 +1424,7 @@ def spec_from_record(
     profile revision `ref`, from `image`, as `name`; the hostname stays the recorded one (or
     the one `hostname_of` would get). Used by snapshot rollback."""
     check_mount_sources(ref)
+    unapplied_limits(ref)
     return CreateSpec(
         profile=ref.profile,
         profile_name=ref.name,
@@ -1415,7 +1440,7 @@ def spec_from_record(
         rm=False,
         rootless=probe.rootless(),
         resolv_conf=doc.get("resolv_conf"),
-        host=probe.host_limits(),
+        host=host_limits(),
     )
 
 

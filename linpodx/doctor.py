@@ -214,6 +214,44 @@ def check_container(r: Report, podman: str) -> None:
     )
 
 
+def check_privileged_files(r: Report, podman: str) -> None:
+    """What stops a container from leaving a setuid/setgid file, a device node or a file
+    capability on the host (`linpodx.podman.seccomp`), built and tried for real: a test
+    container with linpodx's seccomp profile must be refused `chmod 4755`."""
+    from linpodx.podman import seccomp
+
+    name = "privileged files"
+    try:
+        where = seccomp.ensure()
+    except LinpodxError as exc:
+        r.add(name, FAIL, exc.message, exc.hint)
+        return
+    image = _small_image(podman)
+    if image is None:
+        r.add(name, WARN, f"{seccomp.MECHANISM} (not tried: no busybox image)",
+              "import a busybox image (see the container check)")
+        return
+    lim = probe.host_limits()
+    nofile, nproc = min(1024, lim.nofile_hard or 1024), min(4096, lim.nproc_hard or 4096)
+    argv = [
+        podman, "run", "--rm", "--network=none", "--cap-drop=all", "--pull=never",
+        "--security-opt=no-new-privileges", seccomp.flag(where), "--http-proxy=false",
+        f"--ulimit=nofile={nofile}:{nofile}", f"--ulimit=nproc={nproc}:{nproc}",
+        *(["--userns=keep-id"] if probe.rootless() else []),
+        image, "sh", "-c", "touch /tmp/f && chmod 755 /tmp/f && chmod 4755 /tmp/f",
+    ]  # fmt: skip
+    res = proc.run(argv, check=False, timeout=120, what="podman run")
+    if res.returncode != 0 and "Operation not permitted" in res.stderr:
+        r.add(name, OK, f"{seccomp.MECHANISM}; a test container's chmod 4755 was refused")
+    elif res.returncode == 0:
+        r.add(name, FAIL, "a test container with linpodx's seccomp profile made a setuid file",
+              "report this as a bug in linpodx: its seccomp profile does not hold here")
+    else:
+        said = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "no output"
+        r.add(name, FAIL, f"the seccomp test container failed: {said}",
+              "see the container check; run it by hand")
+
+
 def check_ulimits(r: Report) -> None:
     """linpodx's default limits fit under this process's hard limits."""
     res_ = Resources()
@@ -319,7 +357,8 @@ def check_cgroups(r: Report) -> None:
         r.add(
             "cgroups",
             WARN,
-            "cgroup v1, rootless: pids/memory/cpus limits cannot be applied; "
+            "cgroup v1, rootless: pids/memory/cpus limits cannot be applied; a profile that "
+            "sets them is refused unless it says resources.enforcement: best_effort; "
             "processes are bounded by RLIMIT_NPROC only",
             "use a cgroup v2 host with controllers delegated to users for memory/cpu limits",
         )
@@ -421,8 +460,9 @@ def run_checks() -> Report:
     if podman:
         check_runtime(r, podman)
         check_container(r, podman)
+        check_privileged_files(r, podman)
     else:
-        for name in ("runtime", "container"):
+        for name in ("runtime", "container", "privileged files"):
             r.add(name, FAIL, "skipped: podman is missing", "install podman first")
     steps: list[Callable[[Report], None]] = [
         check_ulimits, check_subids, check_tun, check_tools, check_cgroups, check_state,

@@ -26,6 +26,7 @@ EVENT_TYPES = (
     "container.rm",
     "container.exec",
     "dns.denied",
+    "dns.wildcard",
     "snapshot.create",
     "snapshot.rm",
     "snapshot.rollback",

@@ -135,6 +135,7 @@ def _locked(
         interactive=fields["interactive"],
         tty=False,
         rm=True,
+        limits_not_applied=plan["limits_not_applied"],
     )
     if not core.append_simple(paths.admin_log(), "container.run", record):
         return None

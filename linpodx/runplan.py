@@ -43,11 +43,13 @@ from linpodx import paths
 from linpodx.digest import sha256
 from linpodx.errors import LinpodxError
 from linpodx.ids import is_id
-from linpodx.podman import flags, probe
+from linpodx.podman import flags, probe, seccomp
+from linpodx.podman.flags import unenforced
 from linpodx.profile import pointer
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 FORMAT = 3
@@ -59,6 +61,7 @@ _CODE = (
     "podman/flags.py",
     "podman/runline.py",
     "podman/probe.py",
+    "podman/seccomp.py",
     "profile/model.py",
     "profile/loader.py",
     "profile/schema.json",
@@ -144,9 +147,12 @@ def run_record(
     interactive: bool,
     tty: bool,
     rm: bool,
+    limits_not_applied: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The `container.run` audit record of a new container (the full and the fast path)."""
-    return {
+    """The `container.run` audit record of a new container (the full and the fast path);
+    `limits_not_applied`: the profile's cgroup limits this host cannot apply, which a
+    `resources.enforcement: best_effort` run goes without (named only when there are some)."""
+    record = {
         "name": name,
         "image": image,
         "profile": profile,
@@ -158,6 +164,9 @@ def run_record(
         "tty": tty,
         "rm": rm,
     }
+    if limits_not_applied:
+        record["limits_not_applied"] = list(limits_not_applied)
+    return record
 
 
 def save(
@@ -255,6 +264,8 @@ def load(name: str) -> dict[str, Any] | None:
             return None
         if not _made_from(plan, revision_doc, host):
             return None
+        # Not from the plan file: what the revision and this host give now (as `_made_from`).
+        plan["limits_not_applied"] = unenforced(revision_doc["profile"]["resources"], host[3])
     except (ValueError, TypeError, KeyError, OSError, LinpodxError):
         return None
     return plan
@@ -269,6 +280,11 @@ def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any], host: probe.H
     name, profile_id = plan["profile"], plan["profile_id"]
     revision, audit_hash = plan["revision"], plan["audit_hash"]
     rootless, nofile_hard, nproc_hard, cgroup_limits, init = host
+    # The seccomp profile this host gives now, and only if its file holds exactly that (else
+    # the full path writes it).
+    profile_path = seccomp.current()
+    if profile_path is None:
+        return False
     expected = flags.profile_flags(
         profile,
         labels=flags.labels(name, profile_id, revision, audit_hash),
@@ -277,6 +293,7 @@ def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any], host: probe.H
         nproc_hard=nproc_hard,
         cgroup_limits=cgroup_limits,
         init=init,
+        seccomp=profile_path,
     )
     mounts = [[m["source"], m["target"]] for m in profile["mounts"]]
     network = profile["network"]

@@ -1,8 +1,11 @@
 """Pending approvals and their answers, as files under `paths.approvals_dir()`.
 
 Layout, one directory per approval `apr_<ULID>/`:
-- `request.json`: written atomically by the bridge (session, method, tool, payload, digest,
-  created, expires).
+- `request.json`: written atomically by the bridge (session, method, tool, payload and fields
+  for display, digest, created, expires).
+- `request.raw`: the exact bytes the digest is the sha256 of (the whole request, `_meta`
+  included): what `linpodx approvals show ID` prints once it has checked them against the
+  digest. What is forwarded after an approval is that request.
 - `answer.json`: created with `fsutil.create_exclusive`, so the first answer wins. It names the
   approval id AND the digest it approves; the bridge accepts it only when both match the request,
   so an answer cannot be moved to another call. A timeout or the end of the session is itself an
@@ -69,8 +72,8 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def request_digest(request: Any) -> str:
-    """sha256 (hex) of the canonical JSON of the exact request (id, method, params)."""
+def request_bytes(request: Any) -> bytes:
+    """The canonical JSON of the exact request (id, method, params): what the digest covers."""
     try:
         # Same bytes as canonical_bytes, through the audit chain's C-accelerated encoder.
         data, _ = encode_data(request)
@@ -79,7 +82,12 @@ def request_digest(request: Any) -> str:
         data = json.dumps(
             request, sort_keys=True, ensure_ascii=False, separators=(",", ":")
         ).encode()
-    return hashlib.sha256(data).hexdigest()
+    return data
+
+
+def request_digest(request: Any) -> str:
+    """sha256 (hex) of `request_bytes(request)`."""
+    return hashlib.sha256(request_bytes(request)).hexdigest()
 
 
 def _capped(text: str, cap: int = PAYLOAD_CAP) -> str:
@@ -95,14 +103,74 @@ def display_payload(value: Any, cap: int = PAYLOAD_CAP) -> str:
     return _capped(text, cap)
 
 
-def _without_meta(params: Any) -> Any:
-    if isinstance(params, dict):
-        return {k: v for k, v in params.items() if k != "_meta"}
-    return params if params is not None else {}
+FIELDS_MAX = 128
+"""Keys of a request shown one by one by a listener; `approvals show` prints the rest."""
+KEY_CAP = 80
+"""Characters of one key's name shown."""
+VALUE_CAP = 60
+"""Characters of one value's JSON shown; its size is said when it is cut."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of a request as a listener shows it."""
+
+    key: str
+    """Its path: `arguments.path`, `_meta.progressToken`, `name`."""
+    value: str
+    """Its JSON, cut at VALUE_CAP characters (escaping is the renderer's job)."""
+    size: int | None
+    """Its whole size in characters (a string's length, else its JSON's) when it was cut."""
+
+    def to_list(self) -> list[Any]:
+        return [self.key, self.value, self.size]
+
+
+def _field(key: str, value: Any) -> Field:
+    text = canonical_or_json(value)
+    size = len(value) if isinstance(value, str) else len(text)
+    key = key if len(key) <= KEY_CAP else key[:KEY_CAP] + f"…({len(key)} chars)"
+    if len(text) > VALUE_CAP:
+        return Field(key, text[:VALUE_CAP] + "…", size)
+    return Field(key, text, None)
+
+
+def canonical_or_json(value: Any) -> str:
+    """Canonical JSON of `value`, or sorted compact JSON where it has no canonical form."""
+    try:
+        return canonical.canonical_str(value)
+    except canonical.CanonicalError:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def display_fields(params: Any, first: tuple[str, ...] = ()) -> tuple[list[Field], int]:
+    """Every key of a request's params, each value cut on its own, and how many keys are left
+    out past FIELDS_MAX. Cutting the whole payload at one length let a call pad one argument
+    so that another one (`path`) was never shown. Order: `name`, then the tool's arguments
+    (those named in `first`, the ones a rule matched on, before the rest), then every other
+    key, `_meta` included: the approval binds all of it."""
+    if not isinstance(params, dict):
+        return ([] if params is None else [_field("params", params)]), 0
+    out: list[Field] = []
+    if "name" in params:
+        out.append(_field("name", params["name"]))
+    nested = ("arguments", "_meta")
+    for top in nested:
+        value = params.get(top)
+        if isinstance(value, dict):
+            keys = sorted(value, key=lambda k: (k not in first, k) if top == "arguments" else k)
+            out.extend(_field(f"{top}.{k}", value[k]) for k in keys)
+            if not value:
+                out.append(_field(top, value))
+        elif top in params:
+            out.append(_field(top, value))
+    out.extend(_field(k, params[k]) for k in sorted(params) if k != "name" and k not in nested)
+    return out[:FIELDS_MAX], max(0, len(out) - FIELDS_MAX)
 
 
 def who() -> dict[str, Any]:
-    """Who is answering, from where: uid, user, pid, tty, hostname."""
+    """Who is answering, from where: uid, user, pid, tty, hostname, and whether from a
+    terminal on stdin (`interactive`)."""
     tty = None
     for fd in (0, 1, 2):
         with contextlib.suppress(OSError):
@@ -118,6 +186,7 @@ def who() -> dict[str, Any]:
         "pid": os.getpid(),
         "tty": tty,
         "hostname": socket.gethostname(),
+        "interactive": os.isatty(0),
     }
 
 
@@ -130,10 +199,14 @@ class PendingRequest:
     method: str
     tool: str | None
     payload: str
-    """Canonical JSON of the request's params, capped for display."""
+    """Canonical JSON of the request's params (`_meta` included), capped for display."""
     digest: str
     created: float
     expires: float
+    fields: tuple[Field, ...] = ()
+    """Each key of the params, cut on its own (`display_fields`)."""
+    fields_more: int = 0
+    """Keys not in `fields` (FIELDS_MAX): `linpodx approvals show` prints them."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -147,6 +220,8 @@ class PendingRequest:
             "created_unix": self.created,
             "expires": _iso(self.expires),
             "expires_unix": self.expires,
+            "fields": [f.to_list() for f in self.fields],
+            "fields_more": self.fields_more,
         }
 
     @classmethod
@@ -161,11 +236,36 @@ class PendingRequest:
                 digest=str(d["digest"]),
                 created=_unix_time(d["created_unix"]),
                 expires=_unix_time(d["expires_unix"]),
+                fields=_fields(d.get("fields", [])),
+                fields_more=_count(d.get("fields_more", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(
                 f"malformed approval request: {safe_text(str(exc))}", DAMAGED_HINT
             ) from None
+
+
+def _fields(value: Any) -> tuple[Field, ...]:
+    if not isinstance(value, list) or len(value) > FIELDS_MAX:
+        raise ValueError("fields must be a list of at most FIELDS_MAX entries")
+    out = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not isinstance(item[0], str)
+            or not isinstance(item[1], str)
+            or not (item[2] is None or type(item[2]) is int)
+        ):
+            raise ValueError("a field must be [key, value, size]")
+        out.append(Field(item[0], item[1], item[2]))
+    return tuple(out)
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError("fields_more must be a count")
+    return int(value)
 
 
 def _unix_time(value: Any) -> float:
@@ -227,21 +327,27 @@ def create(
 ) -> PendingRequest:
     """Record a pending approval for `request` (atomic write) and return it."""
     created = _now()
+    fields, more = display_fields(params)
+    raw = request_bytes(request)
     pending = PendingRequest(
         approval_id=ids.new_id("apr"),
         session=session,
         # Display only, like the payload; capped so that `request.json` fits REQUEST_LIMIT.
         method=_capped(method),
         tool=None if tool is None else _capped(tool),
-        # What a person needs to judge: the params without the protocol's `_meta` envelope
-        # (client info, protocol version). The digest still covers the whole request.
-        payload=display_payload(_without_meta(params)),
-        digest=request_digest(request),
+        # Everything the approval binds, `_meta` included: it is forwarded too, and a server
+        # may act on it.
+        payload=display_payload(params if params is not None else {}),
+        digest=hashlib.sha256(raw).hexdigest(),
         created=created,
         expires=created + timeout_seconds,
+        fields=tuple(fields),
+        fields_more=more,
     )
     d = _dir(pending.approval_id)
     ensure_dir(d)
+    # The whole request first: a listener that sees request.json can always show it.
+    fsutil.atomic_write(d / "request.raw", raw)
     fsutil.atomic_write(
         d / "request.json", json.dumps(pending.to_dict(), ensure_ascii=False).encode()
     )
@@ -306,6 +412,42 @@ def load(approval_id: str) -> PendingRequest:
             "list pending ones with `linpodx events --filter approval --no-follow`",
         )
     return PendingRequest.from_dict(data)
+
+
+RAW_LIMIT = 256 * 1024 * 1024
+"""Bytes of `request.raw` read back (a request is at most `mcp.max_line_bytes`, 64 MiB)."""
+
+
+def load_request(approval_id: str) -> tuple[PendingRequest, Any]:
+    """The request and the whole JSON request it binds, checked against its digest:
+    InvalidInput when the bytes are missing, damaged or not the ones the digest covers."""
+    pending = load(approval_id)
+    shown = shown_id(approval_id)
+    try:
+        raw = fsutil.read_regular(_dir(approval_id) / "request.raw", RAW_LIMIT)
+    except fsutil.NotRegularFile:
+        raw = None
+    except OSError as exc:
+        if exc.errno not in _ENTRY_ERRNOS or not _base_usable():
+            raise
+        raw = None
+    if raw is None or len(raw) > RAW_LIMIT:
+        raise InvalidInput(
+            f"approval {shown} has no readable copy of its request", DAMAGED_HINT
+        )
+    if hashlib.sha256(raw).hexdigest() != pending.digest:
+        raise InvalidInput(
+            f"approval {shown}: its request copy does not match the digest it binds",
+            DAMAGED_HINT,
+        )
+    try:
+        request = canonical.strict_loads(raw, allow_floats=True)
+    except canonical.CanonicalError as exc:
+        raise InvalidInput(
+            f"approval {shown}: its request copy is not JSON ({safe_text(str(exc))})",
+            DAMAGED_HINT,
+        ) from None
+    return pending, request
 
 
 def read_answer(approval_id: str) -> Answer | None:

@@ -28,7 +28,7 @@ import typer
 from linpodx.approvals import store as approvals
 from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
 from linpodx.canonical import CanonicalError, strict_loads
-from linpodx.cli.common import JsonOpt, run_command
+from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
 from linpodx.events import EVENT_TYPES
 from linpodx.output import envelope, print_error, print_json, safe_lines, safe_text
@@ -121,6 +121,29 @@ def _s(value: Any, cap: int = FIELD_CAP) -> str:
     return safe_text("-" if value is None else str(value), cap)
 
 
+def _field_lines(event: dict[str, Any]) -> list[str] | None:
+    """`  key: value (N chars)` per key of a pending request, or None when the event has no
+    well-formed `fields` (an older writer: its `payload` is shown instead)."""
+    fields = event.get("fields")
+    if not isinstance(fields, list) or not fields:
+        return None
+    lines = []
+    for item in fields[: approvals.FIELDS_MAX]:
+        if not (isinstance(item, list) and len(item) == 3):
+            return None
+        key, value, size = item
+        text = f"  {_s(key, approvals.KEY_CAP + 20)}: {_s(value, approvals.VALUE_CAP + 1)}"
+        if type(size) is int:
+            text += f" ({size:,} chars)"
+        lines.append(text)
+    more = event.get("fields_more")
+    if type(more) is int and more > 0:
+        lines.append(
+            f"  … {more:,} more keys: linpodx approvals show {_s(event.get('approval_id'))}"
+        )
+    return lines
+
+
 def render(event: dict[str, Any]) -> list[str]:
     """Human lines for one event; every value from outside is escaped and capped."""
     etype = event.get("type")
@@ -134,9 +157,12 @@ def render(event: dict[str, Any]) -> list[str]:
             )
             if x
         )
+        body = _field_lines(event)
+        if body is None:
+            body = [f"payload: {_s(event.get('payload'), PAYLOAD_CAP)}"]
         return [
             f"{head} {what} → PROMPT",
-            f"payload: {_s(event.get('payload'), PAYLOAD_CAP)}",
+            *body,
             f"approval_id: {_s(event.get('approval_id'))}",
         ]
     if etype == "approval.decided":
@@ -163,8 +189,8 @@ def render(event: dict[str, Any]) -> list[str]:
             parts.append(f"({', '.join(detail)})")
         return [" ".join(p for p in parts if p)]
     rest = {k: v for k, v in event.items() if k not in ("ts", "type", "session")}
-    body = safe_text(json.dumps(rest, ensure_ascii=False, separators=(",", ":")), PAYLOAD_CAP)
-    return [f"[{_clock(event)}] {_s(etype)} {body}".rstrip()]
+    text = safe_text(json.dumps(rest, ensure_ascii=False, separators=(",", ":")), PAYLOAD_CAP)
+    return [f"[{_clock(event)}] {_s(etype)} {text}".rstrip()]
 
 
 def parse_event(line: bytes) -> dict[str, Any] | None:
@@ -349,8 +375,9 @@ class Prompter:
         except LinpodxError as exc:
             return f"unreadable: {exc.message}"
 
-    def ask(self, approval_id: str) -> None:
-        """Show one pending request from its file (the source of truth) and record the answer."""
+    def ask(self, approval_id: str, event: dict[str, Any] | None = None) -> None:
+        """Show one pending request from its file (the source of truth: what the answer binds
+        is what is shown, not what the event stream says) and record the answer."""
         if approval_id in self.seen:
             return
         self.seen.add(approval_id)
@@ -358,8 +385,15 @@ class Prompter:
         try:
             pending = approvals.load(approval_id)
         except LinpodxError as exc:
+            if event is not None:
+                self._say(render(event)[0])
             self._say(f"approval: {shown}: {exc.message}")
             return
+        if event is not None:
+            from_file = {**pending.to_dict(), "ts": event.get("ts"), "type": event["type"]}
+            shown_lines = render(from_file)
+            self.out.write("".join(x + "\n" for x in shown_lines))
+            self.out.flush()
         st = approvals.status(approval_id)
         if st != "pending":
             self._say(f"approval: {shown} already {st}")
@@ -433,6 +467,8 @@ def _show_waiting(out: TextIO, json_mode: bool, prompter: Prompter | None) -> No
             "method": p.method,
             "tool": p.tool,
             "payload": p.payload,
+            "fields": [f.to_list() for f in p.fields],
+            "fields_more": p.fields_more,
             "digest": p.digest,
         }
         _show(ev, out, json_mode, prompter)
@@ -445,19 +481,32 @@ def _show(event: dict[str, Any], out: TextIO, json_mode: bool, prompter: Prompte
         return
     if prompter is not None and event.get("type") == "approval.pending":
         aid = event.get("approval_id")
-        if isinstance(aid, str) and aid in prompter.seen:
+        if isinstance(aid, str):
+            prompter.ask(aid, event)  # (shown from its file, once)
             return
     for line in render(event):
         out.write(line + "\n")
     out.flush()
-    if prompter is not None and event.get("type") == "approval.pending":
-        aid = event.get("approval_id")
-        if isinstance(aid, str):
-            prompter.ask(aid)
 
 
-def decide(approval_id: str, decision: str) -> dict[str, Any]:
-    """`linpodx approve|deny ID`: answer one pending approval (first answer wins)."""
+NON_INTERACTIVE_HINT = (
+    "run it from a terminal (or answer in `linpodx events --filter approval`); a script that "
+    "must answer passes --non-interactive, and the audit log records the answer as "
+    "non-interactive"
+)
+
+
+def decide(approval_id: str, decision: str, non_interactive: bool = False) -> dict[str, Any]:
+    """`linpodx approve|deny ID`: answer one pending approval (first answer wins).
+
+    Without a terminal on stdin it needs `--non-interactive`: the MCP client is a process of
+    the same user, and one with a shell tool that learnt an id could otherwise approve its own
+    call silently. The flag is recorded (`by.interactive: false`) for whoever reads the log."""
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    if not interactive and not non_interactive:
+        raise UsageError(
+            f"`linpodx {decision}` needs a terminal on stdin", NON_INTERACTIVE_HINT
+        )
     pending = approvals.load(approval_id)
     st = approvals.status(approval_id)
     if st != "pending":
@@ -467,7 +516,10 @@ def decide(approval_id: str, decision: str) -> dict[str, Any]:
             exit_code=EXIT_FAILURE,
         )
     reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
-    if not approvals.answer(approval_id, pending.digest, decision, reason):
+    if not interactive:
+        reason += " (non-interactive)"
+    by = {**approvals.who(), "interactive": interactive}
+    if not approvals.answer(approval_id, pending.digest, decision, reason, by=by):
         raise LinpodxError(
             f"approval {approval_id} is already {approvals.status(approval_id)}",
             "another answer (or the timeout) came first",
@@ -480,7 +532,56 @@ def decide(approval_id: str, decision: str) -> dict[str, Any]:
         "method": safe_text(pending.method, FIELD_CAP),
         "tool": safe_text(pending.tool, FIELD_CAP) if pending.tool else None,
         "digest": safe_text(pending.digest, FIELD_CAP),
+        "interactive": interactive,
     }
+
+
+def show(approval_id: str) -> dict[str, Any]:
+    """`linpodx approvals show ID`: the whole request an approval binds, checked against its
+    digest (the listener shows each value cut; this is all of it)."""
+    pending, request = approvals.load_request(approval_id)
+    return {
+        "approval_id": approval_id,
+        "status": approvals.status(approval_id),
+        "session": pending.session,
+        "digest": pending.digest,
+        "expires": pending.to_dict()["expires"],
+        "request": request,
+    }
+
+
+def _render_show(result: dict[str, Any]) -> None:
+    """Key lines, then the request as indented JSON, every non-ASCII character and control
+    character escaped (`ensure_ascii`): it came from the agent's side."""
+    out = sys.stdout
+    for key in ("approval_id", "status", "session", "digest", "expires"):
+        out.write(f"{key}: {safe_text(str(result[key]), FIELD_CAP)}\n")
+    out.write("request:\n")
+    out.write(json.dumps(result["request"], ensure_ascii=True, indent=2, sort_keys=True) + "\n")
+    out.flush()
+
+
+app = new_app("Look at MCP approvals.")
+
+
+@app.command("show")
+def show_cmd(
+    approval_id: Annotated[str, typer.Argument(help="apr_… id (see `linpodx events`).")],
+    json_mode: JsonOpt = False,
+) -> None:
+    """Print the whole request an approval binds (checked against its digest)."""
+    run_command(
+        "approvals show", json_mode, lambda: show(approval_id), None if json_mode else _render_show
+    )
+
+
+NonInteractiveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--non-interactive",
+        help="Answer without a terminal on stdin (recorded as non-interactive).",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -521,14 +622,22 @@ def register(app: typer.Typer) -> None:
     def approve(
         approval_id: Annotated[str, typer.Argument(help="apr_… id (see `linpodx events`).")],
         json_mode: JsonOpt = False,
+        non_interactive: NonInteractiveOpt = False,
     ) -> None:
-        """Approve one pending MCP request."""
-        run_command("approve", json_mode, lambda: decide(approval_id, approvals.APPROVE))
+        """Approve one pending MCP request (from a terminal, or with --non-interactive)."""
+        run_command(
+            "approve",
+            json_mode,
+            lambda: decide(approval_id, approvals.APPROVE, non_interactive),
+        )
 
     @app.command("deny")
     def deny(
         approval_id: Annotated[str, typer.Argument(help="apr_… id (see `linpodx events`).")],
         json_mode: JsonOpt = False,
+        non_interactive: NonInteractiveOpt = False,
     ) -> None:
-        """Deny one pending MCP request."""
-        run_command("deny", json_mode, lambda: decide(approval_id, approvals.DENY))
+        """Deny one pending MCP request (from a terminal, or with --non-interactive)."""
+        run_command(
+            "deny", json_mode, lambda: decide(approval_id, approvals.DENY, non_interactive)
+        )

@@ -44,6 +44,7 @@ _GROUPS = {
     "audit": "linpodx.cli.audit",
     "mcp": "linpodx.cli.mcp",
     "snapshot": "linpodx.cli.snapshot",
+    "approvals": "linpodx.cli.approvals",
 }
 _TOP_LEVEL = {
     "linpodx.cli.containers": ("run", "ps", "start", "stop", "rm", "logs", "exec", "doctor"),

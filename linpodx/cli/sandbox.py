@@ -30,19 +30,49 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+def _egress_summary(r: dict[str, Any]) -> str:
+    text = _plural(r["egress"], "host allowed", "hosts allowed")
+    if r["wildcards"]:
+        # What a wildcard lets the agent write into DNS names is bounded by the budget.
+        text += (
+            f" ({_plural(r['wildcards'], 'wildcard', 'wildcards')}: at most "
+            f"{r['wildcard_budget']} new names per 10 minutes)"
+        )
+    return text
+
+
 @app.command("validate")
 def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
     """Check a profile file and summarize it; nothing is stored."""
 
     def run() -> dict[str, Any]:
+        from linpodx.podman import flags, probe
+
         p = load_file(file)
+        missing = flags.unenforced(p.to_dict()["resources"], probe.host_limits().cgroup_limits)
         return {
             "profile": p.name,
             "status": "ok",
             "mounts": len(p.mounts),
             "egress": len(p.network.egress_dns_allowlist),
+            "wildcards": sum(h.startswith("*.") for h in p.network.egress_dns_allowlist),
+            "wildcard_budget": p.network.wildcard_budget,
             "mcp": len(p.mcp_policy),
+            "limits": {"enforcement": p.resources.enforcement, "not_enforceable_here": missing},
         }
+
+    def limits_line(lim: dict[str, Any]) -> str:
+        """What this host does with the profile's cgroup limits it cannot enforce."""
+        from linpodx.podman.flags import BEST_EFFORT
+
+        missing = lim["not_enforceable_here"]
+        names = ", ".join(missing)
+        if lim["enforcement"] == BEST_EFFORT:
+            return f"best effort: {names} cannot be enforced on this host and will not apply"
+        return (
+            f"required: {names} cannot be enforced on this host for this user, so runs here "
+            "are refused (or set resources.enforcement: best_effort)"
+        )
 
     def render(r: dict[str, Any]) -> None:
         sys.stdout.write(
@@ -52,8 +82,11 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
                     kv_line("profile", r["profile"]),
                     kv_line("status", r["status"]),
                     kv_line("mounts", r["mounts"]),
-                    kv_line("egress", _plural(r["egress"], "host allowed", "hosts allowed")),
+                    kv_line("egress", _egress_summary(r)),
                     kv_line("mcp", _plural(r["mcp"], "rule", "rules")),
+                    # Only when there is something to say: limits this host cannot enforce.
+                    *([kv_line("limits", limits_line(r["limits"]))]
+                      if r["limits"]["not_enforceable_here"] else []),
                 )
             )
         )

@@ -411,14 +411,17 @@ class Chain:
     """The asked name and every CNAME target reached from it."""
 
 
-def follow_chain(reply: Reply, name: str, rdtype: int, max_steps: int) -> Chain:
+def follow_chain(
+    reply: Reply, name: str, rdtype: int, max_steps: int, max_addrs: int = 1 << 16
+) -> Chain:
     """Keep only the CNAME chain from `name` and the final `rdtype` address records.
 
     Records for other owners (an upstream stuffing extra names into the answer) or whose
     owner or target is not a host name are dropped: a CNAME target is allowed for this lookup
     only, because it was reached from `name`. Only the first CNAME record of an owner (a
     malformed answer may carry several) is followed and passed on, so the answer never names
-    a target the chain did not follow.
+    a target the chain did not follow. At most `max_addrs` address records are kept (the
+    first ones).
     """
     owned: dict[str, list[Record]] = {}
     for r in reply.records:
@@ -431,7 +434,7 @@ def follow_chain(reply: Reply, name: str, rdtype: int, max_steps: int) -> Chain:
         mine = owned.get(current, ())
         step = next((r for r in mine if r.rdtype == CNAME), None)
         if step is None:
-            kept.extend(r for r in mine if r.rdtype == rdtype)
+            kept.extend([r for r in mine if r.rdtype == rdtype][:max_addrs])
             break
         if step.target is None or step.target in names:
             break  # not a host name, or a loop: no address at the end of it

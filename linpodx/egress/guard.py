@@ -60,6 +60,7 @@ def policy_doc(stored: StoredProfile) -> dict[str, Any]:
             "egress_dns_allowlist": net.egress_dns_allowlist,
             "upstream_dns": net.upstream_dns,
             "allow_private_answers": net.allow_private_answers,
+            "wildcard_budget": net.wildcard_budget,
         },
     )
 
@@ -491,6 +492,7 @@ def _push_one(name: str, stored: StoredProfile) -> str:
                 "profile_id": stored.profile_id,
                 "revision": int(stored.revision),
                 "allowlist": list(stored.profile.network.egress_dns_allowlist),
+                "wildcard_budget": stored.profile.network.wildcard_budget,
                 "running": running,
             },
         )

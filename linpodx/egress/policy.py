@@ -66,6 +66,16 @@ class Allowlist:
             return True
         return any(n.endswith(s) and len(n) > len(s) for s in self.suffixes)
 
+    def wildcard_for(self, name: str) -> str | None:
+        """The wildcard entry (`*.example.com`) that alone allows `name`, the most specific
+        if several do; None if `name` is listed exactly or not allowed at all. (What the
+        wildcard budget counts: an exact name's labels are the profile's, not the agent's.)"""
+        n = normalize_name(name)
+        if not n or n in self.exact:
+            return None
+        matches = [s for s in self.suffixes if n.endswith(s) and len(n) > len(s)]
+        return "*" + max(matches, key=len) if matches else None
+
     def __bool__(self) -> bool:
         return bool(self.exact or self.suffixes)
 

@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from linpodx.egress.budget import DEFAULT_BUDGET, WildcardBudget, window_text
 from linpodx.egress.policy import Allowlist, IPAddress, answer_refusal, clamp_ttl
 
 if TYPE_CHECKING:
@@ -27,11 +28,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_V = TypeVar("_V")
+
 # Only what a client needs to connect: A and AAAA questions (dns.rdatatype.A, AAAA), answered
 # with their CNAME chain. HTTPS/SVCB, MX, TXT, SRV, PTR, ANY, NULL … are refused: each can
 # carry arbitrary bytes back into the container or name more endpoints.
 ADDRESS_TYPES = frozenset({1, 28})
 MAX_CNAME_CHAIN = 8
+MAX_ANSWER_ADDRS = 32
+"""Addresses of one answer kept, granted and handed on, at most (the first ones; clients use
+one or a few). An upstream answer over TCP may carry ~4,000: each kept in memory took
+~1.3 MB, so a zone answering every name so could grow the guard by gigabytes (4096 lines of
+memory, or more under a large wildcard budget)."""
 UPSTREAM_TIMEOUT = 3.0
 CACHE_MAX = 4096
 GRANTED_MAX = 65536
@@ -48,6 +56,9 @@ FAILURE_TTL = 5
 """The same for a failure (SERVFAIL, no answer in time): short, so a resolver that comes
 back is used soon (RFC 9520 asks for at least 1 s)."""
 SERVFAIL_RCODE = 2  # dns.rcode.SERVFAIL, without importing dnspython here
+RECORD_WAIT = 10.0
+"""Seconds a lookup of a name waits for the record another lookup of it is writing (past
+it: REFUSED, never asked unrecorded)."""
 NAMES_PER_ADDRESS_MAX = 64
 """Names remembered per granted address (a CDN address serves many). Forgetting one only
 means a policy change may revoke the address though that name is still allowed: it fails
@@ -58,6 +69,10 @@ SetRevoker = Callable[[list[IPAddress]], None]
 """Takes addresses away: out of the allowed sets, and established flows to them stopped."""
 DeniedHook = Callable[[str, str, str], None]
 """(name, record type, reason)"""
+NewNameHook = Callable[[str, str, int, int, str], bool]
+"""(name, the wildcard entry that allows it, names in the window with it, the budget, the
+window for people): a name under a wildcard is about to be asked upstream for the first time
+in the window. False: it could not be recorded, and is refused."""
 Upstream = Callable[["Outgoing", Sequence[tuple[str, int]]], "Reply"]
 """(our query, upstreams) -> the parsed answer to it; UpstreamError if none came."""
 
@@ -70,6 +85,8 @@ class ResolverPolicy:
     upstreams: tuple[tuple[str, int], ...]
     allow_private: bool
     host_addrs: frozenset[IPAddress] = frozenset()
+    wildcard_budget: int = DEFAULT_BUDGET
+    """Distinct new names allowed by wildcards alone, at most, per `budget.WINDOW`."""
 
 
 @dataclass
@@ -203,6 +220,7 @@ class PolicyResolver:
         add_to_sets: SetUpdater,
         revoke_in_sets: SetRevoker,
         on_denied: DeniedHook,
+        on_new_name: NewNameHook | None = None,
         upstream: Upstream = query_upstream,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -210,6 +228,7 @@ class PolicyResolver:
         self._add = add_to_sets
         self._revoke = revoke_in_sets
         self._denied = on_denied
+        self._new_name = on_new_name
         self._upstream = upstream
         self._clock = clock
         self._lock = threading.Lock()
@@ -230,6 +249,9 @@ class PolicyResolver:
         # Address -> why it is refused (None: fine), with the policy it was judged under: the
         # ipaddress range checks cost ~10 us per address, and CDN answers repeat the same few.
         self._refusals: tuple[ResolverPolicy, dict[IPAddress, str | None]] = (policy, {})
+        # Names asked upstream under wildcards in the last 10 minutes. Kept across policy
+        # changes: a re-apply is no fresh budget (a new one applies to the next new name).
+        self._budget = WildcardBudget(clock=clock)
 
     @property
     def policy(self) -> ResolverPolicy:
@@ -366,9 +388,12 @@ class PolicyResolver:
             return dnsmsg.answer(q, neg[1])
         if mine is None:
             # The same lookup is with the upstream: wait for it once, then answer from what
-            # it left in the caches (or, if it left nothing, ask ourselves).
+            # it left in the caches (or, if it left nothing, ask ourselves, one at a time).
             if waited or other is None:
-                return self._ask_upstream(q, key, policy, now)
+                # Still one with the upstream after all that wait (an upstream slower than
+                # its timeout, a TCP retry): a query of our own beside it would let the
+                # number of lookups at once carry data out. Fail; the client asks again.
+                return dnsmsg.answer(q, dnsmsg.SERVFAIL)
             other.wait(UPSTREAM_TIMEOUT * max(1, len(policy.upstreams)) + 1)
             return self._answer(q, wire_key, policy, waited=True)
         try:
@@ -383,6 +408,9 @@ class PolicyResolver:
     ) -> bytes:
         from linpodx.egress import dnsmsg
 
+        refused = self._over_budget(q, policy)
+        if refused is not None:
+            return refused
         # The name as linpodx normalized it (lower case), never as the client spelled it:
         # the letter case of an allowed name would otherwise carry a bit per letter upstream.
         sent = dnsmsg.upstream_query(
@@ -397,7 +425,7 @@ class PolicyResolver:
             # NXDOMAIN passes through as itself; anything else is a server failure to us.
             failed = dnsmsg.NXDOMAIN if rcode == dnsmsg.NXDOMAIN else dnsmsg.SERVFAIL
             return self._negative_answer(q, key, failed, policy, now)
-        chain = dnsmsg.follow_chain(resp, q.name, q.rdtype, MAX_CNAME_CHAIN)
+        chain = dnsmsg.follow_chain(resp, q.name, q.rdtype, MAX_CNAME_CHAIN, MAX_ANSWER_ADDRS)
         for addr in chain.addrs:
             why = self._refusal(policy, addr)
             if why is not None:
@@ -453,13 +481,99 @@ class PolicyResolver:
                     names = self._granted[a].names
                     if len(names) < NAMES_PER_ADDRESS_MAX:
                         names.add(q.name)
-                if len(self._cache) >= CACHE_MAX:
-                    self._cache.clear()
+                if len(self._cache) >= self._memory_max(policy):
+                    self._cache = self._keep(self._cache, policy, now, lambda v: v.expires)
                 if life:
                     self._cache[key] = _CacheEntry(chain.records, now + life, chain.names)
         ttl = min(life, chain.ttl) if chain.records else 0
         return dnsmsg.answer(q, dnsmsg.NOERROR, chain.records, ttl)
 
+
+    def _over_budget(self, q: Query, policy: ResolverPolicy) -> bytes | None:
+        """REFUSED for a new name under a wildcard once the window holds the budget's worth;
+        None (go ahead) otherwise, recording a name that is new.
+
+        Here, right before the upstream query, because that query is what carries the name
+        out: cached and remembered answers cost nothing, and so does a name refused before
+        (not allowed, a refused type, not a host name). Counted whatever the upstream then
+        says: NXDOMAIN or a refused answer come after the name has left. The key is
+        `q.name`, the lower-case text of the parsed labels, which is what the upstream is
+        asked: spellings that reach the upstream as one name (letter case, escapes, the
+        trailing dot) count once, and A and AAAA of one name count once.
+
+        REFUSED, not NXDOMAIN: the name may well exist, and be allowed again once the window
+        moves on. An NXDOMAIN would be a false statement that caches in the container may
+        keep (RFC 8020 even lets them treat every name below it as missing); REFUSED is
+        DNS's "not for policy reasons", as for refused record types, and is never cached.
+        Not remembered either: the next lookup is judged afresh.
+        """
+        from linpodx.egress import dnsmsg
+
+        wildcard = policy.allowlist.wildcard_for(q.name)
+        if wildcard is None:
+            return None  # exact names are never counted
+        got = self._budget.admit(q.name, policy.wildcard_budget)
+        if got.recording is not None:
+            # Another lookup of this name (its A beside this AAAA) is having the name
+            # recorded: nothing of the name goes upstream before its record exists.
+            got.recording.wait(RECORD_WAIT)
+            got = self._budget.admit(q.name, policy.wildcard_budget)
+            if got.recording is not None:
+                self._denied(q.name, q.type_text, "the new name could not be recorded in time")
+                return dnsmsg.answer(q, dnsmsg.REFUSED)
+        if not got.allowed:
+            self._denied(
+                q.name,
+                q.type_text,
+                f"wildcard budget: {got.budget} new names per "
+                f"{window_text(self._budget.window)}, all used",
+            )
+            return dnsmsg.answer(q, dnsmsg.REFUSED)
+        if got.new:
+            window = window_text(self._budget.window)
+            hook = self._new_name
+            try:
+                recorded = hook is None or hook(q.name, wildcard, got.used, got.budget, window)
+            except BaseException:
+                self._budget.forget(q.name)
+                raise
+            if not recorded:
+                # An allow that cannot be recorded does not happen (and costs nothing).
+                self._budget.forget(q.name)
+                self._denied(q.name, q.type_text, "the new name could not be recorded")
+                return dnsmsg.answer(q, dnsmsg.REFUSED)
+            self._budget.settle(q.name)
+        return None
+
+    @staticmethod
+    def _memory_max(policy: ResolverPolicy) -> int:
+        """Lookups remembered at most (answers, and apart from them failures): room for A and
+        AAAA of every name the budget may hold in its window, beside CACHE_MAX others."""
+        return CACHE_MAX + 2 * policy.wildcard_budget
+
+    def _keep(
+        self,
+        memory: dict[tuple[str, int], _V],
+        policy: ResolverPolicy,
+        now: float,
+        until: Callable[[_V], float],
+    ) -> dict[tuple[str, int], _V]:
+        """`memory` (full) without what may go: lapsed lines, then names allowed only by a
+        wildcard that have left the budget's window (asking them again costs a new name);
+        and if that freed too little, exact names too (only a very long allowlist has that
+        many). Emptying it outright let every repeat go upstream again at once: with a budget
+        above CACHE_MAX / 2, cycling through the names in the window emptied it over and
+        over, and each repeat was another message out. The names in the window, A and AAAA,
+        always fit (`_memory_max`), with CACHE_MAX to spare."""
+        kept = {
+            k: v
+            for k, v in memory.items()
+            if until(v) > now
+            and (policy.allowlist.wildcard_for(k[0]) is None or self._budget.holds(k[0]))
+        }
+        if len(kept) > self._memory_max(policy) - CACHE_MAX // 4:
+            kept = {k: v for k, v in kept.items() if policy.allowlist.wildcard_for(k[0])}
+        return kept
 
     def _remember_negative(
         self,
@@ -478,10 +592,8 @@ class PolicyResolver:
         with self._lock:
             if self._policy is not policy:
                 return
-            if len(self._negative) >= CACHE_MAX:
-                self._negative = {k: v for k, v in self._negative.items() if v[0] > now}
-                if len(self._negative) >= CACHE_MAX:
-                    self._negative.clear()
+            if len(self._negative) >= self._memory_max(policy):
+                self._negative = self._keep(self._negative, policy, now, lambda v: v[0])
             self._negative[key] = (now + life, rcode, why)
 
     def _negative_answer(

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx.egress import netns, nfsets, ruleset
+from linpodx.egress.budget import DEFAULT_BUDGET, MAX_BUDGET
 from linpodx.egress.denials import DenialRecorder, default_sink
 from linpodx.egress.policy import Allowlist, upstreams
 from linpodx.egress.resolver import PolicyResolver, ResolverPolicy, serve_tcp, serve_udp
@@ -124,10 +125,26 @@ def load_policy(
     ups = tuple(upstreams(raw.get("upstream_dns", []), host_conf))
     host = host_addrs if host_addrs is not None else current_host_addresses()
     return (
-        ResolverPolicy(allow, ups, bool(raw.get("allow_private_answers", False)), host),
+        ResolverPolicy(
+            allow,
+            ups,
+            bool(raw.get("allow_private_answers", False)),
+            host,
+            wildcard_budget(raw),
+        ),
         raw,
         (got.st_ino, got.st_mtime_ns),
     )
+
+
+def wildcard_budget(raw: dict[str, Any]) -> int:
+    """The policy file's wildcard budget; the default for a file written before linpodx had
+    one (it had no bound at all then, so the default is only stricter). ValueError for
+    anything the profile loader would not have let through (the policy is then not loaded)."""
+    value = raw.get("wildcard_budget", DEFAULT_BUDGET)
+    if type(value) is not int or not 1 <= value <= MAX_BUDGET:
+        raise ValueError(f"bad wildcard_budget in the policy file: {value!r}")
+    return value
 
 
 def current_host_addresses() -> frozenset[Any]:
@@ -241,7 +258,11 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             filtering.wait()
         sets = nfsets.NftSets(netns.netns_path(pid))
         resolver = PolicyResolver(
-            policy, add_to_sets=sets.add, revoke_in_sets=sets.revoke, on_denied=recorder.deny
+            policy,
+            add_to_sets=sets.add,
+            revoke_in_sets=sets.revoke,
+            on_denied=recorder.deny,
+            on_new_name=recorder.new_name,
         )
         for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
             threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
@@ -294,6 +315,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
             break
         if wake_r in r:
             os.read(wake_r, 64)
+        recorder.tick()  # summaries of a minute that ended go out now, not at the next lookup
         if term_flag.is_set():
             log.info("asked to stop")
             break

@@ -31,7 +31,7 @@ from linpodx.errors import (
     NotFound,
     UsageError,
 )
-from linpodx.mcp import reap
+from linpodx.mcp import bounds, reap
 from linpodx.mcp.auditlog import GroupCommitChain
 from linpodx.mcp.bridge import Bridge
 from linpodx.mcp.framing import Frame, FrameReader
@@ -208,10 +208,6 @@ def _session(
         raise LinpodxError(f"could not run podman exec: {exc}", "is podman installed?") from None
     assert child.stdin is not None and child.stdout is not None  # noqa: S101 - PIPE above
     assert child.stderr is not None  # noqa: S101 - PIPE above
-    stderr_relay = threading.Thread(
-        target=_relay_stderr, args=(child.stderr.fileno(), say), name="stderr", daemon=True
-    )
-    stderr_relay.start()
     server_in = child.stdin.fileno()
     server_out = child.stdout.fileno()
     server_in_closed = threading.Event()
@@ -255,7 +251,17 @@ def _session(
         to_server=to_server,
         log=say,
         pipeline=True,
+        on_bound=finish,
     )
+    # Started once the bridge exists (it records what the bound holds back); until then the
+    # pipe holds what the server writes.
+    stderr_relay = threading.Thread(
+        target=_relay_stderr,
+        args=(child.stderr.fileno(), say, profile.mcp.stderr_bytes_per_second, bridge),
+        name="stderr",
+        daemon=True,
+    )
+    stderr_relay.start()
     def pump(fd: int, on_frame: Callable[[Frame, bool], None], at_eof: str, side: str) -> None:
         # An unexpected exception here is a bug; it must end the session (every pending call
         # denied, the log closed) rather than leave this direction dead and the session hanging.
@@ -298,6 +304,7 @@ def _session(
         threads[1].join(2.0)  # let the last server messages through
         stderr_relay.join(2.0)
         bridge.fence("server")
+        bridge.flush_summaries()
         bridge.drain()
         # The end of `podman exec` is not the end of the server: podman gives up the moment
         # it is told to (then its exit status says nothing of the server's), a Ctrl-C ends it
@@ -319,6 +326,13 @@ def _session(
             say(f"bridge: linpodx killed {killed} processes the server left in the container")
         if reason.startswith("signal"):
             exit_code = EXIT_INTERRUPTED if "SIGINT" in reason else EXIT_TERMINATED
+        elif bridge.bound_hit is not None and reason == bridge.bound_hit:
+            say(f"error: the session ended: {reason}")
+            say(
+                "hint: a session that writes this much is refused from here on; raise "
+                "mcp.audit_max_bytes in the profile if this one was legitimate"
+            )
+            exit_code = EXIT_FAILURE
         elif reason.startswith(INTERNAL_ERROR):
             say(f"error: {reason}")
             say("hint: this is a bug in linpodx; the session was ended and is in the audit log")
@@ -348,15 +362,41 @@ STDERR_LINE_MAX = 4096
 """Bytes of one line of the server's stderr that are shown (the rest is dropped, said)."""
 
 
-def _relay_stderr(fd: int, say: Callable[[str], None]) -> None:
-    """Pass the server's stderr on line by line through `say` (escaped). Reads to the end
-    whatever happens, so the server never blocks on a full stderr pipe."""
+def _relay_stderr(
+    fd: int, say: Callable[[str], None], per_second: int, bridge: Bridge | None = None
+) -> None:
+    """Pass the server's stderr on line by line through `say` (escaped), at most `per_second`
+    bytes a second (`mcp.stderr_bytes_per_second`): a server that floods its stderr must not
+    flood the person's terminal or the MCP client's log (75 MB in 20 s). What is held back is
+    counted, said and recorded once per second. Reads to the end whatever happens, so the
+    server never blocks on a full stderr pipe."""
+    window = bounds.Window(per_second, time.monotonic)
+
+    def held_back(summary: bounds.Summary) -> None:
+        with contextlib.suppress(Exception):  # (a closed stderr: `say` already swallows it)
+            say(
+                f"bridge: {summary.count} lines ({summary.amount} bytes) of the server's "
+                f"stderr not shown (over mcp.stderr_bytes_per_second = {per_second})"
+            )
+        if bridge is not None:
+            bridge.record_notice(
+                "mcp.stderr_suppressed",
+                {"lines": summary.count, "bytes": summary.amount, "limit": per_second},
+            )
+
+    def emit(line: bytes) -> None:
+        admitted, ended = window.admit("stderr", min(len(line), STDERR_LINE_MAX) + 1)
+        if ended is not None:
+            held_back(ended)
+        if admitted:
+            _say_line(line, say)
+
     buf = b""
     while True:
         try:
             chunk = os.read(fd, 65536)
         except OSError:
-            return
+            break
         if not chunk:
             break
         buf += chunk
@@ -365,9 +405,12 @@ def _relay_stderr(fd: int, say: Callable[[str], None]) -> None:
             lines.append(buf)
             buf = b""
         for line in lines:
-            _say_line(line, say)
+            emit(line)
     if buf:
-        _say_line(buf, say)
+        emit(buf)
+    last = window.take()
+    if last is not None:
+        held_back(last)
 
 
 def _say_line(line: bytes, say: Callable[[str], None]) -> None:

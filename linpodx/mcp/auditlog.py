@@ -103,6 +103,12 @@ class GroupCommitChain:
         self.records = 0
         self.syncs = 0
 
+    @property
+    def size(self) -> int | None:
+        """The log file's size after the last finished write (None before the first): what
+        the bridge holds against `mcp.audit_max_bytes`."""
+        return self._written_size
+
     def append(self, type: str, data: Mapping[str, Any]) -> Any:
         """Record one event durably (possibly with others in one fsync), or raise AuditError."""
         return self.wait(self.submit(type, data))

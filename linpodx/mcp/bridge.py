@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from linpodx import events
 from linpodx.approvals import store as approvals
 from linpodx.errors import AuditError, LinpodxError
-from linpodx.mcp import jsonrpc, policy
+from linpodx.mcp import bounds, jsonrpc, policy
 from linpodx.mcp.framing import Frame, Oversize
 from linpodx.mcp.jsonrpc import Batch, IdKey, Message, ProtocolError
 from linpodx.output import safe_text
@@ -294,6 +294,7 @@ class Bridge:
         emit: Callable[..., Any] = events.emit,
         clock: Callable[[], float] = time.monotonic,
         pipeline: bool = False,
+        on_bound: Callable[[str], None] = lambda _r: None,
     ) -> None:
         self.profile = profile
         self.rules = profile.mcp_policy
@@ -310,6 +311,7 @@ class Bridge:
         self._server_lock = threading.Lock()
         self.inflight: dict[IdKey, InFlight] = {}
         self.server_inflight: dict[IdKey, str] = {}
+        self._cancelled: collections.OrderedDict[IdKey, None] = collections.OrderedDict()
         self.protocol_version: str | None = None
         self.stats = Stats()
         self.records = 0
@@ -323,6 +325,15 @@ class Bridge:
             self._lanes = {d: _Lane(chain, d, log) for d in ("client", "server")}
         self._notices = _Notices(emit, log) if pipeline else None
         self._said: set[str] = set()  # audit errors already said on stderr (`_unrecorded`)
+        # Records of refused/dropped messages, per direction and second (see `mcp.bounds`).
+        self._windows = {
+            d: bounds.Window(self.settings.drop_records_per_second, clock)
+            for d in ("client", "server")
+        }
+        self.suppressed = 0
+        self._said_window = bounds.Window(1, clock)
+        self._on_bound = on_bound
+        self.bound_hit: str | None = None
         # The fence (`fence`): frames of a direction handled at the moment, and the directions
         # closed to new frames because the session is ending.
         self._fence_cv = threading.Condition()
@@ -340,6 +351,9 @@ class Bridge:
         No lock here: the chain serializes appends itself, and concurrent callers must reach
         it together for group commit to batch them.
         """
+        over = self._over_size()
+        if over is not None:
+            raise over
         deferred = None if durable else getattr(self.chain, "append_deferred", None)
         rec = self.chain.append(type_, data) if deferred is None else deferred(type_, data)
         with self._lock:
@@ -380,10 +394,92 @@ class Bridge:
                 return
             ok()
             return
+        over = self._over_size()
+        if over is not None:
+            failed(over)
+            return
         ticket = self.chain.submit(type_, data, durable)  # type: ignore[attr-defined]
         with self._lock:
             self.records += 1
         target.put(ticket, ok, failed)
+
+    def _over_size(self) -> AuditError | None:
+        """The error for a record past `mcp.audit_max_bytes` (None below it). The first one
+        ends the session (`on_bound`): its closing record is written past the bound, by
+        `attach`, so the log says why it ends."""
+        size = getattr(self.chain, "size", None)
+        limit = self.settings.audit_max_bytes
+        if not isinstance(size, int) or size < limit:
+            return None
+        reason = f"audit log size bound reached (mcp.audit_max_bytes = {limit} bytes)"
+        with self._lock:
+            first = self.bound_hit is None
+            self.bound_hit = reason
+        if first:
+            self._on_bound(reason)
+        return AuditError(
+            f"the session's audit log reached mcp.audit_max_bytes ({limit} bytes); "
+            "the session ends and nothing more is forwarded",
+            "start a new session; if this one was legitimate, raise mcp.audit_max_bytes in "
+            "the profile",
+        )
+
+    def _admit(self, direction: str, reason: str, lane: str) -> bool:
+        """Whether a refused/dropped message gets its own record and stderr line, under
+        `mcp.drop_records_per_second`; a window that ended with messages held back is
+        summarised now (`mcp.suppressed`)."""
+        with self._lock:
+            admitted, ended = self._windows[direction].admit(reason)
+            if not admitted:
+                self.suppressed += 1
+        if ended is not None:
+            self._summarise(direction, ended, lane)
+        return admitted
+
+    def _summarise(self, direction: str, held: bounds.Summary, lane: str) -> None:
+        limit = self.settings.drop_records_per_second
+        self._log(
+            f"bridge: {held.count} refused or dropped messages from the {direction} were not "
+            f"recorded one by one (over mcp.drop_records_per_second = {limit}); "
+            "one mcp.suppressed record counts them"
+        )
+        record = {
+            "dir": direction,
+            "limit": limit,
+            "window_ms": int(max(0.0, self._clock() - held.since) * 1000),
+            **held.to_record(),
+        }
+
+        def unrecorded(exc: AuditError) -> None:
+            self._log(f"bridge: could not record a summary of dropped messages: {exc.message}")
+
+        self._then(lane, "mcp.suppressed", record, lambda: None, unrecorded)
+
+    def record_notice(self, type_: str, data: Mapping[str, Any]) -> None:
+        """Record something the session did that is no message (`mcp.stderr_suppressed`), on
+        the server's side; nothing once that side is fenced (no record after the last)."""
+
+        def unrecorded(exc: AuditError) -> None:
+            self._log(f"bridge: could not record {type_}: {exc.message}")
+
+        with self._fence_cv:
+            if "server" in self._fenced:
+                return
+            self._handling["server"] += 1
+        try:
+            self._then("server", type_, data, lambda: None, unrecorded)
+        finally:
+            with self._fence_cv:
+                self._handling["server"] -= 1
+                self._fence_cv.notify_all()
+
+    def flush_summaries(self) -> None:
+        """Record what the per-second windows still hold back (the session ends)."""
+        for direction, window in self._windows.items():
+            with self._lock:
+                held = window.take()
+            if held is not None:
+                self._summarise(direction, held, direction)
 
     def _unrecorded(self, exc: AuditError) -> None:
         """Say on stderr, as `error:` and `hint:`, that a record could not be written: the
@@ -553,7 +649,9 @@ class Bridge:
             return
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
-        decision = policy.evaluate(self.rules, msg.method, msg.tool_name)
+        decision = policy.refusal(msg.kind, msg.method, msg.params) or policy.evaluate(
+            self.rules, msg.method, msg.tool_name
+        )
         if msg.kind == "notification":
             self._client_notification(msg, decision)
             return
@@ -561,7 +659,8 @@ class Bridge:
         if key is None:  # parse() guarantees a string or integer id for requests
             return
         with self._lock:
-            reused = key in self.inflight
+            recycled = key in self._cancelled
+            reused = key in self.inflight or recycled
             crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
             waiting = sum(1 for e in self.inflight.values() if e.approval_id is not None)
             if not reused and not crowded:
@@ -586,6 +685,22 @@ class Bridge:
                 decision.rule_index,
                 f"more than {APPROVALS_MAX} calls are waiting for a person",
             )
+        if recycled:
+            # The server may still answer the cancelled call under this id: that answer would
+            # be taken (and recorded) as this call's.
+            answer = jsonrpc.error_response(
+                msg.id,
+                jsonrpc.INVALID_REQUEST,
+                "refused by linpodx: request id of a cancelled request reused",
+            )
+            self._invalid(
+                "client",
+                "request id of a cancelled request reused",
+                msg.id,
+                0,
+                then=lambda: self.send_client(answer),
+            )
+            return
         if reused:
             # Answered with a null id: an answer carrying the reused id would settle the
             # request still in flight under it for the client, whose real answer then follows.
@@ -613,6 +728,9 @@ class Bridge:
             "reason": decision.reason,
             **self._args_fields(msg),
         }
+        if msg.method == "tools/call" and msg.tool_name is None:
+            name = (msg.params or {}).get("name")
+            record["tool_type"] = "missing" if name is None else type(name).__name__
 
         def act() -> None:
             allow = decision.action is Action.AUTO_ALLOW
@@ -664,14 +782,27 @@ class Bridge:
     def _client_notification(self, msg: Message, decision: policy.Decision) -> None:
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
-        if msg.method == "notifications/cancelled" and self._cancel_pending(msg):
-            return
+        cancelled = None
+        if msg.method == "notifications/cancelled":
+            if self._cancel_pending(msg):
+                return
+            cancelled = jsonrpc.id_key((msg.params or {}).get("requestId"))
+        if msg.method in policy.REQUEST_METHODS:
+            # Refused (`policy.refusal`) and recorded below; said without ids or names (this
+            # is the client's pipe), and at most once a second (a flood of them is no flood
+            # of lines).
+            with self._lock:
+                say, _ = self._said_window.admit("notification")
+            if say:
+                self._log("bridge: dropped a request the client sent without an id")
 
         def act() -> None:
             if decision.action is Action.AUTO_ALLOW:
                 with self._lock:
                     self.stats.forwarded += 1
                 self.send_server(msg.raw)
+                if cancelled is not None:
+                    self._release(cancelled)
             else:
                 # A notification has no answer; `prompt` for one is a deny (nobody waits).
                 with self._lock:
@@ -686,6 +817,22 @@ class Bridge:
         }
         # Not recorded => not forwarded.
         self._then("client", "mcp.notification", record, act, lambda _exc: None)
+
+    def _release(self, key: IdKey) -> None:
+        """A forwarded request the client has cancelled no longer counts as in flight: a
+        conformant server never answers it, and its slot would be taken for good (4,096
+        cancellations and the session refused everything). A late answer is then an answer
+        to no request in flight: dropped and recorded."""
+        with self._lock:
+            entry = self.inflight.get(key)
+            if entry is not None and entry.forwarded:
+                del self.inflight[key]
+                self.stats.extra["cancelled"] = self.stats.extra.get("cancelled", 0) + 1
+                # Remembered (the last INFLIGHT_MAX) so that a new request cannot take the id
+                # while the server may still answer the old one.
+                self._cancelled[key] = None
+                while len(self._cancelled) > INFLIGHT_MAX:
+                    self._cancelled.popitem(last=False)
 
     def _cancel_pending(self, msg: Message) -> bool:
         """A cancellation for a request still waiting for a person ends that wait (no forward)."""
@@ -762,10 +909,14 @@ class Bridge:
             tool=_short(msg.tool_name),
             digest=pending.digest,
             payload=pending.payload,
+            fields=[f.to_list() for f in pending.fields],
+            fields_more=pending.fields_more,
             expires=pending.to_dict()["expires"],
         )
+        # Without its id: this stderr is the MCP client's pipe, and a client with a shell tool
+        # that reads an id there can answer its own call (`linpodx approve ID`).
         self._log(
-            f"approval: {pending.approval_id} waiting for a person "
+            f"approval: a {safe_text(msg.method, 80)} waits for a person "
             f"(linpodx events --filter approval), {self.settings.approval_timeout_seconds}s"
         )
         t = threading.Thread(
@@ -853,28 +1004,30 @@ class Bridge:
     def _server_frame(self, frame: Frame, more: bool) -> None:
         self._backlog["server"] = more
         if isinstance(frame, Oversize):
-            self._invalid(
+            if self._invalid(
                 "server",
                 f"line of {frame.size} bytes exceeds mcp.max_line_bytes",
                 None,
                 frame.size,
                 lane="server",
-            )
-            self._log(f"bridge: dropped a {frame.size}-byte line from the server (over the bound)")
+            ):
+                self._log(
+                    f"bridge: dropped a {frame.size}-byte line from the server (over the bound)"
+                )
             self._answer_oversize(frame)
             return
         try:
             parsed = jsonrpc.parse(frame.data)
         except ProtocolError as exc:
-            self._invalid("server", str(exc), exc.msg_id, len(frame.data), lane="server")
-            self._log(f"bridge: dropped an invalid message from the server: {exc}")
+            if self._invalid("server", str(exc), exc.msg_id, len(frame.data), lane="server"):
+                self._log(f"bridge: dropped an invalid message from the server: {exc}")
             return
         if isinstance(parsed, Batch):
             with self._lock:
                 revision = self.protocol_version
             if revision != BATCH_REVISION:
-                self._invalid("server", "batch refused", None, len(frame.data), lane="server")
-                self._log("bridge: dropped a JSON-RPC batch from the server")
+                if self._invalid("server", "batch refused", None, len(frame.data), lane="server"):
+                    self._log("bridge: dropped a JSON-RPC batch from the server")
                 return
             for item in parsed.items:
                 if isinstance(item, ProtocolError):
@@ -982,7 +1135,14 @@ class Bridge:
             elif key is not None:
                 del self.inflight[key]
         if entry is None:
-            self._dropped("server", "response to no request in flight", msg.id, lane="server")
+            with self._lock:
+                late = key is not None and key in self._cancelled
+                if late and key is not None:
+                    del self._cancelled[key]  # (answered: the id may be used again)
+            reason = (
+                "response to a cancelled request" if late else "response to no request in flight"
+            )
+            self._dropped("server", reason, msg.id, lane="server")
             return
         status = "ok" if msg.kind == "response" else "error"
         record: dict[str, Any] = {
@@ -1032,10 +1192,15 @@ class Bridge:
         *,
         then: Callable[[], None] = lambda: None,
         lane: str = "client",
-    ) -> None:
-        """Record a refused frame, then `then()` (the refusal is sent even if unrecorded)."""
+    ) -> bool:
+        """Record a refused frame, then `then()` (the refusal is sent even if unrecorded).
+        Past `mcp.drop_records_per_second` the frame is counted into a summary instead: the
+        refusal is the safe direction and needs no record of its own before it is sent."""
         with self._lock:
             self.stats.invalid += 1
+        if not self._admit(direction, reason[:160], lane):
+            then()
+            return False
 
         def unrecorded(exc: AuditError) -> None:
             self._log(f"bridge: could not record an invalid message: {exc.message}")
@@ -1043,10 +1208,13 @@ class Bridge:
 
         record = {"dir": direction, "reason": _short(reason), "id": _short(msg_id), "size": size}
         self._then(lane, "mcp.invalid", record, then, unrecorded)
+        return True
 
     def _dropped(self, direction: str, reason: str, msg_id: Any, *, lane: str = "client") -> None:
         with self._lock:
             self.stats.dropped += 1
+        if not self._admit(direction, reason[:160], lane):
+            return
         self._log(f"bridge: dropped a message from the {direction}: {reason}")
 
         def unrecorded(exc: AuditError) -> None:
@@ -1077,6 +1245,7 @@ class Bridge:
                 "dropped": s.dropped,
                 "responses": s.responses,
                 "in_flight": len(self.inflight),
+                "suppressed": self.suppressed,
                 "ignored_after_end": self.ignored_after_end,
                 "pid": os.getpid(),
             }

@@ -25,8 +25,12 @@ from linpodx.canonical import CanonicalError, strict_loads
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
-# Implementation-defined server-error range (-32000..-32099): the gate said no.
-DENIED_BY_POLICY = -32001
+# Implementation-defined server-error range (-32000..-32099): the gate said no. Not -32001: both
+# official SDKs (Python, TypeScript) raise -32001 for "request timed out", and a client that
+# retries a timeout would retry a denial. The SDKs use -32000 (connection closed), -32001,
+# -32020..-32022 and -32042, the spec -32002 (resource not found), -32800 a cancelled HTTP
+# request; -32090 is none of them.
+DENIED_BY_POLICY = -32090
 
 REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
 RESPONSE_KEYS = frozenset({"jsonrpc", "id", "result", "error"})

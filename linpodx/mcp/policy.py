@@ -1,6 +1,7 @@
 """The gate's policy engine: pure, no I/O. Rules in order, first match wins, default deny.
 
-Protocol housekeeping (handshake, discovery lists, ping, cancellation/progress) always passes:
+Protocol housekeeping (handshake, discovery lists, ping, cancellation/progress, the session's
+log level) always passes:
 without it no client can even connect, and none of it runs a tool. The lists are explicit and
 compared exactly; anything else (including `tools/call ` with a trailing space or a full-width
 slash) must match a rule or it is denied.
@@ -8,8 +9,9 @@ slash) must match a rule or it is denied.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from linpodx.profile.model import Decision as Action
 from linpodx.profile.model import McpRule
@@ -28,6 +30,39 @@ CLIENT_HOUSEKEEPING: frozenset[str] = frozenset(
         "notifications/cancelled",
         "notifications/progress",
         "notifications/roots/list_changed",
+        # Sets how much the server logs to this session (notifications/message): no effect
+        # outside the session, runs no tool.
+        "logging/setLevel",
+    }
+)
+
+# Methods MCP defines as requests (2024-11-05 … 2026-07-28), either direction. Sent without an
+# id (as a notification) one of these is refused: the rules, the approval and the record are
+# all made for a call that is answered, and a notification has no answer to carry a denial.
+REQUEST_METHODS: frozenset[str] = frozenset(
+    {
+        "initialize",
+        "ping",
+        "server/discover",
+        "tools/list",
+        "tools/call",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "prompts/list",
+        "prompts/get",
+        "logging/setLevel",
+        "completion/complete",
+        "sampling/createMessage",
+        "roots/list",
+        "elicitation/create",
+        "tasks/get",
+        "tasks/result",
+        "tasks/list",
+        "tasks/cancel",
+        "subscriptions/listen",
     }
 )
 
@@ -72,6 +107,21 @@ def _matches(rule: McpRule, method: str, tool_name: str | None) -> bool:
         return True
     # A rule naming a tool only matches a tools/call for exactly that tool.
     return method == "tools/call" and tool_name == rule.tool_name
+
+
+def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decision | None:
+    """A deny for a client message no rule may see, else None.
+
+    - a request-only method sent as a notification (`kind` is `notification`);
+    - a `tools/call` whose `params.name` is not a string: the rules compare names exactly and
+      a name that is no string matches no named rule, so a catch-all would decide it, while a
+      server may read `["run_shell"]` as `run_shell`.
+    """
+    if kind == "notification" and method in REQUEST_METHODS:
+        return Decision(Action.DENY, None, f"{method} is a request and was sent without an id")
+    if method == "tools/call" and not isinstance((params or {}).get("name"), str):
+        return Decision(Action.DENY, None, "tools/call without a string params.name")
+    return None
 
 
 def evaluate(rules: Sequence[McpRule], method: str, tool_name: str | None = None) -> Decision:

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 from linpodx import paths
 from linpodx.egress.launch import INIT_PIDFILE
+from linpodx.errors import EngineError
 from linpodx.podman import flags, mountpin, runline
 from linpodx.podman.flags import clamp_limit
 from linpodx.profile.model import Profile
 
 LABEL_PREFIX = "linpodx."
 MANAGED_LABEL = "linpodx.managed"
-
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class HostLimits:
     """False where podman cannot apply cgroup limits (rootless on cgroup v1)."""
     init: bool = True
     """podman's init binary (catatonit) exists, so `--init` reaps zombies and forwards signals."""
+    seccomp: str | None = None
+    """linpodx's seccomp profile on this host (`seccomp.ensure`); a spec without one is
+    refused (never podman's default alone)."""
 
 
 @dataclass(frozen=True)
@@ -80,21 +83,9 @@ class CreateSpec:
     hostname: str | None = None
     """Hostname inside; defaults to `name` (rollback creates under a temp name, same hostname)."""
 
-
-
-
-
-
-
-
-
-
 def labels(spec: CreateSpec) -> tuple[tuple[str, str], ...]:
     """The labels every linpodx container carries."""
     return flags.labels(spec.profile_name, spec.profile_id, spec.revision, spec.audit_hash)
-
-
-
 
 def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
     """The full `podman create …` argv (without the podman binary itself) for `spec`.
@@ -134,6 +125,11 @@ def profile_flags(spec: CreateSpec) -> list[str]:
     `audit_hash`, `rootless` and `host`: `linpodx.runplan` stores it for the fast run path,
     keyed by exactly those (tests/unit/test_runplan.py holds them equal).
     """
+    if spec.host.seccomp is None:
+        raise EngineError(
+            "no seccomp profile for the container",
+            "this is a bug in linpodx: the host facts were made without `seccomp.ensure`",
+        )
     return flags.profile_flags(
         spec.profile.to_dict(),
         labels=labels(spec),
@@ -142,6 +138,7 @@ def profile_flags(spec: CreateSpec) -> list[str]:
         nproc_hard=spec.host.nproc_hard,
         cgroup_limits=spec.host.cgroup_limits,
         init=spec.host.init,
+        seccomp=spec.host.seccomp,
     )
 
 
@@ -167,8 +164,14 @@ def limit_notes(spec: CreateSpec) -> list[str]:
     ]
     if not spec.host.cgroup_limits:
         nproc = clamp_limit("nproc", res.nproc, spec.host.nproc_hard)[0]
+        missing = flags.unenforced(spec.profile.to_dict()["resources"], False)
+        what = (
+            f"the profile's {', '.join(missing)} (enforcement: best_effort) are not applied"
+            if missing
+            else "linpodx's default cgroup limits (pids, memory, cpus) are not applied"
+        )
         notes.append(
-            "cgroup limits (pids, memory, cpus) cannot be applied rootless on cgroup v1; "
-            f"processes are bounded by RLIMIT_NPROC={nproc}"
+            f"{what}: this host cannot apply cgroup limits for this user (rootless on cgroup "
+            f"v1); processes are bounded by RLIMIT_NPROC={nproc}"
         )
     return notes

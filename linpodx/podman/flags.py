@@ -32,6 +32,15 @@ _CAP_RE = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 # Podman's --memory: a number with an optional b/k/m/g unit; --cpus: a decimal.
 _MEMORY_RE = re.compile(r"^[0-9]+[bkmgBKMG]?\Z")
 _CPUS_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\Z")
+# linpodx's own cgroup limits where a profile sets none and the host can apply them. They are
+# a safety net, not the profile's promise: a host that cannot apply them is no reason to refuse.
+DEFAULT_MEMORY = "2g"
+DEFAULT_CPUS = "2"
+DEFAULT_PIDS_LIMIT = 512
+CGROUP_LIMITS = ("memory", "cpus", "pids_limit")
+"""The profile's limits that need cgroups (`resources.enforcement` is about these)."""
+REQUIRED = "required"
+BEST_EFFORT = "best_effort"
 _SIZE_RE = re.compile(r"^[1-9][0-9]{0,9}[kmg]\Z")
 _LOG_MAX_DEFAULT = "64m"  # profile.model.Resources.log_max_size (not imported: fast path)
 
@@ -58,6 +67,33 @@ def clamp_limit(name: str, wanted: int, hard: int | None) -> tuple[int, str | No
     if hard is not None and wanted > hard:
         return hard, f"{name} limit {wanted} exceeds the host's hard limit {hard}; using {hard}"
     return wanted, None
+
+
+def unenforced(res: Mapping[str, Any], cgroup_limits: bool) -> list[str]:
+    """The cgroup limits the profile's `resources` (`res`, the stored form) set that this host
+    cannot apply for this user (`cgroup_limits`: `probe.host_facts`)."""
+    if cgroup_limits:
+        return []
+    return [k for k in CGROUP_LIMITS if res.get(k) is not None]
+
+
+def enforceable(profile: str, res: Mapping[str, Any], cgroup_limits: bool) -> list[str]:
+    """The limits a run of `profile` goes without (only with `enforcement: best_effort`);
+    raises InvalidInput when the profile requires limits this host cannot apply."""
+    missing = unenforced(res, cgroup_limits)
+    enforcement = res.get("enforcement", REQUIRED)
+    if enforcement not in (REQUIRED, BEST_EFFORT):
+        raise _damaged(f"resources.enforcement is {enforcement!r}")
+    if missing and enforcement != BEST_EFFORT:
+        raise InvalidInput(
+            f"profile {profile} sets resources.{', resources.'.join(missing)}, which this host "
+            "cannot enforce for this user (rootless podman on cgroup v1 applies no cgroup "
+            "limits); refused rather than run without them",
+            "run on a cgroup v2 host with the memory, cpu and pids controllers delegated to "
+            "this user (`linpodx doctor` shows which limits apply here), or set "
+            "`resources.enforcement: best_effort` in the profile to run without them",
+        )
+    return missing
 
 
 def _damaged(what: str) -> InvalidInput:
@@ -89,10 +125,12 @@ def profile_flags(
     nproc_hard: int | None,
     cgroup_limits: bool,
     init: bool,
+    seccomp: str,
 ) -> list[str]:
     """The flags between `runline.head` and `runline.tail`: everything the profile revision
     (`doc`, a profile's `to_dict()` form) and this host decide: labels, privileges, limits,
-    environment, workdir, the profile's mounts."""
+    environment, workdir, the profile's mounts. `seccomp`: the path of linpodx's seccomp
+    profile on this host (`linpodx.podman.seccomp`)."""
     res = doc.get("resources")
     env = doc.get("env")
     mounts = doc.get("mounts")
@@ -111,6 +149,13 @@ def profile_flags(
             )
         argv.append(f"--cap-add={cap}")
     argv.append("--security-opt=no-new-privileges")
+    if not seccomp.startswith("/"):
+        raise InvalidInput(
+            f"the seccomp profile path {seccomp!r} is not absolute",
+            "set LINPODX_STATE_DIR (or HOME) to an absolute path",
+        )
+    # No setuid/setgid files (linpodx.podman.seccomp): never podman's default alone.
+    argv.append(f"--security-opt=seccomp={seccomp}")
     argv.append("--network=none")
     argv.append("--http-proxy=false")
     # A private IPC namespace (rootful podman's default is "shareable").
@@ -129,6 +174,8 @@ def profile_flags(
     nproc, _ = clamp_limit("nproc", _int(res.get("nproc"), "nproc"), nproc_hard)
     argv.append(f"--ulimit=nofile={nofile}:{nofile}")
     argv.append(f"--ulimit=nproc={nproc}:{nproc}")
+    name = doc.get("name")
+    enforceable(name if type(name) is str else "?", res, cgroup_limits)
     # The log file has a bound whatever containers.conf says (the driver is pinned: journald's
     # bounds are the host's, not the profile's). At max-size conmon empties the file and goes
     # on. A revision stored before the field existed gets the default.
@@ -139,6 +186,9 @@ def profile_flags(
     argv.append(f"--log-opt=max-size={log_max}")
     if cgroup_limits:
         memory, cpus = res.get("memory"), res.get("cpus")
+        memory = DEFAULT_MEMORY if memory is None else memory
+        cpus = DEFAULT_CPUS if cpus is None else cpus
+        pids = res.get("pids_limit")
         if (
             type(memory) is not str
             or type(cpus) is not str
@@ -149,7 +199,8 @@ def profile_flags(
                 f"invalid resources: memory={memory!r} cpus={cpus!r}",
                 "use memory like 512m or 2g and cpus like 1 or 1.5",
             )
-        argv.append(f"--pids-limit={_int(res.get('pids_limit'), 'pids_limit')}")
+        pids = DEFAULT_PIDS_LIMIT if pids is None else _int(pids, "pids_limit")
+        argv.append(f"--pids-limit={pids}")
         argv.append(f"--memory={memory}")
         # No swap beyond the memory limit.
         argv.append(f"--memory-swap={memory}")
@@ -185,6 +236,11 @@ def profile_flags(
     return argv
 
 
+WILDCARD_BUDGET_DEFAULT = 100
+"""`Network.wildcard_budget`'s default, without importing the profile model on the fast run
+path (a unit test holds the two, the schema's and the guard's equal)."""
+
+
 def egress_policy(
     name: str, profile_id: str, revision: int, network: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -197,4 +253,6 @@ def egress_policy(
         "allowlist": list(network["egress_dns_allowlist"]),
         "upstream_dns": list(network["upstream_dns"]),
         "allow_private_answers": bool(network["allow_private_answers"]),
+        # Absent from revisions stored before it existed (`Profile.digest_form`): the default.
+        "wildcard_budget": int(network.get("wildcard_budget", WILDCARD_BUDGET_DEFAULT)),
     }

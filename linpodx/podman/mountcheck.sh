@@ -42,10 +42,40 @@ root=$(grep -o -m 1 '"root":{"path":"[^"]*"' "$bundle/config.json") ||
 root=${root#\"root\":\{\"path\":\"}
 root=${root%\"}
 case $root in /*) ;; *) fail "the rootfs path is not absolute" ;; esac
+# Where runc mounted DEST: DEST resolved inside the rootfs R the way runc resolves it
+# (securejoin), each symlink followed with R as its root and `..` never above R. The agent owns
+# its rootfs and may have made a parent of DEST an absolute symlink to a host directory: the
+# kernel would resolve `/proc/PID/root$root$dest` from the host's root, so a plain stat there
+# would look at the host path, not at the mount. The container's command has not started, so
+# nothing in it can change these links while this runs. Prints the path below R (`/…`).
+resolve() {
+    r=$1 rest=$2 cur= links=0
+    while :; do
+        while case $rest in /*) true ;; *) false ;; esac; do rest=${rest#/}; done
+        [ -n "$rest" ] || break
+        comp=${rest%%/*}
+        case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac
+        case $comp in
+            .) continue ;;
+            ..) cur=${cur%/*}; continue ;;
+        esac
+        if [ -L "$r$cur/$comp" ]; then
+            links=$((links + 1))
+            [ "$links" -le 40 ] || return 1
+            link=$(readlink -- "$r$cur/$comp") && [ -n "$link" ] || return 1
+            case $link in /*) cur= ;; esac
+            rest=$link/$rest
+        else
+            cur=$cur/$comp
+        fi
+    done
+    printf '%s\n' "${cur:-/}"
+}
 checked=0
 while IFS=' ' read -r dev ino dest; do
     [ -n "$dev" ] || continue
-    got=$(stat -c '%d %i' -- "/proc/$pid/root$root$dest" 2>/dev/null) ||
+    at=$(resolve "/proc/$pid/root$root" "$dest") || fail "cannot resolve $dest in the rootfs"
+    got=$(stat -c '%d %i' -- "/proc/$pid/root$root$at" 2>/dev/null) ||
         fail "cannot see the mount at $dest"
     [ "$got" = "$dev $ino" ] ||
         fail "the mount at $dest is not the directory linpodx checked (it changed since)"

@@ -93,9 +93,11 @@ ALL_CAPS = frozenset(
 DANGEROUS_CAPS = frozenset(
     """SYS_ADMIN NET_ADMIN NET_RAW SYS_MODULE SYS_RAWIO SYS_PTRACE SYS_BOOT DAC_READ_SEARCH
     MAC_ADMIN MAC_OVERRIDE BPF PERFMON SYSLOG SYS_TIME LINUX_IMMUTABLE AUDIT_CONTROL SETFCAP
-    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE""".split()
+    SYS_RESOURCE SYS_PACCT CHECKPOINT_RESTORE MKNOD""".split()
 )
-"""Capabilities that let a container escape, undo the egress firewall or hide its tracks."""
+"""Capabilities that let a container escape, undo the egress firewall or hide its tracks, or
+leave a privileged file on the host (MKNOD: a device node in a writable mount is the host's
+device for any host user the node's mode lets in; SETFCAP: file capabilities)."""
 
 # Targets linpodx (or podman) manages itself, or that would hand the container the kernel.
 # `/run` and `/run/linpodx` would hold the mount gate (linpodx.podman.mountpin): runc would
@@ -1128,7 +1130,7 @@ class _Semantics:
                                  f"between {span}")
                 else:
                     res[key] = size.lower()
-        if "cpus" in res and self.ok(("resources", "cpus")):
+        if res.get("cpus") is not None and self.ok(("resources", "cpus")):
             # A YAML float is judged as written (`0.1000001` has too many decimals even where
             # the float rounds it away).
             written = self.col.float_texts.get(("resources", "cpus"))
@@ -1161,6 +1163,7 @@ def _build(data: Mapping[str, Any]) -> Profile:
             egress_dns_allowlist=tuple(net.get("egress_dns_allowlist") or ()),
             upstream_dns=tuple(net.get("upstream_dns") or ()),
             allow_private_answers=net.get("allow_private_answers", False),
+            wildcard_budget=net.get("wildcard_budget", Network.wildcard_budget),
         ),
         mcp_policy=tuple(
             McpRule(
@@ -1175,6 +1178,9 @@ def _build(data: Mapping[str, Any]) -> Profile:
             max_line_bytes=mcp.get("max_line_bytes", 4 * 1024 * 1024),
             allow_server_requests=tuple(mcp.get("allow_server_requests") or ()),
             record_arguments=mcp.get("record_arguments", False),
+            drop_records_per_second=mcp.get("drop_records_per_second", 100),
+            audit_max_bytes=mcp.get("audit_max_bytes", 1024 * 1024 * 1024),
+            stderr_bytes_per_second=mcp.get("stderr_bytes_per_second", 64 * 1024),
         ),
         audit=Audit(hash_chain=True),
         resources=Resources(
@@ -1183,6 +1189,7 @@ def _build(data: Mapping[str, Any]) -> Profile:
             pids_limit=res.get("pids_limit", d.pids_limit),
             nofile=res.get("nofile", d.nofile),
             nproc=res.get("nproc", d.nproc),
+            enforcement=res.get("enforcement", d.enforcement),
             log_max_size=res.get("log_max_size", d.log_max_size),
             snapshot_max_size=res.get("snapshot_max_size", d.snapshot_max_size),
         ),

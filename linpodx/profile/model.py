@@ -45,6 +45,8 @@ class Network:
     """`IP` or `IP:PORT` resolvers the policy resolver asks; empty means the host's."""
     allow_private_answers: bool = False
     """Allow allowed names to resolve to loopback, link-local, private or host addresses."""
+    wildcard_budget: int = 100
+    """Distinct new names allowed by wildcard entries alone, at most, per 10 minutes."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,12 @@ class McpSettings:
     """Server→client request methods let through (e.g. `sampling/createMessage`); others denied."""
     record_arguments: bool = False
     """Record tool-call arguments in full in the audit log (by digest otherwise)."""
+    drop_records_per_second: int = 100
+    """Records of refused or dropped messages per second and direction; the rest summarised."""
+    audit_max_bytes: int = 1024 * 1024 * 1024
+    """Size of a session's audit log at which the session ends (closed, with a last record)."""
+    stderr_bytes_per_second: int = 64 * 1024
+    """Bytes of the server's stderr passed on per second; the rest dropped and counted."""
 
 
 @dataclass(frozen=True)
@@ -84,15 +92,20 @@ class Audit:
 class Resources:
     """Limits; defaults fit under this kind of host's hard limits."""
 
-    memory: str = "2g"
-    """podman `--memory` value (`512m`, `2g`)."""
-    cpus: str = "2"
-    """podman `--cpus` value, a decimal string."""
-    pids_limit: int = 512
+    memory: str | None = None
+    """podman `--memory` value (`512m`, `2g`); None: not set by the profile (linpodx applies
+    `flags.DEFAULT_MEMORY` where the host can, and never refuses a run for it)."""
+    cpus: str | None = None
+    """podman `--cpus` value, a decimal string; None: not set (`flags.DEFAULT_CPUS`)."""
+    pids_limit: int | None = None
+    """None: not set (`flags.DEFAULT_PIDS_LIMIT`)."""
     nofile: int = 1024
     """RLIMIT_NOFILE soft=hard inside the container."""
     nproc: int = 4096
     """RLIMIT_NPROC soft=hard inside the container."""
+    enforcement: str = "required"
+    """`required`: a run whose cgroup limits (memory, cpus, pids_limit) this host cannot apply
+    is refused; `best_effort`: it goes ahead without them, and its record says which."""
     log_max_size: str = "64m"
     """Bound of the container's log file (podman `--log-opt max-size`, k8s-file driver): at
     the bound conmon truncates the file and goes on writing, so it never holds more."""
@@ -130,6 +143,24 @@ class Profile:
         ]
         d["env"] = {k: v for k, v in self.env}
         return d
+
+    def digest_form(self) -> dict[str, Any]:
+        """`to_dict()` without the keys added after revisions were first stored, where they
+        hold their default (LATER_DEFAULTS): the form the store hashes. A revision stored
+        before such a key existed means its default, and keeps its digest."""
+        d = self.to_dict()
+        for (section, key), default in LATER_DEFAULTS.items():
+            if d[section].get(key) == default:
+                del d[section][key]
+        return d
+
+
+LATER_DEFAULTS: dict[tuple[str, str], object] = {
+    ("network", "wildcard_budget"): Network.wildcard_budget,
+    ("resources", "log_max_size"): Resources.log_max_size,
+    ("resources", "snapshot_max_size"): Resources.snapshot_max_size,
+}
+"""(section, key) -> default, for keys the profile gained after its first release."""
 
 
 def default_profile() -> Profile:

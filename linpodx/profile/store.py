@@ -158,9 +158,9 @@ def interrupted_rm_hint(name: str) -> str:
 
 
 def digest_of(profile: Profile) -> str:
-    """sha256 hex of the canonical JSON of the normalized profile."""
+    """sha256 hex of the canonical JSON of the normalized profile (`Profile.digest_form`)."""
     try:
-        return hashlib.sha256(canonical_bytes(profile.to_dict())).hexdigest()
+        return hashlib.sha256(canonical_bytes(profile.digest_form())).hexdigest()
     except CanonicalError as exc:  # the loader keeps floats out; fail closed if one slips in
         raise InvalidInput(f"profile {profile.name} has no canonical form: {exc}") from None
 

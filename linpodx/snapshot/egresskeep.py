@@ -36,15 +36,20 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "allowlist": (list,),
     "upstream_dns": (list,),
     "allow_private_answers": (bool,),
+    "wildcard_budget": (int,),
 }
 """Exactly what `guard.policy_doc` writes."""
+_LATER = frozenset({"wildcard_budget"})
+"""Fields a policy file written by an earlier linpodx lacks (the guard takes the default)."""
 
 
 def check(doc: object) -> dict[str, Any]:
     """`doc` if it is a policy document as `guard.policy_doc` writes it; ValueError otherwise."""
-    if not isinstance(doc, dict) or set(doc) != set(_FIELDS):
+    if not isinstance(doc, dict) or not set(_FIELDS) - _LATER <= set(doc) <= set(_FIELDS):
         raise ValueError("not an egress policy document")
     for key, kinds in _FIELDS.items():
+        if key not in doc:
+            continue
         value = doc[key]
         if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
             raise ValueError(f"egress policy field {key!r} has the wrong type")

@@ -6,9 +6,10 @@ never taken and found useless at the rollback.
 What a rollback needs, and so what is checked:
 - every workspace path fits in PATH_MAX as tar names it (`./a/b/…`): tar creates deeper
   chains, but restoring one fails (`File name too long`, from its ACL and owner calls);
-- no file that tar leaves out or cannot make again: sockets (tar skips them, with a warning
-  only) and, rootless, device nodes (no `mknod` in a user namespace); FIFOs, hard links and
-  names in any bytes (not UTF-8, newlines) come back and are fine;
+- no file that would not come back: sockets (tar skips them, with a warning only) and device
+  nodes (a rollback deletes them: on the host they would be devices); FIFOs, hard links and
+  names in any bytes (not UTF-8, newlines) come back and are fine (setuid/setgid bits and file
+  capabilities do not, by design, but the files do);
 - a readable tree (what tar cannot read, it cannot archive);
 - in the container's rootfs, `$HOME` and every mount target reached through directories
   only: a rollback creates `$HOME` with `podman cp` and mounts the workspace there, and both
@@ -98,7 +99,7 @@ def _raise_nofile() -> None:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def walk(root: str, *, rootless: bool) -> Tree:
+def walk(root: str) -> Tree:
     """Walk the workspace at `root` (a directory or a regular file) without recursion and
     without following links; sizes and what would make it unrestorable.
 
@@ -152,9 +153,9 @@ def walk(root: str, *, rootless: bool) -> Tree:
             if stat.S_ISSOCK(mode):
                 problem(f"{_shown(child)} is a socket: tar leaves sockets out, so it would "
                         "not come back")
-            elif (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and rootless:
-                problem(f"{_shown(child)} is a device node: rootless, it cannot be created "
-                        "again (no mknod in a user namespace)")
+            elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                problem(f"{_shown(child)} is a device node: a rollback never restores device "
+                        "nodes (they would be devices on the host)")
             elif stat.S_ISREG(mode):
                 data += _file_data(est)
             elif stat.S_ISDIR(mode):
@@ -286,7 +287,7 @@ def walk_mount(source: str) -> Tree:
     """`walk` of one writable mount's source, as the user who can read all of it."""
     rootless = os.geteuid() != 0
     if not rootless:
-        return walk(source, rootless=False)
+        return walk(source)
     d = _unshared(["walk", source], f"checking the workspace {source}")
     return Tree(int(d["entries"]), int(d["data_bytes"]), tuple(map(str, d["problems"])),
                 int(d["more_problems"]))
@@ -316,7 +317,7 @@ def main(argv: list[str]) -> int:
     """`python -m linpodx.snapshot.precheck walk PATH | rootfs CID HOME TARGET…` (run by
     linpodx inside `podman unshare`); prints JSON."""
     if len(argv) == 2 and argv[0] == "walk":
-        out: Any = walk(argv[1], rootless=True).to_dict()
+        out: Any = walk(argv[1]).to_dict()
     elif len(argv) >= 3 and argv[0] == "rootfs":
         out = _rootfs_here(argv[1], argv[2], argv[3:])
     else:

@@ -2,8 +2,9 @@
 
 `podman commit` keeps the container's own filesystem but not what is bind-mounted into it, so
 a snapshot also archives each writable bind mount with GNU tar (numeric owners, modes, times,
-POSIX ACLs and every extended attribute, file capabilities included). Rootless, tar runs under
-`podman unshare` so files owned by the container's sub-uids keep their owners both ways.
+POSIX ACLs and every extended attribute, file capabilities included; a restore brings back
+no setuid/setgid bit, device node or file capability: `Restore.extract`). Rootless, tar runs
+under `podman unshare` so files owned by the container's sub-uids keep their owners both ways.
 
 Restoring never writes into the live directory: the archive is extracted into a staging
 directory next to the mount source, and `swap` renames the live directory aside and the staging
@@ -43,6 +44,8 @@ class WritableMount:
 # sides name every namespace, so ACLs (system.posix_acl_*) and file capabilities
 # (security.capability) come back exactly (a dropped ACL mask can widen group access).
 _XATTR_ARGS = ("--acls", "--xattrs", "--xattrs-include=*")
+# ... except file capabilities, which a restore leaves out (`Restore.extract`).
+_FILE_CAPS = "security.capability"
 
 
 def _unshare_prefix() -> list[str]:
@@ -331,9 +334,21 @@ class Restore:
         tar = proc.which("tar") or "tar"
         _tar([*_unshare_prefix(), tar, "--extract", "--file", str(archive_path),
               "--numeric-owner", "--same-permissions", "--same-owner", *_XATTR_ARGS,
-              "--directory", str(self.staging)],
+              f"--xattrs-exclude={_FILE_CAPS}", "--directory", str(self.staging)],
              f"restoring {self.entry['target']}", "check free disk space next to the mount "
              "source")
+        # The content comes back, never privilege (docs/containers.md): a setuid or setgid
+        # bit, a device node or a file capability in the archive (a host user's own, or an
+        # archive edited in the state dir) would be one on the host, for any host user.
+        find = proc.which("find") or "find"
+        proc.run(
+            [*_unshare_prefix(), find, str(self.staging), "(", "-type", "b", "-o", "-type",
+             "c", ")", "-delete", "-o", "!", "-type", "l", "-perm", "/6000", "-exec", "chmod",
+             "u-s,g-s", "--", "{}", "+"],
+            what=f"restoring {self.entry['target']} (clearing setuid/setgid bits)",
+            timeout=3600,
+            hint="check the restored files next to the mount source",
+        )
 
     def swap(self) -> None:
         """Move the live source aside and the restored content into its place."""

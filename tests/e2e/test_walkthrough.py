@@ -209,10 +209,10 @@ def expect_prompt(t2: pexpect.spawn, tool: str, marker: str) -> str:
     """Wait for the walk-through's three approval lines for `tool`; return what was shown."""
     t2.expect(rf"\[\d\d:\d\d:\d\d\] (sess_[0-9A-Z]{{26}}) tools/call {tool} → PROMPT\r\n")
     sid = t2.match.group(1)
-    t2.expect(r"payload: (\{.*\})\r\n")
-    payload = t2.match.group(1)
-    assert marker in payload and f'"name":"{tool}"' in payload
-    t2.expect(r"approval_id: apr_[0-9A-Z]{26}\r\n")
+    # Each key on its own line, then the id.
+    t2.expect(r"((?:  [^\r\n]*\r\n)+)approval_id: apr_[0-9A-Z]{26}\r\n")
+    shown = t2.match.group(1)
+    assert marker in shown and f'  name: "{tool}"\r\n' in shown
     t2.expect_exact("approve? [y/N]: ")
     return str(sid)
 

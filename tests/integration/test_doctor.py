@@ -39,6 +39,12 @@ def test_doctor_on_the_test_host() -> None:
         cg = by["cgroups"]
         if "v1" in cg["detail"]:
             assert cg["status"] == "warn" and "RLIMIT_NPROC" in cg["detail"]
+    # What stops privileged files, tried with a real container.
+    priv = by["privileged files"]
+    assert priv["status"] == "ok", priv
+    assert priv["detail"].startswith("seccomp: ") and "chmod 4755 was refused" in priv["detail"]
+    if ROOTLESS and "v1" in by["cgroups"]["detail"]:
+        assert "resources.enforcement: best_effort" in by["cgroups"]["detail"]
     for name in ("ulimits", "tun", "nft", "slirp4netns", "pasta", "state dir"):
         assert by[name]["status"] in ("ok", "warn"), by[name]
     # The human form has one line per check and a summary.

@@ -59,7 +59,7 @@ def test_two_listeners_first_answer_wins(tmp_path: Path, unique_name: str) -> No
         s.send(write_call(1, "y\ny\napprove? [y/N]: y\n\x1b[31mM-TTY-1"))
         for child in (a, b):
             child.expect(PROMPT_LINE)
-            child.expect(rb"payload: ([^\r\n]*)\r\n")
+            child.expect(rb"  arguments\.content: ([^\r\n]*)\r\n")
             shown = child.match.group(1)
             # Shown escaped on one line, never interpreted by the terminal.
             assert b"y\\ny\\napprove? [y/N]: y\\n\\u001b[31mM-TTY-1" in shown
@@ -103,21 +103,23 @@ def test_approve_and_deny_commands(tmp_path: Path, unique_name: str) -> None:
         s.handshake()
         s.send(write_call(1, "M-CMD-APPROVED"))
         ev = wait_pending(seen)
-        ok = linpodx("approve", ev["approval_id"])
+        ok = linpodx("approve", "--non-interactive", ev["approval_id"])
         assert f"approval_id: {ev['approval_id']}" in ok.stdout
         assert "decision: approved" in ok.stdout
         assert s.recv_id(1)["result"]["content"][0]["text"].startswith("wrote")
-        again = linpodx("deny", ev["approval_id"], check=False)
+        again = linpodx("deny", "--non-interactive", ev["approval_id"], check=False)
         assert again.returncode == 1 and "already approved" in again.stderr
 
         s.send(write_call(2, "M-CMD-DENIED"))
         ev2 = wait_pending(seen)
-        no = linpodx("deny", ev2["approval_id"], "--json")
+        no = linpodx("deny", "--non-interactive", ev2["approval_id"], "--json")
         assert '"decision": "denied"' in no.stdout
         denied = s.recv_id(2)
         assert "denied by a person" in denied["result"]["content"][0]["text"]
 
-        unknown = linpodx("approve", "apr_01KB0000000000000000000000", check=False)
+        unknown = linpodx(
+            "approve", "--non-interactive", "apr_01KB0000000000000000000000", check=False
+        )
         assert unknown.returncode == 4 and "approval not found" in unknown.stderr
 
         # A pending approval is denied when the session ends (client closes its input).
@@ -125,7 +127,7 @@ def test_approve_and_deny_commands(tmp_path: Path, unique_name: str) -> None:
         ev3 = wait_pending(seen)
         assert s.close() == 0
         assert approvals.status(ev3["approval_id"]) == "denied"
-        late = linpodx("approve", ev3["approval_id"], check=False)
+        late = linpodx("approve", "--non-interactive", ev3["approval_id"], check=False)
         assert late.returncode == 1 and "already denied" in late.stderr
     finally:
         s.kill()

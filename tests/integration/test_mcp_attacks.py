@@ -169,7 +169,7 @@ def test_attack_classes(tmp_path: Path, unique_name: str) -> None:
         s.send(call(30, "echo", "M-REUSED-ID"))
         reuse = s.recv()
         assert reuse["id"] is None and "in flight" in reuse["error"]["message"]
-        assert linpodx("deny", ev["approval_id"]).returncode == 0
+        assert linpodx("deny", "--non-interactive", ev["approval_id"]).returncode == 0
         denied = s.recv_id(30)
         assert denied["result"]["isError"] is True
         forbidden.append("M-PROMPTED-30")
@@ -196,7 +196,7 @@ def test_attack_classes(tmp_path: Path, unique_name: str) -> None:
     # The server got the bridge's refusals of its own requests.
     refusals = [json.loads(x) for x in log.splitlines() if b'"srv-' in x]
     assert {r["id"] for r in refusals} == {"srv-1", "srv-2"}
-    assert all(r["error"]["code"] == -32001 for r in refusals)
+    assert all(r["error"]["code"] == -32090 for r in refusals)
 
     records = audit_chain.read_records(audit_chain.session_path(sid))
     kinds = [r.type for r in records]

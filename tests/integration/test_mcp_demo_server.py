@@ -96,7 +96,7 @@ def test_demo_server_through_the_gate(tmp_path: Path, unique_name: str) -> None:
         )
         ev = wait_pending()
         assert ev["tool"] == "write_file"
-        linpodx("approve", ev["approval_id"])
+        linpodx("approve", "--non-interactive", ev["approval_id"])
         wrote = s.recv_id(4)
         assert wrote["result"]["content"][0]["text"] == "wrote 2 bytes to /tmp/ws/notes.md"
         assert s.close() == 0

@@ -53,11 +53,15 @@ async def _session(name: str, mode: str, errlog: Any) -> dict[str, Any]:
         )
         ev = await asyncio.to_thread(wait_pending, seen)
         out["pending_event"] = ev
-        approve = await asyncio.to_thread(linpodx, "approve", ev["approval_id"])
+        approve = await asyncio.to_thread(
+            linpodx, "approve", "--non-interactive", ev["approval_id"]
+        )
         out["approve_stdout"] = approve.stdout
         res = await task
         out["approved"] = (res.is_error, _text(res))
-        again = await asyncio.to_thread(linpodx, "approve", ev["approval_id"], check=False)
+        again = await asyncio.to_thread(
+            linpodx, "approve", "--non-interactive", ev["approval_id"], check=False
+        )
         out["approve_again"] = (again.returncode, again.stderr)
 
         # A prompted call nobody answers: denied after the profile's window.
@@ -77,7 +81,7 @@ def test_sdk_client_through_the_bridge(tmp_path: Path, unique_name: str, mode: s
     stderr = errpath.read_text()
 
     assert out["protocol"] == ("2026-07-28" if mode == "auto" else "2025-11-25")
-    assert out["tools"] == ["echo", "emit_raw", "run_shell", "write_file"]
+    assert out["tools"] == ["echo", "emit_raw", "run_shell", "slow", "write_file"]
     assert out["auto"] == (False, "echo:hello-bridge")
     assert out["denied"][0] is True and "denied by linpodx policy" in out["denied"][1]
     ev = out["pending_event"]
@@ -97,7 +101,7 @@ def test_sdk_client_through_the_bridge(tmp_path: Path, unique_name: str, mode: s
     lines = stderr.splitlines()
     sid = next(x.split(": ", 1)[1] for x in lines if x.startswith("mcp_session_id: sess_"))
     assert "bridge: host stdio <-> container stdio" in lines
-    assert "policy: 4 rules loaded" in lines
+    assert "policy: 5 rules loaded" in lines
     records = audit_chain.read_records(audit_chain.session_path(sid))
     types = [r.type for r in records]
     assert types[0] == "session.start" and types[-1] == "session.close"

@@ -9,8 +9,11 @@ mount that is not the very directory linpodx checked.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import select
+import struct
 import subprocess
 import threading
 import time
@@ -269,3 +272,115 @@ def test_foreground_run_started_attached_gets_its_mounts(
     assert not gate.exists()
     assert _podman("start", unique_name).returncode != 0  # plain: no gate
     assert run_linpodx("rm", "--force", unique_name, timeout=60).returncode == 0
+
+
+class GateSwapper:
+    """The swap race of a symlinked target parent, timed by the gate instead of by luck: when
+    linpodx opens the gate (after its check and pin) the source becomes a symlink to `target`,
+    so runc mounts `target`; when the hook closes the gate (just before it looks) the source
+    is put back, so a check of the host path sees the directory linpodx pinned. A second
+    writer on the source's parent (another container with it mounted) could do the same in a
+    loop; this makes every start hit the window."""
+
+    def __init__(self, gate: Path, path: Path, target: Path) -> None:
+        self.gate, self.path, self.target = gate, path, target
+        self.aside = path.with_name(path.name + ".real")
+        self.stop = threading.Event()
+        self.swapped = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0
+        in_create, in_delete = 0x100, 0x200
+        watch = libc.inotify_add_watch(self.fd, str(gate.parent).encode(), in_create | in_delete)
+        assert watch >= 0
+
+    def _events(self) -> Iterator[tuple[int, str]]:
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return
+        at = 0
+        while at < len(data):
+            _wd, mask, _cookie, size = struct.unpack_from("iIII", data, at)
+            name = data[at + 16 : at + 16 + size].rstrip(b"\0").decode()
+            at += 16 + size
+            yield mask, name
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            select.select([self.fd], [], [], 0.05)
+            for mask, name in self._events():
+                if name != self.gate.name:
+                    continue
+                if mask & 0x100 and not self.path.is_symlink():
+                    os.rename(self.path, self.aside)
+                    os.symlink(self.target, self.path)
+                    self.swapped += 1
+                elif mask & 0x200 and self.path.is_symlink():
+                    os.unlink(self.path)
+                    os.rename(self.aside, self.path)
+
+    def __enter__(self) -> GateSwapper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        os.close(self.fd)
+        if self.path.is_symlink():
+            self.path.unlink()
+            self.aside.rename(self.path)
+
+
+def test_a_symlinked_target_parent_does_not_fool_the_hook(
+    tmp_path: Path, secret_home: Path, unique_name: str
+) -> None:
+    """The agent turns a parent of its mount target into an absolute symlink to the host
+    directory that holds the source (it survives stop/start, it is the agent's own rootfs);
+    the source is then swapped for a symlink to ~/.ssh while runc mounts it and back before
+    the hook looks. The hook must check what runc mounted (the target resolved inside the
+    rootfs), not the host path the kernel reaches through the symlink: every start is refused
+    and the key never reaches the container."""
+    parent = tmp_path / "parent"
+    source = parent / "ws"
+    source.mkdir(parents=True)
+    (source / "project-file").write_text("mine\n")
+    prof = tmp_path / "sym.yml"
+    prof.write_text(
+        f"version: 1\nname: sym\nmounts:\n  - source: {source}\n"
+        "    target: /home/agent/work/ws\n"
+    )
+    assert run_linpodx("sandbox", "apply", "--profile", str(prof)).returncode == 0
+    made = run_linpodx(
+        "run", "-d", "--profile", "sym", "--name", unique_name, "--image", BUSYBOX_IMAGE,
+        "--", "sleep", "600",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    try:
+        agent = run_linpodx(
+            "exec", unique_name, "--", "sh", "-c",
+            f"mv /home/agent/work /home/agent/work.x && ln -s {parent} /home/agent/work",
+        )  # fmt: skip
+        assert agent.returncode == 0, agent.stderr
+        assert run_linpodx("stop", unique_name, "--time", "1").returncode == 0
+        gate = Path(mountpin.gate_path(os.path.join(paths.containers_root(), unique_name)))
+        for attempt in range(3):
+            with GateSwapper(gate, source, secret_home) as swapper:
+                res = run_linpodx("start", unique_name)
+            assert swapper.swapped == 1, f"attempt {attempt}: the swap did not happen"
+            seen = _podman("exec", unique_name, "sh", "-c", "ls /home/agent/work/ws; true")
+            assert "id_test" not in seen.stdout, f"attempt {attempt}: the key was mounted"
+            assert res.returncode != 0, f"attempt {attempt}: started: {seen.stdout}"
+            assert "linpodx mount check" in res.stderr, res.stderr
+            assert "not the directory linpodx checked" in res.stderr, res.stderr
+            assert _state(unique_name) != "running"
+        # With the source left alone, the same container (link and all) starts and sees it.
+        ok = run_linpodx("start", unique_name)
+        assert ok.returncode == 0, ok.stderr
+        assert _podman("exec", unique_name, "cat", "/home/agent/work/ws/project-file").stdout == (
+            "mine\n"
+        )
+    finally:
+        run_linpodx("rm", "--force", unique_name, timeout=60)

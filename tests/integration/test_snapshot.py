@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -787,3 +789,45 @@ def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_b
     assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
     assert box.sh("echo alive") == "alive\n"
     assert jobs.read(job_id).recovered is True
+
+
+def test_rollback_restores_no_setuid_device_or_file_capability(box: Box) -> None:
+    """A workspace archive with a setuid/setgid member (and, as root, a device node and a file
+    capability) restores the content without the privilege: the host sees none of it."""
+    import stat
+    import struct
+
+    suid = box.ws / "suid"
+    shutil.copyfile("/bin/sh", suid)
+    suid.chmod(0o4755)
+    (box.ws / "sgid_dir").mkdir()
+    (box.ws / "sgid_dir").chmod(0o2775)
+    (box.ws / "sgid_dir" / "tool").write_text("#!/bin/sh\n")
+    (box.ws / "sgid_dir" / "tool").chmod(0o2755)
+    if not ROOTLESS:
+        caps = struct.pack("<IIIII", 0x02000001, 1 << 7, 0, 0, 0)
+        shutil.copyfile("/bin/sh", box.ws / "capfile")
+        os.setxattr(box.ws / "capfile", "security.capability", caps)
+        os.mknod(box.ws / "devnode", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    box.snapshot("priv")
+    box.sh("echo changed > /ws/f.txt")
+    result(box.cli("snapshot", "rollback", box.name, "--to", "priv", "--json"))
+    assert (box.ws / "f.txt").read_text() == "v1\n"
+    assert suid.read_bytes() == Path("/bin/sh").read_bytes()
+    assert suid.stat().st_mode & 0o7777 == 0o755
+    assert (box.ws / "sgid_dir").stat().st_mode & 0o7777 == 0o775
+    assert (box.ws / "sgid_dir" / "tool").stat().st_mode & 0o7777 == 0o755
+    assert (box.ws / "sgid_dir" / "tool").read_text() == "#!/bin/sh\n"
+    if not ROOTLESS:
+        assert "security.capability" not in os.listxattr(box.ws / "capfile")
+        assert (box.ws / "capfile").read_bytes() == Path("/bin/sh").read_bytes()
+        assert not os.path.lexists(box.ws / "devnode")
+        # A host user runs the restored file (through a hard link where they can reach it).
+        with tempfile.TemporaryDirectory(dir="/tmp") as top:
+            os.chmod(top, 0o755)  # noqa: S103 (nobody must reach the file it runs)
+            os.link(suid, f"{top}/suid")
+            runs = subprocess.run(
+                ["runuser", "-u", "nobody", "--", f"{top}/suid", "-p", "-c", "id -u"],
+                capture_output=True, text=True, timeout=30,
+            )
+        assert runs.stdout.strip() not in ("", "0"), (runs.stdout, runs.stderr)

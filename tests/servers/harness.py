@@ -29,6 +29,9 @@ mcp_policy:
     tool_name: emit_raw
     decision: auto_allow
   - method: tools/call
+    tool_name: slow
+    decision: auto_allow
+  - method: tools/call
     tool_name: write_file
     decision: prompt
   - method: tools/call
@@ -54,11 +57,18 @@ def linpodx(
 
 
 def start_server_container(
-    tmp_path: Path, name: str, image: str, *, timeout: int = 30, profile_name: str = "mcp-test"
+    tmp_path: Path,
+    name: str,
+    image: str,
+    *,
+    timeout: int = 30,
+    profile_name: str = "mcp-test",
+    profile_text: str = TEST_PROFILE,
 ) -> None:
-    """Apply the test profile, `linpodx run -d` a container with it, copy the server in."""
+    """Apply the test profile (or `profile_text`, formatted with `name` and `timeout`),
+    `linpodx run -d` a container with it, copy the server in."""
     prof = tmp_path / f"{profile_name}.yml"
-    prof.write_text(TEST_PROFILE.format(name=profile_name, timeout=timeout))
+    prof.write_text(profile_text.format(name=profile_name, timeout=timeout))
     from linpodx.profile import store
 
     store.apply(prof)

@@ -8,6 +8,7 @@ message the bridge refused never arrived.
 Tools:
 - `echo(text)`: returns `echo:TEXT` (auto-allowed in the test profile).
 - `write_file(path, content)`, `run_shell(cmd)`: harmless stand-ins the profile prompts/denies.
+- `slow(seconds)`: answers after that long (auto-allowed; for cancellations).
 - `emit_raw(kind)`: writes hostile output straight to stdout (a sampling request, a response with
   an unknown id, an oversize line, invalid JSON) so tests can check the bridge drops it.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+
+import anyio
 
 LOG = os.environ.get("MCP_TEST_LOG", "/tmp/mcp-recv.log")
 
@@ -61,6 +64,13 @@ def write_file(path: str, content: str) -> str:
 def run_shell(cmd: str) -> str:
     """Pretend to run a command."""
     return "ran " + cmd
+
+
+@app.tool()
+async def slow(seconds: float) -> str:
+    """Answer after `seconds` (a call the client cancels before then gets no answer)."""
+    await anyio.sleep(seconds)
+    return "slept"
 
 
 def _raw(line: bytes) -> None:

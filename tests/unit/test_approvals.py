@@ -131,13 +131,52 @@ def test_payload_is_capped() -> None:
     assert len(p.payload) < store.PAYLOAD_CAP + 50
 
 
-def test_payload_hides_meta_but_digest_covers_it() -> None:
-    params = {"name": "w", "arguments": {"a": 1}, "_meta": {"progressToken": 5}}
+def test_meta_is_shown_and_the_whole_request_is_kept_under_its_digest() -> None:
+    """Issue 23 #3: `_meta` is forwarded after an approval, so the approver sees it (payload,
+    fields, and the whole request that `approvals show` prints)."""
+    params = {"name": "w", "arguments": {"a": 1}, "_meta": {"progressToken": 5, "x": "M"}}
     req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     p = store.create("sess_X", "tools/call", "w", req, params, 5)
-    assert "_meta" not in p.payload and '"arguments":{"a":1}' in p.payload
+    assert '"_meta":{"progressToken":5,"x":"M"}' in p.payload
+    keys = [f.key for f in store.load(p.approval_id).fields]
+    assert keys == ["name", "arguments.a", "_meta.progressToken", "_meta.x"]
+    pending, whole = store.load_request(p.approval_id)
+    assert whole == req and pending == p
     other = {**req, "params": {**params, "_meta": {"progressToken": 6}}}
     assert store.request_digest(other) != p.digest
+
+
+def test_request_copy_that_does_not_match_the_digest_is_refused() -> None:
+    p = make()
+    (store.approvals_dir() / p.approval_id / "request.raw").write_bytes(b'{"id":3}')
+    with pytest.raises(InvalidInput, match="does not match the digest"):
+        store.load_request(p.approval_id)
+    (store.approvals_dir() / p.approval_id / "request.raw").unlink()
+    with pytest.raises(InvalidInput, match="no readable copy"):
+        store.load_request(p.approval_id)
+
+
+def test_padding_cannot_hide_an_argument() -> None:
+    """Issue 23 #4: each value is cut on its own with its size, every key is listed."""
+    params = {
+        "name": "write_file",
+        "arguments": {"content": "harmless " * 300, "path": "/home/agent/.bashrc"},
+    }
+    req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    p = store.load(store.create("sess_X", "tools/call", "write_file", req, params, 5).approval_id)
+    by_key = {f.key: f for f in p.fields}
+    assert by_key["arguments.path"].value == '"/home/agent/.bashrc"'
+    assert by_key["arguments.path"].size is None
+    content = by_key["arguments.content"]
+    assert content.value.startswith('"harmless harmless') and content.value.endswith("…")
+    assert len(content.value) == store.VALUE_CAP + 1 and content.size == 2700
+
+
+def test_arguments_a_rule_matched_on_come_first_and_many_keys_are_counted() -> None:
+    args = {f"k{i:04d}": i for i in range(store.FIELDS_MAX + 10)}
+    fields, more = store.display_fields({"name": "t", "arguments": {**args, "zz": 1}}, ("zz",))
+    assert [f.key for f in fields[:3]] == ["name", "arguments.zz", "arguments.k0000"]
+    assert len(fields) == store.FIELDS_MAX and more == 12
 
 
 def _within(seconds: float, fn: Any) -> Any:

@@ -354,17 +354,17 @@ def test_ctrl_c_stops_a_follower_quietly(cli: Any, monkeypatch: pytest.MonkeyPat
 
 def test_approve_and_deny_commands(cli: Any) -> None:
     p = pending()
-    ok = cli("approve", p.approval_id)
+    ok = cli("approve", "--non-interactive", p.approval_id)
     assert ok.exit_code == 0
     assert f"approval_id: {p.approval_id}" in ok.stdout and "decision: approved" in ok.stdout
-    again = cli("deny", p.approval_id)
+    again = cli("deny", "--non-interactive", p.approval_id)
     assert again.exit_code == 1 and "already approved" in again.stderr
     p2 = pending()
-    no = cli("deny", p2.approval_id, "--json")
+    no = cli("deny", "--non-interactive", p2.approval_id, "--json")
     assert no.exit_code == 0 and json.loads(no.stdout)["result"]["decision"] == "denied"
-    missing = cli("approve", "apr_01KB0000000000000000000000")
+    missing = cli("approve", "--non-interactive", "apr_01KB0000000000000000000000")
     assert missing.exit_code == 4 and "approval not found" in missing.stderr
-    bad = cli("approve", "../../etc/passwd")
+    bad = cli("approve", "--non-interactive", "../../etc/passwd")
     assert bad.exit_code == 4
 
 
@@ -373,7 +373,7 @@ def test_approve_after_the_window_is_refused(cli: Any) -> None:
     import time
 
     time.sleep(0.05)
-    res = cli("approve", p.approval_id)
+    res = cli("approve", "--non-interactive", p.approval_id)
     assert res.exit_code == 1 and "already expired" in res.stderr
     assert store.read_answer(p.approval_id) is None
 
@@ -484,7 +484,7 @@ def test_store_messages_quote_an_untrusted_id_escaped(call: Any) -> None:
 
 
 def test_approve_json_with_a_hostile_id_is_escaped(cli: Any) -> None:
-    res = cli("approve", HOSTILE_ID, "--json")
+    res = cli("approve", "--non-interactive", HOSTILE_ID, "--json")
     assert res.exit_code == 4
     doc = json.loads(res.stdout)
     assert "\x1b" not in doc["error"]["message"]
@@ -565,3 +565,57 @@ def test_a_request_gone_while_its_prompt_is_open_does_not_end_the_listener() -> 
     assert cli_approvals.Prompter._status("apr_01KB0000000000000000000000").startswith(
         "unreadable: "
     )
+
+
+def test_render_fields_one_key_a_line_escaped_with_sizes() -> None:
+    ev = {
+        "ts": "2026-11-30T05:00:00.000000Z",
+        "type": "approval.pending",
+        "session": "sess_01KB0000000000000000000000",
+        "approval_id": "apr_01KB0000000000000000000000",
+        "method": "tools/call",
+        "tool": "write_file",
+        "payload": "{}",
+        "fields": [
+            ["name", '"write_file"', None],
+            ["arguments.content", '"harmless harmless…', 2700],
+            ["arguments.p\x1b[2Jath", '"/home/agent/.bashrc\x07"', None],
+        ],
+        "fields_more": 3,
+    }
+    lines = cli_approvals.render(ev)
+    assert lines[1:4] == [
+        '  name: "write_file"',
+        '  arguments.content: "harmless harmless… (2,700 chars)',
+        '  arguments.p\\x1b[2Jath: "/home/agent/.bashrc\\x07"',
+    ]
+    assert lines[4] == "  … 3 more keys: linpodx approvals show apr_01KB0000000000000000000000"
+    assert lines[5] == "approval_id: apr_01KB0000000000000000000000"
+
+
+def test_approve_without_a_terminal_needs_the_flag_and_says_so(cli: Any) -> None:
+    """Issue 23 #5: the MCP client's shell tool has no terminal on stdin."""
+    p = pending()
+    res = cli("approve", p.approval_id)
+    assert res.exit_code == 2 and "needs a terminal on stdin" in res.stderr
+    assert "--non-interactive" in res.stderr
+    assert store.status(p.approval_id) == "pending"
+    ok = cli("approve", "--non-interactive", p.approval_id, "--json")
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["result"]["interactive"] is False
+    answer = store.read_answer(p.approval_id)
+    assert answer is not None and answer.by["interactive"] is False
+    assert answer.reason == "approved by a person (non-interactive)"
+
+
+def test_approvals_show_prints_the_whole_request(cli: Any) -> None:
+    p = pending()
+    res = cli("approvals", "show", p.approval_id, "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)["result"]
+    assert store.request_digest(doc["request"]) == p.digest == doc["digest"]
+    text = cli("approvals", "show", p.approval_id)
+    assert text.exit_code == 0 and f"digest: {p.digest}" in text.stdout
+    assert "request:\n{" in text.stdout
+    (store.approvals_dir() / p.approval_id / "request.raw").write_bytes(b"{}")
+    bad = cli("approvals", "show", p.approval_id)
+    assert bad.exit_code == 3 and "does not match the digest" in bad.stderr

@@ -45,7 +45,7 @@ def _one_poll(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_decision_output_escapes_session_and_digest(cli: Any, decision: str) -> None:
     p = pending()
     _rewrite_request(p, session=f"sess{ESC}", digest=f"d{ESC}")
-    res = cli(decision, p.approval_id)
+    res = cli(decision, "--non-interactive", p.approval_id)
     assert res.exit_code == 0
     assert "\x1b" not in res.stdout and "\x07" not in res.stdout
     assert "session:" in res.stdout and "\\x1b" in res.stdout
@@ -55,7 +55,7 @@ def test_deeply_nested_request_is_refused_alone(cli: Any) -> None:
     p = pending()
     path = store.approvals_dir() / p.approval_id / "request.json"
     path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
-    res = cli("approve", p.approval_id)
+    res = cli("approve", "--non-interactive", p.approval_id)
     assert res.exit_code == 3 and "approval request is unreadable" in res.stderr
     assert "RecursionError" not in res.stderr
 

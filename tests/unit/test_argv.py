@@ -7,7 +7,7 @@ import os
 import pytest
 
 from linpodx import paths
-from linpodx.errors import InvalidInput
+from linpodx.errors import EngineError, InvalidInput
 from linpodx.podman.argv import (
     CreateSpec,
     HostLimits,
@@ -18,8 +18,13 @@ from linpodx.podman.argv import (
 from linpodx.podman.runline import hostname_for
 from linpodx.profile.model import Mount, Profile, Resources, default_profile
 
-ROOTFUL = HostLimits(nofile_hard=20000, nproc_hard=96364, cgroup_limits=True, init=True)
-ROOTLESS_V1 = HostLimits(nofile_hard=20000, nproc_hard=96364, cgroup_limits=False, init=False)
+SECCOMP = "/state/seccomp/0123.json"
+ROOTFUL = HostLimits(
+    nofile_hard=20000, nproc_hard=96364, cgroup_limits=True, init=True, seccomp=SECCOMP
+)
+ROOTLESS_V1 = HostLimits(
+    nofile_hard=20000, nproc_hard=96364, cgroup_limits=False, init=False, seccomp=SECCOMP
+)
 HASH = "ab" * 32
 
 
@@ -49,6 +54,7 @@ DEFAULT_ROOTFUL = (
     f"--label=linpodx.audit_hash={HASH}",
     "--cap-drop=all",
     "--security-opt=no-new-privileges",
+    f"--security-opt=seccomp={SECCOMP}",
     "--network=none",
     "--http-proxy=false",
     "--ipc=private",
@@ -68,6 +74,16 @@ DEFAULT_ROOTFUL = (
     "--workdir=/home/agent",
     "localhost/linpodx-test/busybox:latest",
 )
+
+
+def test_a_spec_without_a_seccomp_profile_is_refused() -> None:
+    # Never podman's default profile alone: it lets a rootful container make setuid files.
+    spec = CreateSpec(
+        profile=default_profile(), profile_name="default", profile_id="builtin", revision=0,
+        audit_hash=HASH, image="busybox", name="agent-1", host=HostLimits(),
+    )  # fmt: skip
+    with pytest.raises(EngineError, match="no seccomp profile"):
+        build_create_argv(spec)
 
 
 def test_default_profile_rootful() -> None:
@@ -96,6 +112,7 @@ def test_rootless_cgroup_v1_interactive_rm_with_command() -> None:
         f"--label=linpodx.audit_hash={HASH}",
         "--cap-drop=all",
         "--security-opt=no-new-privileges",
+        f"--security-opt=seccomp={SECCOMP}",
         "--network=none",
         "--http-proxy=false",
         "--ipc=private",
@@ -154,6 +171,7 @@ def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
         "--cap-drop=all",
         "--cap-add=NET_BIND_SERVICE",
         "--security-opt=no-new-privileges",
+        f"--security-opt=seccomp={SECCOMP}",
         "--network=none",
         "--http-proxy=false",
         "--ipc=private",
@@ -269,3 +287,24 @@ def test_a_mount_inside_home_goes_over_the_tmpfs_home() -> None:
     ) in got
     assert ("--mount=type=bind,source=/srv/work,destination=/home/agent/work,ro=true,"
             "bind-propagation=rprivate") in got
+
+
+def test_limits_the_host_cannot_apply_are_refused_unless_best_effort() -> None:
+    limited = Profile(name="lim", resources=Resources(memory="64m", pids_limit=64))
+    with pytest.raises(InvalidInput) as ei:
+        build_create_argv(spec(profile=limited, host=ROOTLESS_V1))
+    assert "sets resources.memory, resources.pids_limit" in ei.value.message
+    assert ei.value.hint and "enforcement: best_effort" in ei.value.hint
+    best = Profile(
+        name="lim",
+        resources=Resources(memory="64m", pids_limit=64, enforcement="best_effort"),
+    )
+    argv = build_create_argv(spec(profile=best, host=ROOTLESS_V1))
+    assert not [a for a in argv if a.startswith(("--memory", "--pids-limit", "--cpus"))]
+    assert "--ulimit=nproc=4096:4096" in argv
+    notes = limit_notes(spec(profile=best, host=ROOTLESS_V1))
+    assert any("memory, pids_limit (enforcement: best_effort) are not applied" in n for n in notes)
+    # Where the host can apply them, both give exactly the profile's limits.
+    for p in (limited, best):
+        argv = build_create_argv(spec(profile=p))
+        assert "--memory=64m" in argv and "--pids-limit=64" in argv and "--cpus=2" in argv

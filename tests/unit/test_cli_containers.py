@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,8 @@ import pytest
 from linpodx import containers, namelock
 from linpodx.errors import Denied, EngineError, InvalidInput, NotFound
 from linpodx.paths import audit_dir, containers_dir
-from linpodx.podman import engine
-from linpodx.profile.model import Network, Profile
+from linpodx.podman import engine, probe
+from linpodx.profile.model import Network, Profile, Resources
 
 
 class FakeEngine:
@@ -1050,3 +1051,73 @@ def test_ps_lists_a_container_renamed_to_a_name_linpodx_would_not_give(
     res = cli("ps")
     assert res.exit_code == 0, res.stderr
     assert res.stdout.splitlines()[1].split()[0] == long
+
+
+def _limited(enforcement: str) -> containers.ProfileRef:
+    res = Resources(memory="64m", pids_limit=64, enforcement=enforcement)
+    profile = Profile(name="lim", resources=res)
+    return containers.ProfileRef(profile, "lim", "prof_LIM", 1, "ab" * 32)
+
+
+def _no_cgroups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This host as rootless podman on cgroup v1 sees it: no cgroup limit applies."""
+    host = replace(probe.host_limits(), cgroup_limits=False)
+    monkeypatch.setattr(probe, "host_limits", lambda: host)
+
+
+def test_limits_the_host_cannot_apply_refuse_run_and_start_before_their_record(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.run(REQ)
+    fake.state = "exited"
+    fake.present.add("agent-1")
+    _no_cgroups(monkeypatch)
+    monkeypatch.setattr(containers, "resolve_profile", lambda name: _limited("required"))
+    monkeypatch.setattr(containers, "_ref_for", lambda name, info: _limited("required"))
+    records = len(admin_records())
+    fake.calls.clear()
+    for attempt in (
+        lambda: containers.run(containers.RunRequest(image="img", name="agent-2", detach=True)),
+        lambda: containers.start("agent-1"),
+    ):
+        with pytest.raises(InvalidInput) as ei:
+            attempt()
+        assert "sets resources.memory, resources.pids_limit" in ei.value.message
+        assert "cannot enforce" in ei.value.message
+        assert ei.value.hint and "enforcement: best_effort" in ei.value.hint
+        assert "cgroup v2" in ei.value.hint
+    assert len(admin_records()) == records
+    assert not {"create", "init", "start"} & set(fake.names())
+
+
+def test_best_effort_runs_without_them_and_says_so_in_its_record(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_cgroups(monkeypatch)
+    monkeypatch.setattr(containers, "resolve_profile", lambda name: _limited("best_effort"))
+    containers.run(REQ)
+    run_rec = [r for r in admin_records() if r["type"] == "container.run"][-1]
+    assert run_rec["data"]["limits_not_applied"] == ["memory", "pids_limit"]
+    argv = next(c for c in fake.calls if c[0] == "create")
+    assert not [a for a in argv if a.startswith(("--memory", "--pids-limit", "--cpus"))]
+    fake.state = "exited"
+    monkeypatch.setattr(containers, "_ref_for", lambda name, info: _limited("best_effort"))
+    containers.start("agent-1")
+    start_rec = [r for r in admin_records() if r["type"] == "container.start"][-1]
+    assert start_rec["data"]["limits_not_applied"] == ["memory", "pids_limit"]
+
+
+def test_unset_limits_are_never_a_refusal_and_apply_where_they_can(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    containers.run(REQ)  # the built-in profile sets none
+    argv = next(c for c in fake.calls if c[0] == "create")
+    if probe.host_limits().cgroup_limits:
+        assert "--memory=2g" in argv and "--pids-limit=512" in argv and "--cpus=2" in argv
+    rec = [r for r in admin_records() if r["type"] == "container.run"][-1]
+    assert "limits_not_applied" not in rec["data"]
+    _no_cgroups(monkeypatch)
+    fake.calls.clear()
+    containers.run(containers.RunRequest(image="img", name="agent-3", detach=True))
+    argv = next(c for c in fake.calls if c[0] == "create")
+    assert not [a for a in argv if a.startswith(("--memory", "--pids-limit", "--cpus"))]

@@ -22,7 +22,8 @@ def test_a_state_dir_that_is_a_file_is_an_error_with_a_hint(
     not_a_dir = tmp_path / "state"
     not_a_dir.write_text("")
     monkeypatch.setenv("LINPODX_STATE_DIR", str(not_a_dir))
-    for argv in (["events", "--no-follow"], ["approve", "apr_01M8PJZZ95HSXB42BQH7SC4ZVM"]):
+    approve = ["approve", "--non-interactive", "apr_01M8PJZZ95HSXB42BQH7SC4ZVM"]
+    for argv in (["events", "--no-follow"], approve):
         assert main(argv) == EXIT_AUDIT, argv
         err = capsys.readouterr().err
         assert err.startswith("error: cannot use linpodx's state dir: Not a directory: "), err
@@ -127,7 +128,7 @@ def test_a_damaged_approval_neither_stops_the_listener_nor_crashes_approve(
     assert [p.approval_id for p in store.pending_requests()] == [good.approval_id]
     assert main(["events", "--no-follow", "--filter", "approval"]) == 0
     capsys.readouterr()
-    assert main(["approve", bad.approval_id]) == EXIT_INVALID
+    assert main(["approve", "--non-interactive", bad.approval_id]) == EXIT_INVALID
     err = capsys.readouterr().err
     assert f"error: approval request is unreadable: {bad.approval_id} (not a regular file)" in err
     assert "hint: its files under the state dir's approvals/ are damaged" in err

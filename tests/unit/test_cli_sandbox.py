@@ -70,7 +70,10 @@ def test_validate_json(cli: Cli, demo: Path) -> None:
         "status": "ok",
         "mounts": 1,
         "egress": 2,
+        "wildcards": 0,
+        "wildcard_budget": 100,
         "mcp": 3,
+        "limits": {"enforcement": "required", "not_enforceable_here": []},
     }
 
 

@@ -728,3 +728,35 @@ def test_the_same_lookups_at_once_go_upstream_once() -> None:
         t.join(10)
     assert answers == [["9.9.9.10"]] * 8
     assert up.asked == [("crates.io", "A")]
+
+
+def test_a_lookup_still_with_the_upstream_after_the_wait_is_not_asked_again_beside_it() -> None:
+    """An upstream slower than the wait (a truncated answer's TCP retry can be): the lookups
+    that waited for it fail instead of each sending a query of their own, whose number the
+    agent would choose."""
+    import threading
+
+    r, up, *_ = make()
+    inner = r._upstream
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck(sent: Outgoing, ups: Sequence[tuple[str, int]]) -> Reply:
+        if not entered.is_set():  # the first query hangs; any other would answer at once
+            entered.set()
+            assert release.wait(30)
+        return inner(sent, ups)
+
+    r._upstream = stuck  # type: ignore[assignment]
+    first: list[int] = []
+    t = threading.Thread(target=lambda: first.append(ask(r, "crates.io").rcode()))
+    t.start()
+    assert entered.wait(10)
+    try:
+        others = [ask(r, "crates.io").rcode() for _ in range(2)]  # each waits ~4 s
+    finally:
+        release.set()
+        t.join(10)
+    assert others == [dns.rcode.SERVFAIL] * 2
+    assert first == [dns.rcode.NOERROR]
+    assert up.asked == [("crates.io", "A")]

@@ -110,7 +110,7 @@ def test_denied_tool_call_is_a_tool_error_and_never_forwarded() -> None:
 def test_other_denied_request_is_jsonrpc_error() -> None:
     h = Harness()
     h.c({"jsonrpc": "2.0", "id": 5, "method": "resources/read", "params": {"uri": "x"}})
-    assert h.server == [] and h.client[0]["error"]["code"] == -32001
+    assert h.server == [] and h.client[0]["error"]["code"] == -32090
 
 
 def test_escaped_method_is_gated_as_tools_call() -> None:

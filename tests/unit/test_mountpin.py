@@ -169,3 +169,55 @@ def test_hook_fails_closed_on_a_state_it_cannot_use(
 ) -> None:
     res = _hook(tmp_path, [_pin(rootfs / "workspace", "/workspace")], state=state)
     assert res.returncode != 0 and "linpodx mount check" in res.stderr
+
+
+def test_hook_resolves_an_absolute_symlink_parent_inside_the_rootfs(
+    tmp_path: Path, rootfs: Path
+) -> None:
+    """The agent made a parent of the target an absolute symlink to the host directory that
+    holds the source: runc follows it inside the rootfs, so what it mounted is there, and the
+    host directory the kernel would reach from the host's root is not what the hook looks at."""
+    host_parent = tmp_path / "elsewhere"
+    (host_parent / "ws").mkdir()
+    # What runc made and mounted over: the link's target inside the rootfs.
+    inside = rootfs / str(host_parent).lstrip("/") / "ws"
+    inside.mkdir(parents=True)
+    (rootfs / "home").mkdir()
+    (rootfs / "home" / "agent").symlink_to(host_parent)
+    # Pinned to the host directory (the source linpodx checked): the mount is not that.
+    res = _hook(tmp_path, [_pin(host_parent / "ws", "/home/agent/ws")])
+    assert res.returncode == 1, res.stderr
+    assert "the mount at /home/agent/ws is not the directory" in res.stderr
+    # Pinned to what is at the target resolved in the rootfs: that is what runc mounted.
+    res = _hook(tmp_path, [_pin(inside, "/home/agent/ws")])
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("links", "dest"),
+    [
+        ({"a": "/real"}, "/a/ws"),  # absolute, from the rootfs' root
+        ({"a": "real"}, "/a/ws"),  # relative to the link's directory
+        ({"a": "b", "b": "/x/../real/."}, "/a/ws"),  # a chain, with `..` and `.`
+        ({"a": "../../../../real"}, "/a/ws"),  # `..` never above the rootfs
+        ({}, "//real/./ws/"),  # odd slashes and dots, no link
+        ({"real/ws2": "ws"}, "/real/ws2"),  # the last component is the link
+    ],
+)
+def test_hook_follows_links_as_runc_does(
+    tmp_path: Path, rootfs: Path, links: dict[str, str], dest: str
+) -> None:
+    target = rootfs / "real" / "ws"
+    target.mkdir(parents=True)
+    (rootfs / "x").mkdir()
+    for name, to in links.items():
+        (rootfs / name).symlink_to(to)
+    res = _hook(tmp_path, [_pin(target, dest)])
+    assert res.returncode == 0, res.stderr
+
+
+def test_hook_refuses_a_symlink_loop(tmp_path: Path, rootfs: Path) -> None:
+    (rootfs / "a").symlink_to("/b")
+    (rootfs / "b").symlink_to("/a")
+    res = _hook(tmp_path, [_pin(rootfs / "workspace", "/a/ws")])
+    assert res.returncode == 1 and "cannot resolve /a/ws in the rootfs" in res.stderr

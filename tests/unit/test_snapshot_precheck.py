@@ -34,7 +34,7 @@ def test_walk_finds_a_path_beyond_path_max_and_stops_there(tmp_path: Path) -> No
     root = tmp_path / "ws"
     root.mkdir()
     deep_chain(root)
-    tree = precheck.walk(str(root), rootless=False)
+    tree = precheck.walk(str(root))
     assert len(tree.problems) == 1 and "4149 bytes long, beyond PATH_MAX" in tree.problems[0]
     assert "File name too long" in tree.problems[0]
     # `.` and 67 levels fit (1 + 67 * 61 = 4088 bytes); the 68th is named, not entered.
@@ -46,14 +46,14 @@ def test_walk_accepts_any_bytes_in_names_fifos_and_hard_links(tmp_path: Path) ->
     (tmp_path / os.fsdecode(b"bad\xff\xfe\nname")).write_text("x")
     os.mkfifo(tmp_path / "fifo")
     os.link(tmp_path / os.fsdecode(b"bad\xff\xfe\nname"), tmp_path / "hard")
-    assert precheck.walk(str(tmp_path), rootless=True).problems == ()
+    assert precheck.walk(str(tmp_path)).problems == ()
 
 
 def test_walk_refuses_sockets(tmp_path: Path) -> None:
     s = socket.socket(socket.AF_UNIX)
     try:
         s.bind(str(tmp_path / "a.sock"))
-        tree = precheck.walk(str(tmp_path), rootless=False)
+        tree = precheck.walk(str(tmp_path))
     finally:
         s.close()
     assert tree.problems == ("./a.sock is a socket: tar leaves sockets out, so it would not "
@@ -68,7 +68,7 @@ def test_walk_counts_sparse_files_by_their_data_and_headers_per_entry(tmp_path: 
         f.write(b"data")
     for i in range(1000):
         (tmp_path / f"e{i}").touch()
-    tree = precheck.walk(str(tmp_path), rootless=False)
+    tree = precheck.walk(str(tmp_path))
     assert tree.entries == 1002
     assert tree.data_bytes < 1 << 20  # the hole is not counted
     assert tree.archive_bytes >= 1002 * precheck.TAR_ENTRY_BYTES

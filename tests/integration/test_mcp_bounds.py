@@ -1,0 +1,141 @@
+"""Issue 25 #1: what a peer can make `mcp attach` write is bounded. A server that floods
+invalid lines, answers to ids nobody asked for and stderr (which produced a 212 MB session
+log and 75 MB of stderr in 20 s) is measured against the profile's bounds; the session log's
+size bound ends a session closed; and a normal session is far from every bound."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from linpodx.audit import chain as audit_chain
+from linpodx.profile.model import McpSettings
+from tests.conftest import DEBIAN_IMAGE
+from tests.servers.harness import TEST_PROFILE, RawSession, linpodx, start_server_container
+
+pytestmark = pytest.mark.podman
+
+FLOOD_SRC = Path(__file__).parents[1] / "servers" / "flood_server.py"
+FLOOD_PATH = "/tmp/flood.py"
+DEFAULTS = McpSettings()
+
+
+def copy_flood(name: str) -> None:
+    subprocess.run(
+        ["podman", "cp", str(FLOOD_SRC), f"{name}:{FLOOD_PATH}"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_a_flooding_server_is_held_to_the_bounds(tmp_path: Path, unique_name: str) -> None:
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    copy_flood(unique_name)
+    seconds = 6.0
+    t0 = time.monotonic()
+    s = RawSession(unique_name, ["python3", FLOOD_PATH, "garbage,ids,stderr", str(seconds)])
+    try:
+        sid = s.session_id()
+        code = s.proc.wait(120)
+    finally:
+        s.kill()
+    s._e.join(10)
+    took = time.monotonic() - t0
+    assert took >= seconds and code == 0, s.stderr[-2000:]
+    records = audit_chain.read_records(audit_chain.session_path(sid))
+    types = [r.type for r in records]
+    windows = took + 2  # every one-second window the session can have touched
+    # Records of dropped messages: at most the rate in each window, the rest summarised.
+    one_by_one = types.count("mcp.invalid") + types.count("mcp.drop")
+    assert 0 < one_by_one <= DEFAULTS.drop_records_per_second * windows, one_by_one
+    summaries = [r.data for r in records if r.type == "mcp.suppressed"]
+    held = sum(d["count"] for d in summaries)
+    assert summaries and len(summaries) <= windows
+    assert held > 20 * one_by_one  # the flood was far over the bound
+    close = records[-1]
+    assert close.type == "session.close" and close.data["suppressed"] == held
+    size = audit_chain.session_path(sid).stat().st_size
+    # (unbounded, the same flood wrote ~10 MB a second)
+    assert size < 400 * windows * (DEFAULTS.drop_records_per_second + 10), size
+    # stderr: the server's lines at most the rate; the bridge's own lines about drops and
+    # summaries are bounded with the records.
+    err = s.stderr
+    server_lines = [x for x in err.splitlines() if x.startswith(b"EEEE")]
+    assert sum(len(x) + 1 for x in server_lines) <= DEFAULTS.stderr_bytes_per_second * windows
+    assert len(err) <= DEFAULTS.stderr_bytes_per_second * windows + 200 * windows * (
+        2 * DEFAULTS.drop_records_per_second + 10
+    ), len(err)
+    assert b"of the server's stderr not shown (over mcp.stderr_bytes_per_second" in err
+    stderr_held = [r.data for r in records if r.type == "mcp.stderr_suppressed"]
+    assert stderr_held and all(d["bytes"] > 0 for d in stderr_held)
+    assert linpodx("audit", "verify", "--session", sid).returncode == 0
+
+
+def test_the_session_ends_closed_at_its_size_bound(tmp_path: Path, unique_name: str) -> None:
+    bound = 65536
+    profile = TEST_PROFILE + f"  audit_max_bytes: {bound}\n"
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, profile_text=profile)
+    s = RawSession(unique_name)
+    answered = 0
+    try:
+        s.handshake()
+        sid = s.session_id()
+        while True:
+            resp = s.request(answered + 1, "ping")
+            if "error" in resp:
+                assert "mcp.audit_max_bytes" in resp["error"]["message"], resp
+                break
+            answered += 1
+            assert answered < 5000, "the bound was never met"
+        code = s.proc.wait(60)
+    finally:
+        s.kill()
+    s._e.join(10)
+    assert code == 1, s.stderr[-2000:]
+    err = s.stderr.decode()
+    assert "error: the session ended: audit log size bound reached" in err, err[-2000:]
+    path = audit_chain.session_path(sid)
+    size = path.stat().st_size
+    assert bound <= size < bound + 4096, size
+    records = audit_chain.read_records(path)
+    close = records[-1]
+    assert close.type == "session.close"
+    assert close.data["reason"] == (
+        f"audit log size bound reached (mcp.audit_max_bytes = {bound} bytes)"
+    )
+    assert linpodx("audit", "verify", "--session", sid).returncode == 0
+
+
+def test_a_long_normal_session_stays_far_from_every_bound(
+    tmp_path: Path, unique_name: str
+) -> None:
+    """The defaults are generous: a session of real calls through the SDK test server, with
+    its stderr logging, summarises nothing, and at its bytes per call the default size bound
+    holds over a million calls."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    s = RawSession(unique_name)
+    calls = 1500
+    try:
+        s.handshake()
+        sid = s.session_id()
+        path = audit_chain.session_path(sid)
+        before = path.stat().st_size
+        assert s.request("list", "tools/list")["result"]["tools"]
+        for i in range(calls):
+            resp = s.request(
+                i, "tools/call", {"name": "echo", "arguments": {"text": f"call {i} " * 20}}
+            )
+            assert resp["result"]["content"][0]["text"].startswith("echo:call"), resp
+        after = path.stat().st_size
+        assert s.close() == 0
+    finally:
+        s.kill()
+    per_call = (after - before) / calls
+    assert DEFAULTS.audit_max_bytes / per_call > 1_000_000, per_call
+    types = [r.type for r in audit_chain.read_records(path)]
+    assert "mcp.suppressed" not in types and "mcp.stderr_suppressed" not in types
+    assert b"not shown (over" not in s.stderr and b"not recorded one by one" not in s.stderr
