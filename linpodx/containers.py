@@ -155,13 +155,28 @@ def profile_by_id(profile_id: str) -> ProfileRef:
 def audit(event_type: str, data: dict[str, Any]) -> None:
     """Append to the administrative chain BEFORE the action; AuditError means: do not act."""
     try:
-        from linpodx.audit.chain import admin_chain
+        from linpodx.audit.chain import admin_chain, keep_reserve
     except ImportError as exc:
         raise AuditError(
             "the audit chain is not available, so the action was not taken",
             "this build of linpodx lacks linpodx.audit.chain",
         ) from exc
     admin_chain().append(event_type, data)
+    keep_reserve()
+
+
+def audit_stopping(event_type: str, data: dict[str, Any]) -> None:
+    """`audit` for stop and rm, which go ahead on a full state dir (`append_stopping`), saying
+    so on stderr."""
+    from linpodx.audit.chain import append_stopping, keep_reserve
+    from linpodx.output import note
+
+    warning = append_stopping(event_type, data)
+    if warning is None:
+        keep_reserve()
+        return
+    with contextlib.suppress(OSError):
+        note(warning)
 
 
 def _emit(event_type: str, **data: Any) -> None:
@@ -1287,7 +1302,7 @@ def stop(name: str, timeout: int = 10) -> dict[str, Any]:
 
 def _stop(name: str, timeout: int) -> dict[str, Any]:
     info = managed_info(name)
-    audit("container.stop", {"name": name, "id": info.get("Id")})
+    audit_stopping("container.stop", {"name": name, "id": info.get("Id")})
     engine.stop(name, timeout)
     _emit("container.stop", name=name)
     return {
@@ -1318,7 +1333,7 @@ def _remove(name: str, force: bool) -> dict[str, Any]:
         raise NotFound(
             f"container not found: {name}", "list linpodx containers with `linpodx ps --all`"
         )
-    audit("container.rm", {"name": name, "force": force, "present": present})
+    audit_stopping("container.rm", {"name": name, "force": force, "present": present})
     if present:
         try:
             engine.remove(name, force=force)
@@ -1460,16 +1475,25 @@ def _spec_container_id(name: str) -> str | None:
 
 def logs(name: str, follow: bool) -> int:
     """Print NAME's output with control characters escaped (it is untrusted: an agent could
-    write terminal escape sequences into it)."""
+    write terminal escape sequences into it), piece by piece: a line of any length costs no
+    more memory than a piece (`engine.stream_chunks`)."""
     import sys
 
-    from linpodx.output import safe_text
+    from linpodx.output import StreamEscaper
 
     managed_info(name)
+    escaper = StreamEscaper()
+    last = "\n"
 
-    def sink(raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r")
-        sys.stdout.write(safe_text(text) + "\n")
-        sys.stdout.flush()
+    def write(text: str) -> None:
+        nonlocal last
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            last = text[-1]
 
-    return engine.stream_lines(engine.logs_argv(name, follow), sink)
+    rc = engine.stream_chunks(engine.logs_argv(name, follow), lambda raw: write(escaper.feed(raw)))
+    write(escaper.end())
+    if last != "\n":
+        write("\n")  # the last line ends like every other
+    return rc

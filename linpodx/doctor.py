@@ -484,6 +484,56 @@ def check_state(r: Report) -> None:
             )
 
 
+def check_bounds(r: Report) -> None:
+    """The bounds on what an agent can drive through linpodx, as they hold on this host (the
+    profile's defaults; a profile sets its own in `resources`)."""
+    from linpodx.audit.chain import RESERVE_BYTES, RESERVE_FILE
+    from linpodx.paths import audit_dir
+    from linpodx.snapshot import freeze
+    from linpodx.snapshot.precheck import fmt_bytes
+
+    d = Resources()
+    r.add("bound: container log", OK,
+          f"{d.log_max_size} per container by default (resources.log_max_size; k8s-file "
+          "driver, emptied at the bound); `linpodx logs` streams in 64 KiB pieces")
+    free = []
+    for label, path in (("state dir", str(state_dir())), ("podman storage", _graph_root())):
+        try:
+            st = os.statvfs(path) if path else None
+        except OSError:
+            st = None
+        if st is not None:
+            free.append(f"{fmt_bytes(st.f_bavail * st.f_frsize)} free in the {label} ({path})")
+    r.add("bound: snapshot size", OK,
+          f"{d.snapshot_max_size} by default (resources.snapshot_max_size: the container's "
+          "changes at their apparent size plus the workspace archives), and the free disk"
+          + (f": {'; '.join(free)}" if free else ""))
+    if freeze.can_freeze():
+        r.add("bound: snapshot freeze", OK,
+              "the cgroup freezer holds a running container (`podman pause`)")
+    else:
+        r.add("bound: snapshot freeze", WARN,
+              "no cgroup freezer (rootless on cgroup v1): `snapshot create` of a running "
+              "container is refused unless given --consistency stop or best-effort",
+              "use a cgroup v2 host (the freezer is delegated there), or pass "
+              "--consistency stop")
+    reserve = audit_dir() / RESERVE_FILE
+    r.add("bound: full state dir", OK,
+          f"{fmt_bytes(RESERVE_BYTES)} kept for the records of stop and rm "
+          + ("(in place)" if reserve.exists() else "(made with the next record)")
+          + "; run, start and exec are refused when the state dir is full")
+
+
+def _graph_root() -> str:
+    """podman's storage dir, "" if podman cannot say (its own check above says why)."""
+    try:
+        res = proc.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"], check=False,
+                       what="podman info")
+    except LinpodxError:
+        return ""
+    return res.stdout.strip() if res.returncode == 0 else ""
+
+
 def run_checks() -> Report:
     """Run every check, in order."""
     r = Report()
@@ -502,6 +552,7 @@ def run_checks() -> Report:
             r.add(name, FAIL, "skipped: podman is missing", "install podman first")
     steps: list[Callable[[Report], None]] = [
         check_ulimits, check_subids, check_tun, check_tools, check_cgroups, check_state,
+        check_bounds,
     ]  # fmt: skip
     for step in steps:
         step(r)

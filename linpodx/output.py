@@ -113,6 +113,37 @@ def safe_text(value: str, limit: int | None = None) -> str:
     return text + f"…(+{_escaped_len(value, i)} chars)"
 
 
+class StreamEscaper:
+    """`safe_text` for a byte stream that arrives in pieces (`linpodx logs`): each piece is
+    decoded and escaped as it comes, newlines kept (a CR before one dropped, as a line's end),
+    so no line is ever held whole. What a piece ends in the middle of (a UTF-8 sequence, a CR
+    that may be a CRLF's) waits for the next piece; `end()` gives what is left."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._cr = False
+
+    def _escape(self, text: str) -> str:
+        if self._cr:
+            text = "\r" + text
+        self._cr = text.endswith("\r")
+        if self._cr:
+            text = text[:-1]
+        return "\n".join(safe_text(part) for part in text.replace("\r\n", "\n").split("\n"))
+
+    def feed(self, raw: bytes) -> str:
+        """The escaped text of `raw`, as far as it can be told yet."""
+        return self._escape(self._decoder.decode(raw))
+
+    def end(self) -> str:
+        """What was held back, and a newline if the stream did not end with one."""
+        text = self._escape(self._decoder.decode(b"", final=True))
+        if self._cr:
+            text += safe_text("\r")
+            self._cr = False
+        return text
+
+
 def kv_line(key: str, value: Any) -> str:
     """One `key: value` line, value aligned like the walk-through's output."""
     if isinstance(value, bool):

@@ -1035,6 +1035,72 @@ def _read_tail(fd: int, size: int) -> tuple[Record | None, int | None]:
     return rec, torn_at
 
 
+RESERVE_FILE = ".reserve"
+RESERVE_BYTES = 256 << 10
+"""Space kept in the audit dir for the records of `stop` and `rm` (about 800 of them): a
+state dir an agent filled (a session log flood) must not lock the person out of stopping."""
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def keep_reserve() -> None:
+    """Put the reserve back if it is not there (after a record went in: there is space). A
+    reserve that cannot be written is left out, never a reason to fail."""
+    path = Path(admin_log()).parent / RESERVE_FILE
+    if os.path.lexists(path):
+        return
+    tmp = path.with_name(RESERVE_FILE + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600)
+        try:
+            # Written, not fallocated: tmpfs and every filesystem then really hold the blocks.
+            core.write_all(fd, b"\0" * RESERVE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _no_space(exc: AuditError) -> bool:
+    return (exc.details or {}).get("errno") in _NO_SPACE
+
+
+def append_stopping(type: str, data: Mapping[str, Any]) -> str | None:
+    """Record a step in the safe direction (`container.stop`, `container.rm`) in the admin
+    chain; on a full state dir, in the space of the reserve (`RESERVE_BYTES`), and if even
+    that is gone, not at all: the step goes ahead either way. Returns what to tell the person
+    (None when the record went in as any other). AuditError for anything but a full disk."""
+    chain = admin_chain()
+    try:
+        chain.append(type, data)
+        return None
+    except AuditError as exc:
+        if not _no_space(exc):
+            raise
+    reserve = chain.path.parent / RESERVE_FILE
+    released = False
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(reserve)
+        released = True
+    where = str(chain.path.parent.parent)
+    if released:
+        try:
+            chain.append(type, data)
+            return (f"warning: the state dir {where} is full: the {type} record was written in "
+                    "the space linpodx keeps for stop and rm; free space there (nothing else "
+                    "can be recorded, so nothing can be started or run until then)")
+        except AuditError as exc:
+            if not _no_space(exc):
+                raise
+    return (f"warning: the state dir {where} is full: the {type} record could not be written "
+            "(No space left on device), and the step went ahead anyway (stopping and removing "
+            "are the safe direction); free space there: nothing else can be recorded, so "
+            "nothing can be started or run until then")
+
+
 def admin_chain() -> Chain:
     """The chain of administrative actions (profile.apply, container.run, …)."""
     return Chain(Path(admin_log()))

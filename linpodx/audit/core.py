@@ -458,7 +458,8 @@ def commit(fd: int, payload: bytes, base: int, path: str, *, cut_to: int | None 
         except OSError:
             pass
         raise AuditError(
-            f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
+            f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE,
+            details={"errno": exc.errno},
         ) from None
 
 

@@ -23,13 +23,23 @@ def create_cmd(
     replace: Annotated[
         bool, typer.Option("--replace", help="Overwrite an existing snapshot with this label.")
     ] = False,
+    consistency: Annotated[
+        str,
+        typer.Option(
+            "--consistency",
+            help="How a running container is held still: `freeze` (the cgroup freezer; "
+            "refused where there is none), `best-effort` (signals where there is no "
+            "freezer), `stop` (stopped for the snapshot, started again after).",
+        ),
+    ] = "freeze",
     json_mode: JsonOpt = False,
 ) -> None:
     """Snapshot NAME: commit its image and archive its writable mounts (runs as a job)."""
     from linpodx.snapshot import service
 
     def fn() -> dict[str, Any]:
-        job = service.start_create(name, label, replace_existing=replace)
+        job = service.start_create(name, label, replace_existing=replace,
+                                   consistency=consistency)
         if not wait:
             return {"job_id": job.job_id, "status": job.status, "image": job.image}
         done = service.wait(job.job_id)

@@ -479,10 +479,16 @@ def relay_announced(
             child.close()
 
 
-def stream_lines(argv: Sequence[str], sink: Any) -> int:
-    """Run a long-lived podman command (`logs --follow`) and feed each output line (bytes,
-    stdout and stderr merged) to `sink` as it arrives; returns podman's exit status.
+STREAM_CHUNK_BYTES = 64 * 1024
 
+
+def stream_chunks(argv: Sequence[str], sink: Any) -> int:
+    """Run a long-lived podman command (`logs --follow`) and feed its output (bytes, stdout
+    and stderr merged) to `sink` as it arrives, in pieces of at most STREAM_CHUNK_BYTES;
+    returns podman's exit status.
+
+    Pieces, not lines: a line has no length limit (an agent can print 400 MB without a
+    newline), so holding one whole would let the container size this process's memory.
     A Popen (not `proc.run`) because the output has no end while following.
     """
     import subprocess
@@ -492,9 +498,10 @@ def stream_lines(argv: Sequence[str], sink: Any) -> int:
     except FileNotFoundError as exc:
         raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
     assert child.stdout is not None  # noqa: S101 - PIPE was requested just above
+    fd = child.stdout.fileno()
     try:
-        for line in child.stdout:
-            sink(line)
+        while chunk := os.read(fd, STREAM_CHUNK_BYTES):
+            sink(chunk)
     except KeyboardInterrupt:
         child.terminate()
     finally:

@@ -41,6 +41,8 @@ CGROUP_LIMITS = ("memory", "cpus", "pids_limit")
 """The profile's limits that need cgroups (`resources.enforcement` is about these)."""
 REQUIRED = "required"
 BEST_EFFORT = "best_effort"
+_SIZE_RE = re.compile(r"^[1-9][0-9]{0,9}[kmg]\Z")
+_LOG_MAX_DEFAULT = "64m"  # profile.model.Resources.log_max_size (not imported: fast path)
 
 
 def labels(
@@ -175,6 +177,14 @@ def profile_flags(
     argv.append(f"--ulimit=nproc={nproc}:{nproc}")
     name = doc.get("name")
     enforceable(name if type(name) is str else "?", res, cgroup_limits)
+    # The log file has a bound whatever containers.conf says (the driver is pinned: journald's
+    # bounds are the host's, not the profile's). At max-size conmon empties the file and goes
+    # on. A revision stored before the field existed gets the default.
+    log_max = res.get("log_max_size", _LOG_MAX_DEFAULT)
+    if type(log_max) is not str or not _SIZE_RE.match(log_max):
+        raise _damaged("resources.log_max_size is not a size like 64m")
+    argv.append("--log-driver=k8s-file")
+    argv.append(f"--log-opt=max-size={log_max}")
     if cgroup_limits:
         memory, cpus = res.get("memory"), res.get("cpus")
         memory = DEFAULT_MEMORY if memory is None else memory

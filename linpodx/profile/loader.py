@@ -962,7 +962,7 @@ def normalize_resolver(raw: str) -> tuple[str | None, str | None]:
     return addr.compressed, None
 
 
-def _memory_bytes(value: str) -> int | None:
+def size_bytes(value: str) -> int | None:
     """Bytes of a `512m` form, None for anything else (the schema refuses it first, except for
     a stored revision, whose schema pass may be skipped)."""
     if not re.fullmatch(r"[1-9][0-9]{0,9}[kmgKMG]", value):
@@ -1131,7 +1131,7 @@ class _Semantics:
             return
         mem = res.get("memory")
         if isinstance(mem, str) and self.ok(("resources", "memory")):
-            n = _memory_bytes(mem)
+            n = size_bytes(mem)
             if n is None:
                 self.col.add(("resources", "memory"), f"{show(mem)} is not a memory size",
                              _PATTERN_HINTS["memory"])
@@ -1140,6 +1140,19 @@ class _Semantics:
                              "between 6m and 1024g")
             else:
                 res["memory"] = mem.lower()
+        for key, low, high, span in (("log_max_size", 1 << 20, 1 << 40, "1m and 1024g"),
+                                     ("snapshot_max_size", 1 << 20, 1 << 50, "1m and 1048576g")):
+            size = res.get(key)
+            if isinstance(size, str) and self.ok(("resources", key)):
+                n = size_bytes(size)
+                if n is None:
+                    self.col.add(("resources", key), f"{show(size)} is not a size",
+                                 _PATTERN_HINTS["memory"])
+                elif not low <= n <= high:
+                    self.col.add(("resources", key), f"{show(size)} is out of range: must be "
+                                 f"between {span}")
+                else:
+                    res[key] = size.lower()
         if res.get("cpus") is not None and self.ok(("resources", "cpus")):
             # A YAML float is judged as written (`0.1000001` has too many decimals even where
             # the float rounds it away).
@@ -1200,6 +1213,8 @@ def _build(data: Mapping[str, Any]) -> Profile:
             nofile=res.get("nofile", d.nofile),
             nproc=res.get("nproc", d.nproc),
             enforcement=res.get("enforcement", d.enforcement),
+            log_max_size=res.get("log_max_size", d.log_max_size),
+            snapshot_max_size=res.get("snapshot_max_size", d.snapshot_max_size),
         ),
         cap_add=tuple(data.get("cap_add") or ()),
         env=tuple(sorted((data.get("env") or {}).items())),

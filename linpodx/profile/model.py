@@ -106,6 +106,12 @@ class Resources:
     enforcement: str = "required"
     """`required`: a run whose cgroup limits (memory, cpus, pids_limit) this host cannot apply
     is refused; `best_effort`: it goes ahead without them, and its record says which."""
+    log_max_size: str = "64m"
+    """Bound of the container's log file (podman `--log-opt max-size`, k8s-file driver): at
+    the bound conmon truncates the file and goes on writing, so it never holds more."""
+    snapshot_max_size: str = "16g"
+    """Bound of one snapshot: the container's changes (apparent size, as `podman commit`
+    writes them) plus the workspace archives; `snapshot create` refuses above it."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,8 @@ class Profile:
 
 LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("network", "wildcard_budget"): Network.wildcard_budget,
+    ("resources", "log_max_size"): Resources.log_max_size,
+    ("resources", "snapshot_max_size"): Resources.snapshot_max_size,
 }
 """(section, key) -> default, for keys the profile gained after its first release."""
 

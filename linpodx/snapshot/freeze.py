@@ -30,7 +30,34 @@ from linpodx.errors import EngineError
 PAUSE = "pause"
 SIGSTOP_METHOD = "sigstop"
 NONE = "none"
+STOPPED = "stopped"
+"""Not a freeze: the container was stopped for the snapshot (`--consistency stop`)."""
 _MAX_ROUNDS = 200
+
+# What `snapshot create --consistency` may ask for.
+FREEZE = "freeze"
+"""The default: the cgroup freezer, or no snapshot of a running container."""
+BEST_EFFORT = "best-effort"
+"""The freezer where there is one, else SIGSTOP: a process can be continued under it (by
+another one, or by a POSIX timer of its own that sends SIGCONT), so not a guaranteed point."""
+STOP = "stop"
+"""Stop the container for the snapshot (its processes end) and start it again after."""
+CONSISTENCIES = (FREEZE, BEST_EFFORT, STOP)
+
+CANNOT_FREEZE = (
+    "this host cannot freeze it: rootless podman on cgroup v1 has no cgroup freezer, only "
+    "signals (SIGSTOP), and a process can have itself continued (a POSIX timer that sends "
+    "SIGCONT, another process that does), so the snapshot would not be one point in time"
+)
+CANNOT_FREEZE_HINT = (
+    "pass `--consistency stop` to stop the container for the snapshot (it is started again "
+    "after), or `--consistency best-effort` to take it held by signals only"
+)
+
+
+def can_freeze() -> bool:
+    """Whether this host holds a running container with the cgroup freezer (`pause`)."""
+    return default_method() == PAUSE
 
 
 def default_method() -> str:
@@ -154,25 +181,36 @@ def _start_time(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def frozen(name: str, method: str | None = None, on_hold: OnHold | None = None) -> Iterator[str]:
+def frozen(
+    name: str, method: str | None = None, on_hold: OnHold | None = None,
+    *, signals: bool = False,
+) -> Iterator[str]:
     """Hold container `name` still for the duration; yields the method used.
 
     A container that is not running (created, exited, already paused) needs nothing: yields
     `none`. `on_hold(method, [[pid, start], …])` is called once the container is held (the
     worker records it so a reader can let the container go if the worker dies). The container
-    is always let go again, whatever happens inside the block.
+    is always let go again, whatever happens inside the block. Holding it by signals only
+    (SIGSTOP) where the freezer is missing needs `signals`; EngineError otherwise.
     """
     status, init_pid = _state(name)
     if status != "running" or init_pid <= 0:
         yield NONE
         return
     method = method or default_method()
+    if method == SIGSTOP_METHOD and not signals:
+        raise EngineError(f"cannot freeze {name}: {CANNOT_FREEZE}", CANNOT_FREEZE_HINT)
     if method == PAUSE:
         try:
             proc.run(["podman", "pause", name], what="podman pause")
         except EngineError as exc:
             if "not supported" not in exc.stderr and "cgroup" not in exc.stderr:
                 raise
+            if not signals:
+                raise EngineError(
+                    f"cannot freeze {name}: `podman pause` refused ({exc.stderr.strip()})",
+                    CANNOT_FREEZE_HINT,
+                ) from None
             method = SIGSTOP_METHOD  # this host cannot freeze; stop the processes instead
         else:
             try:
@@ -216,4 +254,7 @@ def release(name: str, method: str | None, held: Sequence[Sequence[int]]) -> lis
                 n += 1
         if n:
             done.append(f"continued {n} processes")
+    elif method == STOPPED:
+        done.append("the container was stopped for the snapshot and stays stopped (start it "
+                    "with `linpodx start`)")
     return done

@@ -85,6 +85,9 @@ class Job:
     container_id: str | None = None
     """Id of the container `snapshot create` checked and audited; the worker snapshots that
     container or none (a rollback in between replaces the container under the name)."""
+    consistency: str = "freeze"
+    """What `--consistency` asked for: `freeze` (the cgroup freezer or refused), `best-effort`
+    (signals where there is no freezer), `stop` (the container stopped for the snapshot)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,8 +117,9 @@ def stage(job: Job) -> Staged:
 
 
 MAX_BYTES = 1 << 20  # a job file is a few KiB; anything this large is not ours
-STEPS = ("start", "inspect", "freeze", "commit", "archive", "thaw", "publish", "done")
-FREEZE_METHODS = ("pause", "sigstop", "none")  # freeze.PAUSE, SIGSTOP_METHOD, NONE
+STEPS = ("start", "inspect", "freeze", "check", "commit", "archive", "thaw", "publish", "done")
+FREEZE_METHODS = ("pause", "sigstop", "none", "stopped")  # freeze.PAUSE, SIGSTOP_METHOD, …
+CONSISTENCIES = ("freeze", "best-effort", "stop")  # freeze.CONSISTENCIES
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
 
@@ -191,6 +195,7 @@ def _from_mapping(data: Mapping[str, Any], job_id: str) -> Job:
     want(isinstance(held, list) and all(
         isinstance(h, list) and len(h) == 2 and all(_is_int(x) and x > 0 for x in h)
         for h in held), "held is not a list of [pid, start time]")
+    want(data.get("consistency", "freeze") in CONSISTENCIES, "unknown consistency")
     cid = data.get("container_id")
     want(cid is None or (isinstance(cid, str) and bool(_HEX64.match(cid))),
          "container_id is not a container id")

@@ -139,3 +139,17 @@ def remove_new(name: str, container_id: str) -> None:
     except LinpodxError:
         proc.run(["podman", "rm", "--force", "--time", "0", container_id], what="podman rm")
         detach_guard(name)
+
+
+def snapshot_bound(profile_id: str) -> str:
+    """The `resources.snapshot_max_size` of the container's profile revision (the default
+    for a revision that is gone from the store: the bound still holds)."""
+    from linpodx.profile.model import Resources
+
+    try:
+        ref = _containers().profile_by_id(profile_id) if profile_id else None
+    except LinpodxError:
+        ref = None
+    res = getattr(getattr(ref, "profile", None), "resources", None)
+    value = getattr(res, "snapshot_max_size", None)
+    return value if isinstance(value, str) else Resources().snapshot_max_size

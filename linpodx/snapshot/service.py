@@ -18,6 +18,7 @@ from linpodx.ids import new_ulid
 from linpodx.snapshot import (
     egresskeep,
     faults,
+    freeze,
     jobs,
     journal,
     manifest,
@@ -56,12 +57,25 @@ def _exists(name: str, label: str) -> bool:
     return snapshot_dir(name, label).exists() or image_id(image_ref(name, label)) is not None
 
 
-def start_create(name: str, label: str, *, replace_existing: bool = False) -> jobs.Job:
+def start_create(
+    name: str, label: str, *, replace_existing: bool = False, consistency: str = freeze.FREEZE
+) -> jobs.Job:
     """Check, audit, record a queued job and start its detached worker; returns the job."""
     check_container_name(name)
     check_label(label)
+    if consistency not in freeze.CONSISTENCIES:
+        raise InvalidInput(f"unknown --consistency {consistency!r}",
+                           f"use one of {', '.join(freeze.CONSISTENCIES)}")
     journal.check_no_interrupted(name)
     info = require_managed(name)
+    running = bool((info.get("State") or {}).get("Running"))
+    if running and consistency == freeze.FREEZE and not freeze.can_freeze():
+        # Said before anything is recorded or started (the worker checks again: the container
+        # may be started while the job waits).
+        raise InvalidInput(
+            f"cannot snapshot {name} consistently while it runs: {freeze.CANNOT_FREEZE}",
+            freeze.CANNOT_FREEZE_HINT + "; nothing was done",
+        )
     workspace.check_workspace(name, info, for_rollback=False)
     if not replace_existing and _exists(name, label):
         raise InvalidInput(
@@ -77,6 +91,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
         replace=replace_existing,
         created=jobs.now_iso(),
         container_id=str(info.get("Id", "")) or None,
+        consistency=consistency,
     )
     # Audited before anything happens: if this cannot be recorded, nothing is started. The job
     # file and the worker's log are written first, though, so that a full or read-only disk
@@ -99,6 +114,7 @@ def start_create(name: str, label: str, *, replace_existing: bool = False) -> jo
                     "label": label,
                     "image": job.image,
                     "replace": replace_existing,
+                    "consistency": consistency,
                 },
             )
         except BaseException:
@@ -261,6 +277,7 @@ def job_view(job: jobs.Job) -> dict[str, Any]:
     if job.status == jobs.SUCCEEDED:
         view["image_id"] = job.image_id
         view["freeze"] = job.freeze
+        view["consistency"] = job.consistency
         view["archives"] = len(job.archives)
     if job.status == jobs.FAILED:
         view["error"] = job.error

@@ -5,7 +5,8 @@ writes one byte on its stdin to let it go (EOF instead means the CLI died first:
 It runs the job to the end and exits; nothing stays resident.
 
 Steps (each recorded in the job file before it starts): inspect → freeze → commit → archive →
-thaw → publish. The image is committed untagged and the archives go to a temporary directory;
+thaw → publish. (`--consistency stop`: the freeze is a `linpodx stop`, the thaw a start.)
+The image is committed untagged and the archives go to a temporary directory;
 only `publish` makes the snapshot visible (directory rename, then the tag), so a failed or
 killed job never leaves a half snapshot under the label.
 """
@@ -16,6 +17,7 @@ import contextlib
 import errno
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,19 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
-from linpodx.snapshot import faults, freeze, jobs, journal, manifest, workspace
+from linpodx.podman.runline import HOME_DIR
+from linpodx.profile.loader import size_bytes
+from linpodx.snapshot import (
+    egresskeep,
+    faults,
+    freeze,
+    jobs,
+    journal,
+    manifest,
+    ops,
+    precheck,
+    workspace,
+)
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     container_lock,
@@ -74,7 +88,7 @@ def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
     lock. Returns (what was done, what could not be done); safe to run again."""
     done: list[str] = []
     problems: list[str] = []
-    if job.step in ("commit", "archive", "thaw"):
+    if job.step in ("check", "commit", "archive", "thaw"):
         try:
             now = _id_of(job.container) if job.container_id and job.freeze == freeze.PAUSE \
                 else job.container_id
@@ -172,6 +186,67 @@ def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
     return old_image if old_image != new_image else None
 
 
+def _check(name: str, cid: str, info: Mapping[str, Any],
+           mounts: list[workspace.WritableMount]) -> None:
+    """Refuse, before anything is committed, a snapshot a rollback could not restore or one
+    above its bound or the free disk (`precheck`); the container is held meanwhile, so what
+    is checked is what would be taken."""
+    trees = [(m.target, precheck.walk_mount(m.source)) for m in mounts]
+    problems = [f"{target}: {p}" for target, tree in trees for p in tree.problems]
+    more = sum(tree.more_problems for _target, tree in trees)
+    targets = sorted({str(m.get("Destination")) for m in info.get("Mounts") or []
+                      if m.get("Destination")})
+    problems += precheck.check_rootfs(cid, HOME_DIR, targets)
+    if problems:
+        raise InvalidInput(
+            f"snapshot of {name} refused before anything was committed: a rollback could not "
+            "restore it: " + "; ".join(problems) + (f"; and {more} more" if more else ""),
+            "remove, move or shorten what is named there (in the workspace, or in the "
+            "container), then create the snapshot again",
+        )
+    bound_text = ops.snapshot_bound(labels_of(info).get("linpodx.profile_id", ""))
+    bound = size_bytes(bound_text)
+    if bound is None:
+        raise InvalidInput(f"the profile's resources.snapshot_max_size {bound_text!r} is not "
+                           "a size", "apply the profile again")
+    res = proc.run(["podman", "container", "inspect", "--size", "--format", "{{.SizeRw}}", cid],
+                   what="podman container inspect --size")
+    storage = proc.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"],
+                       what="podman info").stdout.strip()
+    try:
+        changes = int(res.stdout.strip() or "0")
+    except ValueError:
+        raise EngineError("podman inspect --size printed no size", argv=res.argv,
+                          stderr=res.stdout) from None
+    precheck.check_size(name, changes=changes, trees=trees, bound=bound,
+                        bound_text=bound_text, archive_dir=str(container_root(name)),
+                        storage_dir=storage)
+
+
+@contextlib.contextmanager
+def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
+    """Hold the container still as the job's `consistency` asks; yields the method used.
+
+    `stop`: stopped the linpodx way (audited, its egress policy kept) and started again after,
+    holding the name's lock so that no `linpodx start` slips in between. Otherwise frozen
+    (`freeze.frozen`), by signals only if `best-effort` allows it."""
+    job = run.job
+    if job.consistency == freeze.STOP and (info.get("State") or {}).get("Running"):
+        with ops.hold_name(job.container):
+            ops.stop(job.container, egresskeep.current(job.container))
+            run.update(freeze=freeze.STOPPED)
+            try:
+                yield freeze.STOPPED
+            finally:
+                ops.start(job.container)
+        return
+    with freeze.frozen(
+        cid, on_hold=lambda m, held: run.update(freeze=m, held=held),
+        signals=job.consistency == freeze.BEST_EFFORT,
+    ) as method:
+        yield method
+
+
 def run_create(job_id: str) -> int:
     """Do the work of a create job; returns the process exit status."""
     run = _Run(jobs.read(job_id))
@@ -212,10 +287,10 @@ def run_create(job_id: str) -> int:
             # By id from here on: the container checked above, never one recreated under the
             # name meanwhile (`linpodx rm` + `run` do not take the snapshot lock).
             cid = str(info["Id"])
-            with freeze.frozen(
-                cid, on_hold=lambda m, held: run.update(freeze=m, held=held)
-            ) as method:
+            with _held(run, cid, info) as method:
                 run.update(freeze=method)
+                run.step("check")
+                _check(job.container, cid, info, mounts)
                 run.step("commit")
                 res = proc.run(
                     ["podman", "commit", "--pause=false", "--quiet", cid],

@@ -233,13 +233,9 @@ def archive(mount: WritableMount, out: Path) -> dict[str, Any]:
             "check the profile's mounts",
         )
     tar = proc.which("tar") or "tar"
-    proc.run(
-        [*_unshare_prefix(), tar, "--create", "--file", str(out), "--numeric-owner",
-         *_XATTR_ARGS, "--sparse", "--directory", str(cwd), "--", member],
-        what=f"archiving {mount.target}",
-        timeout=3600,
-        hint="check free disk space under the linpodx state dir",
-    )
+    _tar([*_unshare_prefix(), tar, "--create", "--file", str(out), "--numeric-owner",
+          *_XATTR_ARGS, "--sparse", "--directory", str(cwd), "--", member],
+         f"archiving {mount.target}", "check free disk space under the linpodx state dir")
     out.chmod(paths.FILE_MODE)
     return {
         "source": mount.source,
@@ -249,6 +245,35 @@ def archive(mount: WritableMount, out: Path) -> dict[str, Any]:
         "sha256": sha256_file(out),
         "size": out.stat().st_size,
     }
+
+
+def tar_reason(stderr: str) -> tuple[str, str]:
+    """(reason, line) of tar's first complaint: `File name too long` and the line it ended,
+    not tar's closing `Exiting with failure status due to previous errors`. ("", "") if tar
+    said nothing of its own."""
+    for line in stderr.splitlines():
+        # (tar names itself as it was called: `/usr/bin/tar: …`.)
+        prog, sep, text = line.strip().partition(": ")
+        if not sep or os.path.basename(prog) != "tar":
+            continue
+        if "Exiting with failure status" in text or text.startswith("Removing leading"):
+            continue
+        text = "tar: " + text
+        reason = text.rsplit(": ", 1)[-1]
+        return reason, (text if len(text) <= 300 else text[:150] + "…" + text[-140:])
+    return "", ""
+
+
+def _tar(argv: list[str], what: str, hint: str) -> None:
+    """Run tar; on failure, an EngineError that names tar's reason (its first complaint)."""
+    res = proc.run(argv, check=False, what=what, timeout=3600)
+    if res.returncode == 0:
+        return
+    reason, line = tar_reason(res.stderr)
+    raise EngineError(
+        f"{what} failed: {reason}" if reason else f"{what} failed (tar exit {res.returncode})",
+        hint, argv=res.argv, returncode=res.returncode, stderr=line or res.stderr,
+    )
 
 
 def _names(source: Path, rb_id: str) -> tuple[Path, Path]:
@@ -318,15 +343,12 @@ class Restore:
         if self.entry["kind"] == DIR:
             self.restored.mkdir(mode=0o700)
         tar = proc.which("tar") or "tar"
-        proc.run(
-            [*_unshare_prefix(), tar, "--extract", "--file", str(archive_path),
-             "--numeric-owner", "--same-permissions", "--same-owner", *_XATTR_ARGS,
-             f"--xattrs-exclude={_FILE_CAPS}", "--directory",
-             str(self.restored if self.entry["kind"] == DIR else self.staging)],
-            what=f"restoring {self.entry['target']}",
-            timeout=3600,
-            hint="check free disk space next to the mount source",
-        )
+        _tar([*_unshare_prefix(), tar, "--extract", "--file", str(archive_path),
+              "--numeric-owner", "--same-permissions", "--same-owner", *_XATTR_ARGS,
+              f"--xattrs-exclude={_FILE_CAPS}", "--directory",
+              str(self.restored if self.entry["kind"] == DIR else self.staging)],
+             f"restoring {self.entry['target']}", "check free disk space next to the mount "
+             "source")
         # The content comes back, never privilege (docs/containers.md): a setuid or setgid
         # bit, a device node or a file capability in the archive (a host user's own, or an
         # archive edited in the state dir) would be one on the host, for any host user.

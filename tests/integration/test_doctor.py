@@ -86,3 +86,21 @@ def test_doctor_reports_unwritable_state_dir(tmp_path: Path) -> None:
     by = checks(json.loads(res.stdout))
     assert by["state dir"]["status"] == "fail"
     assert by["state dir"]["fix"]
+
+
+def test_doctor_lists_the_bounds_in_force() -> None:
+    """The bounds an agent meets on this host, with their defaults, and whether a running
+    container's snapshot can be frozen here (rootless on cgroup v1: no)."""
+    from linpodx.snapshot.freeze import can_freeze
+
+    by = checks(json.loads(run_linpodx("doctor", "--json", timeout=300).stdout))
+    assert "64m per container by default (resources.log_max_size" in \
+        by["bound: container log"]["detail"]
+    size = by["bound: snapshot size"]["detail"]
+    assert size.startswith("16g by default (resources.snapshot_max_size") and " free in the " \
+        "state dir" in size and "free in the podman storage" in size
+    fz = by["bound: snapshot freeze"]
+    assert fz["status"] == ("ok" if can_freeze() else "warn"), fz
+    if not can_freeze():
+        assert "--consistency stop" in fz["detail"]
+    assert "kept for the records of stop and rm" in by["bound: full state dir"]["detail"]

@@ -306,3 +306,18 @@ def test_validators_refuse_a_trailing_newline() -> None:
             names.check_container_name(bad)
     with __import__("pytest").raises(Exception, match="label"):
         names.check_label("before\n")
+
+
+def test_stream_escaper_matches_line_escaping_across_any_split() -> None:
+    """`linpodx logs` escapes piece by piece: split anywhere (inside a UTF-8 sequence, between
+    the CR and LF of a CRLF), the output is what escaping whole lines gives."""
+    from linpodx.output import StreamEscaper, safe_text
+
+    data = "héllo\x1b[31m\r\nwo\trld\r\nü\u202e end\r".encode() + b"\xff\n"
+    want = "\n".join(safe_text(line.rstrip("\r")) if i < 3 else safe_text(line)
+                     for i, line in enumerate(data.decode("utf-8", "replace").split("\n")))
+    for size in range(1, len(data) + 1):
+        e = StreamEscaper()
+        got = "".join(e.feed(data[i:i + size]) for i in range(0, len(data), size)) + e.end()
+        assert got == want, size
+    assert "\x1b" not in want and "\\x0d" in want

@@ -794,6 +794,8 @@ def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
         yield "none"
 
     monkeypatch.setattr(freeze, "frozen", still)
+    # (The size and restorability checks run real podman; this test is about the manifest.)
+    monkeypatch.setattr(worker, "_check", lambda *_a: None)
     ran: list[list[str]] = []
 
     def fake_run(argv: list[str], **_k: object) -> object:
@@ -936,3 +938,16 @@ def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # 
     assert json.loads(r.stdout)["result"]["image_deleted"] is True
     assert not snapshot_dir("box", "l2").exists()
     assert [a[:2] for a in ran] == [["podman", "rmi"]]
+
+
+def test_a_signal_freeze_is_refused_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Signals cannot guarantee one point in time (a process can have itself continued), so
+    `frozen` uses them only when told (`--consistency best-effort`)."""
+    from linpodx.errors import EngineError
+    from linpodx.snapshot import freeze
+
+    monkeypatch.setattr(freeze, "_state", lambda name: ("running", 4242))
+    with pytest.raises(EngineError) as err, freeze.frozen("c1", method=freeze.SIGSTOP_METHOD):
+        pass
+    assert "no cgroup freezer" in err.value.message
+    assert "--consistency stop" in (err.value.hint or "")
