@@ -61,6 +61,8 @@ def policy_doc(stored: StoredProfile) -> dict[str, Any]:
             "upstream_dns": net.upstream_dns,
             "allow_private_answers": net.allow_private_answers,
             "wildcard_budget": net.wildcard_budget,
+            "max_connections": net.max_connections,
+            "max_new_connections_per_second": net.max_new_connections_per_second,
         },
     )
 

@@ -390,8 +390,8 @@ def _bounds(raw: dict[str, Any]) -> Bounds:
     conns = raw.get("max_connections")
     rate = raw.get("max_new_connections_per_second")
     return Bounds(
-        conns if isinstance(conns, int) and conns > 0 else Bounds.max_connections,
-        rate if isinstance(rate, int) and rate > 0 else Bounds.max_new_per_second,
+        conns if type(conns) is int and conns > 0 else Bounds.max_connections,
+        rate if type(rate) is int and rate > 0 else Bounds.max_new_per_second,
     )
 
 

@@ -240,6 +240,10 @@ def profile_flags(
 WILDCARD_BUDGET_DEFAULT = 100
 """`Network.wildcard_budget`'s default, without importing the profile model on the fast run
 path (a unit test holds the two, the schema's and the guard's equal)."""
+MAX_CONNECTIONS_DEFAULT = 512
+MAX_NEW_CONNECTIONS_PER_SECOND_DEFAULT = 100
+"""`Network.max_connections` and `.max_new_connections_per_second` defaults, for the same
+reason (held equal to the model's, the schema's and the checker's by the same test)."""
 
 
 def egress_policy(
@@ -256,4 +260,10 @@ def egress_policy(
         "allow_private_answers": bool(network["allow_private_answers"]),
         # Absent from revisions stored before it existed (`Profile.digest_form`): the default.
         "wildcard_budget": int(network.get("wildcard_budget", WILDCARD_BUDGET_DEFAULT)),
+        "max_connections": int(network.get("max_connections", MAX_CONNECTIONS_DEFAULT)),
+        "max_new_connections_per_second": int(
+            network.get(
+                "max_new_connections_per_second", MAX_NEW_CONNECTIONS_PER_SECOND_DEFAULT
+            )
+        ),
     }

@@ -1187,6 +1187,10 @@ def _build(data: Mapping[str, Any]) -> Profile:
             upstream_dns=tuple(net.get("upstream_dns") or ()),
             allow_private_answers=net.get("allow_private_answers", False),
             wildcard_budget=net.get("wildcard_budget", Network.wildcard_budget),
+            max_connections=net.get("max_connections", Network.max_connections),
+            max_new_connections_per_second=net.get(
+                "max_new_connections_per_second", Network.max_new_connections_per_second
+            ),
         ),
         mcp_policy=tuple(
             McpRule(

@@ -47,6 +47,10 @@ class Network:
     """Allow allowed names to resolve to loopback, link-local, private or host addresses."""
     wildcard_budget: int = 100
     """Distinct new names allowed by wildcard entries alone, at most, per 10 minutes."""
+    max_connections: int = 512
+    """Outbound connections open at once through the connection checker, at most."""
+    max_new_connections_per_second: int = 100
+    """New outbound connections per second through the connection checker, at most."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ class Profile:
 
 LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("network", "wildcard_budget"): Network.wildcard_budget,
+    ("network", "max_connections"): Network.max_connections,
+    ("network", "max_new_connections_per_second"): Network.max_new_connections_per_second,
     ("resources", "log_max_size"): Resources.log_max_size,
     ("resources", "snapshot_max_size"): Resources.snapshot_max_size,
 }

@@ -37,9 +37,11 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "upstream_dns": (list,),
     "allow_private_answers": (bool,),
     "wildcard_budget": (int,),
+    "max_connections": (int,),
+    "max_new_connections_per_second": (int,),
 }
 """Exactly what `guard.policy_doc` writes."""
-_LATER = frozenset({"wildcard_budget"})
+_LATER = frozenset({"wildcard_budget", "max_connections", "max_new_connections_per_second"})
 """Fields a policy file written by an earlier linpodx lacks (the guard takes the default)."""
 
 

@@ -440,3 +440,36 @@ def test_new_connections_per_second_are_bounded_and_recorded(
     assert wait_for(lambda: any(
         "more than 100 new connections per second" in ln for ln in denied_events(container)
     )), (out.stdout, denied_events(container), EgressState(container).guard_log.read_text()[-2000:])
+
+
+def test_the_profile_s_connection_bound_is_the_one_enforced(
+    servers: Servers, container: str, names: Names
+) -> None:
+    """`network.max_connections` from the profile reaches the checker (not only its default)."""
+    import dataclasses
+
+    hp = names.http_port
+    st = stored(servers, (f"allowed.test:{hp}/http",))
+    net = dataclasses.replace(st.profile.network, max_connections=5)
+    st = dataclasses.replace(st, profile=dataclasses.replace(st.profile, network=net))
+    create(container, st, extra=["-v", f"{names.ca}:/ca.pem:ro"])
+    bring_up(container, st)
+    script = (
+        "import socket\n"
+        "ip=socket.gethostbyname('allowed.test')\n"
+        "req=b'GET /big HTTP/1.1\\\\r\\\\nHost: allowed.test\\\\r\\\\n\\\\r\\\\n'\n"
+        "held=[]\n"
+        # Each download is left unread after its first bytes, so the server blocks and the
+        # connection stays open through the checker; one after another.
+        "for _ in range(8):\n"
+        " try:\n"
+        f"  s=socket.create_connection((ip,{hp}),timeout=5); s.sendall(req)\n"
+        "  if s.recv(4096).startswith(b'HTTP/1'): held.append(s)\n"
+        " except OSError: pass\n"
+        "print(len(held))\n"
+    )
+    out = sh(container, f'python3 -c "{script}"', timeout=120)
+    assert out.stdout.strip() == "5", out
+    assert wait_for(lambda: any(
+        "more than 5 connections open" in ln for ln in denied_events(container)
+    )), denied_events(container)

@@ -652,3 +652,49 @@ def test_a_huge_answer_is_cut_to_a_few_addresses() -> None:
     assert len([rd for rr in resp.answer for rd in rr]) == MAX_ANSWER_ADDRS == 32
     [line] = [v for k, v in r._cache.items() if k[0] == "big.example.com"]
     assert len(line.records) == MAX_ANSWER_ADDRS
+
+
+def test_connection_bounds_agree_everywhere_and_reach_the_policy_file() -> None:
+    from linpodx.egress.checker import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_NEW_PER_SECOND
+    from linpodx.podman import flags
+    from linpodx.profile import loader
+    from linpodx.profile.model import Network
+    from linpodx.snapshot import egresskeep
+
+    props = loader.schema()["properties"]["network"]["properties"]
+    assert props["max_connections"]["default"] == Network().max_connections
+    assert Network().max_connections == flags.MAX_CONNECTIONS_DEFAULT == DEFAULT_MAX_CONNECTIONS
+    assert props["max_new_connections_per_second"]["default"] == (
+        Network().max_new_connections_per_second
+    )
+    assert (
+        Network().max_new_connections_per_second
+        == flags.MAX_NEW_CONNECTIONS_PER_SECOND_DEFAULT
+        == DEFAULT_MAX_NEW_PER_SECOND
+    )
+    net = {"egress_dns_allowlist": ["a.test"], "upstream_dns": [], "allow_private_answers": False,
+           "max_connections": 7, "max_new_connections_per_second": 3}  # fmt: skip
+    doc = flags.egress_policy("p", "prof_X", 1, net)
+    assert (doc["max_connections"], doc["max_new_connections_per_second"]) == (7, 3)
+    assert runner._bounds(doc).max_connections == 7
+    assert runner._bounds(doc).max_new_per_second == 3
+    assert runner._bounds({"max_connections": True}).max_connections == DEFAULT_MAX_CONNECTIONS
+    egresskeep.check(doc)  # a rollback keeps such a policy file
+
+
+def test_connection_bounds_in_a_profile_file(tmp_path: Path) -> None:
+    from linpodx.profile.loader import load_file
+
+    f = tmp_path / "p.yml"
+    f.write_text(
+        "name: c\nnetwork:\n  egress_dns_allowlist: [a.test]\n"
+        "  max_connections: 9\n  max_new_connections_per_second: 4\n"
+    )
+    net = load_file(f).network
+    assert (net.max_connections, net.max_new_connections_per_second) == (9, 4)
+    f.write_text("name: c\nnetwork:\n  egress_dns_allowlist: [a.test]\n  max_connections: 0\n")
+    from linpodx.errors import ProfileError
+
+    with pytest.raises(ProfileError) as refused:
+        load_file(f)
+    assert "max_connections" in " ".join(refused.value.problems), refused.value.problems
