@@ -251,6 +251,21 @@ class HttpRequests:
         hosts = [v for k, v in ev.headers if k == b"host"]
         if len(hosts) != 1:
             raise Refused("a request needs exactly one Host")
+        names = {k for k, _ in ev.headers}
+        # Request smuggling: h11 frames a body by Transfer-Encoding over Content-Length, and
+        # reads chunked in HTTP/1.0; a server (or a CDN in front) that frames it otherwise
+        # reads what h11 took for body as the next request, whose Host was never checked.
+        # RFC 9112 6.1 lets a server refuse both cases; so does the checker.
+        if b"transfer-encoding" in names:
+            if b"content-length" in names:
+                raise Refused("a request with both Content-Length and Transfer-Encoding")
+            if ev.http_version != b"1.1":
+                raise Refused("Transfer-Encoding in an HTTP/1.0 request")
+        # After a switch to h2c each stream names its own :authority, which the checker does
+        # not read (a server routes by it); WebSocket is the one switch let through.
+        upgrades = [v.strip().lower() for k, v in ev.headers if k == b"upgrade"]
+        if upgrades and upgrades != [b"websocket"]:
+            raise Refused("Upgrade to anything but websocket")
         host = host_name(_authority_host(hosts[0]))
         target = ev.target
         if target.startswith(b"/") or target == b"*":

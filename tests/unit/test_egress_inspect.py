@@ -217,6 +217,41 @@ def test_http_heads_that_are_refused(head: bytes) -> None:
         hosts_of(head)
 
 
+# Request smuggling: where a server could frame the body differently from h11, what h11
+# reads as body (here a request for evil.test) a server would read as the next request.
+SMUGGLED = b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # Content-Length and Transfer-Encoding both (RFC 9112 6.1: a server may frame by
+        # either; h11 takes chunked, a server or a CDN in front taking Content-Length reads
+        # the chunk's data as a request).
+        b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(SMUGGLED) + SMUGGLED + b"\r\n0\r\n\r\n",
+        # Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1: the framing is faulty; a 1.0 server
+        # reads no body and takes the chunk's data as the next request).
+        b"POST / HTTP/1.0\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n"
+        % len(SMUGGLED) + SMUGGLED + b"\r\n0\r\n\r\n",
+    ],
+)
+def test_http_bodies_a_server_could_frame_otherwise_are_refused(head: bytes) -> None:
+    with pytest.raises(Refused, match="Transfer-Encoding"):
+        hosts_of(head)
+
+
+@pytest.mark.parametrize("proto", [b"h2c", b"websocket, h2c", b"TLS/1.2", b"foo"])
+def test_an_upgrade_to_anything_but_websocket_is_refused(proto: bytes) -> None:
+    # After `101 Switching Protocols` to h2c every stream names its own :authority, which
+    # the checker would no longer read: a server (a CDN) would route them by it.
+    with pytest.raises(Refused, match="Upgrade"):
+        hosts_of(
+            b"GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: " + proto
+            + b"\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+        )
+
+
 def test_an_upgrade_request_stops_the_reading() -> None:
     h = HttpRequests()
     up = b"GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
