@@ -5,6 +5,7 @@ the guard; local servers only (the two-name server of test_egress_names)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import ssl
 import subprocess
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from linpodx.egress.state import EgressState
 from tests.integration.test_egress_live import HOST, Servers, sh
 from tests.integration.test_egress_live import container as container
 from tests.integration.test_egress_live import podman_home as podman_home
@@ -169,11 +171,20 @@ except (OSError, ssl.SSLError) as e:
 '''
 
 
+@pytest.mark.parametrize("helper", ["slirp4netns", "pasta"])
 def test_a_second_client_hello_naming_another_server_is_refused(
-    servers: Servers, container: str, names: Names, retry_server: Retry
+    servers: Servers,
+    container: str,
+    names: Names,
+    retry_server: Retry,
+    helper: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("LINPODX_EGRESS_HELPER", helper)
     p = retry_server.port
     _up(servers, container, names, (f"allowed.test:{p}",))
+    info = json.loads(EgressState(container).guard_file.read_text())
+    assert info["helper"] == helper
     script = SECOND_HELLO.replace("'", "'\"'\"'")
     # The allowed path through a HelloRetryRequest works (its second ClientHello is checked
     # and passes).
