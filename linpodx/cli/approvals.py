@@ -184,7 +184,12 @@ def render(event: dict[str, Any]) -> list[str]:
         # Events that carry their own sentence (`dns lookup denied for NAME`) read as one line.
         where = event.get("container") or event.get("session")
         parts = [f"[{_clock(event)}]", _s(where) if where else "", _s(event["message"])]
-        detail = [_s(event[k]) for k in ("qtype", "reason") if event.get(k)]
+        # A sentence that already gives its reason (`egress denied: … (REASON)`) gets it once.
+        detail = [
+            _s(event[k])
+            for k in ("qtype", "reason")
+            if event.get(k) and f"({event[k]})" not in event["message"]
+        ]
         if detail:
             parts.append(f"({', '.join(detail)})")
         return [" ".join(p for p in parts if p)]

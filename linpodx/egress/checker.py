@@ -300,6 +300,8 @@ class Checker:
             onward = self._connect(addr, port)
             self.stats["accepted"] += 1
             with onward:
+                if kind == "tls":
+                    first = self._retry_checked(conn, onward, first, name, port)
                 self._relay(conn, onward, first, http, allow, addr, port)
         except Refusal as r:
             self.stats["refused"] += 1
@@ -381,6 +383,59 @@ class Checker:
             s.close()
             raise
         return s
+
+    def _retry_checked(
+        self, conn: socket.socket, onward: socket.socket, first: bytes, name: str, port: int
+    ) -> bytes:
+        """Pass the ClientHello on and the server's answer back; if that is a
+        HelloRetryRequest, the client's second ClientHello (sent in the clear, and what a
+        server routes by) must name the same server. Returns the client's bytes still to send.
+        The client's bytes after its first ClientHello are held until the server answered,
+        so a second ClientHello sent at once is checked too."""
+        hello = inspect.client_hello(first)
+        if hello is None:  # _identify returned only a complete one
+            raise Refusal(f"{name}:{port}", "ClientHello is incomplete")
+        onward.sendall(first[: hello.length])
+        held = first[hello.length :]
+        reply = b""
+        onward.settimeout(CONNECT_TIMEOUT)
+        try:
+            while (retry := inspect.server_asks_retry(reply)) is None:
+                chunk = onward.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        finally:
+            onward.settimeout(None)
+        conn.sendall(reply)
+        if not retry:
+            return held
+        deadline = time.monotonic() + FIRST_BYTES_TIMEOUT
+        try:
+            while (again := inspect.retried_hello(held)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or len(held) > inspect.MAX_RECORD + 64:
+                    raise Refusal(f"{name}:{port}", "no complete second ClientHello in "
+                                  f"{FIRST_BYTES_TIMEOUT:g} s")
+                conn.settimeout(left)
+                try:
+                    chunk = conn.recv(65536)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    raise Refusal(f"{name}:{port}", "closed before its second ClientHello")
+                held += chunk
+        except inspect.Refused as exc:
+            _reset(onward)
+            raise Refusal(f"{name}:{port}", str(exc)) from None
+        except Refusal:
+            _reset(onward)
+            raise
+        if again.server_name != name:
+            _reset(onward)
+            raise Refusal(f"{again.server_name}:{port}", "second ClientHello (after a "
+                          f"HelloRetryRequest) names another server than {name}")
+        return held
 
     def _relay(
         self,

@@ -81,6 +81,40 @@ def client_hello(data: bytes) -> Hello | None:
     return Hello(_server_name(body), 5 + rec_len)
 
 
+TLS_CHANGE_CIPHER_SPEC = 20
+SERVER_HELLO = 2
+HELLO_RETRY_RANDOM = bytes.fromhex(
+    "cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c"
+)
+"""The ServerHello.random that makes it a HelloRetryRequest (RFC 8446 4.1.3)."""
+
+
+def server_asks_retry(data: bytes) -> bool | None:
+    """Whether the server's first bytes are a HelloRetryRequest (True), anything else (False),
+    or None while more bytes are needed. After one the client sends a second ClientHello in
+    the clear, and a server (OpenSSL's SNI callback, for one) routes by *its* server name."""
+    if data and data[0] != TLS_HANDSHAKE:
+        return False
+    if len(data) < 5 + 4 + 2 + 32:
+        return None
+    return data[5] == SERVER_HELLO and data[11:43] == HELLO_RETRY_RANDOM
+
+
+def retried_hello(data: bytes) -> Hello | None:
+    """The second ClientHello (after a HelloRetryRequest) at the start of `data`, behind the
+    ChangeCipherSpec records a client may send first (RFC 8446 D.4); None while more bytes
+    are needed; `length` counts from the start of `data`. Refused like the first one."""
+    skipped = 0
+    while data[skipped : skipped + 1] == bytes([TLS_CHANGE_CIPHER_SPEC]):
+        if len(data) < skipped + 6:
+            return None
+        if data[skipped + 1] != 3 or data[skipped + 3 : skipped + 6] != b"\x00\x01\x01":
+            raise Refused("malformed ChangeCipherSpec before the second ClientHello")
+        skipped += 6
+    hello = client_hello(data[skipped:])
+    return None if hello is None else Hello(hello.server_name, skipped + hello.length)
+
+
 class _Reader:
     def __init__(self, buf: memoryview) -> None:
         self.buf = buf
@@ -251,6 +285,21 @@ class HttpRequests:
         hosts = [v for k, v in ev.headers if k == b"host"]
         if len(hosts) != 1:
             raise Refused("a request needs exactly one Host")
+        names = {k for k, _ in ev.headers}
+        # Request smuggling: h11 frames a body by Transfer-Encoding over Content-Length, and
+        # reads chunked in HTTP/1.0; a server (or a CDN in front) that frames it otherwise
+        # reads what h11 took for body as the next request, whose Host was never checked.
+        # RFC 9112 6.1 lets a server refuse both cases; so does the checker.
+        if b"transfer-encoding" in names:
+            if b"content-length" in names:
+                raise Refused("a request with both Content-Length and Transfer-Encoding")
+            if ev.http_version != b"1.1":
+                raise Refused("Transfer-Encoding in an HTTP/1.0 request")
+        # After a switch to h2c each stream names its own :authority, which the checker does
+        # not read (a server routes by it); WebSocket is the one switch let through.
+        upgrades = [v.strip().lower() for k, v in ev.headers if k == b"upgrade"]
+        if upgrades and upgrades != [b"websocket"]:
+            raise Refused("Upgrade to anything but websocket")
         host = host_name(_authority_host(hosts[0]))
         target = ev.target
         if target.startswith(b"/") or target == b"*":

@@ -87,6 +87,21 @@ def test_render_dns_denial_as_one_sentence_escaped() -> None:
     assert "\x1b" not in hostile and "\x07" not in hostile
 
 
+def test_render_egress_denial_names_its_reason_once() -> None:
+    reason = "server name not in the allowlist; address resolved for allowed.test"
+    ev = {
+        "type": "egress.denied",
+        "container": "agent-1",
+        "target": "evil.test:443",
+        "address": "192.0.2.10",
+        "reason": reason,
+        "message": f"egress denied: evil.test:443 to 192.0.2.10 ({reason})",
+    }
+    (line,) = cli_approvals.render(ev)
+    assert line.endswith(f"] agent-1 egress denied: evil.test:443 to 192.0.2.10 ({reason})")
+    assert line.count(reason) == 1
+
+
 def test_render_caps_payload() -> None:
     lines = cli_approvals.render({"type": "approval.pending", "payload": "x" * 50_000})
     assert len(lines[1]) < cli_approvals.PAYLOAD_CAP + 100

@@ -8,14 +8,23 @@ from __future__ import annotations
 import ipaddress
 import socket
 import ssl
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from linpodx.egress.checker import Leases, Refusal, judge
-from linpodx.egress.inspect import HttpRequests, Refused, client_hello, host_name
+from linpodx.egress.inspect import (
+    HttpRequests,
+    Refused,
+    client_hello,
+    host_name,
+    retried_hello,
+    server_asks_retry,
+)
 from linpodx.egress.policy import Allowlist, Rule, split_entry
 from linpodx.profile.loader import normalize_entry
 
@@ -172,6 +181,91 @@ def test_ech_grease_passes_on_its_outer_name() -> None:
 
 
 # -- HTTP ------------------------------------------------------------------------------------
+# -- HelloRetryRequest: a second ClientHello in the clear -----------------------------------
+def _retry_server(tmp: Path, *, p256_only: bool) -> tuple[ssl.SSLContext, list[str | None]]:
+    """A real TLS server (OpenSSL) that knows only P-256 when `p256_only` (OpenSSL clients
+    offer an X25519 key share first, so it answers with a HelloRetryRequest), and the server
+    names its SNI callback saw."""
+    key, crt = tmp / "k.pem", tmp / "c.pem"
+    if not crt.exists():
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-subj", "/CN=allowed.test", "-keyout", str(key), "-out", str(crt)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(crt, key)
+    if p256_only:
+        ctx.set_ecdh_curve("prime256v1")
+    seen: list[str | None] = []
+    ctx.sni_callback = lambda _s, name, _c: seen.append(name)  # type: ignore[assignment,func-returns-value]
+    return ctx, seen
+
+
+def _exchange(ctx: ssl.SSLContext) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, bytes]:
+    """A server object over memory, fed a real ClientHello for allowed.test, and the
+    client's second ClientHello after the server's HelloRetryRequest."""
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.check_hostname = False
+    client_ctx.verify_mode = ssl.CERT_NONE
+    cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_ctx.wrap_bio(cin, cout, server_hostname="allowed.test")
+    sin, sout = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server = ctx.wrap_bio(sin, sout, server_side=True)
+    for obj in (client, server):
+        if obj is server:
+            sin.write(cout.read())
+        with pytest.raises(ssl.SSLWantReadError):
+            obj.do_handshake()
+    answer = sout.read()
+    cin.write(answer)
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    return server, sin, sout, cout.read()
+
+
+def test_a_second_client_hello_is_read_and_a_server_would_route_by_it(tmp_path: Path) -> None:
+    assert server_asks_retry(b"") is None
+    ctx, seen = _retry_server(tmp_path, p256_only=True)
+    server, sin, _, second = _exchange(ctx)
+    assert seen == ["allowed.test"]
+    got = retried_hello(second)
+    assert got is not None and got.server_name == "allowed.test" and got.length == len(second)
+    assert retried_hello(second[:10]) is None
+    # The same second ClientHello naming another server (same length): the checker reads
+    # that name, and a real server routes by it (which is why the checker must compare).
+    forged = second.replace(b"allowed.test", b"evilxxx.test")
+    got = retried_hello(forged)
+    assert got is not None and got.server_name == "evilxxx.test"
+    sin.write(forged)
+    with pytest.raises(ssl.SSLWantReadError):
+        server.do_handshake()
+    assert seen == ["allowed.test", "evilxxx.test"]
+    with pytest.raises(Refused):
+        retried_hello(b"\x14\x03\x03\x00\x02\x01\x01" + second)
+
+
+def test_a_hello_retry_request_is_told_from_a_server_hello(tmp_path: Path) -> None:
+    for p256_only in (True, False):
+        ctx, _ = _retry_server(tmp_path, p256_only=p256_only)
+        client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client_ctx.check_hostname = False
+        client_ctx.verify_mode = ssl.CERT_NONE
+        cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
+        client = client_ctx.wrap_bio(cin, cout, server_hostname="allowed.test")
+        with pytest.raises(ssl.SSLWantReadError):
+            client.do_handshake()
+        sin, sout = ssl.MemoryBIO(), ssl.MemoryBIO()
+        server = ctx.wrap_bio(sin, sout, server_side=True)
+        sin.write(cout.read())
+        with pytest.raises(ssl.SSLWantReadError):
+            server.do_handshake()
+        answer = sout.read()
+        assert server_asks_retry(answer) is p256_only
+        assert server_asks_retry(answer[:42]) is None
+    assert server_asks_retry(b"\x15\x03\x03\x00\x02\x02\x28") is False  # an alert
+
+
 def hosts_of(*chunks: bytes) -> list[str]:
     h = HttpRequests()
     out: list[str] = []
@@ -215,6 +309,41 @@ def test_http_requests_each_give_their_host() -> None:
 def test_http_heads_that_are_refused(head: bytes) -> None:
     with pytest.raises(Refused):
         hosts_of(head)
+
+
+# Request smuggling: where a server could frame the body differently from h11, what h11
+# reads as body (here a request for evil.test) a server would read as the next request.
+SMUGGLED = b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # Content-Length and Transfer-Encoding both (RFC 9112 6.1: a server may frame by
+        # either; h11 takes chunked, a server or a CDN in front taking Content-Length reads
+        # the chunk's data as a request).
+        b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(SMUGGLED) + SMUGGLED + b"\r\n0\r\n\r\n",
+        # Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1: the framing is faulty; a 1.0 server
+        # reads no body and takes the chunk's data as the next request).
+        b"POST / HTTP/1.0\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n"
+        % len(SMUGGLED) + SMUGGLED + b"\r\n0\r\n\r\n",
+    ],
+)
+def test_http_bodies_a_server_could_frame_otherwise_are_refused(head: bytes) -> None:
+    with pytest.raises(Refused, match="Transfer-Encoding"):
+        hosts_of(head)
+
+
+@pytest.mark.parametrize("proto", [b"h2c", b"websocket, h2c", b"TLS/1.2", b"foo"])
+def test_an_upgrade_to_anything_but_websocket_is_refused(proto: bytes) -> None:
+    # After `101 Switching Protocols` to h2c every stream names its own :authority, which
+    # the checker would no longer read: a server (a CDN) would route them by it.
+    with pytest.raises(Refused, match="Upgrade"):
+        hosts_of(
+            b"GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: " + proto
+            + b"\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+        )
 
 
 def test_an_upgrade_request_stops_the_reading() -> None:
