@@ -432,10 +432,14 @@ def relay_announced(
         cid = cid or read_cid(cidfile)
         if cid is None:
             rc = child.wait()
-            # Release before joining: a pump that read output waits for the release, so
-            # joining first hung for good (podman 4.3 runs the container even when it cannot
-            # write the id file, e.g. on a full disk, and its output was then waiting here).
-            # That output is the person's: it is passed on, never dropped.
+            # podman's last words may still be in the pipe: let the stderr pump take them
+            # into `held` first (bounded: it only waits for the release once `held` is full),
+            # or they would be written raw before our `error:` line instead of inside it.
+            pumps[1].join(PUMP_JOIN_SECONDS)
+            # Release before joining the stdout pump: a pump that read output waits for the
+            # release, so joining first hung for good (podman 4.3 runs the container even when
+            # it cannot write the id file, e.g. on a full disk, and its output was then waiting
+            # here). That output is the person's: it is passed on, never dropped.
             held_err = release(show=False)
             for t in pumps:
                 t.join(PUMP_JOIN_SECONDS)
