@@ -566,9 +566,10 @@ def step_mcp(demo: Demo) -> None:
     )
     log = transcript["listener"]
     demo.check(
-        "write_file prompts in terminal 2 (→ PROMPT, payload, approve? [y/N]:)",
+        "write_file prompts in terminal 2 (→ PROMPT, every argument, approve? [y/N]:)",
         re.search(r"\[\d\d:\d\d:\d\d\] sess_\S+ tools/call write_file → PROMPT", log) is not None
-        and "payload: {" in log
+        and 'arguments.path: "notes.md"' in log
+        and "arguments.content: " in log
         and "approve? [y/N]:" in log,
         log[-300:],
     )
