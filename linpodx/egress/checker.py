@@ -336,17 +336,11 @@ class Checker:
         buf = b""
         http: inspect.HttpRequests | None = None
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Refusal(f"{addr}:{port}", "no complete ClientHello or request head in "
-                              f"{FIRST_BYTES_TIMEOUT:g} s")
-            conn.settimeout(left)
-            try:
-                chunk = conn.recv(65536)
-            except TimeoutError:
-                continue
-            if not chunk:
-                raise Refusal(f"{addr}:{port}", "closed before saying which name it is for")
+            chunk = _recv_before(
+                conn, deadline, f"{addr}:{port}",
+                f"no complete ClientHello or request head in {FIRST_BYTES_TIMEOUT:g} s",
+                "closed before saying which name it is for",
+            )  # fmt: skip
             buf += chunk
             try:
                 if buf[0] == inspect.TLS_HANDSHAKE:
@@ -412,19 +406,13 @@ class Checker:
             return held
         deadline = time.monotonic() + FIRST_BYTES_TIMEOUT
         try:
+            late = f"no complete second ClientHello in {FIRST_BYTES_TIMEOUT:g} s"
             while (again := inspect.retried_hello(held)) is None:
-                left = deadline - time.monotonic()
-                if left <= 0 or len(held) > inspect.MAX_RECORD + 64:
-                    raise Refusal(f"{name}:{port}", "no complete second ClientHello in "
-                                  f"{FIRST_BYTES_TIMEOUT:g} s")
-                conn.settimeout(left)
-                try:
-                    chunk = conn.recv(65536)
-                except TimeoutError:
-                    continue
-                if not chunk:
-                    raise Refusal(f"{name}:{port}", "closed before its second ClientHello")
-                held += chunk
+                if len(held) > inspect.MAX_RECORD + 64:
+                    raise Refusal(f"{name}:{port}", late)
+                held += _recv_before(
+                    conn, deadline, f"{name}:{port}", late, "closed before its second ClientHello"
+                )
         except inspect.Refused as exc:
             _reset(onward)
             raise Refusal(f"{name}:{port}", str(exc)) from None
@@ -541,6 +529,25 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
     else:
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
+
+
+def _recv_before(
+    conn: socket.socket, deadline: float, target: str, late: str, closed: str
+) -> bytes:
+    """The next bytes `conn` sends before `deadline` (monotonic); Refusal(target, late) once it
+    has passed, Refusal(target, closed) if the peer closes first."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Refusal(target, late)
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:
+            raise Refusal(target, closed)
+        return chunk
 
 
 def _reset(sock: socket.socket) -> None:
