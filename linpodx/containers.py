@@ -824,20 +824,39 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
     if one_call(spec):
         return _run_once(spec, ref, announce)
     info = create_and_start(spec, ref, start=False)
-    announce(info, spec)
     # The mounts were checked and pinned by create_and_start (`_bring_up`) just now, and the
     # gate left open for this start (its hook closes it; closed here too, whatever happened).
     mounts = mountpin.flags_of(str(spec_dir(info.name)))
     try:
+        announce(info, spec)
         rc = attached_start(
             info.name, req.interactive, remove_on_failure=not req.rm, global_flags=mounts
         )
+    except BaseException:
+        # A signal (SIGTERM, Ctrl-C) or a failure before `podman start` took over: the
+        # container exists and never ran. Nothing is left half-made (podman 5's timing
+        # landed a SIGTERM here).
+        _remove_if_never_started(info.name)
+        raise
     finally:
         mountpin.close_gate(str(spec_dir(info.name)))
     if req.rm:
         _wait_removed(info.container_id)
         forget(info.name, info.container_id)
     return rc
+
+
+def _remove_if_never_started(name: str) -> None:
+    """Remove NAME and its spec if its command never ran (best effort: called on the way out
+    of an interrupted run, whose own error is what the person sees)."""
+    try:
+        info = engine.inspect(name)
+    except LinpodxError:
+        return
+    started = str(info.get("State", {}).get("StartedAt", ""))
+    if (not started or started.startswith("0001-01-01")) and engine.remove_quietly(name) is None:
+        with contextlib.suppress(OSError):
+            _remove_spec(name)
 
 
 RM_WAIT_SECONDS = 10.0

@@ -328,3 +328,32 @@ def test_sigterm_while_the_container_is_being_set_up_leaves_nothing_half_made(
     if info.returncode == 0:
         status, started = info.stdout.strip().split(" ", 1)
         assert status == "exited" and not started.startswith("0001-01-01"), info.stdout
+
+
+def test_a_signal_right_after_create_leaves_no_container_that_never_started(
+    unique_name: str, tmp_path: Path
+) -> None:
+    """The window between `podman init` and `podman start --attach` (the announce): a SIGTERM
+    there (podman 5's timing put one there in the podman5 phase) must not leave a created
+    container behind with its gate open."""
+    from linpodx import containers
+    from linpodx.errors import Terminated
+
+    project = tmp_path / "project"
+    project.mkdir()
+    prof = tmp_path / "win.yml"
+    prof.write_text(
+        f"version: 1\nname: win\nmounts:\n  - source: {project}\n    target: /workspace\n"
+    )
+    run_ok("sandbox", "apply", "--profile", str(prof))
+    req = containers.RunRequest(
+        image=BUSYBOX_IMAGE, name=unique_name, profile="win", command=("sleep", "30")
+    )
+
+    def announce(_info: object, _spec: object) -> None:
+        assert podman("container", "exists", unique_name, check=False).returncode == 0
+        raise Terminated(signal.SIGTERM)
+
+    with pytest.raises(Terminated):
+        containers.run_foreground(req, announce)
+    assert podman("container", "exists", unique_name, check=False).returncode != 0
