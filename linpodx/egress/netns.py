@@ -18,13 +18,16 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from linpodx import proc
 from linpodx.egress.launch import RESOLVER_ADDR
 from linpodx.errors import EngineError
+
+_T = TypeVar("_T")
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
@@ -69,82 +72,72 @@ def netns_path(pid: int) -> str:
     return f"/proc/{pid}/ns/net"
 
 
-def bind_resolver_sockets(pid: int) -> tuple[socket.socket, socket.socket]:
-    """UDP and TCP sockets on 127.0.0.1:53 INSIDE the netns of `pid`.
+def _made_in_netns(pid: int, make: Callable[[list[socket.socket]], _T], what: str) -> _T:
+    """`make(opened)` run in a short-lived thread that joined the netns of `pid`.
 
     A socket belongs to the netns it was created in, forever. setns(2) of a netns moves only
     the calling thread, so a short-lived thread joins the container's netns, creates and binds
     the sockets, and ends there. It never switches back: rootless, going back to the host's
     netns would need a capability over the initial user namespace that the guard lacks.
+    `make` appends each socket it opens to `opened`, so a failure closes them all.
     """
     result: dict[str, object] = {}
 
     def work() -> None:
-        udp = tcp = None
+        opened: list[socket.socket] = []
         try:
             fd = os.open(netns_path(pid), os.O_RDONLY)
             try:
                 setns(fd, CLONE_NEWNET)
             finally:
                 os.close(fd)
-            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            udp.bind((RESOLVER_ADDR, RESOLVER_PORT))
-            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            tcp.bind((RESOLVER_ADDR, RESOLVER_PORT))
-            tcp.listen(16)
-            result["socks"] = (udp, tcp)
+            result["made"] = make(opened)
         except BaseException as exc:
-            for s in (udp, tcp):
-                if s is not None:
-                    s.close()
+            for s in opened:
+                s.close()
             result["error"] = exc
 
     t = threading.Thread(target=work, name="netns-bind")
     t.start()
     t.join()
     if "error" in result:
-        exc = result["error"]
         raise EngineError(
-            f"could not open the policy resolver in the container's network namespace: {exc}",
+            f"could not open {what} in the container's network namespace: {result['error']}",
             "see `linpodx doctor`",
         )
-    return result["socks"]  # type: ignore[return-value]
+    return result["made"]  # type: ignore[return-value]
+
+
+def bind_resolver_sockets(pid: int) -> tuple[socket.socket, socket.socket]:
+    """UDP and TCP sockets on 127.0.0.1:53 INSIDE the netns of `pid` (`_made_in_netns`)."""
+
+    def make(opened: list[socket.socket]) -> tuple[socket.socket, socket.socket]:
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        opened.append(udp)
+        udp.bind((RESOLVER_ADDR, RESOLVER_PORT))
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        opened.append(tcp)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tcp.bind((RESOLVER_ADDR, RESOLVER_PORT))
+        tcp.listen(16)
+        return udp, tcp
+
+    return _made_in_netns(pid, make, "the policy resolver")
 
 
 def bind_checker_socket(pid: int, port: int) -> socket.socket:
     """The connection checker's listening TCP socket on 127.0.0.1:`port` INSIDE the netns of
-    `pid` (the same way as the resolver's sockets, see there)."""
-    result: dict[str, object] = {}
+    `pid` (`_made_in_netns`)."""
 
-    def work() -> None:
-        sock = None
-        try:
-            fd = os.open(netns_path(pid), os.O_RDONLY)
-            try:
-                setns(fd, CLONE_NEWNET)
-            finally:
-                os.close(fd)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((RESOLVER_ADDR, port))
-            sock.listen(1024)
-            result["sock"] = sock
-        except BaseException as exc:
-            if sock is not None:
-                sock.close()
-            result["error"] = exc
+    def make(opened: list[socket.socket]) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        opened.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((RESOLVER_ADDR, port))
+        sock.listen(1024)
+        return sock
 
-    t = threading.Thread(target=work, name="netns-bind-checker")
-    t.start()
-    t.join()
-    if "error" in result:
-        raise EngineError(
-            f"could not open the connection checker in the container's network namespace: "
-            f"{result['error']}",
-            "see `linpodx doctor`",
-        )
-    return result["sock"]  # type: ignore[return-value]
+    return _made_in_netns(pid, make, "the connection checker")
 
 
 def nft_argv(pid: int) -> list[str]:
