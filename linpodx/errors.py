@@ -27,8 +27,7 @@ class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived while a command ran (`cli.main` installs the handler that
     raises it). Like Ctrl-C's KeyboardInterrupt it is not an Exception: it unwinds through the
     same cleanup (`except BaseException`), so a command killed the polite way leaves nothing
-    half done, as one interrupted by Ctrl-C does. Before, these signals ended linpodx on the
-    spot, e.g. between `podman create` and the start, with the container left behind."""
+    half done (no container created and never started), as one interrupted by Ctrl-C does."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
