@@ -11,7 +11,6 @@ started unless its `container.run`/`container.start` record is in the administra
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -20,12 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from linpodx import events, namelock, runplan
-from linpodx.canonical import canonical_bytes, strict_loads
+from linpodx.canonical import strict_loads
 from linpodx.errors import (
-    AuditError,
     Denied,
     EngineError,
     InvalidInput,
@@ -35,7 +34,7 @@ from linpodx.errors import (
 )
 from linpodx.fsutil import NotRegularFile, atomic_write, present, read_small
 from linpodx.output import note
-from linpodx.paths import containers_dir, ensure_dir
+from linpodx.paths import containers_dir, ensure_dir, rollback_pending
 from linpodx.podman import engine, flags, mountpin, probe, seccomp
 from linpodx.podman.argv import (
     MANAGED_LABEL,
@@ -48,26 +47,14 @@ from linpodx.podman.argv import (
 from linpodx.podman.runline import validate_image, validate_name
 from linpodx.podman.spawn import Child
 from linpodx.profile import hostpaths
-from linpodx.profile.model import Profile, default_profile
-from linpodx.snapshot import journal
+from linpodx.profile.model import BUILTIN_ID, ProfileRef, builtin_ref
+
+if TYPE_CHECKING:
+    from linpodx.profile.store import StoredProfile
 
 _E = TypeVar("_E", bound=BaseException)
 
 SPEC_VERSION = 1
-BUILTIN_ID = "builtin"
-"""profile_id label of containers run under the built-in default profile (not in the store)."""
-
-
-@dataclass(frozen=True)
-class ProfileRef:
-    """The profile revision a container runs under (same fields as the store's StoredProfile)."""
-
-    profile: Profile
-    name: str
-    profile_id: str
-    revision: int
-    audit_hash: str
-    applied_at: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,34 +91,14 @@ class ContainerInfo:
 # --- profiles -------------------------------------------------------------------------------
 
 
-def builtin_ref() -> ProfileRef:
-    """The built-in default profile as a revision: id `builtin`, revision 0, hash of its form."""
-    prof = default_profile()
-    digest = hashlib.sha256(canonical_bytes(prof.to_dict())).hexdigest()
-    return ProfileRef(
-        profile=prof, name=prof.name, profile_id=BUILTIN_ID, revision=0, audit_hash=digest
-    )
-
-
-def _store() -> Any:
-    try:
-        from linpodx.profile import store
-    except ImportError as exc:  # fail closed: no store, no named profile
-        raise LinpodxError(
-            "the profile store is not available in this build",
-            "run without --profile to use the built-in default profile",
-        ) from exc
-    return store
-
-
-def _ref_of(stored: Any) -> ProfileRef:
+def _ref_of(stored: StoredProfile) -> ProfileRef:
     return ProfileRef(
         profile=stored.profile,
-        name=str(stored.name),
-        profile_id=str(stored.profile_id),
-        revision=int(stored.revision),
-        audit_hash=str(stored.audit_hash),
-        applied_at=str(getattr(stored, "applied_at", "")),
+        name=stored.name,
+        profile_id=stored.profile_id,
+        revision=stored.revision,
+        audit_hash=stored.audit_hash,
+        applied_at=stored.applied_at,
     )
 
 
@@ -139,14 +106,18 @@ def resolve_profile(name: str | None) -> ProfileRef:
     """An applied profile by name (NotFound otherwise), or the built-in default for None."""
     if name is None:
         return builtin_ref()
-    return _ref_of(_store().get(name))
+    from linpodx.profile import store  # not on every command's path (`ps`, `logs`)
+
+    return _ref_of(store.get(name))
 
 
 def profile_by_id(profile_id: str) -> ProfileRef:
     """The exact revision a container was created with (from its spec / labels)."""
     if profile_id == BUILTIN_ID:
         return builtin_ref()
-    return _ref_of(_store().get_by_id(profile_id))
+    from linpodx.profile import store
+
+    return _ref_of(store.get_by_id(profile_id))
 
 
 # --- audit ----------------------------------------------------------------------------------
@@ -154,13 +125,8 @@ def profile_by_id(profile_id: str) -> ProfileRef:
 
 def audit(event_type: str, data: dict[str, Any]) -> None:
     """Append to the administrative chain BEFORE the action; AuditError means: do not act."""
-    try:
-        from linpodx.audit.chain import admin_chain, keep_reserve
-    except ImportError as exc:
-        raise AuditError(
-            "the audit chain is not available, so the action was not taken",
-            "this build of linpodx lacks linpodx.audit.chain",
-        ) from exc
+    from linpodx.audit.chain import admin_chain, keep_reserve  # not on the fast run path
+
     admin_chain().append(event_type, data)
     keep_reserve()
 
@@ -249,17 +215,14 @@ def _reason(exc: BaseException) -> dict[str, str]:
     return {"error": type(exc).__name__, "reason": message}
 
 
-# --- egress guard (owned by the egress engineer; fail closed if missing) ---------------------
+# --- egress guard --------------------------------------------------------------------------
 
 
-def _guard() -> Any:
-    try:
-        from linpodx.egress import guard
-    except ImportError as exc:
-        raise EngineError(
-            "egress filtering is not available in this build",
-            "use a profile with an empty network.egress_dns_allowlist",
-        ) from exc
+def _guard() -> ModuleType:
+    # Imported when a container has an allowlist (or its guard is asked about), not for
+    # every run.
+    from linpodx.egress import guard
+
     return guard
 
 
@@ -270,14 +233,27 @@ def needs_guard(ref: ProfileRef) -> bool:
 
 def egress_status(name: str) -> str:
     """The guard's view (`none`, `healthy`, `down`), or `unknown` if it cannot say."""
-    try:
-        from linpodx.egress import guard
-    except ImportError:
-        return "none"
+    from linpodx.egress import guard
+
     try:
         return str(guard.status(name))
     except Exception:
         return "unknown"
+
+
+# --- rollbacks -------------------------------------------------------------------------------
+
+
+def refuse_if_rolling_back(name: str) -> None:
+    """Refuse to act on NAME while a rollback of it runs in another process or was interrupted
+    (`linpodx.snapshot.journal.check_no_interrupted`). Without a journal (one lstat,
+    `paths.rollback_pending`) the snapshot package is not loaded at all."""
+    with contextlib.suppress(OSError):  # cannot tell: the journal's reader says why, and refuses
+        if not rollback_pending(name):
+            return
+    from linpodx.snapshot import journal  # only with a journal there: snapshot sits above us
+
+    journal.check_no_interrupted(name)
 
 
 # --- specs ----------------------------------------------------------------------------------
@@ -798,7 +774,7 @@ def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
     start. The caller runs `attached_start` for foreground runs."""
     ref = resolve_profile(req.profile)
     spec = make_spec(req, ref)
-    journal.check_no_interrupted(spec.name)
+    refuse_if_rolling_back(spec.name)
     info = create_and_start(spec, ref, start=req.detach)
     return info, spec
 
@@ -820,7 +796,7 @@ def run_foreground(req: RunRequest, announce: Announce) -> int:
     (`one_call`); the others create, announce, then `podman start --attach`."""
     ref = resolve_profile(req.profile)
     spec = make_spec(req, ref)
-    journal.check_no_interrupted(spec.name)
+    refuse_if_rolling_back(spec.name)
     if one_call(spec):
         return _run_once(spec, ref, announce)
     info = create_and_start(spec, ref, start=False)
@@ -1155,7 +1131,7 @@ def managed_info(name: str) -> dict[str, Any]:
     validate_name(name)
     # A rollback that was killed part-way may have renamed NAME aside or left it stopped, and
     # swapped half its workspace: nothing acts on it until `snapshot recover` put it back.
-    journal.check_no_interrupted(name)
+    refuse_if_rolling_back(name)
     info = engine.inspect(name)
     if engine.labels_of(info).get(MANAGED_LABEL) != "1":
         raise Denied(
@@ -1339,7 +1315,7 @@ def remove(name: str, force: bool = False) -> dict[str, Any]:
 
 
 def _remove(name: str, force: bool) -> dict[str, Any]:
-    journal.check_no_interrupted(name)
+    refuse_if_rolling_back(name)
     present = engine.exists(name)
     if present:
         info = managed_info(name)

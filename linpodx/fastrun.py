@@ -98,12 +98,9 @@ def _rollback_pending(name: str) -> bool:
     """Whether a rollback journal of NAME is there, or might be (anything but "no such file":
     the full path then looks, and refuses if it cannot)."""
     try:
-        os.lstat(paths.rollback_journal(name))
-    except FileNotFoundError:
-        return False
+        return paths.rollback_pending(name)
     except OSError:
         return True
-    return True
 
 
 def _locked(
