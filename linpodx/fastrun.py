@@ -182,7 +182,7 @@ def _locked(
 
 
 def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]]:
-    """What a guarded one-call run needs before podman starts (as `containers._run_once`
+    """What a guarded one-call run needs before podman starts (as `containers.pipeline`
     does through `guard.prepare` and `guard.hook_setup`): the guard's policy file and
     resolv.conf, the guard itself (waiting for the container's pid), and the OCI hook that
     holds the container's command back until the guard is ready. Returns the resolv.conf, the

@@ -215,7 +215,7 @@ def test_guard_sequence_create_init_attach_start(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     assert fake.names()[:4] == ["create", "create_home", "init", "start"]
@@ -231,7 +231,7 @@ def test_init_pid_from_the_pidfile_needs_no_inspect(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False, pidfile_pid=77)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
 
     def no_inspect(name: str) -> int:
         raise AssertionError("podman inspect for the pid")
@@ -244,8 +244,8 @@ def test_init_pid_from_the_pidfile_needs_no_inspect(
 
 def test_guard_failure_fails_closed(fake: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     guard = FakeGuard(fail_attach=True)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
-    monkeypatch.setattr(containers, "_pid_alive", lambda pid: True)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "_pid_alive", lambda pid: True)
     spec = containers.make_spec(REQ, guarded_ref())
     with pytest.raises(EngineError) as ei:
         containers.create_and_start(spec, guarded_ref())
@@ -268,9 +268,9 @@ def test_init_undone_by_podman_cleanup_is_retried_once(
                 raise RuntimeError(f"the container's process {pid} is gone")
 
     guard = FlakyGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
-    monkeypatch.setattr(containers, "_pid_alive", lambda pid: False)
-    monkeypatch.setattr(containers.time, "sleep", lambda s: None)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "_pid_alive", lambda pid: False)
+    monkeypatch.setattr(containers.bringup.time, "sleep", lambda s: None)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     assert fake.names().count("init") == 2
@@ -386,7 +386,7 @@ def test_guarded_run_with_a_taken_name_leaves_the_other_guard_alone(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     fake.present.add("agent-1")  # another linpodx container already has the name
     containers.spec_dir("agent-1").mkdir(parents=True)  # ... and its files
     spec = containers.make_spec(REQ, guarded_ref())
@@ -405,7 +405,7 @@ def test_guarded_run_with_a_name_taken_outside_linpodx_cleans_only_its_own_files
     """No state dir of that name: nothing of another container's to overwrite, so no
     `podman container exists` first; podman refuses the create and our files go again."""
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     fake.present.add("agent-1")
     fake.fail["create"] = EngineError("podman create failed", stderr="name is already in use")
     spec = containers.make_spec(REQ, guarded_ref())
@@ -419,7 +419,7 @@ def test_start_refuses_a_moved_resolv_conf(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     doc = containers.load_spec("agent-1")
@@ -427,7 +427,7 @@ def test_start_refuses_a_moved_resolv_conf(
     containers.save_spec("agent-1", doc)
     fake.state = "exited"
     fake.present.add("agent-1")
-    monkeypatch.setattr(containers, "profile_by_id", lambda pid: guarded_ref())
+    monkeypatch.setattr(containers.request, "profile_by_id", lambda pid: guarded_ref())
     fake.calls.clear()
     with pytest.raises(EngineError) as ei:
         containers.start("agent-1")
@@ -531,7 +531,7 @@ def test_podman_calls_that_make_the_mounts_get_the_mount_check_hook(
 ) -> None:
     """`init`/`start` (run and `linpodx start`) carry `--hooks-dir` of the container's pins, and
     the pins are the device and inode of the source as it is when the call is made."""
-    monkeypatch.setattr(containers, "_guard", lambda: FakeGuard(fail_attach=False))
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: FakeGuard(fail_attach=False))
     project = tmp_path / "project"
     project.mkdir()
     ref = _mounted_ref(project, allowlist=("crates.io",) if guarded else ())
@@ -549,7 +549,7 @@ def test_podman_calls_that_make_the_mounts_get_the_mount_check_hook(
     project.mkdir()
     fake.calls.clear()
     fake.state = "exited"
-    monkeypatch.setattr(containers, "profile_by_id", lambda pid: ref)
+    monkeypatch.setattr(containers.request, "profile_by_id", lambda pid: ref)
     containers.start("agent-1")
     assert next(c for c in fake.calls if c[0] in ("init", "start"))[1] == flag
     st = project.stat()
@@ -569,8 +569,8 @@ def test_a_source_that_became_a_symlink_stops_the_start_before_podman(
     project.symlink_to(ssh)
     fake.calls.clear()
     fake.state = "exited"
-    monkeypatch.setattr(containers, "profile_by_id", lambda pid: ref)
-    with pytest.raises(containers.InvalidInput):
+    monkeypatch.setattr(containers.request, "profile_by_id", lambda pid: ref)
+    with pytest.raises(InvalidInput):
         containers.start("agent-1")
     assert "init" not in fake.names() and "start" not in fake.names()
 
@@ -591,7 +591,7 @@ def test_rm_cleanup_hook_removes_only_its_own_containers_dir(state: str, removed
     """The `--rm` poststop hook, run as runc runs it (OCI state on stdin)."""
     import subprocess
 
-    flags = containers._rm_cleanup_flags("agent-1")
+    flags = containers.bringup.rm_cleanup_flags("agent-1")
     where = containers.spec_dir("agent-1")
     hooks = Path(flags[0].removeprefix("--hooks-dir="))
     assert hooks.parent == where
@@ -701,8 +701,8 @@ def test_a_guarded_run_records_a_guard_failure_and_a_taken_name(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=True)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
-    monkeypatch.setattr(containers, "_pid_alive", lambda pid: True)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "_pid_alive", lambda pid: True)
     spec = containers.make_spec(REQ, guarded_ref())
     with pytest.raises(EngineError):
         containers.create_and_start(spec, guarded_ref())
@@ -804,7 +804,7 @@ def test_an_outcome_record_that_cannot_be_written_keeps_the_original_error(
             raise RuntimeError("something unexpected")
         real(event_type, data)
 
-    monkeypatch.setattr(containers, "audit", audit)
+    monkeypatch.setattr(containers.record, "audit", audit)
     fake.fail["start"] = EngineError("podman start failed (exit 125)", hint="see podman")
     res = cli("run", "--image", "localhost/img:1", "--name", "agent-1", "-d")
     assert res.exit_code == 5
@@ -914,11 +914,11 @@ def test_an_attached_rm_run_waits_for_podman_to_remove_the_container(
         return len(seen) < 4  # removed after the third look
 
     monkeypatch.setattr(engine, "exists", exists)
-    containers._wait_removed("c0ffee", timeout=5)
+    containers.pipeline._wait_removed("c0ffee", timeout=5)
     assert seen == ["c0ffee"] * 4
     seen.clear()
     monkeypatch.setattr(engine, "exists", lambda name: seen.append(name) or True)
-    containers._wait_removed("c0ffee", timeout=0.2)  # never removed: gives up
+    containers.pipeline._wait_removed("c0ffee", timeout=0.2)  # never removed: gives up
     assert 1 < len(seen) < 20
 
 
@@ -942,8 +942,8 @@ def test_a_guard_file_written_during_the_removal_does_not_keep_the_state_dir(
             (where / "egress").mkdir(parents=True)
             (where / "egress" / "guard.json").write_text('{"state": "stopped"}')
 
-    monkeypatch.setattr(containers.shutil, "rmtree", rmtree)
-    containers._remove_spec("agent-1")
+    monkeypatch.setattr(containers.state.shutil, "rmtree", rmtree)
+    containers.state.remove_spec("agent-1")
     assert not where.exists() and len(calls) == 2
 
 
@@ -967,7 +967,7 @@ def test_start_of_a_running_container_says_when_its_egress_guard_is_down(
     """A running container whose guard died has no network; `start` said "running", exit 0,
     which read as "egress restored". It now says what is wrong and what restores it."""
     containers.run(REQ)
-    monkeypatch.setattr(containers, "egress_status", lambda name: health)
+    monkeypatch.setattr(containers.manage, "egress_status", lambda name: health)
     fake.calls.clear()
     records = len(admin_records())
     if refused:
@@ -1003,9 +1003,9 @@ def test_an_outcome_record_says_which_os_error_stopped_the_run() -> None:
     the C library's fixed text (never an exception's own text, which may hold anything)."""
     import errno
 
-    reason = containers._reason(OSError(errno.ENOSPC, "No space left on device"))
+    reason = containers.record._reason(OSError(errno.ENOSPC, "No space left on device"))
     assert reason == {"error": "OSError", "reason": "No space left on device"}
-    assert containers._reason(ValueError("anything at all")) == {
+    assert containers.record._reason(ValueError("anything at all")) == {
         "error": "ValueError",
         "reason": "unexpected error",
     }
@@ -1028,7 +1028,7 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
     }
     monkeypatch.setattr(engine, "list_managed", lambda all_states: [row])
     monkeypatch.setattr(
-        containers, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
+        containers.manage, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
     )
     res = cli("ps")
     assert res.exit_code == 0, res.stderr
@@ -1072,8 +1072,8 @@ def test_limits_the_host_cannot_apply_refuse_run_and_start_before_their_record(
     fake.state = "exited"
     fake.present.add("agent-1")
     _no_cgroups(monkeypatch)
-    monkeypatch.setattr(containers, "resolve_profile", lambda name: _limited("required"))
-    monkeypatch.setattr(containers, "_ref_for", lambda name, info: _limited("required"))
+    monkeypatch.setattr(containers.request, "resolve_profile", lambda name: _limited("required"))
+    monkeypatch.setattr(containers.manage, "_ref_for", lambda name, info: _limited("required"))
     records = len(admin_records())
     fake.calls.clear()
     for attempt in (
@@ -1094,14 +1094,14 @@ def test_best_effort_runs_without_them_and_says_so_in_its_record(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _no_cgroups(monkeypatch)
-    monkeypatch.setattr(containers, "resolve_profile", lambda name: _limited("best_effort"))
+    monkeypatch.setattr(containers.request, "resolve_profile", lambda name: _limited("best_effort"))
     containers.run(REQ)
     run_rec = [r for r in admin_records() if r["type"] == "container.run"][-1]
     assert run_rec["data"]["limits_not_applied"] == ["memory", "pids_limit"]
     argv = next(c for c in fake.calls if c[0] == "create")
     assert not [a for a in argv if a.startswith(("--memory", "--pids-limit", "--cpus"))]
     fake.state = "exited"
-    monkeypatch.setattr(containers, "_ref_for", lambda name, info: _limited("best_effort"))
+    monkeypatch.setattr(containers.manage, "_ref_for", lambda name, info: _limited("best_effort"))
     containers.start("agent-1")
     start_rec = [r for r in admin_records() if r["type"] == "container.start"][-1]
     assert start_rec["data"]["limits_not_applied"] == ["memory", "pids_limit"]

@@ -217,10 +217,10 @@ class FakeGuard:
 def guarded(monkeypatch: pytest.MonkeyPatch, guard: FakeGuard) -> containers.ProfileRef:
     from linpodx.profile.model import Network, Profile
 
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     prof = Profile(name="net", network=Network(egress_dns_allowlist=("crates.io",)))
     ref = containers.ProfileRef(prof, "net", "prof_X", 2, "cd" * 32)
-    monkeypatch.setattr(containers, "resolve_profile", lambda name: ref)
+    monkeypatch.setattr(containers.request, "resolve_profile", lambda name: ref)
     return ref
 
 
