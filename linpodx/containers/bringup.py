@@ -13,6 +13,7 @@ from typing import TypeVar
 from linpodx.containers import state
 from linpodx.containers.plan import check_mount_sources, needs_guard
 from linpodx.containers.record import Outcome
+from linpodx.containers.runner import podman
 from linpodx.containers.state import spec_dir
 from linpodx.errors import (
     EngineError,
@@ -21,7 +22,7 @@ from linpodx.errors import (
 from linpodx.fsutil import atomic_write
 from linpodx.output import note
 from linpodx.paths import ensure_dir
-from linpodx.podman import engine, mountpin
+from linpodx.podman import mountpin
 from linpodx.profile.model import ProfileRef
 
 _E = TypeVar("_E", bound=BaseException)
@@ -54,7 +55,7 @@ def cleanup(
 ) -> _E:
     """Remove what was created for NAME and add what happened to the error's hint (and to
     `outcome`); an error that is not a LinpodxError has no hint, so it is said on stderr."""
-    leftover = engine.remove_quietly(name)
+    leftover = podman().remove_quietly(name)
     if outcome is not None:
         outcome.removed = leftover is None
     if guard_too:
@@ -176,8 +177,8 @@ def _bring_up_gated(
                 at.step = "mount_check"
                 mounts = (*pin_mounts(name, ref), *extra)
             at.step = "podman_init"
-            engine.init(name, mounts)
-            pid = guard.init_pid(name) or engine.container_pid(name)
+            podman().init(name, mounts)
+            pid = guard.init_pid(name) or podman().container_pid(name)
             at.step = "egress_guard"
             try:
                 guard.attach(name, pid, ref)
@@ -193,5 +194,5 @@ def _bring_up_gated(
                 ) from exc
     if start:
         at.step = "podman_start"
-        engine.start(name, mounts)
+        podman().start(name, mounts)
     return start or needs_guard(ref)

@@ -10,6 +10,7 @@ from linpodx.containers.bringup import bring_up, say
 from linpodx.containers.plan import check_mount_sources, needs_guard, unapplied_limits
 from linpodx.containers.record import audit_stopping, emit, recorded
 from linpodx.containers.request import ContainerInfo
+from linpodx.containers.runner import podman
 from linpodx.containers.state import (
     load_spec,
     lock_name,
@@ -52,7 +53,7 @@ def managed_info(name: str) -> dict[str, Any]:
     # A rollback that was killed part-way may have renamed NAME aside or left it stopped, and
     # swapped half its workspace: nothing acts on it until `snapshot recover` put it back.
     refuse_if_rolling_back(name)
-    info = engine.inspect(name)
+    info = podman().inspect(name)
     if engine.labels_of(info).get(MANAGED_LABEL) != "1":
         raise Denied(
             f"container {name} is not managed by linpodx",
@@ -162,14 +163,14 @@ def _start(name: str) -> ContainerInfo:
                 # A run or start killed between `podman init` and its start left it so (its
                 # command never ran; with an allowlist it has no network). podman refuses to
                 # init it again ("container state improper"): take it back to stopped first.
-                engine.stop(name, timeout=0)
+                podman().stop(name, timeout=0)
             bring_up(name, ref, start=True, resolv=resolv, outcome=outcome)
         except BaseException as err:
             # Any failure (also an OSError of the state dir, or Ctrl-C): do not remove a
             # stopped container's state; make sure it is not left running unguarded. The
             # frame records `container.start.failed` once the hint says so.
             with contextlib.suppress(LinpodxError):
-                engine.stop(name, timeout=0)
+                podman().stop(name, timeout=0)
                 outcome.removed = True
             with contextlib.suppress(Exception):
                 if needs_guard(ref):
@@ -185,7 +186,7 @@ def _start(name: str) -> ContainerInfo:
                 say(f"note: {said}")
             raise
     emit("container.start", name=name, profile=ref.name, revision=ref.revision)
-    info = engine.inspect(name)
+    info = podman().inspect(name)
     return ContainerInfo(
         name,
         str(info.get("Id", "")),
@@ -217,11 +218,11 @@ def stop(name: str, timeout: int = 10) -> dict[str, Any]:
 def _stop(name: str, timeout: int) -> dict[str, Any]:
     info = managed_info(name)
     audit_stopping("container.stop", {"name": name, "id": info.get("Id")})
-    engine.stop(name, timeout)
+    podman().stop(name, timeout)
     emit("container.stop", name=name)
     return {
         "name": name,
-        "state": engine.state(engine.inspect(name)) if engine.exists(name) else "removed",
+        "state": engine.state(podman().inspect(name)) if podman().exists(name) else "removed",
     }
 
 
@@ -235,7 +236,7 @@ def remove(name: str, force: bool = False) -> dict[str, Any]:
 
 def _remove(name: str, force: bool) -> dict[str, Any]:
     refuse_if_rolling_back(name)
-    present = engine.exists(name)
+    present = podman().exists(name)
     if present:
         info = managed_info(name)
         if engine.state(info) == "running" and not force:
@@ -250,9 +251,9 @@ def _remove(name: str, force: bool) -> dict[str, Any]:
     audit_stopping("container.rm", {"name": name, "force": force, "present": present})
     if present:
         try:
-            engine.remove(name, force=force)
+            podman().remove(name, force=force)
         except EngineError:
-            if engine.exists(name):
+            if podman().exists(name):
                 raise
             # Gone meanwhile (a `--rm` container that ended): its state goes all the same.
     with contextlib.suppress(Exception):
@@ -286,7 +287,7 @@ def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -
         {"name": name, "argv": list(command), "interactive": interactive, "tty": tty},
     )
     emit("container.exec", name=name, argv=list(command))
-    return engine.run_inherited(engine.exec_argv(name, command, interactive, tty))
+    return podman().run_inherited(engine.exec_argv(name, command, interactive, tty))
 
 
 def _renamable(name: str) -> bool:
@@ -302,7 +303,7 @@ def _renamable(name: str) -> bool:
 def ps(all_states: bool) -> list[dict[str, Any]]:
     """Rows for `linpodx ps`: linpodx containers only."""
     rows = []
-    for r in engine.list_managed(all_states):
+    for r in podman().list_managed(all_states):
         names = r.get("Names") or []
         name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
         labels = r.get("Labels") or {}
@@ -350,7 +351,8 @@ def logs(name: str, follow: bool) -> int:
             sys.stdout.flush()
             last = text[-1]
 
-    rc = engine.stream_chunks(engine.logs_argv(name, follow), lambda raw: write(escaper.feed(raw)))
+    argv = engine.logs_argv(name, follow)
+    rc = podman().stream_chunks(argv, lambda raw: write(escaper.feed(raw)))
     write(escaper.end())
     if last != "\n":
         write("\n")  # the last line ends like every other

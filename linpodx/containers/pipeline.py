@@ -28,6 +28,7 @@ from linpodx.containers.bringup import bring_up, cleanup, pin_mounts
 from linpodx.containers.plan import fields, make_spec, needs_guard, one_call, run_record
 from linpodx.containers.record import Outcome, emit, recorded
 from linpodx.containers.request import Announce, ContainerInfo, RunRequest
+from linpodx.containers.runner import podman
 from linpodx.containers.state import (
     forget,
     lock_name,
@@ -101,7 +102,7 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
         # those belong to the other container, so refuse before touching them (and never
         # detach them). Without a state dir of that name there are no such files: podman
         # alone decides.
-        if spec_dir(spec.name).exists() and engine.exists(spec.name):
+        if spec_dir(spec.name).exists() and podman().exists(spec.name):
             raise EngineError(
                 f"the container name {spec.name!r} is already in use",
                 engine.NAME_IN_USE_HINT,
@@ -122,7 +123,7 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
     argv = build_create_argv(spec)
     outcome.step = "podman_create"
     try:
-        container_id = engine.create(argv)
+        container_id = podman().create(argv)
     except BaseException:
         if guarded:
             with contextlib.suppress(Exception):
@@ -139,7 +140,7 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
         save_spec(spec.name, spec_doc(spec, ref, container_id, events.now_iso()))
         if not spec.rm:
             outcome.step = "home"
-            engine.create_home(spec.name)
+            podman().create_home(spec.name)
         bring_up(
             spec.name, ref, start=start, resolv=spec.resolv_conf, rm_cleanup=spec.rm,
             outcome=outcome,
@@ -156,7 +157,7 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
     state = "running"
     if start and not spec.rm:
         with contextlib.suppress(LinpodxError):
-            state = engine.state(engine.inspect(spec.name))
+            state = engine.state(podman().inspect(spec.name))
     emit(
         "container.start", name=spec.name, profile=ref.name, revision=ref.revision, image=spec.image
     )
@@ -214,11 +215,11 @@ def _remove_if_never_started(name: str) -> None:
     """Remove NAME and its spec if its command never ran (best effort: called on the way out
     of an interrupted run, whose own error is what the person sees)."""
     try:
-        info = engine.inspect(name)
+        info = podman().inspect(name)
     except LinpodxError:
         return
     started = str(info.get("State", {}).get("StartedAt", ""))
-    if (not started or started.startswith("0001-01-01")) and engine.remove_quietly(name) is None:
+    if (not started or started.startswith("0001-01-01")) and podman().remove_quietly(name) is None:
         with contextlib.suppress(OSError):
             remove_spec(name)
 
@@ -236,7 +237,7 @@ def _wait_removed(container_id: str, timeout: float = RM_WAIT_SECONDS) -> None:
     before (`linpodx rm` removes both)."""
     deadline = time.monotonic() + timeout
     with contextlib.suppress(LinpodxError):
-        while engine.exists(container_id) and time.monotonic() < deadline:
+        while podman().exists(container_id) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -272,7 +273,7 @@ def _one_call(
     made = not where.exists()
     guarded = needs_guard(ref)
     outcome.step = "name_check"
-    if not made and engine.exists(spec.name):
+    if not made and podman().exists(spec.name):
         # The mount pins (and the guard's files) are written under this name: refuse a taken
         # name first, so the other container's files are left as they are.
         raise EngineError(
@@ -304,7 +305,7 @@ def _one_call(
     cidfile = ensure_dir(where) / f"cid-{secrets.token_hex(6)}"
     argv = (*global_flags, *build_run_argv(spec, str(cidfile)))
     return _relay(
-        spec, ref, announce, lambda: engine.start_run((engine.podman_bin(), *argv)), cidfile,
+        spec, ref, announce, lambda: podman().start_run((podman().podman_bin(), *argv)), cidfile,
         made=made, guarded=guarded, lock=lock, outcome=outcome,
     )  # fmt: skip
 
@@ -366,7 +367,7 @@ def _resumed(
         if cidfile.exists():
             outcome.created = True
             cidfile.unlink(missing_ok=True)
-            outcome.removed = engine.remove_quietly(req.name or "") is None
+            outcome.removed = podman().remove_quietly(req.name or "") is None
         if guarded:
             with contextlib.suppress(Exception):
                 bringup.egress_guard().detach(req.name or "")
@@ -424,7 +425,7 @@ def _relay(
             lock.release()
 
     try:
-        rc = engine.relay_announced(start(), cidfile, created)
+        rc = podman().relay_announced(start(), cidfile, created)
     except BaseException as exc:
         ours = cidfile.exists()  # podman created the container: remove it and its spec
         at.created = at.created or ours
@@ -437,7 +438,7 @@ def _relay(
             with contextlib.suppress(Exception):
                 bringup.egress_guard().detach(spec.name)
         if ours:
-            at.removed = engine.remove_quietly(spec.name) is None
+            at.removed = podman().remove_quietly(spec.name) is None
         if ours or made:
             remove_spec(spec.name)
         raise
@@ -451,7 +452,7 @@ def _relay(
         # podman 4.3 interrupted (Ctrl-C) between creating and starting the container exits 1
         # and leaves it behind, created or initialized: its command never ran. Remove it by
         # its id (seen here; a container that did run and fail is gone already: --ignore).
-        engine.remove_quietly(cid)
+        podman().remove_quietly(cid)
     # podman run --rm removed the container before returning; its guard, if any, ends by
     # itself with the container's network namespace. The name is free again, so a new run of
     # it may have begun meanwhile: only this container's state dir goes.
@@ -471,20 +472,20 @@ def attached_start(
     """
     with recorded("container.run", name, None, step="podman_start") as outcome:
         outcome.created = True
-        rc = engine.run_inherited(
+        rc = podman().run_inherited(
             engine.start_attach_argv(name, interactive, global_flags),
-            stop=lambda: engine.stop_quietly(name),
+            stop=lambda: podman().stop_quietly(name),
         )
     if rc != 0 and remove_on_failure:
         try:
-            info = engine.inspect(name)
+            info = podman().inspect(name)
         except NotFound:
             return rc  # --rm containers are gone once they exit
         except LinpodxError:
             return rc
         started = str(info.get("State", {}).get("StartedAt", ""))
         if started.startswith("0001-01-01") or not started:
-            outcome.removed = engine.remove_quietly(name) is None
+            outcome.removed = podman().remove_quietly(name) is None
             remove_spec(name)
             outcome.failed(
                 EngineError(f"podman start --attach exited {rc} without starting the container")

@@ -14,6 +14,7 @@ from typing import Any
 from linpodx import namelock
 from linpodx.canonical import strict_loads
 from linpodx.containers.plan import run_record
+from linpodx.containers.runner import podman
 from linpodx.errors import (
     InvalidInput,
     LinpodxError,
@@ -21,7 +22,6 @@ from linpodx.errors import (
 )
 from linpodx.fsutil import NotRegularFile, atomic_write, read_small
 from linpodx.paths import containers_dir, rollback_pending
-from linpodx.podman import engine
 from linpodx.podman.argv import (
     CreateSpec,
 )
@@ -195,7 +195,7 @@ def forget(name: str, container_id: str | None = None, *, ask_podman: bool = Tru
     name's lock; not if a container of that name exists (`ask_podman`), nor if the run spec
     there is another container's than `container_id` (a run of the name that came after)."""
     with contextlib.suppress(LinpodxError), lock_name(name):
-        if ask_podman and engine.exists(name):
+        if ask_podman and podman().exists(name):
             return
         if container_id is not None and _spec_container_id(name) not in (None, container_id):
             return

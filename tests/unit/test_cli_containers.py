@@ -7,8 +7,10 @@ may belong to someone else's container); containers without the linpodx label ar
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from linpodx import containers, namelock
+from linpodx.containers import runner
 from linpodx.errors import Denied, EngineError, InvalidInput, NotFound
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine, probe
@@ -23,7 +26,9 @@ from linpodx.profile.model import Network, Profile, Resources
 
 
 class FakeEngine:
-    """Records every call; fails where told to."""
+    """The podman the container service calls (`linpodx.containers.runner.Podman`), handed in
+    with `runner.use`: records every call, fails where told to. Running podman with a terminal
+    or streaming its output is not faked (the real engine's functions)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
@@ -32,67 +37,87 @@ class FakeEngine:
         self.state = "running"
         self.present: set[str] = {"other"}
         self.renamed: dict[str, str] = {}  # what podman resolves a given name or id to
+        self.start_run = engine.start_run
+        self.relay_announced = engine.relay_announced
+        self.stream_chunks = engine.stream_chunks
 
     def _step(self, what: str, *args: str) -> None:
         self.calls.append((what, *args))
         if what in self.fail:
             raise self.fail[what]
 
-    def install(self, mp: pytest.MonkeyPatch) -> None:
-        def create(argv: Any) -> str:
-            self._step("create", *argv)
-            name = next(a.split("=", 1)[1] for a in argv if a.startswith("--name="))
-            self.present.add(name)
-            return "c0ffee"
+    def create(self, argv: Any) -> str:
+        self._step("create", *argv)
+        name = next(a.split("=", 1)[1] for a in argv if a.startswith("--name="))
+        self.present.add(name)
+        return "c0ffee"
 
-        def remove_quietly(name: str) -> None:
-            self.calls.append(("remove", name))
-            self.present.discard(name)
+    def create_home(self, name: str) -> None:
+        self._step("create_home", name)
 
-        def inspect(name: str) -> dict[str, Any]:
-            self.calls.append(("inspect", name))
-            return {
-                "Id": "c0ffee",
-                "Name": self.renamed.get(name, name),
-                "State": {"Status": self.state, "Pid": 42},
-                "Config": {"Labels": dict(self.labels)},
-                "ImageName": "img",
+    def init(self, name: str, global_flags: Any = ()) -> None:
+        self._step("init", *global_flags, name)
+
+    def start(self, name: str, global_flags: Any = ()) -> None:
+        self._step("start", *global_flags, name)
+
+    def stop(self, name: str, timeout: int = 10) -> None:
+        self._step("stop", name)
+
+    def stop_quietly(self, name_or_id: str) -> None:
+        with contextlib.suppress(EngineError):
+            self.stop(name_or_id)
+
+    def remove(self, name: str, force: bool = False) -> None:
+        self._step("rm", name)
+
+    def remove_quietly(self, name: str) -> str | None:
+        self.calls.append(("remove", name))
+        self.present.discard(name)
+        return None
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        self.calls.append(("inspect", name))
+        return {
+            "Id": "c0ffee",
+            "Name": self.renamed.get(name, name),
+            "State": {"Status": self.state, "Pid": 42},
+            "Config": {"Labels": dict(self.labels)},
+            "ImageName": "img",
+        }
+
+    def exists(self, name: str) -> bool:
+        return name in self.present
+
+    def container_pid(self, name: str) -> int:
+        return 42
+
+    def run_inherited(self, argv: Any, stop: Any = None) -> int:
+        self._step("inherited", *argv)
+        return 0
+
+    def podman_bin(self) -> str:
+        return "/usr/bin/podman"
+
+    def list_managed(self, all_states: bool) -> list[dict[str, Any]]:
+        return [
+            {
+                "Names": ["agent-1"],
+                "Labels": {"linpodx.profile": "default", "linpodx.revision": "0"},
+                "State": "running",
+                "Image": "img",
             }
-
-        mp.setattr(engine, "create", create)
-        mp.setattr(engine, "create_home", lambda n: self._step("create_home", n))
-        mp.setattr(engine, "init", lambda n, flags=(): self._step("init", *flags, n))
-        mp.setattr(engine, "start", lambda n, flags=(): self._step("start", *flags, n))
-        mp.setattr(engine, "stop", lambda n, timeout=10: self._step("stop", n))
-        mp.setattr(engine, "remove", lambda n, force=False: self._step("rm", n))
-        mp.setattr(engine, "remove_quietly", remove_quietly)
-        mp.setattr(engine, "inspect", inspect)
-        mp.setattr(engine, "exists", lambda n: n in self.present)
-        mp.setattr(engine, "container_pid", lambda n: 42)
-        mp.setattr(engine, "run_inherited", lambda argv: self._step("inherited", *argv) or 0)
-        mp.setattr(engine, "podman_bin", lambda: "/usr/bin/podman")
-        mp.setattr(
-            engine,
-            "list_managed",
-            lambda all_states: [
-                {
-                    "Names": ["agent-1"],
-                    "Labels": {"linpodx.profile": "default", "linpodx.revision": "0"},
-                    "State": "running",
-                    "Image": "img",
-                }
-            ],
-        )
+        ]
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
+def fake() -> Iterator[FakeEngine]:
     f = FakeEngine()
-    f.install(monkeypatch)
-    return f
+    with runner.use(f):
+        yield f
 
 
 def admin_records() -> list[dict[str, Any]]:
@@ -236,7 +261,7 @@ def test_init_pid_from_the_pidfile_needs_no_inspect(
     def no_inspect(name: str) -> int:
         raise AssertionError("podman inspect for the pid")
 
-    monkeypatch.setattr(engine, "container_pid", no_inspect)
+    monkeypatch.setattr(fake, "container_pid", no_inspect)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     assert guard.calls[-1] == "attach:77"
@@ -690,7 +715,7 @@ def test_a_run_whose_clean_up_fails_records_the_container_as_left(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.fail["start"] = EngineError("podman start failed (exit 125)")
-    monkeypatch.setattr(engine, "remove_quietly", lambda name: "Error: device busy")
+    monkeypatch.setattr(fake, "remove_quietly", lambda name: "Error: device busy")
     with pytest.raises(EngineError) as ei:
         containers.run(REQ)
     assert ei.value.hint and "podman rm -f agent-1" in ei.value.hint
@@ -775,9 +800,9 @@ def test_an_attached_start_that_never_started_records_the_run_as_failed(
 ) -> None:
     containers.create_and_start(containers.make_spec(REQ, containers.builtin_ref()),
                                 containers.builtin_ref(), start=False)  # fmt: skip
-    monkeypatch.setattr(engine, "run_inherited", lambda argv, stop=None: 125)
+    monkeypatch.setattr(fake, "run_inherited", lambda argv, stop=None: 125)
     monkeypatch.setattr(
-        engine, "inspect", lambda name: {"State": {"StartedAt": "0001-01-01T00:00:00Z"}}
+        fake, "inspect", lambda name: {"State": {"StartedAt": "0001-01-01T00:00:00Z"}}
     )
     assert containers.attached_start("agent-1", False, remove_on_failure=True) == 125
     assert failed_records() == [
@@ -897,13 +922,13 @@ def test_rm_of_a_container_that_vanishes_meanwhile_is_not_an_error(
         fake.present.discard(name)  # a `--rm` container that ended just now
         raise EngineError("podman rm failed (exit 1)", stderr="Error: no such container")
 
-    monkeypatch.setattr(engine, "remove", gone)
+    monkeypatch.setattr(fake, "remove", gone)
     assert containers.remove("agent-1", True)["removed"] is True
     assert not containers.spec_dir("agent-1").exists()
 
 
 def test_an_attached_rm_run_waits_for_podman_to_remove_the_container(
-    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """podman 5 may return from `start --attach` of a `--rm` container before removing it:
     the run waits (bounded) so that `forget` then drops its state dir."""
@@ -913,11 +938,11 @@ def test_an_attached_rm_run_waits_for_podman_to_remove_the_container(
         seen.append(name)
         return len(seen) < 4  # removed after the third look
 
-    monkeypatch.setattr(engine, "exists", exists)
+    monkeypatch.setattr(fake, "exists", exists)
     containers.pipeline._wait_removed("c0ffee", timeout=5)
     assert seen == ["c0ffee"] * 4
     seen.clear()
-    monkeypatch.setattr(engine, "exists", lambda name: seen.append(name) or True)
+    monkeypatch.setattr(fake, "exists", lambda name: seen.append(name) or True)
     containers.pipeline._wait_removed("c0ffee", timeout=0.2)  # never removed: gives up
     assert 1 < len(seen) < 20
 
@@ -1016,7 +1041,6 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
 ) -> None:
     """After `podman rename agent-1 agent-2`, ps showed EGRESS `none` for a filtered container
     (its guard's state is under agent-1). It shows that guard's health and says what to do."""
-    from linpodx.podman import engine
 
     containers.run(REQ)
     row = {
@@ -1026,7 +1050,7 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
         "State": "running",
         "Image": "img",
     }
-    monkeypatch.setattr(engine, "list_managed", lambda all_states: [row])
+    monkeypatch.setattr(fake, "list_managed", lambda all_states: [row])
     monkeypatch.setattr(
         containers.manage, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
     )
@@ -1043,11 +1067,10 @@ def test_ps_lists_a_container_renamed_to_a_name_linpodx_would_not_give(
     fake: FakeEngine, cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`podman rename` takes names over 63 characters; ps must still list everything."""
-    from linpodx.podman import engine
 
     long = "x" * 70
     row = {"Names": [long], "Id": "c0ffee", "Labels": {}, "State": "running", "Image": "img"}
-    monkeypatch.setattr(engine, "list_managed", lambda all_states: [row])
+    monkeypatch.setattr(fake, "list_managed", lambda all_states: [row])
     res = cli("ps")
     assert res.exit_code == 0, res.stderr
     assert res.stdout.splitlines()[1].split()[0] == long
