@@ -15,6 +15,7 @@ Where things are:
   bringup   mount pins, guard, `podman init`/`start`, clean-up after a failure
   pipeline  the one run pipeline (modes detached, attached, one call, resumed)
   manage    start, stop, rm, exec, ps, inspect, logs
+  runner    the podman calls of all of them, as one object (`runner.use` hands in another)
 This module is the API the CLI, snapshot, fastrun and mcp use.
 """
 
