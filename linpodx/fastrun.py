@@ -98,12 +98,9 @@ def _rollback_pending(name: str) -> bool:
     """Whether a rollback journal of NAME is there, or might be (anything but "no such file":
     the full path then looks, and refuses if it cannot)."""
     try:
-        os.lstat(paths.rollback_journal(name))
-    except FileNotFoundError:
-        return False
+        return paths.rollback_pending(name)
     except OSError:
         return True
-    return True
 
 
 def _locked(
@@ -185,7 +182,7 @@ def _locked(
 
 
 def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]]:
-    """What a guarded one-call run needs before podman starts (as `containers._run_once`
+    """What a guarded one-call run needs before podman starts (as `containers.pipeline`
     does through `guard.prepare` and `guard.hook_setup`): the guard's policy file and
     resolv.conf, the guard itself (waiting for the container's pid), and the OCI hook that
     holds the container's command back until the guard is ready. Returns the resolv.conf, the

@@ -259,6 +259,17 @@ def rollback_journal(name: str) -> str:
     return os.path.join(state_root(), "snapshots", ".rollbacks", f"{name}.json")
 
 
+def rollback_pending(name: str) -> bool:
+    """Whether a rollback journal of container `name` is there (one lstat, cheap enough for
+    every run). OSError other than "no such file": it cannot be told, and each caller fails
+    closed in its own way (the journal's reader refuses, the fast run path leaves it to it)."""
+    try:
+        os.lstat(rollback_journal(name))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def containers_root() -> str:
     """`containers_dir()` as a string."""
     return os.path.join(state_root(), "containers")

@@ -27,7 +27,7 @@ from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
 from linpodx.errors import ChainBroken, LinpodxError
 from linpodx.fsutil import NotRegularFile, Staged, atomic_write, fsync_dir, read_regular
 from linpodx.ids import ULID_RE
-from linpodx.paths import rollback_journal
+from linpodx.paths import rollback_journal, rollback_pending
 from linpodx.snapshot import egresskeep
 from linpodx.snapshot.jobs import proc_start_time
 from linpodx.snapshot.names import LABEL_RE, image_ref
@@ -288,9 +288,8 @@ def check_no_interrupted(name: str) -> None:
     Cheap when there is no journal (one lstat), so the run paths can afford it.
     """
     try:
-        os.lstat(rollback_journal(name))
-    except FileNotFoundError:
-        return
+        if not rollback_pending(name):
+            return
     except OSError as exc:
         # Not "no journal": a state dir we cannot search must not let a command through.
         raise LinpodxError(

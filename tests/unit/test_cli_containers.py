@@ -7,8 +7,10 @@ may belong to someone else's container); containers without the linpodx label ar
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from linpodx import containers, namelock
+from linpodx.containers import runner
 from linpodx.errors import Denied, EngineError, InvalidInput, NotFound
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine, probe
@@ -23,7 +26,9 @@ from linpodx.profile.model import Network, Profile, Resources
 
 
 class FakeEngine:
-    """Records every call; fails where told to."""
+    """The podman the container service calls (`linpodx.containers.runner.Podman`), handed in
+    with `runner.use`: records every call, fails where told to. Running podman with a terminal
+    or streaming its output is not faked (the real engine's functions)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
@@ -32,67 +37,87 @@ class FakeEngine:
         self.state = "running"
         self.present: set[str] = {"other"}
         self.renamed: dict[str, str] = {}  # what podman resolves a given name or id to
+        self.start_run = engine.start_run
+        self.relay_announced = engine.relay_announced
+        self.stream_chunks = engine.stream_chunks
 
     def _step(self, what: str, *args: str) -> None:
         self.calls.append((what, *args))
         if what in self.fail:
             raise self.fail[what]
 
-    def install(self, mp: pytest.MonkeyPatch) -> None:
-        def create(argv: Any) -> str:
-            self._step("create", *argv)
-            name = next(a.split("=", 1)[1] for a in argv if a.startswith("--name="))
-            self.present.add(name)
-            return "c0ffee"
+    def create(self, argv: Any) -> str:
+        self._step("create", *argv)
+        name = next(a.split("=", 1)[1] for a in argv if a.startswith("--name="))
+        self.present.add(name)
+        return "c0ffee"
 
-        def remove_quietly(name: str) -> None:
-            self.calls.append(("remove", name))
-            self.present.discard(name)
+    def create_home(self, name: str) -> None:
+        self._step("create_home", name)
 
-        def inspect(name: str) -> dict[str, Any]:
-            self.calls.append(("inspect", name))
-            return {
-                "Id": "c0ffee",
-                "Name": self.renamed.get(name, name),
-                "State": {"Status": self.state, "Pid": 42},
-                "Config": {"Labels": dict(self.labels)},
-                "ImageName": "img",
+    def init(self, name: str, global_flags: Any = ()) -> None:
+        self._step("init", *global_flags, name)
+
+    def start(self, name: str, global_flags: Any = ()) -> None:
+        self._step("start", *global_flags, name)
+
+    def stop(self, name: str, timeout: int = 10) -> None:
+        self._step("stop", name)
+
+    def stop_quietly(self, name_or_id: str) -> None:
+        with contextlib.suppress(EngineError):
+            self.stop(name_or_id)
+
+    def remove(self, name: str, force: bool = False) -> None:
+        self._step("rm", name)
+
+    def remove_quietly(self, name: str) -> str | None:
+        self.calls.append(("remove", name))
+        self.present.discard(name)
+        return None
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        self.calls.append(("inspect", name))
+        return {
+            "Id": "c0ffee",
+            "Name": self.renamed.get(name, name),
+            "State": {"Status": self.state, "Pid": 42},
+            "Config": {"Labels": dict(self.labels)},
+            "ImageName": "img",
+        }
+
+    def exists(self, name: str) -> bool:
+        return name in self.present
+
+    def container_pid(self, name: str) -> int:
+        return 42
+
+    def run_inherited(self, argv: Any, stop: Any = None) -> int:
+        self._step("inherited", *argv)
+        return 0
+
+    def podman_bin(self) -> str:
+        return "/usr/bin/podman"
+
+    def list_managed(self, all_states: bool) -> list[dict[str, Any]]:
+        return [
+            {
+                "Names": ["agent-1"],
+                "Labels": {"linpodx.profile": "default", "linpodx.revision": "0"},
+                "State": "running",
+                "Image": "img",
             }
-
-        mp.setattr(engine, "create", create)
-        mp.setattr(engine, "create_home", lambda n: self._step("create_home", n))
-        mp.setattr(engine, "init", lambda n, flags=(): self._step("init", *flags, n))
-        mp.setattr(engine, "start", lambda n, flags=(): self._step("start", *flags, n))
-        mp.setattr(engine, "stop", lambda n, timeout=10: self._step("stop", n))
-        mp.setattr(engine, "remove", lambda n, force=False: self._step("rm", n))
-        mp.setattr(engine, "remove_quietly", remove_quietly)
-        mp.setattr(engine, "inspect", inspect)
-        mp.setattr(engine, "exists", lambda n: n in self.present)
-        mp.setattr(engine, "container_pid", lambda n: 42)
-        mp.setattr(engine, "run_inherited", lambda argv: self._step("inherited", *argv) or 0)
-        mp.setattr(engine, "podman_bin", lambda: "/usr/bin/podman")
-        mp.setattr(
-            engine,
-            "list_managed",
-            lambda all_states: [
-                {
-                    "Names": ["agent-1"],
-                    "Labels": {"linpodx.profile": "default", "linpodx.revision": "0"},
-                    "State": "running",
-                    "Image": "img",
-                }
-            ],
-        )
+        ]
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
+def fake() -> Iterator[FakeEngine]:
     f = FakeEngine()
-    f.install(monkeypatch)
-    return f
+    with runner.use(f):
+        yield f
 
 
 def admin_records() -> list[dict[str, Any]]:
@@ -215,7 +240,7 @@ def test_guard_sequence_create_init_attach_start(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     assert fake.names()[:4] == ["create", "create_home", "init", "start"]
@@ -231,12 +256,12 @@ def test_init_pid_from_the_pidfile_needs_no_inspect(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False, pidfile_pid=77)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
 
     def no_inspect(name: str) -> int:
         raise AssertionError("podman inspect for the pid")
 
-    monkeypatch.setattr(engine, "container_pid", no_inspect)
+    monkeypatch.setattr(fake, "container_pid", no_inspect)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     assert guard.calls[-1] == "attach:77"
@@ -244,8 +269,8 @@ def test_init_pid_from_the_pidfile_needs_no_inspect(
 
 def test_guard_failure_fails_closed(fake: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     guard = FakeGuard(fail_attach=True)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
-    monkeypatch.setattr(containers, "_pid_alive", lambda pid: True)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "_pid_alive", lambda pid: True)
     spec = containers.make_spec(REQ, guarded_ref())
     with pytest.raises(EngineError) as ei:
         containers.create_and_start(spec, guarded_ref())
@@ -268,9 +293,9 @@ def test_init_undone_by_podman_cleanup_is_retried_once(
                 raise RuntimeError(f"the container's process {pid} is gone")
 
     guard = FlakyGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
-    monkeypatch.setattr(containers, "_pid_alive", lambda pid: False)
-    monkeypatch.setattr(containers.time, "sleep", lambda s: None)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "_pid_alive", lambda pid: False)
+    monkeypatch.setattr(containers.bringup.time, "sleep", lambda s: None)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     assert fake.names().count("init") == 2
@@ -386,7 +411,7 @@ def test_guarded_run_with_a_taken_name_leaves_the_other_guard_alone(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     fake.present.add("agent-1")  # another linpodx container already has the name
     containers.spec_dir("agent-1").mkdir(parents=True)  # ... and its files
     spec = containers.make_spec(REQ, guarded_ref())
@@ -405,7 +430,7 @@ def test_guarded_run_with_a_name_taken_outside_linpodx_cleans_only_its_own_files
     """No state dir of that name: nothing of another container's to overwrite, so no
     `podman container exists` first; podman refuses the create and our files go again."""
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     fake.present.add("agent-1")
     fake.fail["create"] = EngineError("podman create failed", stderr="name is already in use")
     spec = containers.make_spec(REQ, guarded_ref())
@@ -419,7 +444,7 @@ def test_start_refuses_a_moved_resolv_conf(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=False)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     spec = containers.make_spec(REQ, guarded_ref())
     containers.create_and_start(spec, guarded_ref())
     doc = containers.load_spec("agent-1")
@@ -427,7 +452,7 @@ def test_start_refuses_a_moved_resolv_conf(
     containers.save_spec("agent-1", doc)
     fake.state = "exited"
     fake.present.add("agent-1")
-    monkeypatch.setattr(containers, "profile_by_id", lambda pid: guarded_ref())
+    monkeypatch.setattr(containers.request, "profile_by_id", lambda pid: guarded_ref())
     fake.calls.clear()
     with pytest.raises(EngineError) as ei:
         containers.start("agent-1")
@@ -531,7 +556,7 @@ def test_podman_calls_that_make_the_mounts_get_the_mount_check_hook(
 ) -> None:
     """`init`/`start` (run and `linpodx start`) carry `--hooks-dir` of the container's pins, and
     the pins are the device and inode of the source as it is when the call is made."""
-    monkeypatch.setattr(containers, "_guard", lambda: FakeGuard(fail_attach=False))
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: FakeGuard(fail_attach=False))
     project = tmp_path / "project"
     project.mkdir()
     ref = _mounted_ref(project, allowlist=("crates.io",) if guarded else ())
@@ -549,7 +574,7 @@ def test_podman_calls_that_make_the_mounts_get_the_mount_check_hook(
     project.mkdir()
     fake.calls.clear()
     fake.state = "exited"
-    monkeypatch.setattr(containers, "profile_by_id", lambda pid: ref)
+    monkeypatch.setattr(containers.request, "profile_by_id", lambda pid: ref)
     containers.start("agent-1")
     assert next(c for c in fake.calls if c[0] in ("init", "start"))[1] == flag
     st = project.stat()
@@ -569,8 +594,8 @@ def test_a_source_that_became_a_symlink_stops_the_start_before_podman(
     project.symlink_to(ssh)
     fake.calls.clear()
     fake.state = "exited"
-    monkeypatch.setattr(containers, "profile_by_id", lambda pid: ref)
-    with pytest.raises(containers.InvalidInput):
+    monkeypatch.setattr(containers.request, "profile_by_id", lambda pid: ref)
+    with pytest.raises(InvalidInput):
         containers.start("agent-1")
     assert "init" not in fake.names() and "start" not in fake.names()
 
@@ -591,7 +616,7 @@ def test_rm_cleanup_hook_removes_only_its_own_containers_dir(state: str, removed
     """The `--rm` poststop hook, run as runc runs it (OCI state on stdin)."""
     import subprocess
 
-    flags = containers._rm_cleanup_flags("agent-1")
+    flags = containers.bringup.rm_cleanup_flags("agent-1")
     where = containers.spec_dir("agent-1")
     hooks = Path(flags[0].removeprefix("--hooks-dir="))
     assert hooks.parent == where
@@ -690,7 +715,7 @@ def test_a_run_whose_clean_up_fails_records_the_container_as_left(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.fail["start"] = EngineError("podman start failed (exit 125)")
-    monkeypatch.setattr(engine, "remove_quietly", lambda name: "Error: device busy")
+    monkeypatch.setattr(fake, "remove_quietly", lambda name: "Error: device busy")
     with pytest.raises(EngineError) as ei:
         containers.run(REQ)
     assert ei.value.hint and "podman rm -f agent-1" in ei.value.hint
@@ -701,8 +726,8 @@ def test_a_guarded_run_records_a_guard_failure_and_a_taken_name(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = FakeGuard(fail_attach=True)
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
-    monkeypatch.setattr(containers, "_pid_alive", lambda pid: True)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "_pid_alive", lambda pid: True)
     spec = containers.make_spec(REQ, guarded_ref())
     with pytest.raises(EngineError):
         containers.create_and_start(spec, guarded_ref())
@@ -775,9 +800,9 @@ def test_an_attached_start_that_never_started_records_the_run_as_failed(
 ) -> None:
     containers.create_and_start(containers.make_spec(REQ, containers.builtin_ref()),
                                 containers.builtin_ref(), start=False)  # fmt: skip
-    monkeypatch.setattr(engine, "run_inherited", lambda argv, stop=None: 125)
+    monkeypatch.setattr(fake, "run_inherited", lambda argv, stop=None: 125)
     monkeypatch.setattr(
-        engine, "inspect", lambda name: {"State": {"StartedAt": "0001-01-01T00:00:00Z"}}
+        fake, "inspect", lambda name: {"State": {"StartedAt": "0001-01-01T00:00:00Z"}}
     )
     assert containers.attached_start("agent-1", False, remove_on_failure=True) == 125
     assert failed_records() == [
@@ -804,7 +829,7 @@ def test_an_outcome_record_that_cannot_be_written_keeps_the_original_error(
             raise RuntimeError("something unexpected")
         real(event_type, data)
 
-    monkeypatch.setattr(containers, "audit", audit)
+    monkeypatch.setattr(containers.record, "audit", audit)
     fake.fail["start"] = EngineError("podman start failed (exit 125)", hint="see podman")
     res = cli("run", "--image", "localhost/img:1", "--name", "agent-1", "-d")
     assert res.exit_code == 5
@@ -897,13 +922,13 @@ def test_rm_of_a_container_that_vanishes_meanwhile_is_not_an_error(
         fake.present.discard(name)  # a `--rm` container that ended just now
         raise EngineError("podman rm failed (exit 1)", stderr="Error: no such container")
 
-    monkeypatch.setattr(engine, "remove", gone)
+    monkeypatch.setattr(fake, "remove", gone)
     assert containers.remove("agent-1", True)["removed"] is True
     assert not containers.spec_dir("agent-1").exists()
 
 
 def test_an_attached_rm_run_waits_for_podman_to_remove_the_container(
-    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """podman 5 may return from `start --attach` of a `--rm` container before removing it:
     the run waits (bounded) so that `forget` then drops its state dir."""
@@ -913,12 +938,12 @@ def test_an_attached_rm_run_waits_for_podman_to_remove_the_container(
         seen.append(name)
         return len(seen) < 4  # removed after the third look
 
-    monkeypatch.setattr(engine, "exists", exists)
-    containers._wait_removed("c0ffee", timeout=5)
+    monkeypatch.setattr(fake, "exists", exists)
+    containers.pipeline._wait_removed("c0ffee", timeout=5)
     assert seen == ["c0ffee"] * 4
     seen.clear()
-    monkeypatch.setattr(engine, "exists", lambda name: seen.append(name) or True)
-    containers._wait_removed("c0ffee", timeout=0.2)  # never removed: gives up
+    monkeypatch.setattr(fake, "exists", lambda name: seen.append(name) or True)
+    containers.pipeline._wait_removed("c0ffee", timeout=0.2)  # never removed: gives up
     assert 1 < len(seen) < 20
 
 
@@ -942,8 +967,8 @@ def test_a_guard_file_written_during_the_removal_does_not_keep_the_state_dir(
             (where / "egress").mkdir(parents=True)
             (where / "egress" / "guard.json").write_text('{"state": "stopped"}')
 
-    monkeypatch.setattr(containers.shutil, "rmtree", rmtree)
-    containers._remove_spec("agent-1")
+    monkeypatch.setattr(containers.state.shutil, "rmtree", rmtree)
+    containers.state.remove_spec("agent-1")
     assert not where.exists() and len(calls) == 2
 
 
@@ -967,7 +992,7 @@ def test_start_of_a_running_container_says_when_its_egress_guard_is_down(
     """A running container whose guard died has no network; `start` said "running", exit 0,
     which read as "egress restored". It now says what is wrong and what restores it."""
     containers.run(REQ)
-    monkeypatch.setattr(containers, "egress_status", lambda name: health)
+    monkeypatch.setattr(containers.manage, "egress_status", lambda name: health)
     fake.calls.clear()
     records = len(admin_records())
     if refused:
@@ -1003,9 +1028,9 @@ def test_an_outcome_record_says_which_os_error_stopped_the_run() -> None:
     the C library's fixed text (never an exception's own text, which may hold anything)."""
     import errno
 
-    reason = containers._reason(OSError(errno.ENOSPC, "No space left on device"))
+    reason = containers.record._reason(OSError(errno.ENOSPC, "No space left on device"))
     assert reason == {"error": "OSError", "reason": "No space left on device"}
-    assert containers._reason(ValueError("anything at all")) == {
+    assert containers.record._reason(ValueError("anything at all")) == {
         "error": "ValueError",
         "reason": "unexpected error",
     }
@@ -1016,7 +1041,6 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
 ) -> None:
     """After `podman rename agent-1 agent-2`, ps showed EGRESS `none` for a filtered container
     (its guard's state is under agent-1). It shows that guard's health and says what to do."""
-    from linpodx.podman import engine
 
     containers.run(REQ)
     row = {
@@ -1026,9 +1050,9 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
         "State": "running",
         "Image": "img",
     }
-    monkeypatch.setattr(engine, "list_managed", lambda all_states: [row])
+    monkeypatch.setattr(fake, "list_managed", lambda all_states: [row])
     monkeypatch.setattr(
-        containers, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
+        containers.manage, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
     )
     res = cli("ps")
     assert res.exit_code == 0, res.stderr
@@ -1043,11 +1067,10 @@ def test_ps_lists_a_container_renamed_to_a_name_linpodx_would_not_give(
     fake: FakeEngine, cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`podman rename` takes names over 63 characters; ps must still list everything."""
-    from linpodx.podman import engine
 
     long = "x" * 70
     row = {"Names": [long], "Id": "c0ffee", "Labels": {}, "State": "running", "Image": "img"}
-    monkeypatch.setattr(engine, "list_managed", lambda all_states: [row])
+    monkeypatch.setattr(fake, "list_managed", lambda all_states: [row])
     res = cli("ps")
     assert res.exit_code == 0, res.stderr
     assert res.stdout.splitlines()[1].split()[0] == long
@@ -1072,8 +1095,8 @@ def test_limits_the_host_cannot_apply_refuse_run_and_start_before_their_record(
     fake.state = "exited"
     fake.present.add("agent-1")
     _no_cgroups(monkeypatch)
-    monkeypatch.setattr(containers, "resolve_profile", lambda name: _limited("required"))
-    monkeypatch.setattr(containers, "_ref_for", lambda name, info: _limited("required"))
+    monkeypatch.setattr(containers.request, "resolve_profile", lambda name: _limited("required"))
+    monkeypatch.setattr(containers.manage, "_ref_for", lambda name, info: _limited("required"))
     records = len(admin_records())
     fake.calls.clear()
     for attempt in (
@@ -1094,14 +1117,14 @@ def test_best_effort_runs_without_them_and_says_so_in_its_record(
     fake: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _no_cgroups(monkeypatch)
-    monkeypatch.setattr(containers, "resolve_profile", lambda name: _limited("best_effort"))
+    monkeypatch.setattr(containers.request, "resolve_profile", lambda name: _limited("best_effort"))
     containers.run(REQ)
     run_rec = [r for r in admin_records() if r["type"] == "container.run"][-1]
     assert run_rec["data"]["limits_not_applied"] == ["memory", "pids_limit"]
     argv = next(c for c in fake.calls if c[0] == "create")
     assert not [a for a in argv if a.startswith(("--memory", "--pids-limit", "--cpus"))]
     fake.state = "exited"
-    monkeypatch.setattr(containers, "_ref_for", lambda name, info: _limited("best_effort"))
+    monkeypatch.setattr(containers.manage, "_ref_for", lambda name, info: _limited("best_effort"))
     containers.start("agent-1")
     start_rec = [r for r in admin_records() if r["type"] == "container.start"][-1]
     assert start_rec["data"]["limits_not_applied"] == ["memory", "pids_limit"]

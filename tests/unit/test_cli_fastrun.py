@@ -20,6 +20,7 @@ import pytest
 from linpodx import containers
 from linpodx.cli import main as cli_main
 from linpodx.cli import runcmd
+from linpodx.containers import runner
 from linpodx.errors import EngineError
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine
@@ -111,32 +112,41 @@ class FakeRun:
     fails first."""
 
     def __init__(self, *, create: bool = True, fail: EngineError | None = None, rc: int = 0):
-        self.create, self.fail, self.rc = create, fail, rc
+        self.creates, self.fail, self.rc = create, fail, rc
         self.argv: tuple[str, ...] = ()
         self.removed: list[str] = []
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
-        mp.setattr(engine, "podman_bin", lambda: "/usr/bin/podman")
-        mp.setattr(engine, "start_run", lambda argv: SimpleNamespace(argv=tuple(argv)))
-        mp.setattr(
-            engine,
-            "relay_announced",
-            lambda child, cidfile, on_created: self.run(child.argv[1:], cidfile, on_created),
-        )
-        mp.setattr(engine, "remove_quietly", lambda name: self.removed.append(name))
-        mp.setattr(engine, "exists", lambda name: False)
-        mp.setattr(engine, "create", self.forbidden)
-        mp.setattr(engine, "run_inherited", self.forbidden)
+        """Be the podman the container service calls (`runner.use`, undone at the test's end)."""
+        mp.setattr(runner, "_current", self)
+
+    def podman_bin(self) -> str:
+        return "/usr/bin/podman"
+
+    def start_run(self, argv: Any) -> Any:
+        return SimpleNamespace(argv=tuple(argv))
+
+    def relay_announced(self, child: Any, cidfile: Path, on_created: Any) -> int:
+        return self.run(child.argv[1:], cidfile, on_created)
+
+    def remove_quietly(self, name: str) -> None:
+        self.removed.append(name)
+
+    def exists(self, name: str) -> bool:
+        return False
 
     @staticmethod
-    def forbidden(*args: Any) -> Any:
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the one-call path made a second podman call")
+
+    create = create_home = init = start = stop = stop_quietly = forbidden
+    remove = inspect = container_pid = list_managed = run_inherited = stream_chunks = forbidden
 
     def run(self, argv: Any, cidfile: Path, on_created: Any) -> int:
         self.argv = tuple(argv)
         # Audited before podman is asked for anything.
         assert (audit_dir() / "admin.jsonl").read_text().count('"container.run"') == 1
-        if self.create:
+        if self.creates:
             cidfile.write_text("ab" * 32)
         if self.fail is not None:
             raise self.fail
@@ -217,10 +227,10 @@ class FakeGuard:
 def guarded(monkeypatch: pytest.MonkeyPatch, guard: FakeGuard) -> containers.ProfileRef:
     from linpodx.profile.model import Network, Profile
 
-    monkeypatch.setattr(containers, "_guard", lambda: guard)
+    monkeypatch.setattr(containers.bringup, "egress_guard", lambda: guard)
     prof = Profile(name="net", network=Network(egress_dns_allowlist=("crates.io",)))
     ref = containers.ProfileRef(prof, "net", "prof_X", 2, "cd" * 32)
-    monkeypatch.setattr(containers, "resolve_profile", lambda name: ref)
+    monkeypatch.setattr(containers.request, "resolve_profile", lambda name: ref)
     return ref
 
 
@@ -307,7 +317,6 @@ def test_podman_that_ran_the_container_without_writing_its_id_is_no_hang(
     The container's output waited for a release that never came and linpodx hung for good,
     holding the name's lock. Now the output is passed on and the error says the container
     ran; a podman that printed nothing and failed is the plain "podman run failed"."""
-    from linpodx.podman import engine
 
     code = "import sys; sys.stderr.write('write cid: no space left on device\\n')\n"
     if ran:

@@ -144,7 +144,7 @@ def test_fast_run_starts_the_full_paths_argv_after_the_full_paths_record(
     assert expect == f"{st.st_dev} {st.st_ino} /workspace\n{st.st_dev} {st.st_ino} /rw\n"
     records = admin_records()[before:]
     assert [r["type"] for r in records] == ["container.run"]
-    assert records[0]["data"] == containers._run_record(spec, applied)
+    assert records[0]["data"] == containers.plan.run_record(spec, applied)
     assert not (containers_dir() / "agent-1").exists()  # --rm: the spec dir went with it
 
 
@@ -375,7 +375,7 @@ def test_a_guarded_fast_run_starts_the_full_paths_argv_and_fails_closed(
     spec = containers.make_spec(req, ref, resolv_conf=resolv)
     assert run_argv == list(argv_mod.build_run_argv(spec, cidfile))
     run, failed = admin_records()[-2:]
-    assert run["type"] == "container.run" and run["data"] == containers._run_record(spec, ref)
+    assert run["type"] == "container.run" and run["data"] == containers.plan.run_record(spec, ref)
     assert failed["type"] == "container.run.failed"
     assert failed["data"]["name"] == "agent-1" and failed["data"]["step"] == "egress_guard"
     assert not (containers_dir() / "agent-1").exists()

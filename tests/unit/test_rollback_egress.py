@@ -139,7 +139,7 @@ def podman(monkeypatch: pytest.MonkeyPatch) -> Podman:
     def start(name: str) -> Any:
         pm.calls.append("start")
         ref = containers.profile_by_id(pm.by_name[name]["Config"]["Labels"]["linpodx.profile_id"])
-        guard._write_policy(EgressState(name), ref)  # `_bring_up`'s guard.prepare
+        guard._write_policy(EgressState(name), ref)  # `bring_up`'s guard.prepare
         _guard_up(name)
         pm.by_name[name]["State"] = {"Running": True}
         return None
@@ -148,7 +148,7 @@ def podman(monkeypatch: pytest.MonkeyPatch) -> Podman:
         pm.calls.append("remove")
         del pm.by_name[name]
         guard.detach(name)
-        containers._remove_spec(name)
+        containers.state.remove_spec(name)
         return {}
 
     for fn in (create_and_start, stop, start, remove):

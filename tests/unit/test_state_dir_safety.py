@@ -248,7 +248,7 @@ def test_a_fifo_for_a_run_spec_is_damage_not_a_hang(state: Path) -> None:
     os.mkfifo(_spec_dir(state) / "spec.json", 0o600)
     with pytest.raises(InvalidInput, match="run spec of agent-1 is damaged"):
         containers.load_spec("agent-1")
-    assert containers._spec_container_id("agent-1") is None
+    assert containers.state._spec_container_id("agent-1") is None
     # Not "no run spec recorded": something is there, and it is not a spec.
     with pytest.raises(InvalidInput, match="run spec of agent-1 is damaged"):
         ops.check_recreatable("agent-1", "prof_x")
