@@ -101,20 +101,16 @@ KNOWN: frozenset[tuple[str, str, str]] = frozenset(
         ("string-import", "linpodx/snapshot/ops.py", "linpodx.containers"),
         ("guarded-import", "linpodx/snapshot/ops.py", "linpodx.containers"),
         ("spawn", "linpodx/snapshot/service.py", "subprocess.Popen"),
-        # layers: `which` is the podman layer's, the builder reaches egress for the pidfile's
-        # name, profile reaches podman and egress; programs started beside the spawn point.
-        ("upward", "linpodx/proc.py", "linpodx.podman.spawn"),
+        # layers: the builder reaches egress for the pidfile's name, profile reaches podman
+        # and egress; programs started beside the spawn point.
         ("upward", "linpodx/podman/argv.py", "linpodx.egress.launch"),
         ("upward", "linpodx/profile/hostpaths.py", "linpodx.podman.mountpin"),
         ("upward", "linpodx/profile/loader.py", "linpodx.egress.policy"),
         ("upward", "linpodx/profile/loader.py", "linpodx.podman.runline"),
-        ("spawn", "linpodx/egress/launch.py", "os.execv"),
-        ("spawn", "linpodx/egress/launch.py", "os.fork"),
         ("spawn", "linpodx/egress/netns.py", "subprocess.Popen"),
         ("spawn", "linpodx/egress/pastakeeper.py", "subprocess.Popen"),
         ("spawn", "linpodx/mcp/attach.py", "subprocess.Popen"),
         ("spawn", "linpodx/podman/engine.py", "subprocess.Popen"),
-        ("spawn", "linpodx/podman/spawn.py", "os.posix_spawn"),
     }
 )
 
