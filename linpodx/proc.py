@@ -27,6 +27,7 @@ from linpodx.errors import EngineError
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
     import subprocess
+    from typing import IO
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -167,19 +168,22 @@ def run(
 def popen(
     argv: Sequence[str],
     *,
-    stdin: int | None = None,
-    stdout: int | None = None,
-    stderr: int | None = None,
+    stdin: int | IO[bytes] | None = None,
+    stdout: int | IO[bytes] | None = None,
+    stderr: int | IO[bytes] | None = None,
+    pass_fds: Sequence[int] = (),
     bufsize: int = -1,
 ) -> subprocess.Popen[bytes]:
     """Start `argv` as a child that lives on beside this process; the caller waits for it.
 
-    `stdin`/`stdout`/`stderr` as `subprocess.Popen` takes them (None: inherited). OSError
-    (FileNotFoundError for a missing program) if it cannot be started.
+    `stdin`/`stdout`/`stderr` as `subprocess.Popen` takes them (None: inherited); `pass_fds`
+    stay open in it. OSError (FileNotFoundError for a missing program) if it cannot be started.
     """
     import subprocess
 
-    return subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, bufsize=bufsize)
+    return subprocess.Popen(
+        list(argv), stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, bufsize=bufsize
+    )
 
 
 class Child:

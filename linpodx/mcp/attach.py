@@ -2,8 +2,8 @@
 
 This module owns the session's one long-running child, `podman exec -i CONTAINER CMD…`: it has
 to live exactly as long as the session and stream both directions, which the run-to-completion
-`proc.run` chokepoint cannot do, so it is started here with `subprocess.Popen` (argv list, no
-shell) and nowhere else.
+`proc.run` cannot do, so it is started here with `proc.popen` (argv list, no shell) and
+nowhere else.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _session(
     try:
         # stderr through linpodx too: the server's (and podman's) words reach the person's
         # terminal escaped, never as escape sequences a server chose.
-        child = subprocess.Popen(
+        child = proc.popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
         )
     except OSError as exc:

@@ -102,15 +102,11 @@ KNOWN: frozenset[tuple[str, str, str]] = frozenset(
         ("guarded-import", "linpodx/snapshot/ops.py", "linpodx.containers"),
         ("spawn", "linpodx/snapshot/service.py", "subprocess.Popen"),
         # layers: the builder reaches egress for the pidfile's name, profile reaches podman
-        # and egress; programs started beside the spawn point.
+        # and egress.
         ("upward", "linpodx/podman/argv.py", "linpodx.egress.launch"),
         ("upward", "linpodx/profile/hostpaths.py", "linpodx.podman.mountpin"),
         ("upward", "linpodx/profile/loader.py", "linpodx.egress.policy"),
         ("upward", "linpodx/profile/loader.py", "linpodx.podman.runline"),
-        ("spawn", "linpodx/egress/netns.py", "subprocess.Popen"),
-        ("spawn", "linpodx/egress/pastakeeper.py", "subprocess.Popen"),
-        ("spawn", "linpodx/mcp/attach.py", "subprocess.Popen"),
-        ("spawn", "linpodx/podman/engine.py", "subprocess.Popen"),
     }
 )
 
