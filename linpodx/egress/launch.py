@@ -15,14 +15,12 @@ import sys
 
 from linpodx import paths, proc
 from linpodx.fsutil import atomic_write
+from linpodx.podman.runline import INIT_PIDFILE as INIT_PIDFILE
 
 # Files under containers/NAME/egress/ (`linpodx.egress.state.EgressState` names them too).
 EGRESS_DIR = "egress"
 RESOLV_CONF_FILE = "resolv.conf"
 POLICY_FILE = "policy.json"
-INIT_PIDFILE = "init.pid"
-"""Beside the resolv.conf: `podman create --pidfile` makes `podman init` write the container's
-init pid there, so the guard's pid needs no `podman inspect`."""
 HOOKS_DIR = "hooks"
 HOOK_FIFO = "hook.state"
 """FIFO through which the one-call hook hands the OCI state (with the container's pid) over."""

@@ -101,12 +101,6 @@ KNOWN: frozenset[tuple[str, str, str]] = frozenset(
         ("string-import", "linpodx/snapshot/ops.py", "linpodx.containers"),
         ("guarded-import", "linpodx/snapshot/ops.py", "linpodx.containers"),
         ("spawn", "linpodx/snapshot/service.py", "subprocess.Popen"),
-        # layers: the builder reaches egress for the pidfile's name, profile reaches podman
-        # and egress.
-        ("upward", "linpodx/podman/argv.py", "linpodx.egress.launch"),
-        ("upward", "linpodx/profile/hostpaths.py", "linpodx.podman.mountpin"),
-        ("upward", "linpodx/profile/loader.py", "linpodx.egress.policy"),
-        ("upward", "linpodx/profile/loader.py", "linpodx.podman.runline"),
     }
 )
 
