@@ -42,11 +42,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # records into the audit chain, so profile sits above audit.
     ("linpodx.podman",),
     ("linpodx.profile",),
+    # The event stream: its reader takes lines with the audit chain's bounded reader.
+    ("linpodx.events",),
     ("linpodx.audit",),
     # The ground: generic helpers that know nothing of containers. They may use each other.
     (
         "linpodx.errors", "linpodx.paths", "linpodx.output", "linpodx.proc", "linpodx.fsutil",
-        "linpodx.namelock", "linpodx.events", "linpodx.canonical", "linpodx.ids",
+        "linpodx.namelock", "linpodx.canonical", "linpodx.ids",
         "linpodx.digest", "linpodx.yielding", "linpodx",
     ),
 )  # fmt: skip
