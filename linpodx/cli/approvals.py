@@ -22,9 +22,15 @@ import typer
 from linpodx.approvals import store as approvals
 from linpodx.approvals.prompter import Prompter
 from linpodx.cli.common import JsonOpt, new_app, run_command
-from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
+from linpodx.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    CommandFailed,
+    LinpodxError,
+    UsageError,
+)
 from linpodx.events import EVENT_TYPES, EventFile
-from linpodx.output import envelope, print_error, print_json, safe_text
+from linpodx.output import safe_text
 
 POLL_SECONDS = 0.1
 FIELD_CAP = 200
@@ -384,10 +390,8 @@ def register(app: typer.Typer) -> None:
         try:
             events_cmd(list(filter_ or []), since, json_mode, no_follow)
         except LinpodxError as err:
-            if json_mode:  # the error as a line of its own, like the events before it
-                print_json(envelope("events", error=err), compact=True)
-            print_error(err)
-            raise typer.Exit(err.exit_code) from None
+            # With --json the error is a line of its own, like the events before it.
+            raise CommandFailed("events", json_mode, err) from None
 
     @app.command("approve")
     def approve(
