@@ -87,6 +87,20 @@ class LinpodxError(Exception):
         }
 
 
+class CommandFailed(Exception):
+    """A command's `LinpodxError` on its way out of typer to the CLI's one error boundary
+    (`linpodx.cli.main`), which prints it: with `--json` first the envelope named after the
+    command on stdout, then `error:`/`hint:` on stderr. Not a LinpodxError itself: only that
+    boundary handles it."""
+
+    def __init__(self, name: str, json_mode: bool, error: LinpodxError) -> None:
+        super().__init__(error.message)
+        self.name = name
+        """The command as its envelope names it (`sandbox apply`)."""
+        self.json_mode = json_mode
+        self.error = error
+
+
 class UsageError(LinpodxError):
     """The command line itself is wrong."""
 

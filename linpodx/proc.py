@@ -1,18 +1,33 @@
-"""The one place linpodx runs other programs.
+"""The one place linpodx starts other programs.
 
-argv lists only (never a shell string), a timeout on every call, and failures raised as
-`EngineError` carrying argv, exit code and the program's own stderr.
+argv lists only (never a shell string). Four ways, one per kind of child:
+- `run`: to completion, output captured, a timeout on every call, failures raised as
+  `EngineError` carrying argv, exit code and the program's own stderr;
+- `popen`: a child that lives on beside linpodx (a helper for a container's life, an MCP
+  server, a followed log); the caller owns it and waits for it;
+- `Child`: the fast path's child with its stdout/stderr in pipes, started without `subprocess`;
+- `spawn_detached`: a helper that outlives the command that starts it, with no parent to wait.
+
+`linpodx.fastrun` loads this module before podman starts, so it imports nothing at the top that
+the interpreter does not already have at start-up: `subprocess` (several milliseconds) is
+imported where it is used, and `Result` is a plain class rather than a dataclass.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
-import subprocess
+import signal
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from linpodx.errors import EngineError
+
+TYPE_CHECKING = False  # not typing's: see the module docstring
+if TYPE_CHECKING:
+    import subprocess
+    from typing import IO
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -20,25 +35,55 @@ DEFAULT_TIMEOUT = 120.0
 _lent: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
 class Result:
     """What a finished program left behind."""
 
-    argv: tuple[str, ...]
-    """The argv that ran."""
-    returncode: int
-    """Its exit status."""
-    stdout: str
-    """Everything it printed on stdout (decoded as UTF-8, invalid bytes replaced)."""
-    stderr: str
-    """Everything it printed on stderr."""
+    __slots__ = ("argv", "returncode", "stderr", "stdout")
+
+    def __init__(self, argv: tuple[str, ...], returncode: int, stdout: str, stderr: str) -> None:
+        self.argv = argv
+        """The argv that ran."""
+        self.returncode = returncode
+        """Its exit status."""
+        self.stdout = stdout
+        """Everything it printed on stdout (decoded as UTF-8, invalid bytes replaced)."""
+        self.stderr = stderr
+        """Everything it printed on stderr."""
+
+    def _fields(self) -> tuple[tuple[str, ...], int, str, str]:
+        return (self.argv, self.returncode, self.stdout, self.stderr)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Result) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"Result(argv={self.argv!r}, returncode={self.returncode!r}, "
+            f"stdout={self.stdout!r}, stderr={self.stderr!r})"
+        )
+
+
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 
 
 def which(program: str) -> str | None:
-    """Full path of `program`, also looking in the sbin dirs a normal user's PATH lacks."""
-    from linpodx.podman.spawn import which as find
+    """Full path of `program` on PATH (as `shutil.which` finds it), also looking in the sbin
+    dirs a normal user's PATH lacks."""
+    if "/" in program:
+        return program if _runnable(program) else None
+    dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    for d in [*dirs, *SBIN_DIRS]:
+        cand = os.path.join(d or ".", program)
+        if _runnable(cand):
+            return cand
+    return None
 
-    return find(program)
+
+def _runnable(path: str) -> bool:
+    return os.access(path, os.X_OK) and not os.path.isdir(path)
 
 
 @contextlib.contextmanager
@@ -75,6 +120,8 @@ def run(
     With `check`, a non-zero exit raises `EngineError("<what> failed", hint)` whose stderr is the
     program's own. A missing program or a timeout always raises.
     """
+    import subprocess
+
     argv = tuple(argv)
     label = what or os.path.basename(argv[0])
     data = input.encode() if isinstance(input, str) else input
@@ -116,3 +163,156 @@ def run(
             stderr=res.stderr,
         )
     return res
+
+
+def popen(
+    argv: Sequence[str],
+    *,
+    stdin: int | IO[bytes] | None = None,
+    stdout: int | IO[bytes] | None = None,
+    stderr: int | IO[bytes] | None = None,
+    pass_fds: Sequence[int] = (),
+    bufsize: int = -1,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` as a child that lives on beside this process; the caller waits for it.
+
+    `stdin`/`stdout`/`stderr` as `subprocess.Popen` takes them (None: inherited); `pass_fds`
+    stay open in it. OSError (FileNotFoundError for a missing program) if it cannot be started.
+    """
+    import subprocess
+
+    return subprocess.Popen(
+        list(argv), stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, bufsize=bufsize
+    )
+
+
+class Child:
+    """A child with its stdout and stderr in pipes; `out_fd`/`err_fd` are their read ends.
+
+    Started with `os.posix_spawn` (not `subprocess`, see the module docstring), doing what
+    `subprocess.Popen` would do by default: the child gets only stdin/stdout/stderr (every other
+    descriptor that is not close-on-exec is closed in it), and SIGPIPE and SIGXFSZ, which Python
+    ignores, are back to their defaults in it. `engine.run_announced` relays the pipes.
+    """
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        """Start argv[0] (a full path) with argv. OSError (FileNotFoundError for a missing
+        program) if it cannot be started; then nothing is left open."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        actions: list[tuple[int, ...]] = [
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+        ]
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd > 2 and not _cloexec(fd):
+                actions.append((os.POSIX_SPAWN_CLOSE, fd))
+        try:
+            self.pid = os.posix_spawn(
+                argv[0],
+                list(argv),
+                os.environ,
+                file_actions=actions,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        os.close(out_w)
+        os.close(err_w)
+        self.argv = tuple(argv)
+        self.out_fd, self.err_fd = out_r, err_r
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit status if the child has ended (negative: killed by that signal), else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the child; TimeoutError if it is still running after `timeout` seconds."""
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while (rc := self.poll()) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"process {self.pid} still running after {timeout} s")
+            time.sleep(0.01)
+        return rc
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` unless the child was already reaped (its pid may be someone else's)."""
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Close the read ends of the pipes."""
+        for fd in (self.out_fd, self.err_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _cloexec(fd: int) -> bool:
+    try:
+        return bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)
+    except OSError:
+        return True  # closed meanwhile (the listdir's own descriptor): nothing to close
+
+
+def spawn_detached(argv: Sequence[str], log: str, fd: tuple[int, int] | None = None) -> None:
+    """Start `argv` in its own session, detached (double fork: no zombie, no parent to wait),
+    stdin /dev/null, stdout and stderr appended to the file `log`; with `fd` = (source,
+    target), descriptor `source` becomes descriptor `target` in it.
+
+    Popen is not enough: the long-lived parent (a test run, a shell) would keep a zombie that
+    looks alive to whoever checks the helper's pid; the helper owns its own lifetime.
+    """
+    logfd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child side
+            try:
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(logfd, 1)
+                os.dup2(logfd, 2)
+                keep = 3
+                if fd is not None:
+                    source, target = fd
+                    os.dup2(source, target)
+                    os.set_inheritable(target, True)
+                    keep = target + 1
+                os.closerange(keep, 65536)
+                # Python ignores SIGPIPE and a calling thread may block signals; both would be
+                # inherited across exec (pasta refuses to start with them).
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                os.execv(argv[0], list(argv))  # noqa: S606 - argv list, no shell wanted
+            finally:
+                os._exit(127)
+        os.waitpid(pid, 0)
+    finally:
+        os.close(logfd)

@@ -2,7 +2,7 @@
 
 `events` follows the event stream file by polling (like `podman events` with its file logger,
 no daemon), in bounded memory; a damaged line is skipped, never the end of a listener (see
-`EventFile`, `parse_event`). With approvals in the filter and a terminal on stdin, each pending
+`linpodx.events.EventFile`). With approvals in the filter and a terminal on stdin, each pending
 approval is shown and answered right there: the answer is bound to the digest of the request
 file this listener displayed, and it comes only from this terminal (input typed ahead is
 discarded first), so a "y" inside a payload or server output can never answer anything.
@@ -10,29 +10,27 @@ discarded first), so a "y" inside a payload or server output can never answer an
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
 import re
-import select
-import stat
 import sys
 import time
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TextIO
 
 import typer
 
 from linpodx.approvals import store as approvals
-from linpodx.audit.chain import READ_CHUNK, OverlongLine, fd_lines
-from linpodx.canonical import CanonicalError, strict_loads
+from linpodx.approvals.prompter import Prompter
 from linpodx.cli.common import JsonOpt, new_app, run_command
-from linpodx.errors import EXIT_FAILURE, EXIT_INTERRUPTED, LinpodxError, UsageError
-from linpodx.events import EVENT_TYPES
-from linpodx.output import envelope, print_error, print_json, safe_lines, safe_text
-from linpodx.paths import events_file
+from linpodx.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    CommandFailed,
+    LinpodxError,
+    UsageError,
+)
+from linpodx.events import EVENT_TYPES, EventFile
+from linpodx.output import safe_text
 
 POLL_SECONDS = 0.1
 FIELD_CAP = 200
@@ -198,232 +196,6 @@ def render(event: dict[str, Any]) -> list[str]:
     return [f"[{_clock(event)}] {_s(etype)} {text}".rstrip()]
 
 
-def parse_event(line: bytes) -> dict[str, Any] | None:
-    """One event from one line of events.jsonl, None for a line that is not one.
-
-    Parsed with the strict parser: a line that nests deeper than it allows, holds NaN, Infinity,
-    a number that overflows to it (1e999) or an integer beyond 2^53, or repeats a key is skipped
-    like any damaged line. json.loads would have let NaN through to `--json` (which then prints
-    invalid JSON) and ended the listener with RecursionError on deep nesting.
-    """
-    if not line.strip():
-        return None
-    try:
-        event = strict_loads(line, allow_floats=True)
-    except CanonicalError:
-        return None  # not ours to interpret; the stream is for people, not a record
-    return event if isinstance(event, dict) else None
-
-
-class EventFile:
-    """Reads the events added to events.jsonl since the last read, in bounded memory.
-
-    Lines are read in chunks (`audit.chain.fd_lines`, as audit chains are), so at most a chunk
-    and one line of MAX_LINE bytes are held. An unfinished last line stays in the file and is
-    read once its newline is there. A line longer than MAX_LINE (linpodx writes none) is
-    skipped up to its newline without being held, also while it is still being written.
-
-    The file is only ever appended to. One that shrank, or another file in its place (a new
-    inode, or none for a while), was truncated or replaced: all its lines are new, and it is
-    read from its start.
-    """
-
-    def __init__(self) -> None:
-        self.path = events_file()
-        self.offset = 0
-        """Where the next line starts (or where the rest of a line being skipped starts)."""
-        self.skipping = False
-        """The bytes from `offset` up to the next newline belong to a line too long to read."""
-        self.file_id: tuple[int, int] | None = None
-        """(st_dev, st_ino) of the file `offset` is in; None before it exists."""
-        self.size = 0
-        """How many bytes that file held at the last read: an append-only file never holds less."""
-
-    def skip_to_end(self) -> None:
-        """Start after what the file holds now (a follower shows only what comes next)."""
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            self._start(None)
-            return
-        self.file_id = (st.st_dev, st.st_ino)
-        self.offset = self.size = st.st_size
-
-    def read_new(self) -> Iterator[dict[str, Any]]:
-        """The events in the lines completed since the last call; damaged lines are skipped."""
-        fd = self._open()
-        if fd is None:
-            self._start(None)  # a file that appears later is read from its start
-            return
-        try:
-            st = os.fstat(fd)
-            file_id = (st.st_dev, st.st_ino)
-            if file_id != self.file_id or st.st_size < self.size:
-                self._start(file_id)
-            elif st.st_size == self.size:
-                return  # nothing appended (an unfinished line is read again only when it grows)
-            yield from self._events(fd)
-            self.size = max(st.st_size, self.offset)  # it may have grown while it was read
-        finally:
-            os.close(fd)
-
-    def _start(self, file_id: tuple[int, int] | None) -> None:
-        self.file_id = file_id
-        self.offset = self.size = 0
-        self.skipping = False
-
-    def _open(self) -> int | None:
-        try:
-            # O_NONBLOCK: a FIFO in the file's place must not hang the listener (refused below);
-            # O_NOFOLLOW: a link would show another file's lines as linpodx's events.
-            fd = os.open(
-                self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
-            )
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise LinpodxError(
-                f"cannot follow the event stream: {self.path} is a symbolic link",
-                "linpodx writes events.jsonl as a regular file; move the link aside",
-                exit_code=EXIT_FAILURE,
-            ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise LinpodxError(
-                f"cannot follow the event stream: {self.path} is not a regular file",
-                "linpodx writes events.jsonl as a regular file; move what is there aside",
-                exit_code=EXIT_FAILURE,
-            )
-        return fd
-
-    def _events(self, fd: int) -> Iterator[dict[str, Any]]:
-        while True:
-            if self.skipping and not self._skip_long_line(fd):
-                return  # the long line's newline is not written yet
-            try:
-                for offset, line, complete in fd_lines(fd, self.offset):
-                    if not complete:
-                        return  # still being written: read it again once it is whole
-                    self.offset = offset + len(line) + 1
-                    event = parse_event(line)
-                    if event is not None:
-                        yield event
-                return
-            except OverlongLine as exc:
-                self.offset = exc.offset
-                self.skipping = True
-
-    def _skip_long_line(self, fd: int) -> bool:
-        """Move `offset` past the newline of the line being skipped; False if none is there yet."""
-        while True:
-            chunk = os.pread(fd, READ_CHUNK, self.offset)
-            if not chunk:
-                return False
-            newline = chunk.find(b"\n")
-            if newline >= 0:
-                self.offset += newline + 1
-                self.skipping = False
-                return True
-            self.offset += len(chunk)
-
-
-class Prompter:
-    """Asks `approve? [y/N]:` on the listener's own terminal."""
-
-    def __init__(self, tty_in: TextIO, out: TextIO) -> None:
-        self.tty_in = tty_in
-        self.out = out
-        self.seen: set[str] = set()
-
-    def _flush_typeahead(self) -> None:
-        # Anything typed before the question was shown must not count as its answer.
-        with contextlib.suppress(Exception):
-            import termios
-
-            termios.tcflush(self.tty_in.fileno(), termios.TCIFLUSH)
-
-    def _readline(self, deadline: float, settled: Callable[[], bool]) -> str | None:
-        """A line typed before `deadline`; None once the window is over or, checked between
-        keystrokes, the request was `settled` elsewhere (another listener, `linpodx approve`)."""
-        fd = self.tty_in.fileno()
-        buf = b""
-        while True:
-            left = deadline - time.time()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-            if not ready:
-                if settled():
-                    return None
-                continue
-            chunk = os.read(fd, 1024)
-            if not chunk:
-                return ""  # EOF on the terminal: no answer => deny
-            buf += chunk
-            if b"\n" in buf or b"\r" in buf:
-                return buf.decode("utf-8", "replace").splitlines()[0] if buf.strip() else ""
-
-    def _say(self, text: str) -> None:
-        # Every line the prompter writes quotes an id or a message built from one; it goes
-        # through safe_text here too, so no caller can put raw bytes on the terminal.
-        self.out.write(safe_lines(text) + "\n")
-        self.out.flush()
-
-    @staticmethod
-    def _status(approval_id: str) -> str:
-        """The request's status; a request removed or damaged while its prompt is open is
-        no longer pending (and must not end the listener)."""
-        try:
-            return approvals.status(approval_id)
-        except LinpodxError as exc:
-            return f"unreadable: {exc.message}"
-
-    def ask(self, approval_id: str, event: dict[str, Any] | None = None) -> None:
-        """Show one pending request from its file (the source of truth: what the answer binds
-        is what is shown, not what the event stream says) and record the answer."""
-        if approval_id in self.seen:
-            return
-        self.seen.add(approval_id)
-        shown = approvals.shown_id(approval_id)
-        try:
-            pending = approvals.load(approval_id)
-        except LinpodxError as exc:
-            if event is not None:
-                self._say(render(event)[0])
-            self._say(f"approval: {shown}: {exc.message}")
-            return
-        if event is not None:
-            from_file = {**pending.to_dict(), "ts": event.get("ts"), "type": event["type"]}
-            shown_lines = render(from_file)
-            self.out.write("".join(x + "\n" for x in shown_lines))
-            self.out.flush()
-        st = approvals.status(approval_id)
-        if st != "pending":
-            self._say(f"approval: {shown} already {st}")
-            return
-        self._flush_typeahead()
-        self.out.write("approve? [y/N]: ")
-        self.out.flush()
-        line = self._readline(pending.expires, lambda: self._status(approval_id) != "pending")
-        if line is None:
-            st = self._status(approval_id)
-            if st != "pending":
-                # Answered elsewhere while this prompt was open: say how, not "expired".
-                self._say(f"\napproval: {shown} already decided ({st})")
-            else:
-                self._say(f"\napproval: {shown} expired (denied after the window)")
-            return
-        decision = approvals.APPROVE if line.strip().lower() in ("y", "yes") else approvals.DENY
-        reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
-        if approvals.answer(approval_id, pending.digest, decision, reason):
-            word = "APPROVED" if decision == approvals.APPROVE else "DENIED"
-            self._say(f"approval: {shown} → {word}")
-        else:
-            self._say(f"approval: {shown} already decided ({approvals.status(approval_id)})")
-
-
 def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow: bool) -> None:
     """Print (and follow) the event stream.
 
@@ -435,7 +207,7 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
     interactive = not json_mode and not no_follow and wants_approvals and sys.stdin.isatty()
-    prompter = Prompter(sys.stdin, out) if interactive else None
+    prompter = Prompter(sys.stdin, out, render) if interactive else None
     reader = EventFile()
     try:
         if not no_follow and since_t is None:
@@ -618,10 +390,8 @@ def register(app: typer.Typer) -> None:
         try:
             events_cmd(list(filter_ or []), since, json_mode, no_follow)
         except LinpodxError as err:
-            if json_mode:  # the error as a line of its own, like the events before it
-                print_json(envelope("events", error=err), compact=True)
-            print_error(err)
-            raise typer.Exit(err.exit_code) from None
+            # With --json the error is a line of its own, like the events before it.
+            raise CommandFailed("events", json_mode, err) from None
 
     @app.command("approve")
     def approve(

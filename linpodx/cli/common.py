@@ -1,4 +1,5 @@
-"""What every command shares: the `--json` option and the run-render-or-fail wrapper."""
+"""What every command shares: the `--json` option, the run-and-render wrapper, and the failure
+every command hands to the one error boundary (`linpodx.cli.main`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ from typing import Annotated, Any
 
 import typer
 
-from linpodx.errors import EXIT_INTERRUPTED, LinpodxError, Terminated, terminated_error
-from linpodx.output import envelope, print_error, print_json, print_kv
+from linpodx.errors import (
+    EXIT_INTERRUPTED,
+    CommandFailed,
+    LinpodxError,
+    Terminated,
+    terminated_error,
+)
+from linpodx.output import envelope, print_json, print_kv
 
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print exactly one JSON document on stdout (errors too).")
@@ -34,9 +41,8 @@ def run_command(
 ) -> Any:
     """Call `fn`, then render its result (key/value lines, a custom renderer, or JSON).
 
-    A `LinpodxError` becomes `error:`/`hint:` on stderr (plus the JSON envelope on stdout with
-    `--json`) and the error's exit code. So does Ctrl-C (`error: interrupted`, 130): typer
-    would otherwise turn it into a bare exit 130 with nothing said.
+    A `LinpodxError` leaves as `CommandFailed` (see there), with the error's exit code. So does
+    Ctrl-C (`error: interrupted`, 130): typer would otherwise turn it into an abort.
     """
     try:
         try:
@@ -46,10 +52,7 @@ def run_command(
         except Terminated as exc:
             raise terminated_error(exc) from None
     except LinpodxError as err:
-        if json_mode:
-            print_json(envelope(name, error=err))
-        print_error(err)
-        raise typer.Exit(err.exit_code) from None
+        raise CommandFailed(name, json_mode, err) from None
     if json_mode:
         print_json(envelope(name, result))
     elif render is not None:

@@ -14,6 +14,7 @@ from linpodx.errors import (
     EXIT_BUG,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    CommandFailed,
     LinpodxError,
     Terminated,
     raise_terminated,
@@ -197,6 +198,12 @@ def _main(args: list[str]) -> int | LinpodxError:
                 return runcmd.run_fields(fields)
         app = build_app(command)
         rv = app(args=args, prog_name="linpodx", standalone_mode=False)
+    except CommandFailed as failed:
+        if failed.json_mode:
+            # `events --json` prints one object per line; everything else pretty documents.
+            print_json(envelope(failed.name, error=failed.error), compact=failed.name == "events")
+        print_error(failed.error)
+        return failed.error.exit_code
     except LinpodxError as exc:
         print_error(exc)
         return exc

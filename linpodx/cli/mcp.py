@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 
 from linpodx.cli.common import new_app
-from linpodx.errors import LinpodxError
-from linpodx.output import print_error
+from linpodx.errors import CommandFailed, LinpodxError
 
 app = new_app("Bridge MCP clients to servers running inside linpodx containers.")
 
@@ -32,6 +31,6 @@ def attach_cmd(
     try:
         code = attach(container, command)
     except LinpodxError as err:
-        print_error(err)
-        raise typer.Exit(err.exit_code) from None
+        # Never an envelope: stdout is the MCP client's.
+        raise CommandFailed("mcp attach", False, err) from None
     raise typer.Exit(code)

@@ -10,21 +10,17 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import socket
 import sys
 
-from linpodx import paths
+from linpodx import paths, proc
 from linpodx.fsutil import atomic_write
-from linpodx.podman.spawn import which
+from linpodx.podman.runline import INIT_PIDFILE as INIT_PIDFILE
 
 # Files under containers/NAME/egress/ (`linpodx.egress.state.EgressState` names them too).
 EGRESS_DIR = "egress"
 RESOLV_CONF_FILE = "resolv.conf"
 POLICY_FILE = "policy.json"
-INIT_PIDFILE = "init.pid"
-"""Beside the resolv.conf: `podman create --pidfile` makes `podman init` write the container's
-init pid there, so the guard's pid needs no `podman inspect`."""
 HOOKS_DIR = "hooks"
 HOOK_FIFO = "hook.state"
 """FIFO through which the one-call hook hands the OCI state (with the container's pid) over."""
@@ -102,7 +98,7 @@ def guard_argv(name: str) -> list[str]:
         f"{WAIT_TIMEOUT:g}",
     ]
     if os.geteuid() != 0:
-        argv = [which("podman") or "podman", "unshare", *argv]
+        argv = [proc.which("podman") or "podman", "unshare", *argv]
     return argv
 
 
@@ -148,40 +144,9 @@ def forget_launch(name: str) -> None:
 
 
 def spawn_detached(argv: list[str], log: str, control: int | None = None) -> None:
-    """Start `argv` in its own session, detached (double fork: no zombie, no parent to wait);
-    `control` becomes its fd CONTROL_FD.
-
-    Popen is not enough: the long-lived parent (a test run, a shell) would keep a zombie that
-    looks alive to `status`. This module owns the guard's lifetime, hence the raw fork.
-    """
-    logfd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child side
-            try:
-                os.setsid()
-                if os.fork() != 0:
-                    os._exit(0)
-                devnull = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(devnull, 0)
-                os.dup2(logfd, 1)
-                os.dup2(logfd, 2)
-                keep = 3
-                if control is not None:
-                    os.dup2(control, CONTROL_FD)
-                    os.set_inheritable(CONTROL_FD, True)
-                    keep = CONTROL_FD + 1
-                os.closerange(keep, 65536)
-                # Python ignores SIGPIPE and a calling thread may block signals; both would be
-                # inherited across exec (pasta refuses to start with them).
-                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                os.execv(argv[0], argv)  # noqa: S606 - argv list, no shell wanted
-            finally:
-                os._exit(127)
-        os.waitpid(pid, 0)
-    finally:
-        os.close(logfd)
+    """Start the guard or a helper, detached (see `proc.spawn_detached`); `control` becomes its
+    fd CONTROL_FD. This module owns the guard's lifetime, hence no parent waits for it."""
+    proc.spawn_detached(argv, log, None if control is None else (control, CONTROL_FD))
 
 
 def hook_setup(name: str) -> str:

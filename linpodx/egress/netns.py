@@ -354,15 +354,14 @@ def start_helper(
         argv = slirp_argv(binary, pid, exit_r, ready_w)
         logf = open(log, "ab")  # handed to the child, closed right after
         try:
-            # Popen, not proc.run: slirp4netns lives as long as the container (this module
+            # popen, not run: slirp4netns lives as long as the container (this module
             # owns it and stops it through its exit fd).
-            p = subprocess.Popen(
+            p = proc.popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=logf,
                 pass_fds=(exit_r, ready_w),
-                start_new_session=False,
             )
         finally:
             logf.close()
@@ -404,8 +403,8 @@ def _start_rootful_pasta(
     keeper = keeper_argv(os.getpid(), pid, pidfile, pasta, bind_netns=netns_file)
     logf = open(log, "ab")  # handed to the child, closed right after
     try:
-        # Popen: the keeper (and pasta under it) lives as long as the container.
-        p = subprocess.Popen(keeper, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+        # popen: the keeper (and pasta under it) lives as long as the container.
+        p = proc.popen(keeper, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
     finally:
         logf.close()
     helper = Helper("pasta", p, None)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from linpodx import proc
 from linpodx.fsutil import atomic_write
 
 
@@ -49,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"pasta keeper: cannot bind the container's netns: {exc}", file=sys.stderr)
             return 1
-    # Popen: pasta is this keeper's one long-running child; it stops it itself.
-    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    # popen: pasta is this keeper's one long-running child; it stops it itself.
+    child = proc.popen(cmd, stdin=subprocess.DEVNULL)
     atomic_write(Path(args.pidfile), f"{child.pid}\n".encode())
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     child_fd = os.pidfd_open(child.pid)

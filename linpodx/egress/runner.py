@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -205,113 +206,17 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         return 0
     pid, preferred = order
     report = Reporter(st, control)
-    helper: netns.Helper | None = None
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    reload_flag = threading.Event()
-    term_flag = threading.Event()
-
-    def on_hup(_s: int, _f: object) -> None:
-        reload_flag.set()
-        os.write(wake_w, b"h")
-
-    def on_term(_s: int, _f: object) -> None:
-        term_flag.set()
-        os.write(wake_w, b"t")
-
+    wake = _Wake()
     # A re-apply's SIGHUP may come as soon as `ready` is written, before the serve loop: the
     # default action would end the guard (and with it the container's network). Caught from
     # the start, it only asks for a reload, which the serve loop does. SIGTERM keeps its
     # default until then: a start-up that is told to stop just stops.
-    signal.signal(signal.SIGHUP, on_hup)
+    signal.signal(signal.SIGHUP, wake.on_hup)
     stop = threading.Event()
     recorder = DenialRecorder(name, default_sink)
+    helpers: list[netns.Helper] = []
     try:
-        log.info("egress guard starting: container=%s pid=%s", name, pid)
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            raise RuntimeError(f"the container's process {pid} is gone") from None
-        if os.stat(netns.netns_path(pid)).st_ino == os.stat(netns.netns_path(os.getpid())).st_ino:
-            # A wrong pid must never make the guard filter (and bind port 53 in) its own netns.
-            raise RuntimeError(f"process {pid} is not in a network namespace of its own")
-        policy, raw, version = load_policy(st, host)
-        if not policy.upstreams:
-            raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
-
-        kind = netns.choose_helper(preferred)
-        external_pasta = kind == "pasta" and netns.in_user_namespace()
-        log.info("loading the nft filter into the netns of pid %s", pid)
-        # The filter, the resolver and the helper are independent, so the filter loads while the
-        # rest is set up. Nothing in the netns can send a packet before the filter is in: no
-        # process of the container runs until this guard reports `ready` (the one-call hook, or
-        # `attach` before `podman start`), which it does only after the filter loaded.
-        filtering = _Background(netns.load_ruleset, pid, ruleset.build_ruleset())
-        log.info("binding the policy resolver")
-        udp, tcp = netns.bind_resolver_sockets(pid)
-        # Before `ready`: a connection redirected to a port nobody holds gets a reset, so
-        # nothing ever leaves unchecked, but the agent's first connection must find it open.
-        listener = netns.bind_checker_socket(pid, ruleset.CHECKER_PORT)
-        if external_pasta:
-            filtering.wait()  # pasta is started by the CLI once this says "filtered"
-        else:
-            log.info("starting %s", kind)
-            helper = netns.start_helper(
-                kind, pid, st.helper_log, pasta_files=(st.pasta_pidfile, st.pasta_netns)
-            )
-            filtering.wait()
-        sets = nfsets.NftSets(netns.netns_path(pid))
-        leases = Leases()
-        resolver = PolicyResolver(
-            policy,
-            add_to_sets=sets.add,
-            revoke_in_sets=sets.revoke,
-            on_denied=recorder.deny,
-            on_new_name=recorder.new_name,
-            on_lease=leases.grant,
-        )
-        bounds = [_bounds(raw)]
-        checker = Checker(
-            listener,
-            netns.netns_path(pid),
-            lambda: resolver.policy.allowlist,
-            leases,
-            recorder.deny_connection,
-            lambda: bounds[0],
-        )
-        for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
-            threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
-        checking = threading.Thread(
-            target=checker.serve, args=(stop,), name="connection-checker", daemon=True
-        )
-        checking.start()
-        if external_pasta:
-            # The CLI starts it from outside the user namespace when it sees this state.
-            with contextlib.suppress(FileNotFoundError):
-                st.pasta_pidfile.unlink()
-            report.write(state="filtered", container=name, container_pid=pid, helper=kind)
-            helper = netns.wait_external_pasta(pid, st.pasta_pidfile)
-        if helper is None:  # pragma: no cover - both branches above set it or raise
-            raise RuntimeError("no network helper was started")
-        applied = int(raw.get("revision", 0))
-        report.write(
-            state="ready",
-            container=name,
-            container_pid=pid,
-            helper=kind,
-            helper_pid=helper.pid,
-            policy_revision=applied,
-            policy_mtime=version[1],
-        )
-        log.info("egress guard ready: container=%s pid=%s helper=%s", name, pid, kind)
-        # dnspython (every DNS message goes through it, ~0.1 s to import) is imported by the
-        # first query, or else shortly after the container's start, at the lowest CPU priority:
-        # right at `ready`, even at nice 19, it slowed the rest of podman's start by ~20 ms.
-        warm_up = threading.Timer(
-            DNS_WARM_UP_DELAY, _import_quietly, args=("linpodx.egress.dnsmsg",)
-        )
-        warm_up.daemon = True
-        warm_up.start()
+        guard = _start(name, st, pid, preferred, host, report, recorder, stop, helpers)
     except Exception as exc:
         if isinstance(exc, LinpodxError):
             # An expected refusal (no helper, nft refused, …): its message says it all, and
@@ -320,69 +225,223 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         else:
             log.exception("egress guard failed to start")  # a bug: keep where it happened
         stop.set()
-        if helper is not None:
+        for helper in helpers[-1:]:
             helper.stop()
         report.write(state="failed", container=name, container_pid=pid, error=str(exc))
         return 1
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    while True:
-        r, _, _ = select.select([pidfd, wake_r], [], [], 1.0)
-        if pidfd in r:
-            log.info("container init process %s ended; stopping", pid)
-            break
-        if wake_r in r:
-            os.read(wake_r, 64)
-        recorder.tick()  # summaries of a minute that ended go out now, not at the next lookup
-        if term_flag.is_set():
-            log.info("asked to stop")
-            break
-        if not checking.is_alive():
-            # No checker, no connection: the redirect meets a closed port (reset). Stopping
-            # the guard takes the helper with it, and `linpodx ps` shows it down.
-            log.error("the connection checker stopped; stopping the guard")
-            break
-        if not helper.alive():
-            # Without the helper the container has no network at all: fail closed, and
-            # `linpodx ps` shows the guard as down.
-            log.error("%s exited; stopping the guard", helper.kind)
-            break
-        # The version of the file read, not of the file there now: a re-apply that replaced
-        # it while the guard was starting (after it read the policy) is loaded here.
-        now = policy_version(st)
-        if reload_flag.is_set() or (now is not None and now != version):
-            reload_flag.clear()
-            try:
-                new_policy, raw, version = load_policy(st)
-                gone = resolver.set_policy(new_policy)
-                bounds[0] = _bounds(raw)
-                log.info(
-                    "policy revision %s loaded; %d addresses revoked",
-                    raw.get("revision"),
-                    len(gone),
-                )
-                report.write(
-                    state="ready",
-                    container=name,
-                    container_pid=pid,
-                    helper=helper.kind,
-                    helper_pid=helper.pid,
-                    policy_revision=int(raw.get("revision", 0)),
-                    policy_mtime=version[1],
-                )
-            except Exception:
-                # Keep the previous (already enforced) policy rather than none: the CLI
-                # that asked for the update sees the revision did not change and says so.
-                # This file is not tried again each second; a new one (or a SIGHUP) is.
-                log.exception("could not load the new policy")
-                if now is not None:
-                    version = now
+    signal.signal(signal.SIGTERM, wake.on_term)
+    signal.signal(signal.SIGINT, wake.on_term)
+    _serve(guard, wake)
     stop.set()
-    helper.stop()
+    guard.helper.stop()
     recorder.flush()
     report.write(state="stopped", container=name, container_pid=pid)
     return 0
+
+
+class _Wake:
+    """SIGHUP (reload the policy) and SIGTERM/SIGINT (stop), as flags and a byte on a pipe
+    that wakes the serve loop."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.w, False)
+        self.reload = threading.Event()
+        self.term = threading.Event()
+
+    def on_hup(self, _s: int, _f: object) -> None:
+        self.reload.set()
+        os.write(self.w, b"h")
+
+    def on_term(self, _s: int, _f: object) -> None:
+        self.term.set()
+        os.write(self.w, b"t")
+
+
+@dataclass
+class _Guard:
+    """A guard that is up: what the serve loop watches and what a new policy goes to."""
+
+    name: str
+    st: EgressState
+    pid: int
+    pidfd: int
+    helper: netns.Helper
+    resolver: PolicyResolver
+    checking: threading.Thread
+    """The connection checker's thread (no checker, no connection)."""
+    bounds: list[Bounds]
+    """The checker's bounds, [0] replaced when a new policy loads (the checker reads it)."""
+    recorder: DenialRecorder
+    report: Reporter
+    version: PolicyVersion
+    """The version of the policy file last read (or tried)."""
+
+
+def _start(
+    name: str,
+    st: EgressState,
+    pid: int,
+    preferred: str | None,
+    host: frozenset[Any],
+    report: Reporter,
+    recorder: DenialRecorder,
+    stop: threading.Event,
+    helpers: list[netns.Helper],
+) -> _Guard:
+    """Load the filter, bind the resolver and checker, start the network helper (appended to
+    `helpers`, for the caller to stop should a later step fail) and report `ready`."""
+    log.info("egress guard starting: container=%s pid=%s", name, pid)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise RuntimeError(f"the container's process {pid} is gone") from None
+    if os.stat(netns.netns_path(pid)).st_ino == os.stat(netns.netns_path(os.getpid())).st_ino:
+        # A wrong pid must never make the guard filter (and bind port 53 in) its own netns.
+        raise RuntimeError(f"process {pid} is not in a network namespace of its own")
+    policy, raw, version = load_policy(st, host)
+    if not policy.upstreams:
+        raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
+
+    kind = netns.choose_helper(preferred)
+    external_pasta = kind == "pasta" and netns.in_user_namespace()
+    log.info("loading the nft filter into the netns of pid %s", pid)
+    # The filter, the resolver and the helper are independent, so the filter loads while the
+    # rest is set up. Nothing in the netns can send a packet before the filter is in: no
+    # process of the container runs until this guard reports `ready` (the one-call hook, or
+    # `attach` before `podman start`), which it does only after the filter loaded.
+    filtering = _Background(netns.load_ruleset, pid, ruleset.build_ruleset())
+    log.info("binding the policy resolver")
+    udp, tcp = netns.bind_resolver_sockets(pid)
+    # Before `ready`: a connection redirected to a port nobody holds gets a reset, so
+    # nothing ever leaves unchecked, but the agent's first connection must find it open.
+    listener = netns.bind_checker_socket(pid, ruleset.CHECKER_PORT)
+    if external_pasta:
+        filtering.wait()  # pasta is started by the CLI once this says "filtered"
+    else:
+        log.info("starting %s", kind)
+        helpers.append(
+            netns.start_helper(
+                kind, pid, st.helper_log, pasta_files=(st.pasta_pidfile, st.pasta_netns)
+            )
+        )
+        filtering.wait()
+    sets = nfsets.NftSets(netns.netns_path(pid))
+    leases = Leases()
+    resolver = PolicyResolver(
+        policy,
+        add_to_sets=sets.add,
+        revoke_in_sets=sets.revoke,
+        on_denied=recorder.deny,
+        on_new_name=recorder.new_name,
+        on_lease=leases.grant,
+    )
+    bounds = [_bounds(raw)]
+    checker = Checker(
+        listener,
+        netns.netns_path(pid),
+        lambda: resolver.policy.allowlist,
+        leases,
+        recorder.deny_connection,
+        lambda: bounds[0],
+    )
+    for target, sock in ((serve_udp, udp), (serve_tcp, tcp)):
+        threading.Thread(target=target, args=(sock, resolver, stop), daemon=True).start()
+    checking = threading.Thread(
+        target=checker.serve, args=(stop,), name="connection-checker", daemon=True
+    )
+    checking.start()
+    if external_pasta:
+        # The CLI starts it from outside the user namespace when it sees this state.
+        with contextlib.suppress(FileNotFoundError):
+            st.pasta_pidfile.unlink()
+        report.write(state="filtered", container=name, container_pid=pid, helper=kind)
+        helpers.append(netns.wait_external_pasta(pid, st.pasta_pidfile))
+    if not helpers:  # pragma: no cover - both branches above start one or raise
+        raise RuntimeError("no network helper was started")
+    helper = helpers[-1]
+    applied = int(raw.get("revision", 0))
+    report.write(
+        state="ready",
+        container=name,
+        container_pid=pid,
+        helper=kind,
+        helper_pid=helper.pid,
+        policy_revision=applied,
+        policy_mtime=version[1],
+    )
+    log.info("egress guard ready: container=%s pid=%s helper=%s", name, pid, kind)
+    # dnspython (every DNS message goes through it, ~0.1 s to import) is imported by the
+    # first query, or else shortly after the container's start, at the lowest CPU priority:
+    # right at `ready`, even at nice 19, it slowed the rest of podman's start by ~20 ms.
+    warm_up = threading.Timer(DNS_WARM_UP_DELAY, _import_quietly, args=("linpodx.egress.dnsmsg",))
+    warm_up.daemon = True
+    warm_up.start()
+    return _Guard(
+        name, st, pid, pidfd, helper, resolver, checking, bounds, recorder, report, version
+    )
+
+
+def _serve(g: _Guard, wake: _Wake) -> None:
+    """Until the container's init process ends, a stop is asked for, or a part the container's
+    network needs has stopped; a new policy file (or a SIGHUP) is loaded on the way."""
+    while True:
+        r, _, _ = select.select([g.pidfd, wake.r], [], [], 1.0)
+        if g.pidfd in r:
+            log.info("container init process %s ended; stopping", g.pid)
+            return
+        if wake.r in r:
+            os.read(wake.r, 64)
+        g.recorder.tick()  # summaries of a minute that ended go out now, not at the next lookup
+        if wake.term.is_set():
+            log.info("asked to stop")
+            return
+        if not g.checking.is_alive():
+            # No checker, no connection: the redirect meets a closed port (reset). Stopping
+            # the guard takes the helper with it, and `linpodx ps` shows it down.
+            log.error("the connection checker stopped; stopping the guard")
+            return
+        if not g.helper.alive():
+            # Without the helper the container has no network at all: fail closed, and
+            # `linpodx ps` shows the guard as down.
+            log.error("%s exited; stopping the guard", g.helper.kind)
+            return
+        # The version of the file read, not of the file there now: a re-apply that replaced
+        # it while the guard was starting (after it read the policy) is loaded here.
+        now = policy_version(g.st)
+        if wake.reload.is_set() or (now is not None and now != g.version):
+            wake.reload.clear()
+            _reload(g, now)
+
+
+def _reload(g: _Guard, now: PolicyVersion | None) -> None:
+    """Load the policy file there now and report its revision."""
+    try:
+        new_policy, raw, g.version = load_policy(g.st)
+        gone = g.resolver.set_policy(new_policy)
+        g.bounds[0] = _bounds(raw)
+        log.info(
+            "policy revision %s loaded; %d addresses revoked",
+            raw.get("revision"),
+            len(gone),
+        )
+        g.report.write(
+            state="ready",
+            container=g.name,
+            container_pid=g.pid,
+            helper=g.helper.kind,
+            helper_pid=g.helper.pid,
+            policy_revision=int(raw.get("revision", 0)),
+            policy_mtime=g.version[1],
+        )
+    except Exception:
+        # Keep the previous (already enforced) policy rather than none: the CLI
+        # that asked for the update sees the revision did not change and says so.
+        # This file is not tried again each second; a new one (or a SIGHUP) is.
+        log.exception("could not load the new policy")
+        if now is not None:
+            g.version = now
 
 
 def _bounds(raw: dict[str, Any]) -> Bounds:

@@ -2,8 +2,8 @@
 
 This module owns the session's one long-running child, `podman exec -i CONTAINER CMD…`: it has
 to live exactly as long as the session and stream both directions, which the run-to-completion
-`proc.run` chokepoint cannot do, so it is started here with `subprocess.Popen` (argv list, no
-shell) and nowhere else.
+`proc.run` cannot do, so it is started here with `proc.popen` (argv list, no shell) and
+nowhere else.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from linpodx import ids, proc
@@ -130,25 +129,63 @@ def attach(
             # must not end a reader thread or skip the session's closing record.
             pass
 
-    done = threading.Event()
-    why: dict[str, Any] = {}
-
-    def finish(reason: str) -> None:
-        why.setdefault("reason", reason)
-        done.set()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        finish(f"signal {signal.Signals(signum).name}")
-
+    ending = Ending()
     # Caught from the start: a signal that comes once the session is open (even before its
     # reader threads run) must still end it with its closing record, and one that comes
     # before ends it the moment it is open.
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    old = {
+        s: signal.signal(s, lambda signum, _frame: ending.signalled(signum))
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
     try:
-        return _session(container, command, stdin_fd, stdout_fd, say, done, why, finish)
+        return _session(container, command, stdin_fd, stdout_fd, say, ending)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+class Ending:
+    """Why the session ends: the first reason given wins, and `done` is set by it.
+
+    Given from the reader threads, the bridge (a bound hit) and the signal handlers alike.
+    """
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        # (reason, signal name, a bug?); list.append is atomic, so the first stays first.
+        self._given: list[tuple[str, str | None, bool]] = []
+
+    def finish(self, reason: str) -> None:
+        self._end(reason, None, False)
+
+    def signalled(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        self._end(f"signal {name}", name, False)
+
+    def broke(self, side: str, exc: Exception) -> None:
+        """A bug in the reader of `side`: the session ends (exit status EXIT_BUG)."""
+        self._end(f"{INTERNAL_ERROR} reading the {side}: {type(exc).__name__}: {exc}", None, True)
+
+    def _end(self, reason: str, signal_name: str | None, bug: bool) -> None:
+        self._given.append((reason, signal_name, bug))
+        self.done.set()
+
+    @property
+    def reason(self) -> str:
+        return self._given[0][0]
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that ended the session, None if it ended otherwise."""
+        return self._given[0][1]
+
+    @property
+    def bug(self) -> bool:
+        return self._given[0][2]
+
+    def signal_exit(self) -> int:
+        """The exit status for a session a signal ended (Ctrl-C: 130, else 143)."""
+        return EXIT_INTERRUPTED if self.signal_name == "SIGINT" else EXIT_TERMINATED
 
 
 def _session(
@@ -157,23 +194,15 @@ def _session(
     stdin_fd: int,
     stdout_fd: int,
     say: Callable[[str], None],
-    done: threading.Event,
-    why: dict[str, Any],
-    finish: Callable[[str], None],
+    ending: Ending,
 ) -> int:
-    """`attach` once its signal handlers are in place (they call `finish`)."""
-    from linpodx import containers
+    """`attach` once its signal handlers are in place (they end `ending`)."""
     from linpodx.audit import chain as audit_chain
 
-    target = find_container(container)
-    # The revision the container was started with (`builtin` is the default profile).
-    stored = containers.profile_by_id(target.profile_id)
+    target, stored = _target_and_profile(container)
     profile = stored.profile
-    if done.is_set():  # a signal before the session was opened: it is not opened at all
-        raise LinpodxError(
-            "interrupted",
-            exit_code=EXIT_INTERRUPTED if "SIGINT" in why["reason"] else EXIT_TERMINATED,
-        )
+    if ending.done.is_set():  # a signal before the session was opened: it is not opened at all
+        raise LinpodxError("interrupted", exit_code=ending.signal_exit())
     session_id = ids.new_id("sess")
     # The session's first record is written before anything runs: no record, no session.
     chain, _first = audit_chain.open_session(
@@ -191,55 +220,12 @@ def _session(
     say(f"mcp_session_id: {session_id}")
     say("bridge: host stdio <-> container stdio")
     say(f"policy: {len(profile.mcp_policy)} rules loaded")
-
-    # By the id that was inspected: the container whose labels and revision were checked is
-    # the one the server runs in, even if the name changed hands since.
-    # The mark lets linpodx find the server in the container if it has to end it (`reap`).
-    mark = f"{reap.ENV}={session_id}"
-    argv = ["podman", "exec", "-i", "--env", mark, target.container_id, *command]
     try:
-        # stderr through linpodx too: the server's (and podman's) words reach the person's
-        # terminal escaped, never as escape sequences a server chose.
-        child = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
-        )
+        child = _start_server(target, session_id, command)
     except OSError as exc:
         _close(chain, audit_chain, session_id, "podman exec failed to start", None, {})
         raise LinpodxError(f"could not run podman exec: {exc}", "is podman installed?") from None
-    assert child.stdin is not None and child.stdout is not None  # noqa: S101 - PIPE above
-    assert child.stderr is not None  # noqa: S101 - PIPE above
-    server_in = child.stdin.fileno()
-    server_out = child.stdout.fileno()
-    server_in_closed = threading.Event()
-    server_in_lock = threading.Lock()
-    forced = threading.Event()  # linpodx ended podman exec to close the server's input
-
-    def to_server(data: bytes) -> None:
-        with server_in_lock:
-            if server_in_closed.is_set():
-                raise OSError("server input already closed")
-            _write_all(server_in, data)
-
-    def close_server_input() -> None:
-        server_in_closed.set()  # no write starts from now on
-        if not server_in_lock.acquire(timeout=SERVER_INPUT_WAIT):
-            # A write is blocked: the server stopped reading its input. Waiting for it would
-            # hang the session's end (and a SIGTERM with it); end podman exec instead, which
-            # closes the pipe's other end and fails that write.
-            say("bridge: the server is not reading its input; ending its podman exec")
-            forced.set()
-            with contextlib.suppress(OSError):
-                child.terminate()
-            if not server_in_lock.acquire(timeout=SERVER_INPUT_WAIT):
-                with contextlib.suppress(OSError):
-                    child.kill()
-                if not server_in_lock.acquire(timeout=SERVER_INPUT_WAIT):
-                    return  # (podman exec is gone; the session ends without waiting more)
-        try:
-            with contextlib.suppress(OSError):
-                child.stdin.close()  # type: ignore[union-attr]
-        finally:
-            server_in_lock.release()
+    server = ServerInput(child, say)
 
     # One open file and group commit for the session's records (see mcp.auditlog).
     group = GroupCommitChain(chain)
@@ -248,102 +234,49 @@ def _session(
         session_id=session_id,
         chain=group,
         to_client=lambda data: _write_all(stdout_fd, data),
-        to_server=to_server,
+        to_server=server.write,
         log=say,
         pipeline=True,
-        on_bound=finish,
+        on_bound=ending.finish,
     )
     # Started once the bridge exists (it records what the bound holds back); until then the
     # pipe holds what the server writes.
-    stderr_relay = threading.Thread(
-        target=_relay_stderr,
-        args=(child.stderr.fileno(), say, profile.mcp.stderr_bytes_per_second, bridge),
-        name="stderr",
-        daemon=True,
+    assert child.stderr is not None and child.stdout is not None  # noqa: S101 - PIPE
+    stderr_relay = _thread(
+        "stderr",
+        lambda: _relay_stderr(
+            child.stderr.fileno(),  # type: ignore[union-attr]
+            say,
+            profile.mcp.stderr_bytes_per_second,
+            bridge,
+        ),
     )
-    stderr_relay.start()
-    def pump(fd: int, on_frame: Callable[[Frame, bool], None], at_eof: str, side: str) -> None:
-        # An unexpected exception here is a bug; it must end the session (every pending call
-        # denied, the log closed) rather than leave this direction dead and the session hanging.
-        try:
-            reader = FrameReader(fd, profile.mcp.max_line_bytes)
-            while (frame := reader.read_frame()) is not None:
-                on_frame(frame, reader.has_more())
-        except Exception as exc:
-            finish(f"{INTERNAL_ERROR} reading the {side}: {type(exc).__name__}: {exc}")
-            return
-        finish(at_eof)
-
-    def client_loop() -> None:
-        pump(stdin_fd, bridge.on_client_frame, "client closed its input", "client")
-
-    def server_loop() -> None:
-        pump(server_out, bridge.on_server_frame, "server exited", "server")
-
-    threads = [
-        threading.Thread(target=client_loop, name="client", daemon=True),
-        threading.Thread(target=server_loop, name="server", daemon=True),
-    ]
-    for t in threads:
-        t.start()
+    max_line = profile.mcp.max_line_bytes
+    server_out = child.stdout.fileno()
+    _thread(
+        "client",
+        lambda: _pump(
+            stdin_fd, max_line, bridge.on_client_frame, ending, "client closed its input", "client"
+        ),
+    )
+    server_reader = _thread(
+        "server",
+        lambda: _pump(
+            server_out, max_line, bridge.on_server_frame, ending, "server exited", "server"
+        ),
+    )
+    code: int | None = None
     closed = False
     try:
-        while not done.wait(0.2):
+        while not ending.done.wait(0.2):
             pass
-        reason = why["reason"]
-        # No request the client sends from now on is acted on (nor recorded): nothing may
-        # follow the session's closing record.
-        bridge.fence("client")
-        # Pending approvals are denied first: nothing waits for a person past the session.
-        bridge.shutdown(reason)
-        bridge.settle_client()
-        close_server_input()
-        status, ended = _wait_child(child, SERVER_EXIT_GRACE)
-        ended = ended or forced.is_set()
-        code: int | None = status
-        threads[1].join(2.0)  # let the last server messages through
-        stderr_relay.join(2.0)
-        bridge.fence("server")
-        bridge.flush_summaries()
-        bridge.drain()
-        # The end of `podman exec` is not the end of the server: podman gives up the moment
-        # it is told to (then its exit status says nothing of the server's), a Ctrl-C ends it
-        # and not the server, and a server's children may outlive it. Whatever carries the
-        # session's mark in the container is ended now (`reap`).
-        killed = _end_server(target.container_id, session_id, say)
-        if ended:
-            how = (
-                f"linpodx killed {killed} of its processes in the container"
-                if killed is not None
-                else "it may still run in the container"
-            )
-            say(
-                f"bridge: the server did not exit within {SERVER_EXIT_GRACE:g} s of its input "
-                f"closing; its podman exec was ended and {how}"
-            )
-            code = None
-        elif killed:
-            say(f"bridge: linpodx killed {killed} processes the server left in the container")
-        if reason.startswith("signal"):
-            exit_code = EXIT_INTERRUPTED if "SIGINT" in reason else EXIT_TERMINATED
-        elif bridge.bound_hit is not None and reason == bridge.bound_hit:
-            say(f"error: the session ended: {reason}")
-            say(
-                "hint: a session that writes this much is refused from here on; raise "
-                "mcp.audit_max_bytes in the profile if this one was legitimate"
-            )
-            exit_code = EXIT_FAILURE
-        elif reason.startswith(INTERNAL_ERROR):
-            say(f"error: {reason}")
-            say("hint: this is a bug in linpodx; the session was ended and is in the audit log")
-            exit_code = EXIT_BUG
-        elif code is None:
-            exit_code = EXIT_FAILURE
-        else:
-            exit_code = code if code >= 0 else 128 - code
+        code, killed = _wind_down(
+            bridge, server, ending.reason, server_reader, stderr_relay, target, session_id, say
+        )
+        exit_code = _exit_code(ending, bridge, code, say)
         summary = bridge.summary()
         summary["server_killed"] = killed  # processes linpodx had to kill (None: could not)
-        _close(group, audit_chain, session_id, reason, code, summary, bridge)
+        _close(group, audit_chain, session_id, ending.reason, code, summary, bridge)
         closed = True  # (_close says itself when it could not record)
     finally:
         # Whatever happened above: every record written (deferred outcomes too) is made durable
@@ -354,8 +287,174 @@ def _session(
             if group.failure.hint:
                 say(f"hint: {group.failure.hint}")
     shown = "unknown" if code is None else code
-    say(f"bridge: session {session_id} ended ({reason}; server exit {shown})")
+    say(f"bridge: session {session_id} ended ({ending.reason}; server exit {shown})")
     return exit_code
+
+
+def _target_and_profile(container: str) -> tuple[Target, Any]:
+    """The running container and the profile revision it was started with (`builtin` is the
+    default profile)."""
+    from linpodx import containers
+
+    target = find_container(container)
+    return target, containers.profile_by_id(target.profile_id)
+
+
+def _start_server(
+    target: Target, session_id: str, command: Sequence[str]
+) -> subprocess.Popen[bytes]:
+    """`podman exec -i` of the server's command, its stdio in pipes; OSError if it cannot start.
+
+    By the id that was inspected: the container whose labels and revision were checked is the
+    one the server runs in, even if the name changed hands since. The mark lets linpodx find
+    the server in the container if it has to end it (`reap`). stderr comes through linpodx
+    too: the server's (and podman's) words reach the person's terminal escaped, never as
+    escape sequences a server chose.
+    """
+    mark = f"{reap.ENV}={session_id}"
+    argv = ["podman", "exec", "-i", "--env", mark, target.container_id, *command]
+    return proc.popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
+    )
+
+
+class ServerInput:
+    """The server's stdin: writes from the bridge, and one close that cannot hang on a server
+    that stopped reading."""
+
+    def __init__(self, child: subprocess.Popen[bytes], say: Callable[[str], None]) -> None:
+        assert child.stdin is not None  # noqa: S101 - PIPE above
+        self.child = child
+        self.say = say
+        self.fd = child.stdin.fileno()
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+        self.forced = threading.Event()
+        """linpodx ended podman exec to close the server's input."""
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            if self.closed.is_set():
+                raise OSError("server input already closed")
+            _write_all(self.fd, data)
+
+    def close(self) -> None:
+        self.closed.set()  # no write starts from now on
+        if not self.lock.acquire(timeout=SERVER_INPUT_WAIT):
+            # A write is blocked: the server stopped reading its input. Waiting for it would
+            # hang the session's end (and a SIGTERM with it); end podman exec instead, which
+            # closes the pipe's other end and fails that write.
+            self.say("bridge: the server is not reading its input; ending its podman exec")
+            self.forced.set()
+            with contextlib.suppress(OSError):
+                self.child.terminate()
+            if not self.lock.acquire(timeout=SERVER_INPUT_WAIT):
+                with contextlib.suppress(OSError):
+                    self.child.kill()
+                if not self.lock.acquire(timeout=SERVER_INPUT_WAIT):
+                    return  # (podman exec is gone; the session ends without waiting more)
+        try:
+            with contextlib.suppress(OSError):
+                self.child.stdin.close()  # type: ignore[union-attr]
+        finally:
+            self.lock.release()
+
+
+def _thread(name: str, target: Callable[[], None]) -> threading.Thread:
+    t = threading.Thread(target=target, name=name, daemon=True)
+    t.start()
+    return t
+
+
+def _pump(
+    fd: int,
+    max_line: int,
+    on_frame: Callable[[Frame, bool], None],
+    ending: Ending,
+    at_eof: str,
+    side: str,
+) -> None:
+    """Hand the frames read from `fd` to the bridge until EOF, then end the session."""
+    # An unexpected exception here is a bug; it must end the session (every pending call
+    # denied, the log closed) rather than leave this direction dead and the session hanging.
+    try:
+        reader = FrameReader(fd, max_line)
+        while (frame := reader.read_frame()) is not None:
+            on_frame(frame, reader.has_more())
+    except Exception as exc:
+        ending.broke(side, exc)
+        return
+    ending.finish(at_eof)
+
+
+def _wind_down(
+    bridge: Bridge,
+    server: ServerInput,
+    reason: str,
+    server_reader: threading.Thread,
+    stderr_relay: threading.Thread,
+    target: Target,
+    session_id: str,
+    say: Callable[[str], None],
+) -> tuple[int | None, int | None]:
+    """End the session in order; (the server's exit status, None if unknown; the processes
+    killed in the container, None if that could not be done)."""
+    # No request the client sends from now on is acted on (nor recorded): nothing may
+    # follow the session's closing record.
+    bridge.fence("client")
+    # Pending approvals are denied first: nothing waits for a person past the session.
+    bridge.shutdown(reason)
+    bridge.settle_client()
+    server.close()
+    status, ended = _wait_child(server.child, SERVER_EXIT_GRACE)
+    ended = ended or server.forced.is_set()
+    code: int | None = status
+    server_reader.join(2.0)  # let the last server messages through
+    stderr_relay.join(2.0)
+    bridge.fence("server")
+    bridge.flush_summaries()
+    bridge.drain()
+    # The end of `podman exec` is not the end of the server: podman gives up the moment
+    # it is told to (then its exit status says nothing of the server's), a Ctrl-C ends it
+    # and not the server, and a server's children may outlive it. Whatever carries the
+    # session's mark in the container is ended now (`reap`).
+    killed = _end_server(target.container_id, session_id, say)
+    if ended:
+        how = (
+            f"linpodx killed {killed} of its processes in the container"
+            if killed is not None
+            else "it may still run in the container"
+        )
+        say(
+            f"bridge: the server did not exit within {SERVER_EXIT_GRACE:g} s of its input "
+            f"closing; its podman exec was ended and {how}"
+        )
+        code = None
+    elif killed:
+        say(f"bridge: linpodx killed {killed} processes the server left in the container")
+    return code, killed
+
+
+def _exit_code(ending: Ending, bridge: Bridge, code: int | None, say: Callable[[str], None]) -> int:
+    """linpodx's exit status for a session that ended as `ending` says, saying why on stderr
+    where that is an error; otherwise the server's."""
+    reason = ending.reason
+    if ending.signal_name is not None:
+        return ending.signal_exit()
+    if bridge.bound_hit is not None and reason == bridge.bound_hit:
+        say(f"error: the session ended: {reason}")
+        say(
+            "hint: a session that writes this much is refused from here on; raise "
+            "mcp.audit_max_bytes in the profile if this one was legitimate"
+        )
+        return EXIT_FAILURE
+    if ending.bug:
+        say(f"error: {reason}")
+        say("hint: this is a bug in linpodx; the session was ended and is in the audit log")
+        return EXIT_BUG
+    if code is None:
+        return EXIT_FAILURE
+    return code if code >= 0 else 128 - code
 
 
 STDERR_LINE_MAX = 4096

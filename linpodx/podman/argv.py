@@ -23,7 +23,6 @@ import os
 from dataclasses import dataclass, field
 
 from linpodx import paths
-from linpodx.egress.launch import INIT_PIDFILE
 from linpodx.errors import EngineError
 from linpodx.podman import flags, mountpin, runline
 from linpodx.podman.flags import clamp_limit
@@ -94,7 +93,7 @@ def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
     """
     pidfile = None
     if spec.resolv_conf is not None:
-        pidfile = f"{spec.resolv_conf.rsplit('/', 1)[0]}/{INIT_PIDFILE}"
+        pidfile = f"{spec.resolv_conf.rsplit('/', 1)[0]}/{runline.INIT_PIDFILE}"
     head = runline.head(spec.name, spec.hostname)  # validates the name before it makes a path
     gate = None
     if spec.profile.mounts:

@@ -302,7 +302,7 @@ def run_inherited(argv: Sequence[str], stop: Callable[[], None] | None = None) -
     old = spawn.hold_signals(send, stop)
     try:
         try:
-            started.append(subprocess.Popen(list(argv)))
+            started.append(proc.popen(argv))
         except FileNotFoundError as exc:
             raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
         for signum in early:
@@ -498,7 +498,7 @@ def stream_chunks(argv: Sequence[str], sink: Any) -> int:
     import subprocess
 
     try:
-        child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        child = proc.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except FileNotFoundError as exc:
         raise EngineError(f"{argv[0]} not found", PODMAN_HINT, argv=tuple(argv)) from exc
     assert child.stdout is not None  # noqa: S101 - PIPE was requested just above

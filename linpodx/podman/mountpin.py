@@ -5,7 +5,7 @@ linpodx checks every mount source on the host before each run and start
 An agent with a writable mount over a source's parent can swap the source for a symlink to
 `~/.ssh` in between, and a loop that keeps swapping wins that race often. So the check also
 notes the identity (device, inode) of what it checked, found by walking the resolved path one
-component at a time without following any symlink (`identity`), and an OCI `createRuntime`
+component at a time without following any symlink (`hostpaths.identity`), and an OCI `createRuntime`
 hook (`mountcheck.sh`) compares it with what runc really mounted before the container's
 command may start. A swap after the check then means the container does not start.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 
 from linpodx import paths
 from linpodx.fsutil import atomic_write
@@ -43,40 +42,12 @@ GATE_FILE = "use-linpodx-start"
 HOOK_TIMEOUT = 30
 """Seconds runc gives the hook (it only reads two files and runs `stat` per mount)."""
 
-_WALK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-
 TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 Pin = tuple[int, int, str]
 """(device, inode, destination in the container)"""
-
-
-def identity(resolved: str) -> tuple[int, int] | None:
-    """(device, inode) of the directory or regular file at `resolved`, an absolute path that
-    had no symlink in it when it was resolved; None if any component is a symlink now (or is
-    gone), or the end is something else. The walk opens each component relative to the last
-    one without following symlinks, so what it identifies is what is at that path now."""
-    if not os.path.isabs(resolved):
-        return None
-    fd = os.open("/", _WALK | os.O_DIRECTORY)
-    try:
-        for part in resolved.split("/"):
-            if not part:
-                continue
-            try:
-                nxt = os.open(part, _WALK, dir_fd=fd)
-            except OSError:
-                return None  # gone, or a symlink where a directory was (ENOTDIR)
-            os.close(fd)
-            fd = nxt
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        return None  # a symlink as the last component, or a socket, a device …
-    return st.st_dev, st.st_ino
 
 
 def gate_path(container_dir: str) -> str:

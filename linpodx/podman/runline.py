@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 
 from linpodx.errors import InvalidInput
+from linpodx.profile import HOME_DIR as HOME_DIR
 
 GATE_DEST = "/run/linpodx/mount-gate"
 """Where a container with mounts sees its mount gate (see `linpodx.podman.mountpin`)."""
-HOME_DIR = "/home/agent"
-"""The agent's `$HOME` inside every linpodx container."""
+INIT_PIDFILE = "init.pid"
+"""Beside the resolv.conf: `podman create --pidfile` makes `podman init` write the container's
+init pid there, so the guard's pid needs no `podman inspect`."""
 HOME_TMPFS_SIZE = "512m"
 """Size bound of the tmpfs `$HOME` of `--rm` containers (counted against the memory limit)."""
 

@@ -1,104 +1,22 @@
-"""A child process with its stdout and stderr in pipes, started without `subprocess`.
+"""Signals while linpodx waits on a foreground podman: held, passed on, and a stop after grace.
 
-`linpodx.fastrun` starts `podman run` before it imports anything it does not need for that (see
-there); `subprocess` and its imports would cost it several milliseconds. `os.posix_spawn` does
-the same job here, with what `subprocess.Popen` would do by default: the child gets only
-stdin/stdout/stderr (every other descriptor that is not close-on-exec is closed in it), and
-SIGPIPE and SIGXFSZ, which Python ignores, are back to their defaults in it.
-`engine.run_announced` relays the pipes.
+`linpodx.fastrun` loads this before podman starts (see there), so it keeps to the modules the
+interpreter already has. `Child` and `which` are `linpodx.proc`'s (the one place programs are
+started), named here too for the podman layer's callers.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
-import time
+
+from linpodx.proc import Child as Child
+from linpodx.proc import which as which
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
     from typing import Any
-
-
-class Child:
-    """A started child. `out_fd`/`err_fd` are the read ends of its stdout/stderr pipes."""
-
-    def __init__(self, argv: Sequence[str]) -> None:
-        """Start argv[0] (a full path) with argv. OSError (FileNotFoundError for a missing
-        program) if it cannot be started; then nothing is left open."""
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        actions: list[tuple[int, ...]] = [
-            (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2),
-        ]
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            if fd > 2 and not _cloexec(fd):
-                actions.append((os.POSIX_SPAWN_CLOSE, fd))
-        try:
-            self.pid = os.posix_spawn(
-                argv[0],
-                list(argv),
-                os.environ,
-                file_actions=actions,
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-            )
-        except BaseException:
-            for fd in (out_r, out_w, err_r, err_w):
-                os.close(fd)
-            raise
-        os.close(out_w)
-        os.close(err_w)
-        self.argv = tuple(argv)
-        self.out_fd, self.err_fd = out_r, err_r
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        """The exit status if the child has ended (negative: killed by that signal), else None."""
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the child; TimeoutError if it is still running after `timeout` seconds."""
-        if self.returncode is not None:
-            return self.returncode
-        if timeout is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
-        deadline = time.monotonic() + timeout
-        while (rc := self.poll()) is None:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"process {self.pid} still running after {timeout} s")
-            time.sleep(0.01)
-        return rc
-
-    def signal(self, sig: int) -> None:
-        """Send `sig` unless the child was already reaped (its pid may be someone else's)."""
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-
-    def close(self) -> None:
-        """Close the read ends of the pipes."""
-        for fd in (self.out_fd, self.err_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP)
@@ -191,30 +109,3 @@ def restore_signals(held: Held) -> None:
     if held.ended is not None:
         held.ended.set()
         held.fired.set()  # wakes the timer thread, which then sees `ended` and returns
-
-
-def _cloexec(fd: int) -> bool:
-    try:
-        return bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)
-    except OSError:
-        return True  # closed meanwhile (the listdir's own descriptor): nothing to close
-
-
-SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
-
-
-def which(program: str) -> str | None:
-    """Full path of `program` on PATH (as `shutil.which` finds it), also looking in the sbin
-    dirs a normal user's PATH lacks."""
-    if "/" in program:
-        return program if _runnable(program) else None
-    dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
-    for d in [*dirs, *SBIN_DIRS]:
-        cand = os.path.join(d or ".", program)
-        if _runnable(cand):
-            return cand
-    return None
-
-
-def _runnable(path: str) -> bool:
-    return os.access(path, os.X_OK) and not os.path.isdir(path)

@@ -19,7 +19,6 @@ import stat
 
 from linpodx import paths
 from linpodx.output import safe_text
-from linpodx.podman import mountpin
 
 TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
 if TYPE_CHECKING:
@@ -294,7 +293,36 @@ def pin_mount_source(source: str) -> tuple[tuple[int, int] | None, str | None, s
     resolved, problem, hint = check_mount_source(source)
     if problem is not None or resolved is None:
         return None, problem, hint
-    ident = mountpin.identity(resolved)
+    ident = identity(resolved)
     if ident is None:
         return None, *_changed(source)
     return ident, None, None
+
+
+_WALK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def identity(resolved: str) -> tuple[int, int] | None:
+    """(device, inode) of the directory or regular file at `resolved`, an absolute path that
+    had no symlink in it when it was resolved; None if any component is a symlink now (or is
+    gone), or the end is something else. The walk opens each component relative to the last
+    one without following symlinks, so what it identifies is what is at that path now."""
+    if not os.path.isabs(resolved):
+        return None
+    fd = os.open("/", _WALK | os.O_DIRECTORY)
+    try:
+        for part in resolved.split("/"):
+            if not part:
+                continue
+            try:
+                nxt = os.open(part, _WALK, dir_fd=fd)
+            except OSError:
+                return None  # gone, or a symlink where a directory was (ENOTDIR)
+            os.close(fd)
+            fd = nxt
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return None  # a symlink as the last component, or a socket, a device …
+    return st.st_dev, st.st_ino

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from linpodx.canonical import CanonicalError, canonical_bytes
 from linpodx.errors import ProfileError
 from linpodx.output import safe_text
-from linpodx.podman.runline import HOME_DIR
+from linpodx.profile import HOME_DIR
 from linpodx.profile.hostpaths import (
     FORBIDDEN_TEXT,
     PATH_FORBIDDEN,
@@ -912,7 +912,7 @@ def normalize_hostname(raw: str) -> tuple[str | None, str | None]:
 def normalize_entry(raw: str) -> tuple[str | None, str | None]:
     """(canonical entry, problem) for an allowlist entry `NAME[:PORT[/KIND]]` (KIND: `http`,
     `tcp`; none means TLS; a bare NAME is TLS on 443)."""
-    from linpodx.egress.policy import Rule, split_entry
+    from linpodx.profile.egressentry import Rule, split_entry
 
     try:
         written, port, kind = split_entry(raw)

@@ -24,6 +24,7 @@ import pytest
 
 from linpodx import paths, runplan
 from linpodx.podman import mountpin
+from linpodx.profile import hostpaths
 from tests.conftest import BUSYBOX_IMAGE, linpodx_argv, run_linpodx
 
 pytestmark = pytest.mark.podman
@@ -47,7 +48,7 @@ def test_runc_refuses_a_mount_that_is_not_what_was_checked(tmp_path: Path) -> No
     for d, word in ((checked, "checked"), (other, "other")):
         d.mkdir()
         (d / "marker").write_text(f"{word}\n")
-    ident = mountpin.identity(str(checked))
+    ident = hostpaths.identity(str(checked))
     assert ident is not None
     hooks = mountpin.setup(str(tmp_path / "state"), [(ident[0], ident[1], "/data")])
     assert hooks is not None

@@ -11,6 +11,7 @@ import pytest
 
 from linpodx import events
 from linpodx.approvals import store
+from linpodx.approvals.prompter import Prompter
 from linpodx.audit.core import MAX_LINE
 from linpodx.cli import approvals as cli_approvals
 from linpodx.errors import UsageError
@@ -217,7 +218,7 @@ def test_damaged_lines_are_skipped_and_json_output_stays_json(cli: Any) -> None:
 def test_event_file_keeps_partial_lines() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    reader = cli_approvals.EventFile()
+    reader = events.EventFile()
     path.write_bytes(b'{"type":"a.b","ts":"x"}\n{"type":"c.')
     assert [e["type"] for e in reader.read_new()] == ["a.b"]
     with open(path, "ab") as f:
@@ -261,7 +262,7 @@ def test_a_large_file_is_read_in_bounded_memory() -> None:
     with open(path, "wb") as f:
         for _ in range(320):  # 32 MB
             f.write(line)
-    reader = cli_approvals.EventFile()
+    reader = events.EventFile()
     count = 0
 
     def read_all() -> None:
@@ -278,7 +279,7 @@ def test_an_endless_line_is_skipped_in_bounded_memory_while_following() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
-    reader = cli_approvals.EventFile()
+    reader = events.EventFile()
     got: list[str] = []
 
     def poll() -> None:
@@ -316,7 +317,7 @@ def test_a_follower_reads_a_truncated_or_replaced_file_from_its_start() -> None:
     for i in range(50):
         events.emit("old.event", message=f"padding padding padding {i}")
     path = events_file()
-    reader = cli_approvals.EventFile()
+    reader = events.EventFile()
     reader.skip_to_end()
     events.emit("before.truncate")
     assert [e["type"] for e in reader.read_new()] == ["before.truncate"]
@@ -346,7 +347,7 @@ def interrupted_after_one_event(monkeypatch: pytest.MonkeyPatch) -> None:
         yield {"ts": "2026-01-01T00:00:00Z", "type": "first.event"}
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_approvals.EventFile, "read_new", read_new)
+    monkeypatch.setattr(events.EventFile, "read_new", read_new)
 
 
 def test_ctrl_c_cuts_a_listing_short_with_an_error(
@@ -480,7 +481,7 @@ def test_the_prompter_never_prints_a_hostile_approval_id_raw() -> None:
     import io
 
     out = io.StringIO()
-    prompter = cli_approvals.Prompter(io.StringIO(), out)
+    prompter = Prompter(io.StringIO(), out, cli_approvals.render)
     event = {"type": "approval.pending", "session": "s", "approval_id": HOSTILE_ID}
     cli_approvals._show(event, out, False, prompter)
     text = out.getvalue()
@@ -564,7 +565,7 @@ def test_an_open_prompt_ends_when_another_listener_answers() -> None:
     p = pending(timeout=30)
     r, w = os.pipe()  # a terminal nobody types into
     out = io.StringIO()
-    prompter = cli_approvals.Prompter(os.fdopen(r, "r"), out)
+    prompter = Prompter(os.fdopen(r, "r"), out, cli_approvals.render)
     threading.Timer(0.3, store.answer, (p.approval_id, p.digest, store.APPROVE)).start()
     began = time.monotonic()
     prompter.ask(p.approval_id)
@@ -577,7 +578,7 @@ def test_an_open_prompt_ends_when_another_listener_answers() -> None:
 def test_a_request_gone_while_its_prompt_is_open_does_not_end_the_listener() -> None:
     """The open prompt polls the request's status; a request removed or damaged meanwhile is
     no longer pending, and must not raise out of the listener."""
-    assert cli_approvals.Prompter._status("apr_01KB0000000000000000000000").startswith(
+    assert Prompter._status("apr_01KB0000000000000000000000").startswith(
         "unreadable: "
     )
 

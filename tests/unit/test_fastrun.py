@@ -198,7 +198,7 @@ def test_no_heavy_module_is_imported_before_podman_starts(
         "tempfile", "secrets", "datetime", "decimal", "ipaddress", "typer", "jsonschema",
         "linpodx.containers", "linpodx.profile.model", "linpodx.profile.loader",
         "linpodx.profile.store", "linpodx.podman.argv", "linpodx.podman.engine",
-        "linpodx.audit.chain", "linpodx.proc", "linpodx.events",
+        "linpodx.audit.chain", "linpodx.events",
     }  # fmt: skip
     from linpodx import digest
 

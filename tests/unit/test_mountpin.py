@@ -23,19 +23,19 @@ def test_identity_is_the_directory_or_file_at_a_symlink_free_path(tmp_path: Path
     f.write_text("x")
     for p in (d, f):
         st = os.stat(p)
-        assert mountpin.identity(str(p)) == (st.st_dev, st.st_ino)
+        assert hostpaths.identity(str(p)) == (st.st_dev, st.st_ino)
 
 
 def test_identity_refuses_symlinks_anywhere_and_odd_things(tmp_path: Path) -> None:
     real = tmp_path / "real"
     (real / "inner").mkdir(parents=True)
     (tmp_path / "link").symlink_to(real)
-    assert mountpin.identity(str(tmp_path / "link")) is None  # last component
-    assert mountpin.identity(str(tmp_path / "link" / "inner")) is None  # on the way
-    assert mountpin.identity(str(tmp_path / "missing")) is None
-    assert mountpin.identity("relative/path") is None
+    assert hostpaths.identity(str(tmp_path / "link")) is None  # last component
+    assert hostpaths.identity(str(tmp_path / "link" / "inner")) is None  # on the way
+    assert hostpaths.identity(str(tmp_path / "missing")) is None
+    assert hostpaths.identity("relative/path") is None
     os.mkfifo(tmp_path / "fifo")
-    assert mountpin.identity(str(tmp_path / "fifo")) is None
+    assert hostpaths.identity(str(tmp_path / "fifo")) is None
 
 
 def test_pin_mount_source_pins_the_resolved_directory(tmp_path: Path) -> None:

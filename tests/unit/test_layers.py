@@ -1,0 +1,368 @@
+"""The package's layers, read from its source: imports run one way, programs start in one place.
+
+Read with `ast` (nothing of linpodx is imported): every import, also those inside functions,
+and every string that names one of linpodx's modules (what `importlib` or `import_yielding` is
+handed), counts as an arrow. Three rules:
+
+- an arrow never runs up the LAYERS table (an arrow within one layer is fine);
+- linpodx never imports its own modules by a string passed to `importlib`/`__import__` (outside
+  the few LOADERS that take a table of names on purpose), nor under `except ImportError` (a
+  missing part of linpodx is a broken install, not a mode to run in);
+- a program is started only in SPAWN_POINT.
+
+KNOWN holds what is left of the violations found when the rules were written; other changes are
+removing them. The test also fails for an entry that no longer occurs, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import linpodx
+
+PACKAGE = Path(linpodx.__file__).parent
+ROOT = PACKAGE.parent
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # From the top down. A module belongs to the longest prefix that names it.
+    ("linpodx.__main__",),
+    ("linpodx.cli",),
+    ("linpodx.fastrun",),
+    ("linpodx.mcp", "linpodx.doctor"),
+    ("linpodx.snapshot",),
+    ("linpodx.containers",),
+    # runplan: the fast path's plan, which containers writes and fastrun reads; integrity:
+    # cross-checks of the audit log against the profile store, above both.
+    ("linpodx.runplan", "linpodx.integrity"),
+    ("linpodx.egress", "linpodx.approvals"),
+    # podman's argv builder takes a Profile, so podman sits above profile; profile's store
+    # records into the audit chain, so profile sits above audit.
+    ("linpodx.podman",),
+    ("linpodx.profile",),
+    # The event stream: its reader takes lines with the audit chain's bounded reader.
+    ("linpodx.events",),
+    ("linpodx.audit",),
+    # The ground: generic helpers that know nothing of containers. They may use each other.
+    (
+        "linpodx.errors", "linpodx.paths", "linpodx.output", "linpodx.proc", "linpodx.fsutil",
+        "linpodx.namelock", "linpodx.canonical", "linpodx.ids",
+        "linpodx.digest", "linpodx.yielding", "linpodx",
+    ),
+)  # fmt: skip
+
+LOADERS = frozenset(
+    {
+        # (file, function) allowed to call importlib with a name that is not a literal: each
+        # loads names written as literals elsewhere, which count as arrows of their own.
+        ("linpodx/cli/main.py", "build_app"),  # the sub-app table, loaded per command
+        ("linpodx/yielding.py", "import_yielding.work"),  # imports at a lower CPU priority
+        ("linpodx/egress/runner.py", "_import_quietly"),  # dnspython, warmed up unasked
+    }
+)
+
+SPAWN_POINT = "linpodx/proc.py"
+"""The one module that starts programs: `run` (to completion), `popen` (a long-lived child),
+`Child` (the fast path's, without `subprocess`) and `spawn_detached` (a helper that outlives
+the command that starts it)."""
+
+SPAWNS = frozenset(
+    {
+        *(f"subprocess.{n}" for n in ("Popen", "run", "call", "check_call", "check_output")),
+        *(f"subprocess.{n}" for n in ("getoutput", "getstatusoutput")),
+        *(f"os.{n}" for n in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")),
+        *(f"os.{n}" for n in ("popen", "execv", "execve", "execl", "execle", "execlp")),
+        *(f"os.{n}" for n in ("execlpe", "execvp", "execvpe", "spawnv", "spawnve", "spawnl")),
+        *(f"os.{n}" for n in ("spawnle", "spawnlp", "spawnlpe", "spawnvp", "spawnvpe")),
+        "pty.fork", "pty.spawn", "asyncio.create_subprocess_exec",
+        "asyncio.create_subprocess_shell", "multiprocessing.Process",
+    }
+)  # fmt: skip
+
+KNOWN: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        # (rule, file, what). Being removed by the changes of issue 22; the lead empties this
+        # list when they are merged. Never add to it: fix the code instead.
+        # containers: the snapshot journal is a layer up (the rollback check moves down).
+        ("upward", "linpodx/containers.py", "linpodx.snapshot.journal"),
+        ("guarded-import", "linpodx/containers.py", "linpodx.profile.store"),
+        ("guarded-import", "linpodx/containers.py", "linpodx.audit.chain"),
+        ("guarded-import", "linpodx/containers.py", "linpodx.egress.guard"),
+        # audit: the verifier reaches the store and the containers service by name (integrity.py
+        # takes over the cross-checks); the parallel verifier forks.
+        ("string-import", "linpodx/audit/verify.py", "linpodx.profile.store"),
+        ("string-import", "linpodx/audit/verify.py", "linpodx.containers"),
+        ("guarded-import", "linpodx/audit/verify.py", "linpodx.profile.store"),
+        ("guarded-import", "linpodx/audit/verify.py", "linpodx.containers"),
+        ("upward", "linpodx/audit/verify.py", "linpodx.profile.store"),
+        ("upward", "linpodx/audit/verify.py", "linpodx.containers"),
+        ("spawn", "linpodx/audit/chain.py", "os.fork"),
+        # snapshot: ops reaches containers by name; the worker is started with its own Popen.
+        ("string-import", "linpodx/snapshot/ops.py", "linpodx.containers"),
+        ("guarded-import", "linpodx/snapshot/ops.py", "linpodx.containers"),
+        ("spawn", "linpodx/snapshot/service.py", "subprocess.Popen"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    """Dotted name, e.g. linpodx.egress.guard."""
+    file: str
+    """Path from the repository's root, e.g. linpodx/egress/guard.py."""
+    tree: ast.Module
+
+
+def _modules() -> list[Module]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found.append(Module(".".join(parts), rel.as_posix(), ast.parse(path.read_bytes())))
+    return found
+
+
+MODULES = _modules()
+NAMES = frozenset(m.name for m in MODULES)
+
+
+def layer_of(name: str) -> int:
+    """The layer of module `name`, 0 for the lowest; KeyError if no entry of LAYERS names it."""
+    best: tuple[int, int] | None = None
+    for depth, entries in enumerate(reversed(LAYERS)):
+        for prefix in entries:
+            if name == prefix or name.startswith(prefix + "."):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), depth)
+    if best is None:
+        raise KeyError(name)
+    return best[1]
+
+
+def _target(name: str) -> str:
+    """The module an imported name is in: `linpodx.podman.spawn.which` → linpodx.podman.spawn."""
+    while name not in NAMES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _package(mod: Module) -> str:
+    return mod.name if mod.file.endswith("/__init__.py") else mod.name.rpartition(".")[0]
+
+
+def _own(name: str | None) -> bool:
+    return name is not None and (name == "linpodx" or name.startswith("linpodx."))
+
+
+def _imported(mod: Module, node: ast.stmt) -> list[str]:
+    """The linpodx modules an import statement names."""
+    if isinstance(node, ast.Import):
+        return [_target(a.name) for a in node.names if _own(a.name)]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = _package(mod).split(".")
+            base = base[: len(base) - (node.level - 1)]
+            source = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            source = node.module or ""
+        if not _own(source):
+            return []
+        return sorted({_target(f"{source}.{a.name}") for a in node.names})
+    return []
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the string nodes that are docstrings (prose naming modules is no arrow)."""
+    ids = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for stmt in body:
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                    ids.add(id(stmt.value))
+    return ids
+
+
+def _named(tree: ast.Module) -> Iterator[str]:
+    """Strings that are exactly the name of one of linpodx's modules."""
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value in NAMES
+            and id(node) not in skip
+        ):
+            yield node.value
+
+
+def _is_import_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    if isinstance(f, ast.Attribute):
+        return f.attr == "import_module" or f.attr == "__import__"
+    return isinstance(f, ast.Name) and f.id in ("import_module", "__import__")
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
+    """(qualified name of the enclosing function or "<module>", node) for every node."""
+
+    def walk(node: ast.AST, where: str) -> Iterator[tuple[str, ast.AST]]:
+        for child in ast.iter_child_nodes(node):
+            inner = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = child.name if where == "<module>" else f"{where}.{child.name}"
+            yield inner, child
+            yield from walk(child, inner)
+
+    return walk(tree, "<module>")
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    kinds = handler.type
+    names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+    return any(
+        isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError") for n in names
+    )
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name → dotted origin for imports of the standard library."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    names[a.asname] = a.name
+                else:
+                    top = a.name.partition(".")[0]
+                    names[top] = top
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, aliases)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _annotations(tree: ast.Module) -> set[int]:
+    """ids of every node inside a type annotation (`subprocess.Popen[bytes]` starts nothing)."""
+    roots: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+            roots.append(node.returns)
+    return {id(n) for root in roots for n in ast.walk(root)}
+
+
+def arrows(mod: Module) -> set[str]:
+    """Every linpodx module `mod` imports or names, itself excluded."""
+    found = {t for node in ast.walk(mod.tree) if isinstance(node, ast.stmt)
+             for t in _imported(mod, node)}  # fmt: skip
+    found.update(_named(mod.tree))
+    found.discard(mod.name)
+    return found
+
+
+def violations(mods: list[Module]) -> set[tuple[str, str, str]]:
+    found: set[tuple[str, str, str]] = set()
+    for mod in mods:
+        here = layer_of(mod.name)
+        for target in arrows(mod):
+            if layer_of(target) > here:
+                found.add(("upward", mod.file, target))
+        for where, node in _functions(mod.tree):
+            if _is_import_call(node):
+                assert isinstance(node, ast.Call)
+                arg = node.args[0] if node.args else None
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    if _own(arg.value):
+                        found.add(("string-import", mod.file, arg.value))
+                elif (mod.file, where) not in LOADERS:
+                    found.add(("dynamic-import", mod.file, where))
+            if isinstance(node, ast.Try) and any(map(_catches_import_error, node.handlers)):
+                for inner in (n for stmt in node.body for n in ast.walk(stmt)):
+                    names = _imported(mod, inner) if isinstance(inner, ast.stmt) else []
+                    if _is_import_call(inner):
+                        assert isinstance(inner, ast.Call)
+                        arg = inner.args[0] if inner.args else None
+                        if isinstance(arg, ast.Constant) and _own(arg.value):
+                            names = [str(arg.value)]
+                    found.update(("guarded-import", mod.file, n) for n in names)
+        aliases = _aliases(mod.tree)
+        typing_only = _annotations(mod.tree)
+        if mod.file != SPAWN_POINT:
+            for node in ast.walk(mod.tree):
+                if id(node) not in typing_only and isinstance(node, (ast.Name, ast.Attribute)):
+                    name = _dotted(node, aliases)
+                    if name in SPAWNS:
+                        found.add(("spawn", mod.file, name))
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = []
+    for name in sorted(NAMES):
+        try:
+            layer_of(name)
+        except KeyError:
+            unplaced.append(name)
+    assert unplaced == [], "add these modules to LAYERS in tests/unit/test_layers.py"
+
+
+def test_the_layers_hold_and_known_only_shrinks() -> None:
+    found = violations(MODULES)
+    new = sorted(found - KNOWN)
+    gone = sorted(KNOWN - found)
+    assert new == [], f"new violations of the layers (fix the code, do not list them): {new}"
+    assert gone == [], f"fixed: remove these from KNOWN in tests/unit/test_layers.py: {gone}"
+
+
+def _probe(source: str, file: str = "linpodx/proc.py") -> set[tuple[str, str, str]]:
+    name = file.removesuffix(".py").replace("/", ".")
+    return violations([Module(name, file, ast.parse(source))])
+
+
+def test_the_rules_catch_what_they_are_for() -> None:
+    # Each rule against a line that breaks it: a check that cannot fail would prove nothing.
+    assert _probe("def f():\n    from linpodx.containers import builtin_ref\n") == {
+        ("upward", "linpodx/proc.py", "linpodx.containers")
+    }
+    assert _probe("from .podman import spawn\n") == {
+        ("upward", "linpodx/proc.py", "linpodx.podman.spawn")
+    }
+    assert _probe("MODS = ('linpodx.egress.guard',)\n") == {
+        ("upward", "linpodx/proc.py", "linpodx.egress.guard")
+    }
+    assert _probe("import importlib\nm = importlib.import_module('linpodx.errors')\n") == {
+        ("string-import", "linpodx/proc.py", "linpodx.errors")
+    }
+    assert _probe("import importlib\ndef g(n):\n    return importlib.import_module(n)\n") == {
+        ("dynamic-import", "linpodx/proc.py", "g")
+    }
+    guarded = "try:\n    import linpodx.errors\nexcept (OSError, ImportError):\n    pass\n"
+    assert _probe(guarded) == {("guarded-import", "linpodx/proc.py", "linpodx.errors")}
+    spawned = "import subprocess as sp\nfrom os import execv as ex\nsp.Popen(['x'])\nex('x', [])\n"
+    assert _probe(spawned, "linpodx/egress/netns.py") == {
+        ("spawn", "linpodx/egress/netns.py", "subprocess.Popen"),
+        ("spawn", "linpodx/egress/netns.py", "os.execv"),
+    }
+    assert _probe(spawned) == set()  # the spawn point itself
+    typed = "import subprocess\ndef f(p: subprocess.Popen[bytes]) -> None:\n    pass\n"
+    assert _probe(typed, "linpodx/egress/netns.py") == set()
