@@ -2,8 +2,8 @@
 
 `events` follows the event stream file by polling (like `podman events` with its file logger,
 no daemon), in bounded memory; a damaged line is skipped, never the end of a listener (see
-`linpodx.events.EventFile`). With approvals in the filter and a terminal on stdin, each pending
-approval is shown and answered right there: the answer is bound to the digest of the request
+`linpodx.events.reader.EventFile`). With approvals in the filter and a terminal on stdin, each
+pending approval is shown and answered right there: the answer is bound to the digest of the request
 file this listener displayed, and it comes only from this terminal (input typed ahead is
 discarded first), so a "y" inside a payload or server output can never answer anything.
 """
@@ -29,7 +29,8 @@ from linpodx.errors import (
     LinpodxError,
     UsageError,
 )
-from linpodx.events import EVENT_TYPES, EventFile
+from linpodx.events import EVENT_TYPES
+from linpodx.events.reader import EventFile
 from linpodx.output import safe_text
 
 POLL_SECONDS = 0.1

@@ -216,7 +216,7 @@ def wait_pending(seen: set[str] | None = None, timeout: float = 30) -> dict[str,
     """The next approval.pending event not in `seen`, read from the event stream the way
     `linpodx events` reads it (in-process: a subprocess per poll is too slow under load for
     short approval windows)."""
-    from linpodx.cli.approvals import EventFile
+    from linpodx.events.reader import EventFile
 
     seen = seen if seen is not None else set()
     reader = EventFile()

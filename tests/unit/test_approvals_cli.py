@@ -15,6 +15,7 @@ from linpodx.approvals.prompter import Prompter
 from linpodx.audit.core import MAX_LINE
 from linpodx.cli import approvals as cli_approvals
 from linpodx.errors import UsageError
+from linpodx.events import reader as event_reader
 from linpodx.paths import events_file
 
 REQ = {
@@ -218,7 +219,7 @@ def test_damaged_lines_are_skipped_and_json_output_stays_json(cli: Any) -> None:
 def test_event_file_keeps_partial_lines() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    reader = events.EventFile()
+    reader = event_reader.EventFile()
     path.write_bytes(b'{"type":"a.b","ts":"x"}\n{"type":"c.')
     assert [e["type"] for e in reader.read_new()] == ["a.b"]
     with open(path, "ab") as f:
@@ -262,7 +263,7 @@ def test_a_large_file_is_read_in_bounded_memory() -> None:
     with open(path, "wb") as f:
         for _ in range(320):  # 32 MB
             f.write(line)
-    reader = events.EventFile()
+    reader = event_reader.EventFile()
     count = 0
 
     def read_all() -> None:
@@ -279,7 +280,7 @@ def test_an_endless_line_is_skipped_in_bounded_memory_while_following() -> None:
     path = events_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
-    reader = events.EventFile()
+    reader = event_reader.EventFile()
     got: list[str] = []
 
     def poll() -> None:
@@ -317,7 +318,7 @@ def test_a_follower_reads_a_truncated_or_replaced_file_from_its_start() -> None:
     for i in range(50):
         events.emit("old.event", message=f"padding padding padding {i}")
     path = events_file()
-    reader = events.EventFile()
+    reader = event_reader.EventFile()
     reader.skip_to_end()
     events.emit("before.truncate")
     assert [e["type"] for e in reader.read_new()] == ["before.truncate"]
@@ -347,7 +348,7 @@ def interrupted_after_one_event(monkeypatch: pytest.MonkeyPatch) -> None:
         yield {"ts": "2026-01-01T00:00:00Z", "type": "first.event"}
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(events.EventFile, "read_new", read_new)
+    monkeypatch.setattr(event_reader.EventFile, "read_new", read_new)
 
 
 def test_ctrl_c_cuts_a_listing_short_with_an_error(
