@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import os
 
-from linpodx import namelock, paths, runplan
+from linpodx import namelock, paths, proc, runplan
 from linpodx.audit import core
 from linpodx.errors import LinpodxError
 from linpodx.podman import mountpin, runline, spawn
@@ -62,7 +62,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     if not fields["rm"] or fields["tty"] or fields["detach"] or fields["profile"] is None:
         return None
     plan = runplan.load(fields["profile"])
-    podman = spawn.which("podman")
+    podman = proc.which("podman")
     if plan is None or podman is None:
         return None
     name = f"linpodx-{os.urandom(4).hex()}" if fields["name"] is None else fields["name"]
@@ -138,7 +138,7 @@ def _locked(
         return None
     # Recorded: from here on this run happens (or fails) like a full one.
     cidfile = os.path.join(where, f"cid-{os.urandom(6).hex()}")
-    child: spawn.Child | None = None
+    child: proc.Child | None = None
     failed: BaseException | None = None
     held: spawn.Held | None = None
     resolv = pidfile = None
@@ -163,7 +163,7 @@ def _locked(
         )
         run_argv = runline.run_form([*head, *plan["flags"], *tail], cidfile)
         what = "podman run"
-        child = spawn.Child([podman, *global_flags, *run_argv])
+        child = proc.Child([podman, *global_flags, *run_argv])
         # As `engine.relay_announced` does while it waits (until `_go_on` is done): a Ctrl-C
         # reaches podman too (same process group), SIGTERM and SIGHUP are passed on to it, and
         # either ends the run; this process then cleans up after it instead of leaving in the
@@ -192,7 +192,7 @@ def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]
     resolv = launch.write_new_run_files(name, policy)
     launch.launch(name)
     hooks = launch.hook_setup(name)
-    pidfile = os.path.join(os.path.dirname(resolv), launch.INIT_PIDFILE)
+    pidfile = os.path.join(os.path.dirname(resolv), runline.INIT_PIDFILE)
     return resolv, pidfile, [f"--hooks-dir={hooks}"]
 
 
@@ -200,7 +200,7 @@ def _go_on(
     fields: dict[str, Any],
     name: str,
     profile_id: str,
-    child: spawn.Child | None,
+    child: proc.Child | None,
     failure: tuple[str, BaseException | None],
     cidfile: str,
     made: bool,
@@ -221,7 +221,7 @@ def _go_on(
     from linpodx.errors import EngineError
     from linpodx.podman.engine import PODMAN_HINT
 
-    def start() -> spawn.Child:
+    def start() -> proc.Child:
         what, failed = failure
         if isinstance(failed, LinpodxError):
             raise failed

@@ -51,7 +51,7 @@ from linpodx.podman.argv import (
     build_run_argv,
     profile_flags,
 )
-from linpodx.podman.spawn import Child
+from linpodx.proc import Child
 from linpodx.profile.model import BUILTIN_ID, ProfileRef
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from linpodx.podman import engine
-from linpodx.podman.spawn import Child
+from linpodx.proc import Child
 
 
 class Podman(Protocol):

@@ -15,7 +15,6 @@ import sys
 
 from linpodx import paths, proc
 from linpodx.fsutil import atomic_write
-from linpodx.podman.runline import INIT_PIDFILE as INIT_PIDFILE
 
 # Files under containers/NAME/egress/ (`linpodx.egress.state.EgressState` names them too).
 EGRESS_DIR = "egress"

@@ -9,10 +9,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from linpodx.profile.egressentry import DEFAULT_PORT as DEFAULT_PORT
-from linpodx.profile.egressentry import KINDS as KINDS
-from linpodx.profile.egressentry import Rule as Rule
-from linpodx.profile.egressentry import split_entry as split_entry
+from linpodx.profile.egressentry import Rule, split_entry
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from linpodx.egress import launch as names
 from linpodx.paths import containers_dir, ensure_dir
+from linpodx.podman.runline import INIT_PIDFILE
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class EgressState:
     @property
     def init_pidfile(self) -> Path:
         """The container's init pid, written by `podman init` (see INIT_PIDFILE)."""
-        return self.dir / names.INIT_PIDFILE
+        return self.dir / INIT_PIDFILE
 
     @property
     def hooks_dir(self) -> Path:

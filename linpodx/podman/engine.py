@@ -19,8 +19,8 @@ from linpodx import proc
 from linpodx.errors import EngineError, NotFound
 from linpodx.podman import spawn
 from linpodx.podman.argv import MANAGED_LABEL
-from linpodx.podman.runline import HOME_DIR
-from linpodx.podman.spawn import Child
+from linpodx.proc import Child
+from linpodx.profile import HOME_DIR
 
 NAME_IN_USE_HINT = (
     "choose another --name, or remove the old container "

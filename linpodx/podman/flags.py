@@ -19,7 +19,7 @@ import re
 
 from linpodx.errors import InvalidInput
 from linpodx.podman import runline
-from linpodx.podman.runline import HOME_DIR
+from linpodx.profile import HOME_DIR
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from linpodx.errors import InvalidInput
-from linpodx.profile import HOME_DIR as HOME_DIR
+from linpodx.profile import HOME_DIR
 
 GATE_DEST = "/run/linpodx/mount-gate"
 """Where a container with mounts sees its mount gate (see `linpodx.podman.mountpin`)."""

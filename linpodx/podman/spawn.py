@@ -1,17 +1,14 @@
 """Signals while linpodx waits on a foreground podman: held, passed on, and a stop after grace.
 
 `linpodx.fastrun` loads this before podman starts (see there), so it keeps to the modules the
-interpreter already has. `Child` and `which` are `linpodx.proc`'s (the one place programs are
-started), named here too for the podman layer's callers.
+interpreter already has. The child itself is a `linpodx.proc.Child` (the one place programs
+are started).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-
-from linpodx.proc import Child as Child
-from linpodx.proc import which as which
 
 TYPE_CHECKING = False  # not typing's: see the module docstring
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
-from linpodx.podman.runline import HOME_DIR
+from linpodx.profile import HOME_DIR
 from linpodx.profile.loader import size_bytes
 from linpodx.snapshot import (
     egresskeep,

@@ -25,7 +25,8 @@ from linpodx.egress.inspect import (
     retried_hello,
     server_asks_retry,
 )
-from linpodx.egress.policy import Allowlist, Rule, split_entry
+from linpodx.egress.policy import Allowlist
+from linpodx.profile.egressentry import Rule, split_entry
 from linpodx.profile.loader import normalize_entry
 
 ADDR = ipaddress.IPv4Address("192.0.2.10")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from linpodx import containers, fastrun, runplan
+from linpodx import containers, fastrun, proc, runplan
 from linpodx.audit import core
 from linpodx.cli.main import main
 from linpodx.paths import admin_log, containers_dir
@@ -177,13 +177,13 @@ def test_no_heavy_module_is_imported_before_podman_starts(
         """
         import sys
         before = set(sys.modules)
-        from linpodx.podman import spawn
-        real = spawn.Child.__init__
+        from linpodx import proc
+        real = proc.Child.__init__
         def spy(self, argv):
             new = sorted(set(sys.modules) - before)
             print("MODULES " + " ".join(new), file=sys.stderr)
             real(self, argv)
-        spawn.Child.__init__ = spy
+        proc.Child.__init__ = spy
         from linpodx.cli.main import main
         sys.exit(main(["run", "--rm", "--profile", "fast", "--image", "localhost/img:1",
                        "--", "true"]))
@@ -433,7 +433,7 @@ def test_podman_that_cannot_start_is_an_error_and_leaves_nothing(
     broken = tmp_path / "podman"
     broken.write_text("#!/nonexistent/interpreter\n")
     broken.chmod(0o755)
-    monkeypatch.setattr(spawn, "which", lambda program: str(broken))
+    monkeypatch.setattr(proc, "which", lambda program: str(broken))
     with pytest.raises(Exception) as err:
         fastrun.run(fields(), not_announced)
     assert "podman run could not be started" in str(err.value)
@@ -522,7 +522,6 @@ def test_held_signals_are_passed_on_and_a_container_that_ignores_them_is_stopped
     import signal
     import threading
 
-    from linpodx.podman import spawn
 
     monkeypatch.setattr(spawn, "STOP_GRACE_SECONDS", 0.2)
     sent: list[int] = []
