@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from linpodx.errors import EngineError, InvalidInput, NotFound
-from linpodx.snapshot import faults, jobs, manifest, names, workspace
+from linpodx.snapshot import jobs, manifest, names, workspace
+from tests.faultinject import ROLLBACK_STEPS, Inject
 
 
 @pytest.mark.parametrize(
@@ -167,17 +168,38 @@ def test_proc_stat_parsing_survives_odd_process_names(tmp_path: Path) -> None:
         child.wait()
 
 
-def test_fail_point_only_fires_for_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    faults.fail_point("swap")  # unset: nothing
-    monkeypatch.setenv(faults.FAIL_ENV, "swap")
-    faults.fail_point("create")
-    with pytest.raises(EngineError, match="injected failure at step swap"):
-        faults.fail_point("swap")
-    monkeypatch.setenv(faults.FAIL_ENV, "interrupt@swap")
-    faults.fail_point("create")
+def test_the_saga_journals_before_each_step_and_fails_only_where_told() -> None:
+    from linpodx.snapshot.saga import Saga, Step
+
+    seen: list[str] = []
+    saga: Saga[list[str]] = Saga([
+        Step(n, lambda c, n=n: c.append(f"do {n}"), lambda c, n=n: c.append(f"undo {n}"))
+        for n in ("a", "b", "c")
+    ])
+    saga.run(seen, lambda n: seen.append(f"journal {n}"), Inject("nowhere"))
+    assert seen == ["journal a", "do a", "journal b", "do b", "journal c", "do c"]
+    seen.clear()
+    with pytest.raises(EngineError, match="injected failure at step b"):
+        saga.run(seen, lambda n: seen.append(f"journal {n}"), Inject("b"))
+    assert seen == ["journal a", "do a", "journal b", "do b"]  # b changed something first
     with pytest.raises(KeyboardInterrupt):
-        faults.fail_point("swap")
-    assert "swap" in faults.ROLLBACK_STEPS
+        saga.run([], lambda n: None, Inject("interrupt@a"))
+    seen.clear()
+    saga.undo(seen, "b")  # what may have started, last first
+    assert seen == ["undo b", "undo a"]
+
+
+def test_the_rollback_steps_are_the_journals_and_no_fault_is_read_from_the_environment() -> None:
+    """The journal on disk names these steps (recovery reads them back); and the installed tool
+    takes its fault points from its caller only."""
+    import linpodx
+    from linpodx.snapshot import journal, rollback
+
+    assert rollback.STEPS.names() == journal.STEPS[: journal.STEPS.index("commit")]
+    assert set(ROLLBACK_STEPS) <= set(journal.STEPS)
+    package = Path(linpodx.__file__).parent
+    readers = [p for p in package.rglob("*.py") if "TEST_FAIL_AT" in p.read_text()]
+    assert readers == []
 
 
 def test_writable_mounts_keep_only_writable_binds_outside_our_state(isolated_state: Path) -> None:
@@ -724,7 +746,7 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
 ) -> None:
     """ws at /workspace and ws/sub at /workspace/sub (or ws at two targets): every rollback
     failed and left a staging copy in the live workspace. Refused before anything is done."""
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback, service
 
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
@@ -740,9 +762,10 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
     man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64,
            "mounts": [{"source": str(ws), "target": "/workspace", "kind": "dir"},
                       {"source": str(second), "target": "/w2", "kind": "dir"}]}
-    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(rollback, "require_managed", lambda name: info)
     with pytest.raises(InvalidInput) as ei:
-        service.rollback("box", "s1")
+        rollback.rollback("box", "s1")
     assert "cannot roll back box: its writable mounts" in ei.value.message
     assert _admin_types() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "ws"]
@@ -824,15 +847,15 @@ def test_a_paused_container_is_not_rolled_back(
 ) -> None:
     """Paused is neither running nor stopped: the rolled-back container used to end exited.
     Refused before anything changes, with the two ways on."""
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
     man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64, "mounts": []}
-    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
-    monkeypatch.setattr(service, "require_managed", lambda name: {
+    monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(rollback, "require_managed", lambda name: {
         "Id": "c" * 64, "State": {"Status": "paused", "Running": False, "Paused": True},
         "Config": {"Labels": {"linpodx.managed": "1"}}, "Mounts": []})
     with pytest.raises(InvalidInput) as ei:
-        service.rollback("box", "s1")
+        rollback.rollback("box", "s1")
     assert ei.value.message == "box is paused"
     hint = ei.value.hint or ""
     assert "podman unpause box" in hint and "linpodx stop box" in hint
