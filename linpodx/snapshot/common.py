@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from linpodx import events, proc
-from linpodx.errors import Denied, EngineError, LinpodxError, NotFound
+from linpodx import events
+from linpodx.errors import Denied, LinpodxError
 from linpodx.paths import FILE_MODE, ensure_dir, snapshots_dir
+from linpodx.podman import engine
 
 MANAGED_LABEL = "linpodx.managed"
 PROFILE_LABELS = (
@@ -25,29 +25,7 @@ PROFILE_LABELS = (
 
 def inspect_container(name: str) -> dict[str, Any]:
     """`podman inspect` of a container; NotFound if it does not exist."""
-    res = proc.run(
-        ["podman", "container", "inspect", name], check=False, what="podman container inspect"
-    )
-    if res.returncode != 0:
-        if "no such container" in res.stderr.lower():
-            raise NotFound(
-                f"container not found: {name}",
-                "list linpodx containers with `linpodx ps`",
-            )
-        raise EngineError(
-            "podman container inspect failed",
-            "check podman with `linpodx doctor`",
-            argv=res.argv,
-            returncode=res.returncode,
-            stderr=res.stderr,
-        )
-    try:
-        data = json.loads(res.stdout)
-    except ValueError as exc:
-        raise EngineError(f"podman inspect printed something that is not JSON: {exc}") from None
-    if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
-        raise EngineError("podman inspect did not describe exactly one container")
-    return data[0]
+    return engine.container_info(name)
 
 
 def labels_of(info: Mapping[str, Any]) -> dict[str, str]:
@@ -65,26 +43,6 @@ def require_managed(name: str) -> dict[str, Any]:
             "linpodx only snapshots and rolls back containers it created (`linpodx ps`)",
         )
     return info
-
-
-def image_id(ref: str) -> str | None:
-    """Full id of image `ref`, None if there is no such image."""
-    res = proc.run(
-        ["podman", "image", "inspect", "--format", "{{.Id}}", ref],
-        check=False,
-        what="podman image inspect",
-    )
-    if res.returncode != 0:
-        if "image not known" in res.stderr or "no such image" in res.stderr.lower():
-            return None
-        raise EngineError(
-            "podman image inspect failed",
-            "podman's own words are above; `podman info` checks that podman works for you",
-            argv=res.argv,
-            returncode=res.returncode,
-            stderr=res.stderr,
-        )
-    return res.stdout.strip() or None
 
 
 def audit(event_type: str, data: Mapping[str, Any]) -> str:

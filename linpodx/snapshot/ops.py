@@ -12,9 +12,10 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from linpodx import paths, proc
+from linpodx import paths
 from linpodx.errors import LinpodxError
 from linpodx.fsutil import atomic_write, present
+from linpodx.podman import engine
 from linpodx.snapshot import egresskeep
 
 STOP_TIMEOUT_SECONDS = 5  # the state is being replaced; the grace only matters for an undo
@@ -137,7 +138,7 @@ def remove_new(name: str, container_id: str) -> None:
     try:
         _containers().remove(name, force=True)
     except LinpodxError:
-        proc.run(["podman", "rm", "--force", "--time", "0", container_id], what="podman rm")
+        engine.remove_container_id(container_id)
         detach_guard(name)
 
 

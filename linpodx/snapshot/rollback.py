@@ -18,13 +18,14 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
+from linpodx.podman import engine
+from linpodx.podman.engine import image_id
 from linpodx.snapshot import egresskeep, journal, manifest, ops, workspace
 from linpodx.snapshot.common import (
     PROFILE_LABELS,
     audit,
     container_lock,
     emit,
-    image_id,
     inspect_container,
     labels_of,
     require_managed,
@@ -117,7 +118,7 @@ def _put_policy_back(r: _Rollback) -> None:
 
 def _rename_aside(r: _Rollback) -> None:
     with r.holding():
-        proc.run(["podman", "rename", r.jour.orig_id, r.jour.aside], what="podman rename")
+        engine.rename_container(r.jour.orig_id, r.jour.aside)
 
 
 def _rename_back(r: _Rollback) -> None:
@@ -128,8 +129,7 @@ def _rename_back(r: _Rollback) -> None:
         r.problems.append(f"cannot rename {r.jour.aside} back: a container named {r.name} "
                           "exists")
         return
-    res = proc.run(["podman", "rename", r.jour.orig_id, r.name], check=False,
-                   what="podman rename")
+    res = engine.rename_container(r.jour.orig_id, r.name, check=False)
     if res.returncode != 0:
         r.problems.append(f"could not rename {r.jour.aside} back to {r.name}: "
                           f"{res.stderr.strip()}")
@@ -246,8 +246,7 @@ def _finish(r: _Rollback) -> list[str]:
     and the moved-aside copies, as the rollback would have."""
     jour = r.jour
     problems: list[str] = []
-    res = proc.run(["podman", "rm", "--force", "--time", "0", jour.orig_id], check=False,
-                   what="podman rm")
+    res = engine.remove_container_id(jour.orig_id, check=False)
     if res.returncode != 0 and "no such container" not in res.stderr.lower():
         problems.append(f"could not remove the original container {jour.aside}: "
                         f"{res.stderr.strip()}")
@@ -436,8 +435,7 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
         # Committed: the old container and the moved-aside workspace copies go.
         leftovers = []
         with r.holding():
-            res = proc.run(["podman", "rm", "--force", "--time", "0", orig_id], check=False,
-                           what="podman rm")
+            res = engine.remove_container_id(orig_id, check=False)
         if res.returncode != 0:
             leftovers.append(f"old container {aside}")
         for restore in r.restores:

@@ -13,9 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from linpodx import fsutil, paths, proc
+from linpodx import fsutil, paths
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError
 from linpodx.ids import new_ulid
+from linpodx.podman import engine
+from linpodx.podman.engine import image_id
 from linpodx.snapshot import (
     freeze,
     jobs,
@@ -28,7 +30,6 @@ from linpodx.snapshot.common import (
     audit,
     container_lock,
     emit,
-    image_id,
     require_managed,
 )
 from linpodx.snapshot.names import (
@@ -377,14 +378,14 @@ def remove(name: str, label: str) -> dict[str, Any]:
                               "image_id": iid or ""})
         image_removed = False
         if iid is not None:
-            res = proc.run(["podman", "rmi", ref], check=False, what="podman rmi")
+            res = engine.remove_image(ref)
             if res.returncode == 0 or image_id(iid) is None:
                 # (podman 4.3 can delete the image and still fail, on a parent image that a
                 # rolled-back container uses: then it is gone all the same.)
                 image_removed = True
             elif image_id(ref) is not None:
                 # A container (a rolled-back one) still uses the image: drop only our name.
-                proc.run(["podman", "untag", iid, ref], what="podman untag")
+                engine.untag(iid, ref)
         workspace.remove_tree(sdir)
     emit("snapshot.rm", container=name, label=label, image=ref)
     return {

@@ -22,9 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
+from linpodx.podman import engine
+from linpodx.podman.engine import image_id
 from linpodx.podman.runline import HOME_DIR
 from linpodx.profile.loader import size_bytes
 from linpodx.snapshot import (
@@ -42,7 +43,6 @@ from linpodx.snapshot.common import (
     PROFILE_LABELS,
     container_lock,
     emit,
-    image_id,
     labels_of,
     require_managed,
 )
@@ -66,20 +66,11 @@ class _Run:
 
 def _untagged(image: str) -> bool:
     """True if `image` exists and no name points at it (so it is nobody's but ours)."""
-    res = proc.run(["podman", "image", "inspect", "--format", "{{len .RepoTags}}", image],
-                   check=False, what="podman image inspect")
-    return res.returncode == 0 and res.stdout.strip() == "0"
+    return engine.image_untagged(image)
 
 
 def _id_of(name: str) -> str | None:
-    res = proc.run(["podman", "container", "inspect", "--format", "{{.Id}}", name],
-                   check=False, what="podman container inspect")
-    if res.returncode == 0:
-        return res.stdout.strip()
-    if "no such container" in res.stderr.lower():
-        return None
-    raise EngineError("podman container inspect failed", argv=res.argv,
-                      returncode=res.returncode, stderr=res.stderr)
+    return engine.container_id_of(name)
 
 
 def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
@@ -111,7 +102,7 @@ def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
         # that has a name by now is someone's, and stays.
         try:
             if _untagged(job.image_id):
-                res = proc.run(["podman", "rmi", job.image_id], check=False, what="podman rmi")
+                res = engine.remove_image(job.image_id)
                 if res.returncode == 0:
                     done.append("untagged image removed")
                 else:
@@ -182,7 +173,7 @@ def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
         workspace.remove_tree(old)
     else:
         os.rename(tmp, final)
-    proc.run(["podman", "tag", new_image, job.image], what="podman tag")
+    engine.tag(new_image, job.image)
     return old_image if old_image != new_image else None
 
 
@@ -209,15 +200,8 @@ def _check(name: str, cid: str, info: Mapping[str, Any],
     if bound is None:
         raise InvalidInput(f"the profile's resources.snapshot_max_size {bound_text!r} is not "
                            "a size", "apply the profile again")
-    res = proc.run(["podman", "container", "inspect", "--size", "--format", "{{.SizeRw}}", cid],
-                   what="podman container inspect --size")
-    storage = proc.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"],
-                       what="podman info").stdout.strip()
-    try:
-        changes = int(res.stdout.strip() or "0")
-    except ValueError:
-        raise EngineError("podman inspect --size printed no size", argv=res.argv,
-                          stderr=res.stdout) from None
+    changes = engine.changes_size(cid)
+    storage = engine.graph_root()
     precheck.check_size(name, changes=changes, trees=trees, bound=bound,
                         bound_text=bound_text, archive_dir=str(container_root(name)),
                         storage_dir=storage)
@@ -292,12 +276,7 @@ def run_create(job_id: str) -> int:
                 run.step("check")
                 _check(job.container, cid, info, mounts)
                 run.step("commit")
-                res = proc.run(
-                    ["podman", "commit", "--pause=false", "--quiet", cid],
-                    what="podman commit",
-                    timeout=3600,
-                    hint="check free space in podman's storage (`podman system df`)",
-                )
+                res = engine.commit(cid)
                 new_image = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None
                 if not new_image or not jobs.is_image_id(new_image):
                     raise EngineError("podman commit printed no image id", argv=res.argv,
@@ -331,7 +310,7 @@ def run_create(job_id: str) -> int:
             if old_image:
                 # The replaced image is no longer a snapshot; a container may still use it, in
                 # which case podman refuses and the image stays (that is what we want).
-                proc.run(["podman", "rmi", old_image], check=False, what="podman rmi")
+                engine.remove_image(old_image)
         run.update(
             status=jobs.SUCCEEDED,
             finished=jobs.now_iso(),
@@ -362,7 +341,7 @@ def run_create(job_id: str) -> int:
         with contextlib.suppress(Exception):
             workspace.remove_tree(tmp)
         if new_image and not tagged:
-            proc.run(["podman", "rmi", new_image], check=False, what="podman rmi")
+            engine.remove_image(new_image)
         run.update(status=jobs.FAILED, finished=jobs.now_iso(), error=msg, hint=hint)
         emit("snapshot.create", job_id=job.job_id, container=job.container, label=job.label,
              status=jobs.FAILED, error=msg)

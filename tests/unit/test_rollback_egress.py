@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from linpodx import proc
 from linpodx.egress import guard
 from linpodx.egress.state import EgressState
 from linpodx.errors import LinpodxError
@@ -118,7 +119,7 @@ def podman(monkeypatch: pytest.MonkeyPatch) -> Podman:
     monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
     monkeypatch.setattr(rollback, "require_managed", lambda name: pm.find(name))
     monkeypatch.setattr(rollback, "inspect_container", lambda ref: pm.find(ref))
-    monkeypatch.setattr(rollback.proc, "run", pm.run)
+    monkeypatch.setattr(proc, "run", pm.run)  # what the engine verbs run
     monkeypatch.setattr(workspace, "other_containers", lambda own: [])
     monkeypatch.setattr(containers, "load_spec", lambda name: {"fake": "spec"})
     monkeypatch.setattr(containers, "profile_by_id",

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, NotFound
 from linpodx.snapshot import jobs, manifest, names, workspace
 from tests.faultinject import ROLLBACK_STEPS, Inject
@@ -827,7 +828,7 @@ def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
 
         return Result(tuple(argv), 0, "b" * 64 + "\n", "")
 
-    monkeypatch.setattr(worker.proc, "run", fake_run)
+    monkeypatch.setattr(proc, "run", fake_run)  # what the engine verbs run
     monkeypatch.setattr(worker, "image_id", lambda ref: "b" * 64)
 
     def full(*_a: object, **_k: object) -> None:
@@ -943,7 +944,7 @@ def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # 
     snapshot_dir("box", "l2").mkdir(parents=True)
     images = {"localhost/linpodx/snapshot/box:l2": "c" * 64, "c" * 64: "c" * 64}
     ran: list[list[str]] = []
-    real_run = service.proc.run
+    real_run = proc.run
 
     def run(argv: list[str], **kw: Any) -> Any:
         if argv[0] != "podman":
@@ -955,7 +956,7 @@ def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # 
         raise AssertionError(f"unexpected podman call: {argv}")
 
     monkeypatch.setattr(service, "image_id", lambda ref: images.get(ref))
-    monkeypatch.setattr(service.proc, "run", run)
+    monkeypatch.setattr(proc, "run", run)  # what the engine verbs run
     r = cli("snapshot", "rm", "box", "--label", "l2", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["result"]["image_deleted"] is True
