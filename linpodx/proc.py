@@ -116,3 +116,18 @@ def run(
             stderr=res.stderr,
         )
     return res
+
+
+def start_detached(argv: Sequence[str], *, output_fd: int) -> subprocess.Popen[bytes]:
+    """Start `argv` to outlive this command (the only other way linpodx starts a program): in
+    its own session, so the terminal's job control (a Ctrl-C of the CLI) does not reach it;
+    stdin a pipe the caller writes and closes, stdout and stderr on `output_fd`, no other fd
+    (nothing lent: a long-lived helper must not hold a lock). OSError if it cannot start."""
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE,
+        stdout=output_fd,
+        stderr=output_fd,
+        start_new_session=True,
+        close_fds=True,
+    )

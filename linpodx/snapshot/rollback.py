@@ -20,17 +20,16 @@ from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, 
 from linpodx.ids import new_ulid
 from linpodx.podman import engine
 from linpodx.podman.engine import image_id
-from linpodx.snapshot import egresskeep, journal, manifest, ops, workspace
-from linpodx.snapshot.common import (
+from linpodx.snapshot import egresskeep, journal, lifecycle, manifest, workspace
+from linpodx.snapshot.container import (
     PROFILE_LABELS,
-    audit,
-    container_lock,
-    emit,
+    Container,
     inspect_container,
-    labels_of,
     require_managed,
 )
+from linpodx.snapshot.lock import container_lock
 from linpodx.snapshot.names import check_container_name, check_label, image_ref, snapshot_dir
+from linpodx.snapshot.records import audit, emit
 from linpodx.snapshot.saga import NO_FAULTS, Faults, Saga, Step
 
 # ----------------------------------------------------------------------------------------------
@@ -51,7 +50,7 @@ class _Rollback:
     # The newest egress policy the original had been given, which the new container keeps.
     kept: dict[str, Any] | None = None
     restores: list[workspace.Restore] = field(default_factory=list)
-    new_info: dict[str, Any] = field(default_factory=dict)
+    new: Container | None = None
     enforced: dict[str, Any] | None = None
     # The last step the journal is known to name (what an error says it failed at).
     step: str = journal.STEPS[0]
@@ -104,7 +103,7 @@ def _drop_staging(r: _Rollback) -> None:
 def _stop(r: _Rollback) -> None:
     if r.jour.was_running:
         with r.holding():
-            ops.stop(r.name, r.kept)
+            lifecycle.stop(r.name, r.kept)
 
 
 def _put_policy_back(r: _Rollback) -> None:
@@ -123,7 +122,7 @@ def _rename_aside(r: _Rollback) -> None:
 
 def _rename_back(r: _Rollback) -> None:
     orig = _inspect_or_none(r.jour.orig_id)
-    if orig is None or str(orig.get("Name", "")).lstrip("/") == r.name:
+    if orig is None or orig.name == r.name:
         return  # back already, or removed outside linpodx (`_settle` says so)
     if _inspect_or_none(r.name) is not None:
         r.problems.append(f"cannot rename {r.jour.aside} back: a container named {r.name} "
@@ -148,7 +147,7 @@ def _swap_back(r: _Rollback) -> None:
 
 
 def _create(r: _Rollback) -> None:
-    ops.create_from(
+    lifecycle.create_from(
         r.name, str(r.man["image"]), r.orig_labels.get("linpodx.profile_id", ""),
         start=r.jour.was_running, egress_policy=r.kept,
     )
@@ -156,27 +155,26 @@ def _create(r: _Rollback) -> None:
 
 def _remove_new(r: _Rollback) -> None:
     r.problems += _remove_if_made_by(r.jour)
-    ops.detach_guard(r.name)  # a guard made ready for the new container, if any
+    lifecycle.detach_guard(r.name)  # a guard made ready for the new container, if any
     # (LinpodxError too: the state dir's checks raise it. Every undo must still run: the
     # workspaces and the original come back whatever one of them says.)
     try:
-        ops.restore_spec(r.name, r.jour.spec_bytes())
+        lifecycle.restore_spec(r.name, r.jour.spec_bytes())
     except (OSError, LinpodxError) as exc:
         r.problems.append(f"could not restore the run spec: {_said(exc)}")
 
 
 def _verify(r: _Rollback) -> None:
-    new_info = inspect_container(r.name)
-    new_labels = labels_of(new_info)
-    if str(new_info["Id"]) == r.jour.orig_id:
+    new = Container.of(inspect_container(r.name))
+    if new.id == r.jour.orig_id:
         raise EngineError("the new container has the original's id")
-    diff = [k for k in PROFILE_LABELS if new_labels.get(k) != r.orig_labels.get(k)]
+    diff = [k for k in PROFILE_LABELS if new.labels.get(k) != r.orig_labels.get(k)]
     if diff:
         raise EngineError(f"the new container's labels differ: {', '.join(diff)}")
-    if r.jour.was_running and not (new_info.get("State") or {}).get("Running"):
+    if r.jour.was_running and not new.running:
         raise EngineError("the new container is not running")
     r.enforced = _check_egress(r.name, r.kept, running=r.jour.was_running)
-    r.new_info = new_info
+    r.new = new
 
 
 # In the order they run (the journal's steps, `journal.STEPS`, up to `commit`). Each fault
@@ -232,9 +230,9 @@ def _restart(r: _Rollback) -> None:
     with contextlib.suppress(OSError):  # the undo put it back already; this is for a kill
         egresskeep.put_back(r.name, r.jour.egress_policy)
     now = _inspect_or_none(r.name)
-    if now is not None and not (now.get("State") or {}).get("Running"):
+    if now is not None and not now.running:
         try:
-            ops.start(r.name)  # not lending: its conmon lives as long as the container
+            lifecycle.start(r.name)  # not lending: its conmon lives as long as the container
         except LinpodxError as exc:
             r.notes.append(f"{r.name} is back but could not be started again: {exc.message}; "
                            f"start it with `linpodx start {r.name}`")
@@ -257,9 +255,9 @@ def _finish(r: _Rollback) -> list[str]:
     return problems
 
 
-def _inspect_or_none(ref: str) -> dict[str, Any] | None:
+def _inspect_or_none(ref: str) -> Container | None:
     try:
-        return inspect_container(ref)
+        return Container.of(inspect_container(ref))
     except NotFound:
         return None
 
@@ -269,13 +267,12 @@ def _remove_if_made_by(jour: journal.Journal) -> list[str]:
     snapshot's image that is not the original. Anything else under NAME is left alone."""
     name = jour.container
     new = _inspect_or_none(name)
-    if new is None or str(new["Id"]) == jour.orig_id:
+    if new is None or new.id == jour.orig_id:
         return []
-    if not (labels_of(new).get("linpodx.managed") == "1"
-            and str(new.get("ImageName", "")) == jour.image):
+    if not (new.managed and new.image_name == jour.image):
         return [f"a container named {name} that the rollback did not create is in the way"]
     try:
-        ops.remove_new(name, str(new["Id"]))
+        lifecycle.remove_new(name, new.id)
     except LinpodxError as exc:
         return [f"could not remove the new container: {exc.message}"]
     return []
@@ -341,17 +338,17 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
     """
     check_container_name(name)
     check_label(label)
-    with container_lock(name) as lock_fd, ops.hold_name(name):
+    with container_lock(name) as lock_fd, lifecycle.hold_name(name):
         recovered = _recover_locked(name, lock_fd, faults)
         man = _verify_snapshot(name, label)
         info = require_managed(name)
-        if (info.get("HostConfig") or {}).get("AutoRemove"):
+        orig = Container.of(info)
+        if orig.auto_remove:
             raise InvalidInput(
                 f"{name} was started with --rm: stopping it for the rollback would remove it",
                 "roll back only containers run without --rm; nothing was changed",
             )
-        state = info.get("State") or {}
-        if state.get("Paused") or state.get("Status") == "paused":
+        if orig.paused:
             # Neither running nor stopped: which one the rolled-back container should be is the
             # person's call, not ours (a snapshot worker that died may also have left it so).
             raise InvalidInput(
@@ -370,16 +367,16 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
         workspace.check_workspace(name, info, for_rollback=True)
         for entry in man["mounts"]:
             workspace.check_restorable(entry)
-        orig_id = str(info["Id"])
-        orig_labels = labels_of(info)
-        ops.check_recreatable(name, orig_labels.get("linpodx.profile_id", ""))
-        was_running = bool((info.get("State") or {}).get("Running"))
+        orig_id = orig.id
+        orig_labels = dict(orig.labels)
+        lifecycle.check_recreatable(name, orig_labels.get("linpodx.profile_id", ""))
+        was_running = orig.running
         # Before anything changes: the newest allowlist the container had been given (a
         # re-apply's, not only its creation revision's), which the new container must keep.
         kept = egresskeep.current(name)
         rb_id = new_ulid()
         aside = journal.aside_name(name, rb_id)
-        spec = ops.save_spec(name)
+        spec = lifecycle.save_spec(name)
         jour = journal.new(
             rollback_id=rb_id, container=name, label=label, image=str(man["image"]),
             orig_id=orig_id, aside=aside, was_running=was_running, spec=spec,
@@ -424,8 +421,9 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
             # Write-ahead as for every step: the journal says `commit` before the record does,
             # so a record in the chain always means that recovery finishes, never undoes.
             r.at("commit")
+            assert r.new is not None  # noqa: S101 - the verify step set it or raised
             audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
-                                               "container_id": str(r.new_info["Id"]),
+                                               "container_id": r.new.id,
                                                "previous_id": orig_id,
                                                "egress_policy": r.enforced})
         except BaseException as exc:  # Ctrl-C too: the original must come back either way
@@ -443,7 +441,7 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
                 leftovers += restore.cleanup()
         # What is left is garbage, not a half-done rollback: the journal goes either way.
         journal.clear(name)
-        new_info = inspect_container(name)
+        new = Container.of(inspect_container(name))
     emit("snapshot.rollback", container=name, label=label, status="succeeded",
          rollback_id=rb_id)
     result: dict[str, Any] = {
@@ -451,9 +449,9 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
         "container": name,
         "label": label,
         "image": man["image"],
-        "container_id": str(new_info["Id"])[:12],
+        "container_id": new.id[:12],
         "previous_id": orig_id[:12],
-        "revision": labels_of(new_info).get("linpodx.revision"),
+        "revision": new.labels.get("linpodx.revision"),
         "restored": [str(e["target"]) for e in man["mounts"]],
     }
     if recovered is not None:
@@ -553,7 +551,7 @@ def recover(name: str, *, faults: Faults = NO_FAULTS) -> dict[str, Any]:
     that was interrupted, from its journal. Nothing to do is not an error. `faults` is for
     tests only (`saga.Faults`)."""
     check_container_name(name)
-    with container_lock(name) as lock_fd, ops.hold_name(name):
+    with container_lock(name) as lock_fd, lifecycle.hold_name(name):
         done = _recover_locked(name, lock_fd, faults)
     if done is None:
         return {"recovered": False, "container": name}

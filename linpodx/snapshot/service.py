@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from linpodx import fsutil, paths
+from linpodx import fsutil, paths, proc
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError
 from linpodx.ids import new_ulid
 from linpodx.podman import engine
@@ -26,12 +26,8 @@ from linpodx.snapshot import (
     worker,
     workspace,
 )
-from linpodx.snapshot.common import (
-    audit,
-    container_lock,
-    emit,
-    require_managed,
-)
+from linpodx.snapshot.container import Container, require_managed
+from linpodx.snapshot.lock import container_lock
 from linpodx.snapshot.names import (
     check_container_name,
     check_label,
@@ -41,6 +37,7 @@ from linpodx.snapshot.names import (
     jobs_dir,
     snapshot_dir,
 )
+from linpodx.snapshot.records import audit, emit
 
 WAIT_POLL_SECONDS = 0.1
 
@@ -64,7 +61,7 @@ def start_create(
                            f"use one of {', '.join(freeze.CONSISTENCIES)}")
     journal.check_no_interrupted(name)
     info = require_managed(name)
-    running = bool((info.get("State") or {}).get("Running"))
+    running = Container.of(info).running
     if running and consistency == freeze.FREEZE and not freeze.can_freeze():
         # Said before anything is recorded or started (the worker checks again: the container
         # may be started while the job waits).
@@ -86,7 +83,7 @@ def start_create(
         image=image_ref(name, label),
         replace=replace_existing,
         created=jobs.now_iso(),
-        container_id=str(info.get("Id", "")) or None,
+        container_id=Container.of(info).id or None,
         consistency=consistency,
     )
     # Audited before anything happens: if this cannot be recorded, nothing is started. The job
@@ -149,16 +146,10 @@ def _open_log(job: jobs.Job) -> int:
 def _spawn(job: jobs.Job, fd: int) -> jobs.Job:
     """Start the worker with its output in `fd` (the caller closes it)."""
     try:
-        # Popen here and only here (not proc.run): the worker must outlive this command. Its
-        # own session keeps it out of the terminal's job control (Ctrl-C of the CLI); it
-        # exits when the job is done, so nothing stays resident.
-        child = subprocess.Popen(
-            [sys.executable, "-m", "linpodx.snapshot.worker", job.job_id],
-            stdin=subprocess.PIPE,
-            stdout=fd,
-            stderr=fd,
-            start_new_session=True,
-            close_fds=True,
+        # Detached (not proc.run): the worker must outlive this command. It exits when the job
+        # is done, so nothing stays resident.
+        child = proc.start_detached(
+            [sys.executable, "-m", "linpodx.snapshot.worker", job.job_id], output_fd=fd
         )
     except OSError as exc:
         failed = replace(

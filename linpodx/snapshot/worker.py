@@ -22,31 +22,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from linpodx import containers
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
 from linpodx.podman import engine
 from linpodx.podman.engine import image_id
 from linpodx.podman.runline import HOME_DIR
 from linpodx.profile.loader import size_bytes
+from linpodx.profile.model import Resources
 from linpodx.snapshot import (
     egresskeep,
     faults,
     freeze,
     jobs,
     journal,
+    lifecycle,
     manifest,
-    ops,
     precheck,
     workspace,
 )
-from linpodx.snapshot.common import (
-    PROFILE_LABELS,
-    container_lock,
-    emit,
-    labels_of,
-    require_managed,
-)
+from linpodx.snapshot.container import PROFILE_LABELS, Container, require_managed
+from linpodx.snapshot.lock import container_lock
 from linpodx.snapshot.names import container_root, snapshot_dir
+from linpodx.snapshot.records import emit
 
 
 class _Run:
@@ -195,7 +193,7 @@ def _check(name: str, cid: str, info: Mapping[str, Any],
             "remove, move or shorten what is named there (in the workspace, or in the "
             "container), then create the snapshot again",
         )
-    bound_text = ops.snapshot_bound(labels_of(info).get("linpodx.profile_id", ""))
+    bound_text = _snapshot_bound(Container.of(info).labels.get("linpodx.profile_id", ""))
     bound = size_bytes(bound_text)
     if bound is None:
         raise InvalidInput(f"the profile's resources.snapshot_max_size {bound_text!r} is not "
@@ -207,6 +205,17 @@ def _check(name: str, cid: str, info: Mapping[str, Any],
                         storage_dir=storage)
 
 
+def _snapshot_bound(profile_id: str) -> str:
+    """The `resources.snapshot_max_size` of the container's profile revision (the default
+    for a revision that is gone from the store: the bound still holds)."""
+    try:
+        ref = containers.profile_by_id(profile_id) if profile_id else None
+    except LinpodxError:
+        ref = None
+    return ref.profile.resources.snapshot_max_size if ref is not None \
+        else Resources().snapshot_max_size
+
+
 @contextlib.contextmanager
 def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
     """Hold the container still as the job's `consistency` asks; yields the method used.
@@ -215,14 +224,14 @@ def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
     holding the name's lock so that no `linpodx start` slips in between. Otherwise frozen
     (`freeze.frozen`), by signals only if `best-effort` allows it."""
     job = run.job
-    if job.consistency == freeze.STOP and (info.get("State") or {}).get("Running"):
-        with ops.hold_name(job.container):
-            ops.stop(job.container, egresskeep.current(job.container))
+    if job.consistency == freeze.STOP and Container.of(info).running:
+        with lifecycle.hold_name(job.container):
+            lifecycle.stop(job.container, egresskeep.current(job.container))
             run.update(freeze=freeze.STOPPED)
             try:
                 yield freeze.STOPPED
             finally:
-                ops.start(job.container)
+                lifecycle.start(job.container)
         return
     with freeze.frozen(
         cid, on_hold=lambda m, held: run.update(freeze=m, held=held),
@@ -246,18 +255,19 @@ def run_create(job_id: str) -> int:
             journal.check_no_interrupted(job.container)
             _clean_dead_jobs(job.container, job.job_id)
             info = require_managed(job.container)
-            if job.container_id and str(info.get("Id", "")) != job.container_id:
+            found = Container.of(info)
+            if job.container_id and found.id != job.container_id:
                 # What was checked and audited is another container (a rollback recreated
                 # it while this job waited for the lock): snapshot none rather than the wrong one.
                 raise InvalidInput(
                     f"{job.container} is no longer the container this snapshot was requested "
-                    f"for ({job.container_id[:12]}; now {str(info.get('Id', ''))[:12]}, "
+                    f"for ({job.container_id[:12]}; now {found.id[:12]}, "
                     "recreated meanwhile, for example by a rollback)",
                     f"create the snapshot of {job.container} again if you still want it",
                 )
             workspace.check_workspace(job.container, info, for_rollback=False)
             mounts = workspace.writable_mounts(info)
-            labels = labels_of(info)
+            labels = found.labels
             if not job.replace and snapshot_dir(job.container, job.label).exists():
                 raise InvalidInput(
                     f"snapshot {job.container} --label {job.label} already exists",
@@ -270,7 +280,7 @@ def run_create(job_id: str) -> int:
             run.step("freeze")
             # By id from here on: the container checked above, never one recreated under the
             # name meanwhile (`linpodx rm` + `run` do not take the snapshot lock).
-            cid = str(info["Id"])
+            cid = found.id
             with _held(run, cid, info) as method:
                 run.update(freeze=method)
                 run.step("check")

@@ -757,7 +757,7 @@ def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_b
     """A worker killed while it holds the container; `job-status` asked while another
     snapshot operation holds the lock cannot clean up and must not say it did (the container
     stayed paused for good). The next `snapshot create` lets the container go first."""
-    from linpodx.snapshot.common import container_lock
+    from linpodx.snapshot.lock import container_lock
 
     monkeypatch.setenv(faults.DELAY_ENV, "8")
     job_id = str(result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h", "--json"))

@@ -680,7 +680,7 @@ def test_a_dead_jobs_cleanup_is_not_marked_done_while_the_lock_is_busy(
     """job-status of a dead job while another operation holds the container: nothing is
     cleaned, so the job must not say it was; the next look (lock free) lets the container go."""
     from linpodx.snapshot import freeze, service
-    from linpodx.snapshot.common import container_lock
+    from linpodx.snapshot.lock import container_lock
 
     released: list[str] = []
     monkeypatch.setattr(freeze, "release",
