@@ -1,4 +1,5 @@
-"""Test-only fault injection into `snapshot rollback` and `snapshot recover`, on real podman.
+"""Test-only fault injection into `snapshot rollback`, `snapshot recover` and the create worker,
+on real podman.
 
 The installed tool has no way to be told to fail: its rollback takes a `saga.Faults` object
 (none in production). `injecting(SPEC)` makes the CLI's rollback and recover use an `Inject`
@@ -7,6 +8,10 @@ for as long as it lasts (in-process tests); `python -m tests.faultinject SPEC AR
 
 SPEC is `STEP` (an EngineError right after STEP changed something), `interrupt@STEP` (a Ctrl-C
 there) or `kill@STEP` (SIGKILL there: nothing is undone in-process).
+
+`slow_worker(SECONDS)` makes `snapshot create` start its worker through this file, as
+`python faultinject.py worker SECONDS JOB`: the real worker, sleeping SECONDS before each step
+(so a test can watch it and kill it mid-job).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,7 @@ from typing import Any
 import pytest
 
 from linpodx.errors import EngineError
-from linpodx.snapshot import rollback
+from linpodx.snapshot import rollback, service, worker
 
 # The rollback steps a failure can be injected after, in the order they run.
 ROLLBACK_STEPS = rollback.STEPS.names()
@@ -61,6 +67,26 @@ def injecting(spec: str) -> Iterator[None]:
         yield
 
 
+class Delay:
+    """A `saga.Faults` that only sleeps, at every point."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def at(self, point: str) -> None:
+        time.sleep(self.seconds)
+
+
+@contextlib.contextmanager
+def slow_worker(seconds: float) -> Iterator[None]:
+    """`snapshot create` meanwhile starts workers that sleep SECONDS before each step."""
+    argv = (sys.executable, str(Path(__file__).resolve()), "worker", str(seconds))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(service, "start_create",
+                   functools.partial(service.start_create, worker_argv=argv))
+        yield
+
+
 def run(spec: str, *args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     """`linpodx ARGS…` in a process of its own, failing as SPEC says."""
     return subprocess.run(
@@ -72,6 +98,8 @@ def run(spec: str, *args: str, timeout: float = 120, **kw: Any) -> subprocess.Co
 def main(argv: list[str]) -> int:
     from linpodx.cli.main import main as linpodx
 
+    if argv[:1] == ["worker"]:
+        return worker.main(argv[2:], faults=Delay(float(argv[1])))
     spec, *args = argv
     with injecting(spec):
         return linpodx(args)

@@ -341,80 +341,8 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
     with container_lock(name) as lock_fd, lifecycle.hold_name(name):
         recovered = _recover_locked(name, lock_fd, faults)
         man = _verify_snapshot(name, label)
-        info = require_managed(name)
-        orig = Container.of(info)
-        if orig.auto_remove:
-            raise InvalidInput(
-                f"{name} was started with --rm: stopping it for the rollback would remove it",
-                "roll back only containers run without --rm; nothing was changed",
-            )
-        if orig.paused:
-            # Neither running nor stopped: which one the rolled-back container should be is the
-            # person's call, not ours (a snapshot worker that died may also have left it so).
-            raise InvalidInput(
-                f"{name} is paused",
-                # (podman 4.3 refuses to stop a paused container: unpause comes first either way.)
-                f"run `podman unpause {name}` (and then `linpodx stop {name}` to roll it back "
-                "stopped), then roll back again; nothing was changed",
-            )
-        current = {(m.source, m.target) for m in workspace.writable_mounts(info)}
-        recorded = {(str(e["source"]), str(e["target"])) for e in man["mounts"]}
-        if current != recorded:
-            raise InvalidInput(
-                f"the writable mounts of {name} changed since snapshot {label}",
-                "roll back only to a snapshot taken with the same mounts; nothing was changed",
-            )
-        workspace.check_workspace(name, info, for_rollback=True)
-        for entry in man["mounts"]:
-            workspace.check_restorable(entry)
-        orig_id = orig.id
-        orig_labels = dict(orig.labels)
-        lifecycle.check_recreatable(name, orig_labels.get("linpodx.profile_id", ""))
-        was_running = orig.running
-        # Before anything changes: the newest allowlist the container had been given (a
-        # re-apply's, not only its creation revision's), which the new container must keep.
-        kept = egresskeep.current(name)
-        rb_id = new_ulid()
-        aside = journal.aside_name(name, rb_id)
-        spec = lifecycle.save_spec(name)
-        jour = journal.new(
-            rollback_id=rb_id, container=name, label=label, image=str(man["image"]),
-            orig_id=orig_id, aside=aside, was_running=was_running, spec=spec,
-            mounts=list(man["mounts"]), egress_policy=kept,
-        )
-        # The journal needs disk space, the record comes first: stage it, record, rename it in.
-        staged = journal.stage(jour)
-        try:
-            audit(
-                "snapshot.rollback",
-                {
-                    "rollback_id": rb_id,
-                    "container": name,
-                    "container_id": orig_id,
-                    "label": label,
-                    "image": man["image"],
-                    "image_id": man["image_id"],
-                    "egress_policy": egresskeep.summary(kept),
-                },
-            )
-        except BaseException:
-            staged.discard()
-            raise
-        try:
-            staged.commit()
-        except OSError as exc:
-            _audit_quietly("snapshot.rollback.undo", {"rollback_id": rb_id, "container": name,
-                                                      "step": "journal", "reason": str(exc)})
-            raise LinpodxError(
-                f"the rollback of {name} was recorded but its journal could not be written "
-                f"({exc.strerror or exc}); nothing was changed",
-                "check the state dir (free space, permissions) and roll back again",
-                exit_code=EXIT_AUDIT,
-            ) from None
-        emit("snapshot.rollback", container=name, label=label, status="started",
-             rollback_id=rb_id)
-        r = _Rollback(jour=jour, lock_fd=lock_fd, faults=faults, man=man,
-                      orig_labels=orig_labels, kept=kept)
+        orig = _check_rollback(name, label, man)
+        r = _begin(name, label, man, orig, lock_fd, faults)
         try:
             STEPS.run(r, r.at, faults)
             # Removing the original cannot be undone: recorded first (a failed record undoes).
@@ -422,35 +350,25 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
             # so a record in the chain always means that recovery finishes, never undoes.
             r.at("commit")
             assert r.new is not None  # noqa: S101 - the verify step set it or raised
-            audit("snapshot.rollback.commit", {"rollback_id": rb_id, "container": name,
-                                               "container_id": r.new.id,
-                                               "previous_id": orig_id,
+            audit("snapshot.rollback.commit", {"rollback_id": r.jour.rollback_id,
+                                               "container": name, "container_id": r.new.id,
+                                               "previous_id": orig.id,
                                                "egress_policy": r.enforced})
         except BaseException as exc:  # Ctrl-C too: the original must come back either way
             _undo_failed(r, exc)
             raise
         faults.at("commit")
-        # Committed: the old container and the moved-aside workspace copies go.
-        leftovers = []
-        with r.holding():
-            res = engine.remove_container_id(orig_id, check=False)
-        if res.returncode != 0:
-            leftovers.append(f"old container {aside}")
-        for restore in r.restores:
-            with r.holding():
-                leftovers += restore.cleanup()
-        # What is left is garbage, not a half-done rollback: the journal goes either way.
-        journal.clear(name)
+        leftovers = _clean_up_committed(r)
         new = Container.of(inspect_container(name))
     emit("snapshot.rollback", container=name, label=label, status="succeeded",
-         rollback_id=rb_id)
+         rollback_id=r.jour.rollback_id)
     result: dict[str, Any] = {
         "rolled_back": True,
         "container": name,
         "label": label,
         "image": man["image"],
         "container_id": new.id[:12],
-        "previous_id": orig_id[:12],
+        "previous_id": orig.id[:12],
         "revision": new.labels.get("linpodx.revision"),
         "restored": [str(e["target"]) for e in man["mounts"]],
     }
@@ -459,6 +377,103 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
     if leftovers:
         result["leftovers"] = leftovers
     return result
+
+
+def _check_rollback(name: str, label: str, man: dict[str, Any]) -> Container:
+    """Everything a rollback of `name` to `man` needs, checked before anything changes;
+    returns the container as it is."""
+    info = require_managed(name)
+    orig = Container.of(info)
+    if orig.auto_remove:
+        raise InvalidInput(
+            f"{name} was started with --rm: stopping it for the rollback would remove it",
+            "roll back only containers run without --rm; nothing was changed",
+        )
+    if orig.paused:
+        # Neither running nor stopped: which one the rolled-back container should be is the
+        # person's call, not ours (a snapshot worker that died may also have left it so).
+        raise InvalidInput(
+            f"{name} is paused",
+            # (podman 4.3 refuses to stop a paused container: unpause comes first either way.)
+            f"run `podman unpause {name}` (and then `linpodx stop {name}` to roll it back "
+            "stopped), then roll back again; nothing was changed",
+        )
+    current = {(m.source, m.target) for m in workspace.writable_mounts(info)}
+    recorded = {(str(e["source"]), str(e["target"])) for e in man["mounts"]}
+    if current != recorded:
+        raise InvalidInput(
+            f"the writable mounts of {name} changed since snapshot {label}",
+            "roll back only to a snapshot taken with the same mounts; nothing was changed",
+        )
+    workspace.check_workspace(name, info, for_rollback=True)
+    for entry in man["mounts"]:
+        workspace.check_restorable(entry)
+    lifecycle.check_recreatable(name, orig.labels.get("linpodx.profile_id", ""))
+    return orig
+
+
+def _begin(
+    name: str, label: str, man: dict[str, Any], orig: Container, lock_fd: int, faults: Faults
+) -> _Rollback:
+    """Journal and record the rollback (the record first: if it cannot be written, nothing
+    happens); returns it, at its first step."""
+    # Before anything changes: the newest allowlist the container had been given (a
+    # re-apply's, not only its creation revision's), which the new container must keep.
+    kept = egresskeep.current(name)
+    rb_id = new_ulid()
+    jour = journal.new(
+        rollback_id=rb_id, container=name, label=label, image=str(man["image"]),
+        orig_id=orig.id, aside=journal.aside_name(name, rb_id), was_running=orig.running,
+        spec=lifecycle.save_spec(name), mounts=list(man["mounts"]), egress_policy=kept,
+    )
+    # The journal needs disk space, the record comes first: stage it, record, rename it in.
+    staged = journal.stage(jour)
+    try:
+        audit(
+            "snapshot.rollback",
+            {
+                "rollback_id": rb_id,
+                "container": name,
+                "container_id": orig.id,
+                "label": label,
+                "image": man["image"],
+                "image_id": man["image_id"],
+                "egress_policy": egresskeep.summary(kept),
+            },
+        )
+    except BaseException:
+        staged.discard()
+        raise
+    try:
+        staged.commit()
+    except OSError as exc:
+        _audit_quietly("snapshot.rollback.undo", {"rollback_id": rb_id, "container": name,
+                                                  "step": "journal", "reason": str(exc)})
+        raise LinpodxError(
+            f"the rollback of {name} was recorded but its journal could not be written "
+            f"({exc.strerror or exc}); nothing was changed",
+            "check the state dir (free space, permissions) and roll back again",
+            exit_code=EXIT_AUDIT,
+        ) from None
+    emit("snapshot.rollback", container=name, label=label, status="started",
+         rollback_id=rb_id)
+    return _Rollback(jour=jour, lock_fd=lock_fd, faults=faults, man=man,
+                     orig_labels=dict(orig.labels), kept=kept)
+
+
+def _clean_up_committed(r: _Rollback) -> list[str]:
+    """Committed: the old container and the moved-aside workspace copies go. What is left is
+    garbage, not a half-done rollback (named, returned): the journal goes either way."""
+    leftovers = []
+    with r.holding():
+        res = engine.remove_container_id(r.jour.orig_id, check=False)
+    if res.returncode != 0:
+        leftovers.append(f"old container {r.jour.aside}")
+    for restore in r.restores:
+        with r.holding():
+            leftovers += restore.cleanup()
+    journal.clear(r.name)
+    return leftovers
 
 
 def _undo_failed(r: _Rollback, exc: BaseException) -> None:

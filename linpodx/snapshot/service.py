@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from linpodx.snapshot.names import (
 from linpodx.snapshot.records import audit, emit
 
 WAIT_POLL_SECONDS = 0.1
+# How a create job's worker is started (tests start theirs through a test-only entry point).
+WORKER_ARGV = (sys.executable, "-m", "linpodx.snapshot.worker")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -51,9 +54,11 @@ def _exists(name: str, label: str) -> bool:
 
 
 def start_create(
-    name: str, label: str, *, replace_existing: bool = False, consistency: str = freeze.FREEZE
+    name: str, label: str, *, replace_existing: bool = False, consistency: str = freeze.FREEZE,
+    worker_argv: Sequence[str] = WORKER_ARGV,
 ) -> jobs.Job:
-    """Check, audit, record a queued job and start its detached worker; returns the job."""
+    """Check, audit, record a queued job and start its detached worker (`worker_argv JOB`);
+    returns the job."""
     check_container_name(name)
     check_label(label)
     if consistency not in freeze.CONSISTENCIES:
@@ -126,7 +131,7 @@ def start_create(
                 exit_code=EXIT_AUDIT,
             ) from None
         emit("snapshot.create", job_id=job.job_id, container=name, label=label, status=jobs.QUEUED)
-        started = _spawn(job, log_fd)
+        started = _spawn(job, log_fd, worker_argv)
     finally:
         os.close(log_fd)
     # Housekeeping, never a reason to fail: jobs that finished long ago (jobs.KEEP_DAYS).
@@ -143,14 +148,12 @@ def _open_log(job: jobs.Job) -> int:
     )
 
 
-def _spawn(job: jobs.Job, fd: int) -> jobs.Job:
+def _spawn(job: jobs.Job, fd: int, worker_argv: Sequence[str] = WORKER_ARGV) -> jobs.Job:
     """Start the worker with its output in `fd` (the caller closes it)."""
     try:
         # Detached (not proc.run): the worker must outlive this command. It exits when the job
         # is done, so nothing stays resident.
-        child = proc.start_detached(
-            [sys.executable, "-m", "linpodx.snapshot.worker", job.job_id], output_fd=fd
-        )
+        child = proc.start_detached([*worker_argv, job.job_id], output_fd=fd)
     except OSError as exc:
         failed = replace(
             job, status=jobs.FAILED, finished=jobs.now_iso(), error=f"could not start worker: {exc}"

@@ -32,7 +32,6 @@ from linpodx.profile.loader import size_bytes
 from linpodx.profile.model import Resources
 from linpodx.snapshot import (
     egresskeep,
-    faults,
     freeze,
     jobs,
     journal,
@@ -45,13 +44,15 @@ from linpodx.snapshot.container import PROFILE_LABELS, Container, require_manage
 from linpodx.snapshot.lock import container_lock
 from linpodx.snapshot.names import container_root, snapshot_dir
 from linpodx.snapshot.records import emit
+from linpodx.snapshot.saga import NO_FAULTS, Faults
 
 
 class _Run:
     """The job being worked on; `step()` records progress in the job file."""
 
-    def __init__(self, job: jobs.Job):
+    def __init__(self, job: jobs.Job, faults: Faults = NO_FAULTS):
         self.job = job
+        self.faults = faults
 
     def update(self, **changes: Any) -> None:
         self.job = replace(self.job, **changes)
@@ -59,7 +60,7 @@ class _Run:
 
     def step(self, name: str) -> None:
         self.update(step=name)
-        faults.step_delay()
+        self.faults.at(name)
 
 
 def _untagged(image: str) -> bool:
@@ -240,9 +241,10 @@ def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
         yield method
 
 
-def run_create(job_id: str) -> int:
-    """Do the work of a create job; returns the process exit status."""
-    run = _Run(jobs.read(job_id))
+def run_create(job_id: str, faults: Faults = NO_FAULTS) -> int:
+    """Do the work of a create job; returns the process exit status. `faults` (tests only) is
+    called as each step has been recorded, before it starts."""
+    run = _Run(jobs.read(job_id), faults)
     run.update(status=jobs.RUNNING, started=jobs.now_iso(), step="start")
     job = run.job
     tmp = container_root(job.container) / f".tmp-{job.job_id}"
@@ -358,7 +360,7 @@ def run_create(job_id: str) -> int:
         return 1
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], faults: Faults = NO_FAULTS) -> int:
     """Entry point: wait for the CLI's go byte, then run the job."""
     if len(argv) != 1:
         sys.stderr.write("usage: python -m linpodx.snapshot.worker JOB_ID\n")
@@ -367,7 +369,7 @@ def main(argv: list[str]) -> int:
     if go != b"1":
         return 1  # the CLI died before it recorded us: leave the job alone
     try:
-        return run_create(argv[0])
+        return run_create(argv[0], faults)
     except LinpodxError as exc:  # a job file we cannot trust: nothing is done, said in the log
         sys.stderr.write(f"error: {exc.message}\n" + (f"hint: {exc.hint}\n" if exc.hint else ""))
         return 1

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from linpodx.snapshot import faults, jobs
+from linpodx.snapshot import jobs
 from linpodx.snapshot.freeze import can_freeze
 from linpodx.snapshot.names import image_ref, snapshot_dir
 from tests import faultinject
@@ -394,8 +394,8 @@ def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
 def test_worker_killed_mid_job_is_reported_failed(
     box: Box, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(faults.DELAY_ENV, "60")
-    created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "k", "--json"))
+    with faultinject.slow_worker(60):
+        created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "k", "--json"))
     job_id = str(created["job_id"])
     deadline = time.monotonic() + 60
     while True:
@@ -651,8 +651,8 @@ def test_worker_killed_while_holding_the_container_lets_it_go(
     from linpodx.snapshot.names import container_root
 
     # Each step waits 8 s first: long enough to see the step and kill inside its window.
-    monkeypatch.setenv(faults.DELAY_ENV, "8")
-    created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h", "--json"))
+    with faultinject.slow_worker(8):
+        created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h", "--json"))
     job_id = str(created["job_id"])
     deadline = time.monotonic() + 60
     while (job := jobs.read(job_id)).step != step:
@@ -759,9 +759,9 @@ def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_b
     stayed paused for good). The next `snapshot create` lets the container go first."""
     from linpodx.snapshot.lock import container_lock
 
-    monkeypatch.setenv(faults.DELAY_ENV, "8")
-    job_id = str(result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h", "--json"))
-                 ["job_id"])
+    with faultinject.slow_worker(8):
+        job_id = str(result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h",
+                                    "--json"))["job_id"])
     deadline = time.monotonic() + 60
     while (job := jobs.read(job_id)).step != "archive":
         assert time.monotonic() < deadline, job
@@ -770,7 +770,6 @@ def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_b
     os.kill(job.worker_pid, signal.SIGKILL)
     while jobs.proc_start_time(job.worker_pid) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    monkeypatch.delenv(faults.DELAY_ENV)
     with container_lock(box.name):  # another snapshot operation on the container
         st = result(box.cli("snapshot", "job-status", job_id, "--json"))
     assert st["status"] == jobs.FAILED and "cleanup not finished" in str(st["error"]), st

@@ -192,14 +192,15 @@ def test_the_saga_journals_before_each_step_and_fails_only_where_told() -> None:
 
 def test_the_rollback_steps_are_the_journals_and_no_fault_is_read_from_the_environment() -> None:
     """The journal on disk names these steps (recovery reads them back); and the installed tool
-    takes its fault points from its caller only."""
+    takes its fault points (rollback's, the worker's delays) from its caller only."""
     import linpodx
     from linpodx.snapshot import journal, rollback
 
     assert rollback.STEPS.names() == journal.STEPS[: journal.STEPS.index("commit")]
     assert set(ROLLBACK_STEPS) <= set(journal.STEPS)
     package = Path(linpodx.__file__).parent
-    readers = [p for p in package.rglob("*.py") if "TEST_FAIL_AT" in p.read_text()]
+    hooks = ("TEST_FAIL_AT", "SNAPSHOT_TEST_DELAY")  # the environment variables they replace
+    readers = [p for p in package.rglob("*.py") if any(h in p.read_text() for h in hooks)]
     assert readers == []
 
 
@@ -390,7 +391,7 @@ def test_create_is_recorded_only_with_its_job_and_never_without(
     monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
     spawned: list[jobs.Job] = []
-    monkeypatch.setattr(service, "_spawn", lambda job, fd: spawned.append(job) or job)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: spawned.append(job) or job)
     if fail_at == "stage":
         monkeypatch.setattr(jobs, "stage", full)
     elif fail_at == "log":
@@ -429,7 +430,7 @@ def test_create_says_so_when_its_recorded_job_could_not_be_put_in_place(
     monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
     spawned: list[object] = []
-    monkeypatch.setattr(service, "_spawn", lambda job, fd: spawned.append(job) or job)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: spawned.append(job) or job)
 
     def cannot(self: Staged) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -783,7 +784,7 @@ def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
     monkeypatch.setattr(service, "require_managed",
                         lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}})
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
-    monkeypatch.setattr(service, "_spawn", lambda job, fd: job)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: job)
     job = service.start_create("box", "s1")
     assert jobs.read(job.job_id).container_id == "a" * 64
     from linpodx.paths import admin_log
