@@ -173,16 +173,26 @@ def popen(
     stderr: int | IO[bytes] | None = None,
     pass_fds: Sequence[int] = (),
     bufsize: int = -1,
+    new_session: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start `argv` as a child that lives on beside this process; the caller waits for it.
 
     `stdin`/`stdout`/`stderr` as `subprocess.Popen` takes them (None: inherited); `pass_fds`
-    stay open in it. OSError (FileNotFoundError for a missing program) if it cannot be started.
+    stay open in it, no other descriptor does. `new_session`: a child that outlives this
+    command (the snapshot worker) runs in its own session, so the terminal's job control (a
+    Ctrl-C of the CLI) does not reach it. OSError (FileNotFoundError for a missing program) if
+    it cannot be started.
     """
     import subprocess
 
     return subprocess.Popen(
-        list(argv), stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, bufsize=bufsize
+        list(argv),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        pass_fds=pass_fds,
+        bufsize=bufsize,
+        start_new_session=new_session,
     )
 
 

@@ -124,14 +124,14 @@ def rollback_cmd(
     json_mode: JsonOpt = False,
 ) -> None:
     """Recreate NAME from a snapshot and restore its writable mounts (all or nothing)."""
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
-    run_command("snapshot rollback", json_mode, lambda: service.rollback(name, to))
+    run_command("snapshot rollback", json_mode, lambda: rollback.rollback(name, to))
 
 
 @app.command("recover")
 def recover_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:
     """Undo a rollback of NAME that was killed part-way (or finish it, if it was committed)."""
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
-    run_command("snapshot recover", json_mode, lambda: service.recover(name))
+    run_command("snapshot recover", json_mode, lambda: rollback.recover(name))

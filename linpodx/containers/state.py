@@ -35,11 +35,12 @@ SPEC_VERSION = 1
 def refuse_if_rolling_back(name: str) -> None:
     """Refuse to act on NAME while a rollback of it runs in another process or was interrupted
     (`linpodx.snapshot.journal.check_no_interrupted`). Without a journal (one lstat,
-    `paths.rollback_pending`) the snapshot package is not loaded at all."""
+    `paths.rollback_pending`) the journal's module (and the workspace and egress modules it
+    checks a journal with) is not loaded at all."""
     with contextlib.suppress(OSError):  # cannot tell: the journal's reader says why, and refuses
         if not rollback_pending(name):
             return
-    from linpodx.snapshot import journal  # only with a journal there: snapshot sits above us
+    from linpodx.snapshot import journal  # only with a journal there
 
     journal.check_no_interrupted(name)
 

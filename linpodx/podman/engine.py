@@ -511,3 +511,187 @@ def stream_chunks(argv: Sequence[str], sink: Any) -> int:
     finally:
         child.stdout.close()
     return child.wait()
+
+
+# ----------------------------------------------------------------------------------------------
+# The verbs of snapshots and rollback (`linpodx.snapshot`): images, commits, pauses, mounts and
+# the container look-ups they need. They run `podman` by name (PATH), take no hint from
+# `classify_hint` and keep their own messages, exactly as the snapshot code wrote them before
+# they moved here; `inspect`/`rename`/`remove` above are their near-twins for the run paths.
+
+SNAP_PODMAN = "podman"
+
+
+def _snap(*args: str, **kw: Any) -> proc.Result:
+    return proc.run([SNAP_PODMAN, *args], **kw)
+
+
+def _inspect_failed(res: proc.Result, hint: str | None = None) -> EngineError:
+    return EngineError("podman container inspect failed", hint, argv=res.argv,
+                       returncode=res.returncode, stderr=res.stderr)
+
+
+def container_info(ref: str) -> dict[str, Any]:
+    """`podman container inspect REF` of one container; NotFound if it does not exist."""
+    res = _snap("container", "inspect", ref, check=False, what="podman container inspect")
+    if res.returncode != 0:
+        if "no such container" in res.stderr.lower():
+            raise NotFound(
+                f"container not found: {ref}",
+                "list linpodx containers with `linpodx ps`",
+            )
+        raise _inspect_failed(res, "check podman with `linpodx doctor`")
+    try:
+        data = json.loads(res.stdout)
+    except ValueError as exc:
+        raise EngineError(f"podman inspect printed something that is not JSON: {exc}") from None
+    if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
+        raise EngineError("podman inspect did not describe exactly one container")
+    return data[0]
+
+
+def other_containers_info(own_id: str) -> list[dict[str, Any]]:
+    """`podman inspect` of every container podman knows but `own_id` (running or not,
+    linpodx's or not). One that goes away while we look is left out."""
+    res = _snap("ps", "-a", "--no-trunc", "--format", "{{.ID}}", what="podman ps")
+    ids = [i for i in res.stdout.split() if i and i != own_id]
+    if not ids:
+        return []
+    # All at once; if one went away meanwhile (podman then fails the lot), one by one.
+    r = _snap("container", "inspect", *ids, check=False, what="podman container inspect")
+    if r.returncode == 0:
+        with contextlib.suppress(ValueError):
+            return [d for d in json.loads(r.stdout) if isinstance(d, dict)]
+    out: list[dict[str, Any]] = []
+    for cid in ids:
+        r = _snap("container", "inspect", cid, check=False, what="podman container inspect")
+        if r.returncode != 0:
+            if "no such container" in r.stderr.lower():
+                continue
+            raise _inspect_failed(r)
+        try:
+            data = json.loads(r.stdout)
+        except ValueError as exc:
+            raise EngineError(f"podman inspect printed something that is not JSON: {exc}") \
+                from None
+        out += [d for d in data if isinstance(d, dict)]
+    return out
+
+
+def container_id_of(name: str) -> str | None:
+    """The full id of the container under NAME, None if there is none."""
+    res = _snap("container", "inspect", "--format", "{{.Id}}", name, check=False,
+                what="podman container inspect")
+    if res.returncode == 0:
+        return res.stdout.strip()
+    if "no such container" in res.stderr.lower():
+        return None
+    raise _inspect_failed(res)
+
+
+def status_and_pid(name: str) -> tuple[str, int]:
+    """The container's status (`running`, `paused`, …) and its init's pid (0 if none)."""
+    res = _snap("inspect", "--type", "container", "--format", "{{.State.Status}} {{.State.Pid}}",
+                name, what="podman inspect")
+    status, _, pid = res.stdout.strip().partition(" ")
+    return status, int(pid or "0")
+
+
+def changes_size(cid: str) -> int:
+    """Bytes of the container's changes to its image, at their apparent size (`SizeRw`)."""
+    res = _snap("container", "inspect", "--size", "--format", "{{.SizeRw}}", cid,
+                what="podman container inspect --size")
+    try:
+        return int(res.stdout.strip() or "0")
+    except ValueError:
+        raise EngineError("podman inspect --size printed no size", argv=res.argv,
+                          stderr=res.stdout) from None
+
+
+def graph_root() -> str:
+    """The directory podman keeps this user's images and containers in."""
+    return _snap("info", "--format", "{{.Store.GraphRoot}}", what="podman info").stdout.strip()
+
+
+def pause(name: str) -> None:
+    _snap("pause", name, what="podman pause")
+
+
+def unpause(name: str, hint: str | None = None) -> None:
+    _snap("unpause", name, what="podman unpause", hint=hint)
+
+
+def mount_rootfs(cid: str) -> str:
+    """`podman mount`: where the container's own filesystem is mounted ("" if podman said
+    nothing)."""
+    res = _snap("mount", cid, what="podman mount")
+    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+
+
+def umount_rootfs(cid: str) -> None:
+    _snap("umount", cid, check=False, what="podman umount")
+
+
+def rename_container(ref: str, new: str, *, check: bool = True) -> proc.Result:
+    """`podman rename REF NEW` (REF: id or name)."""
+    return _snap("rename", ref, new, check=check, what="podman rename")
+
+
+def remove_container_id(cid: str, *, check: bool = True) -> proc.Result:
+    """`podman rm --force --time 0 ID`: the container goes at once, whatever runs in it."""
+    return _snap("rm", "--force", "--time", "0", cid, check=check, what="podman rm")
+
+
+def unshare_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` run inside podman's user namespace when rootless (files owned by the
+    container's sub-uids keep their owners there); `argv` itself as root."""
+    return list(argv) if os.geteuid() == 0 else [SNAP_PODMAN, "unshare", *argv]
+
+
+def unshare(argv: Sequence[str], *, what: str, timeout: float | None) -> proc.Result:
+    """`podman unshare ARGV…` (rootless only: as root there is no user namespace to enter)."""
+    return _snap("unshare", *argv, what=what, timeout=timeout)
+
+
+def image_id(ref: str) -> str | None:
+    """Full id of image `ref`, None if there is no such image."""
+    res = _snap("image", "inspect", "--format", "{{.Id}}", ref, check=False,
+                what="podman image inspect")
+    if res.returncode != 0:
+        if "image not known" in res.stderr or "no such image" in res.stderr.lower():
+            return None
+        raise EngineError(
+            "podman image inspect failed",
+            "podman's own words are above; `podman info` checks that podman works for you",
+            argv=res.argv,
+            returncode=res.returncode,
+            stderr=res.stderr,
+        )
+    return res.stdout.strip() or None
+
+
+def image_untagged(image: str) -> bool:
+    """True if `image` exists and no name points at it (so it is nobody's but ours)."""
+    res = _snap("image", "inspect", "--format", "{{len .RepoTags}}", image, check=False,
+                what="podman image inspect")
+    return res.returncode == 0 and res.stdout.strip() == "0"
+
+
+def commit(cid: str) -> proc.Result:
+    """`podman commit` of the container as it is (the caller holds it still), untagged; the
+    new image's id is the last line of stdout."""
+    return _snap("commit", "--pause=false", "--quiet", cid, what="podman commit", timeout=3600,
+                 hint="check free space in podman's storage (`podman system df`)")
+
+
+def tag(image: str, ref: str) -> None:
+    _snap("tag", image, ref, what="podman tag")
+
+
+def untag(image: str, ref: str) -> None:
+    _snap("untag", image, ref, what="podman untag")
+
+
+def remove_image(ref: str) -> proc.Result:
+    """`podman rmi REF`, which podman refuses while a container uses the image."""
+    return _snap("rmi", ref, check=False, what="podman rmi")

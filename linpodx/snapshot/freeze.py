@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from linpodx import proc
 from linpodx.errors import EngineError
+from linpodx.podman import engine
 
 PAUSE = "pause"
 SIGSTOP_METHOD = "sigstop"
@@ -162,13 +162,7 @@ class SignalFreeze:
 
 
 def _state(name: str) -> tuple[str, int]:
-    res = proc.run(
-        ["podman", "inspect", "--type", "container", "--format", "{{.State.Status}} {{.State.Pid}}",
-         name],
-        what="podman inspect",
-    )
-    status, _, pid = res.stdout.strip().partition(" ")
-    return status, int(pid or "0")
+    return engine.status_and_pid(name)
 
 
 OnHold = Callable[[str, list[list[int]]], None]
@@ -202,7 +196,7 @@ def frozen(
         raise EngineError(f"cannot freeze {name}: {CANNOT_FREEZE}", CANNOT_FREEZE_HINT)
     if method == PAUSE:
         try:
-            proc.run(["podman", "pause", name], what="podman pause")
+            engine.pause(name)
         except EngineError as exc:
             if "not supported" not in exc.stderr and "cgroup" not in exc.stderr:
                 raise
@@ -218,10 +212,8 @@ def frozen(
                     on_hold(PAUSE, [])
                 yield PAUSE
             finally:
-                proc.run(
-                    ["podman", "unpause", name],
-                    what="podman unpause",
-                    hint=f"the container is still paused: run `podman unpause {name}`",
+                engine.unpause(
+                    name, hint=f"the container is still paused: run `podman unpause {name}`"
                 )
             return
     sf = SignalFreeze(init_pid)
@@ -240,7 +232,7 @@ def release(name: str, method: str | None, held: Sequence[Sequence[int]]) -> lis
     if method == PAUSE:
         status, _ = _state(name)
         if status == "paused":
-            proc.run(["podman", "unpause", name], what="podman unpause")
+            engine.unpause(name)
             done.append("unpaused")
     elif method == SIGSTOP_METHOD:
         n = 0

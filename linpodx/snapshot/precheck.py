@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput
+from linpodx.podman import engine
 
 PATH_MAX = 4096  # Linux's, with the NUL: a name tar passes to a syscall is at most 4095 bytes
 TAR_ENTRY_BYTES = 1536  # header block + pax header block + its data block (GNU tar, posix format)
@@ -274,8 +274,8 @@ def check_size(name: str, *, changes: int, trees: Sequence[tuple[str, Tree]], bo
 
 
 def _unshared(args: Sequence[str], what: str) -> Any:
-    res = proc.run(["podman", "unshare", sys.executable, "-m", "linpodx.snapshot.precheck",
-                    *args], what=what, timeout=3600)
+    res = engine.unshare([sys.executable, "-m", "linpodx.snapshot.precheck", *args], what=what,
+                         timeout=3600)
     try:
         return json.loads(res.stdout)
     except ValueError:
@@ -303,14 +303,13 @@ def check_rootfs(container_id: str, home: str, targets: Sequence[str]) -> list[s
 
 
 def _rootfs_here(container_id: str, home: str, targets: Sequence[str]) -> list[str]:
-    res = proc.run(["podman", "mount", container_id], what="podman mount")
-    root = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    root = engine.mount_rootfs(container_id)
     try:
         if not root or not os.path.isdir(root):
             raise EngineError(f"podman mount gave no directory for {container_id[:12]}")
         return rootfs_problems(root, home, targets)
     finally:
-        proc.run(["podman", "umount", container_id], check=False, what="podman umount")
+        engine.umount_rootfs(container_id)
 
 
 def main(argv: list[str]) -> int:

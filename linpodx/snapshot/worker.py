@@ -22,38 +22,37 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from linpodx import proc
+from linpodx import containers
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
+from linpodx.podman import engine
+from linpodx.podman.engine import image_id
 from linpodx.profile import HOME_DIR
 from linpodx.profile.loader import size_bytes
+from linpodx.profile.model import Resources
 from linpodx.snapshot import (
     egresskeep,
-    faults,
     freeze,
     jobs,
     journal,
+    lifecycle,
     manifest,
-    ops,
     precheck,
     workspace,
 )
-from linpodx.snapshot.common import (
-    PROFILE_LABELS,
-    container_lock,
-    emit,
-    image_id,
-    labels_of,
-    require_managed,
-)
+from linpodx.snapshot.container import PROFILE_LABELS, Container, require_managed
+from linpodx.snapshot.lock import container_lock
 from linpodx.snapshot.names import container_root, snapshot_dir
+from linpodx.snapshot.records import emit
+from linpodx.snapshot.saga import NO_FAULTS, Faults
 
 
 class _Run:
     """The job being worked on; `step()` records progress in the job file."""
 
-    def __init__(self, job: jobs.Job):
+    def __init__(self, job: jobs.Job, faults: Faults = NO_FAULTS):
         self.job = job
+        self.faults = faults
 
     def update(self, **changes: Any) -> None:
         self.job = replace(self.job, **changes)
@@ -61,25 +60,16 @@ class _Run:
 
     def step(self, name: str) -> None:
         self.update(step=name)
-        faults.step_delay()
+        self.faults.at(name)
 
 
 def _untagged(image: str) -> bool:
     """True if `image` exists and no name points at it (so it is nobody's but ours)."""
-    res = proc.run(["podman", "image", "inspect", "--format", "{{len .RepoTags}}", image],
-                   check=False, what="podman image inspect")
-    return res.returncode == 0 and res.stdout.strip() == "0"
+    return engine.image_untagged(image)
 
 
 def _id_of(name: str) -> str | None:
-    res = proc.run(["podman", "container", "inspect", "--format", "{{.Id}}", name],
-                   check=False, what="podman container inspect")
-    if res.returncode == 0:
-        return res.stdout.strip()
-    if "no such container" in res.stderr.lower():
-        return None
-    raise EngineError("podman container inspect failed", argv=res.argv,
-                      returncode=res.returncode, stderr=res.stderr)
+    return engine.container_id_of(name)
 
 
 def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
@@ -111,7 +101,7 @@ def clean_after(job: jobs.Job) -> tuple[list[str], list[str]]:
         # that has a name by now is someone's, and stays.
         try:
             if _untagged(job.image_id):
-                res = proc.run(["podman", "rmi", job.image_id], check=False, what="podman rmi")
+                res = engine.remove_image(job.image_id)
                 if res.returncode == 0:
                     done.append("untagged image removed")
                 else:
@@ -182,7 +172,7 @@ def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
         workspace.remove_tree(old)
     else:
         os.rename(tmp, final)
-    proc.run(["podman", "tag", new_image, job.image], what="podman tag")
+    engine.tag(new_image, job.image)
     return old_image if old_image != new_image else None
 
 
@@ -204,23 +194,27 @@ def _check(name: str, cid: str, info: Mapping[str, Any],
             "remove, move or shorten what is named there (in the workspace, or in the "
             "container), then create the snapshot again",
         )
-    bound_text = ops.snapshot_bound(labels_of(info).get("linpodx.profile_id", ""))
+    bound_text = _snapshot_bound(Container.of(info).labels.get("linpodx.profile_id", ""))
     bound = size_bytes(bound_text)
     if bound is None:
         raise InvalidInput(f"the profile's resources.snapshot_max_size {bound_text!r} is not "
                            "a size", "apply the profile again")
-    res = proc.run(["podman", "container", "inspect", "--size", "--format", "{{.SizeRw}}", cid],
-                   what="podman container inspect --size")
-    storage = proc.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"],
-                       what="podman info").stdout.strip()
-    try:
-        changes = int(res.stdout.strip() or "0")
-    except ValueError:
-        raise EngineError("podman inspect --size printed no size", argv=res.argv,
-                          stderr=res.stdout) from None
+    changes = engine.changes_size(cid)
+    storage = engine.graph_root()
     precheck.check_size(name, changes=changes, trees=trees, bound=bound,
                         bound_text=bound_text, archive_dir=str(container_root(name)),
                         storage_dir=storage)
+
+
+def _snapshot_bound(profile_id: str) -> str:
+    """The `resources.snapshot_max_size` of the container's profile revision (the default
+    for a revision that is gone from the store: the bound still holds)."""
+    try:
+        ref = containers.profile_by_id(profile_id) if profile_id else None
+    except LinpodxError:
+        ref = None
+    return ref.profile.resources.snapshot_max_size if ref is not None \
+        else Resources().snapshot_max_size
 
 
 @contextlib.contextmanager
@@ -231,14 +225,14 @@ def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
     holding the name's lock so that no `linpodx start` slips in between. Otherwise frozen
     (`freeze.frozen`), by signals only if `best-effort` allows it."""
     job = run.job
-    if job.consistency == freeze.STOP and (info.get("State") or {}).get("Running"):
-        with ops.hold_name(job.container):
-            ops.stop(job.container, egresskeep.current(job.container))
+    if job.consistency == freeze.STOP and Container.of(info).running:
+        with lifecycle.hold_name(job.container):
+            lifecycle.stop(job.container, egresskeep.current(job.container))
             run.update(freeze=freeze.STOPPED)
             try:
                 yield freeze.STOPPED
             finally:
-                ops.start(job.container)
+                lifecycle.start(job.container)
         return
     with freeze.frozen(
         cid, on_hold=lambda m, held: run.update(freeze=m, held=held),
@@ -247,9 +241,10 @@ def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
         yield method
 
 
-def run_create(job_id: str) -> int:
-    """Do the work of a create job; returns the process exit status."""
-    run = _Run(jobs.read(job_id))
+def run_create(job_id: str, faults: Faults = NO_FAULTS) -> int:
+    """Do the work of a create job; returns the process exit status. `faults` (tests only) is
+    called as each step has been recorded, before it starts."""
+    run = _Run(jobs.read(job_id), faults)
     run.update(status=jobs.RUNNING, started=jobs.now_iso(), step="start")
     job = run.job
     tmp = container_root(job.container) / f".tmp-{job.job_id}"
@@ -262,18 +257,19 @@ def run_create(job_id: str) -> int:
             journal.check_no_interrupted(job.container)
             _clean_dead_jobs(job.container, job.job_id)
             info = require_managed(job.container)
-            if job.container_id and str(info.get("Id", "")) != job.container_id:
+            found = Container.of(info)
+            if job.container_id and found.id != job.container_id:
                 # What was checked and audited is another container (a rollback recreated
                 # it while this job waited for the lock): snapshot none rather than the wrong one.
                 raise InvalidInput(
                     f"{job.container} is no longer the container this snapshot was requested "
-                    f"for ({job.container_id[:12]}; now {str(info.get('Id', ''))[:12]}, "
+                    f"for ({job.container_id[:12]}; now {found.id[:12]}, "
                     "recreated meanwhile, for example by a rollback)",
                     f"create the snapshot of {job.container} again if you still want it",
                 )
             workspace.check_workspace(job.container, info, for_rollback=False)
             mounts = workspace.writable_mounts(info)
-            labels = labels_of(info)
+            labels = found.labels
             if not job.replace and snapshot_dir(job.container, job.label).exists():
                 raise InvalidInput(
                     f"snapshot {job.container} --label {job.label} already exists",
@@ -286,18 +282,13 @@ def run_create(job_id: str) -> int:
             run.step("freeze")
             # By id from here on: the container checked above, never one recreated under the
             # name meanwhile (`linpodx rm` + `run` do not take the snapshot lock).
-            cid = str(info["Id"])
+            cid = found.id
             with _held(run, cid, info) as method:
                 run.update(freeze=method)
                 run.step("check")
                 _check(job.container, cid, info, mounts)
                 run.step("commit")
-                res = proc.run(
-                    ["podman", "commit", "--pause=false", "--quiet", cid],
-                    what="podman commit",
-                    timeout=3600,
-                    hint="check free space in podman's storage (`podman system df`)",
-                )
+                res = engine.commit(cid)
                 new_image = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None
                 if not new_image or not jobs.is_image_id(new_image):
                     raise EngineError("podman commit printed no image id", argv=res.argv,
@@ -331,7 +322,7 @@ def run_create(job_id: str) -> int:
             if old_image:
                 # The replaced image is no longer a snapshot; a container may still use it, in
                 # which case podman refuses and the image stays (that is what we want).
-                proc.run(["podman", "rmi", old_image], check=False, what="podman rmi")
+                engine.remove_image(old_image)
         run.update(
             status=jobs.SUCCEEDED,
             finished=jobs.now_iso(),
@@ -362,14 +353,14 @@ def run_create(job_id: str) -> int:
         with contextlib.suppress(Exception):
             workspace.remove_tree(tmp)
         if new_image and not tagged:
-            proc.run(["podman", "rmi", new_image], check=False, what="podman rmi")
+            engine.remove_image(new_image)
         run.update(status=jobs.FAILED, finished=jobs.now_iso(), error=msg, hint=hint)
         emit("snapshot.create", job_id=job.job_id, container=job.container, label=job.label,
              status=jobs.FAILED, error=msg)
         return 1
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], faults: Faults = NO_FAULTS) -> int:
     """Entry point: wait for the CLI's go byte, then run the job."""
     if len(argv) != 1:
         sys.stderr.write("usage: python -m linpodx.snapshot.worker JOB_ID\n")
@@ -378,7 +369,7 @@ def main(argv: list[str]) -> int:
     if go != b"1":
         return 1  # the CLI died before it recorded us: leave the job alone
     try:
-        return run_create(argv[0])
+        return run_create(argv[0], faults)
     except LinpodxError as exc:  # a job file we cannot trust: nothing is done, said in the log
         sys.stderr.write(f"error: {exc.message}\n" + (f"hint: {exc.hint}\n" if exc.hint else ""))
         return 1

@@ -14,9 +14,7 @@ from whatever state on disk a failure or a kill left.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from typing import Any
 
 from linpodx import paths, proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
+from linpodx.podman import engine
 
 DIR = "dir"
 FILE = "file"
@@ -53,8 +52,7 @@ _TREE = "tree"
 def _unshare_prefix() -> list[str]:
     # Rootless: inside the user namespace host-uid files are root's and sub-uid files keep
     # their own owners, so tar can read everything and restore owners exactly.
-    return [] if os.geteuid() == 0 else ["podman", "unshare"]
-
+    return engine.unshare_argv([])
 
 def _inside(path: Path, root: Path) -> bool:
     try:
@@ -122,33 +120,7 @@ def shared_with(
 def other_containers(own_id: str) -> list[dict[str, Any]]:
     """`podman inspect` of every other container podman knows (running or not, linpodx's or
     not). One that goes away while we look is left out."""
-    res = proc.run(["podman", "ps", "-a", "--no-trunc", "--format", "{{.ID}}"],
-                   what="podman ps")
-    ids = [i for i in res.stdout.split() if i and i != own_id]
-    if not ids:
-        return []
-    # All at once; if one went away meanwhile (podman then fails the lot), one by one.
-    r = proc.run(["podman", "container", "inspect", *ids], check=False,
-                 what="podman container inspect")
-    if r.returncode == 0:
-        with contextlib.suppress(ValueError):
-            return [d for d in json.loads(r.stdout) if isinstance(d, dict)]
-    out: list[dict[str, Any]] = []
-    for cid in ids:
-        r = proc.run(["podman", "container", "inspect", cid], check=False,
-                     what="podman container inspect")
-        if r.returncode != 0:
-            if "no such container" in r.stderr.lower():
-                continue
-            raise EngineError("podman container inspect failed", argv=r.argv,
-                              returncode=r.returncode, stderr=r.stderr)
-        try:
-            data = json.loads(r.stdout)
-        except ValueError as exc:
-            raise EngineError(f"podman inspect printed something that is not JSON: {exc}") \
-                from None
-        out += [d for d in data if isinstance(d, dict)]
-    return out
+    return engine.other_containers_info(own_id)
 
 
 def check_distinct(name: str, mounts: Sequence[WritableMount], *, for_rollback: bool) -> None:
@@ -464,4 +436,4 @@ def remove_tree(path: Path) -> None:
         )
     # Rootless: files owned by the container's sub-uids are removable only inside the user
     # namespace, where they keep their owners.
-    proc.run(["podman", "unshare", *argv], timeout=3600, what="removing " + str(path))
+    engine.unshare(argv, timeout=3600, what="removing " + str(path))

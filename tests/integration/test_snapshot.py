@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from linpodx.snapshot import faults, jobs
+from linpodx.snapshot import jobs
 from linpodx.snapshot.freeze import can_freeze
 from linpodx.snapshot.names import image_ref, snapshot_dir
-from tests.conftest import BUSYBOX_IMAGE, DEBIAN_IMAGE, ROOTLESS, CliResult, run_linpodx
+from tests import faultinject
+from tests.conftest import BUSYBOX_IMAGE, DEBIAN_IMAGE, ROOTLESS, CliResult
 from tests.servers.dns_upstream import DnsUpstream
 
 pytestmark = pytest.mark.podman
@@ -285,11 +286,10 @@ def test_injected_failure_at_each_step_leaves_the_original_intact(
     box.sh("echo v2 > /ws/f.txt; echo after > /tmp/after")
     spec = paths.containers_dir() / box.name / "spec.json"
     spec_before = spec.read_bytes()
-    for step in faults.ROLLBACK_STEPS:
+    for step in faultinject.ROLLBACK_STEPS:
         before = inspect(box.name)
-        monkeypatch.setenv(faults.FAIL_ENV, step)
-        r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
-        monkeypatch.delenv(faults.FAIL_ENV)
+        with faultinject.injecting(step):
+            r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
         assert r.exit_code != 0, step
         assert f"failed at step {step}" in r.stderr, r.stderr
         assert "the original container and workspace were put back as they were" in r.stderr
@@ -304,9 +304,8 @@ def test_injected_failure_at_each_step_leaves_the_original_intact(
         assert [p.name for p in box.ws.parent.iterdir() if ".linpodx-" in p.name] == [], step
     # A Ctrl-C in the middle (after the workspace swap) is undone the same way.
     before = inspect(box.name)
-    monkeypatch.setenv(faults.FAIL_ENV, "interrupt@swap")
-    r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
-    monkeypatch.delenv(faults.FAIL_ENV)
+    with faultinject.injecting("interrupt@swap"):
+        r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
     assert r.exit_code == 130 and "interrupted" in r.stderr and "put back" in r.stderr
     assert inspect(box.name)["Id"] == before["Id"]
     assert (box.ws / "f.txt").read_text() == "v2\n"
@@ -333,12 +332,11 @@ def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
 
     box.snapshot("s1")
     spec = paths.containers_dir() / box.name / "spec.json"
-    for step in faults.KILL_STEPS:
+    for step in faultinject.KILL_STEPS:
         box.sh("echo v2 > /ws/f.txt; echo after > /tmp/after")
         spec_before = spec.read_bytes()
         before = inspect(box.name)
-        env = {**os.environ, faults.FAIL_ENV: f"kill@{step}"}
-        r = run_linpodx("snapshot", "rollback", box.name, "--to", "s1", env=env)
+        r = faultinject.run(f"kill@{step}", "snapshot", "rollback", box.name, "--to", "s1")
         assert r.returncode == -signal.SIGKILL, (step, r.stderr)
         assert journal.exists(box.name), step
         # Until it is recovered, nothing acts on the half-rolled-back container.
@@ -366,14 +364,14 @@ def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
         assert not journal.exists(box.name), step
         again = result(box.cli("snapshot", "recover", box.name, "--json"))
         assert again["recovered"] is False
-    assert audit_types().count("snapshot.rollback.recover") == len(faults.KILL_STEPS)
+    assert audit_types().count("snapshot.rollback.recover") == len(faultinject.KILL_STEPS)
     # A recovery killed once the original is back but before it runs again is finished by
     # the next one: the container runs again (it ran before the rollback).
     before = inspect(box.name)
-    stop_kill = {**os.environ, faults.FAIL_ENV: "kill@stop"}
-    assert run_linpodx("snapshot", "rollback", box.name, "--to", "s1", env=stop_kill).returncode < 0
-    restart_kill = {**os.environ, faults.FAIL_ENV: f"kill@{faults.RESTART_STEP}"}
-    assert run_linpodx("snapshot", "recover", box.name, env=restart_kill).returncode < 0
+    stop_kill = "kill@stop"
+    assert faultinject.run(stop_kill, "snapshot", "rollback", box.name, "--to", "s1").returncode < 0
+    restart_kill = f"kill@{faultinject.RESTART_STEP}"
+    assert faultinject.run(restart_kill, "snapshot", "recover", box.name).returncode < 0
     assert inspect(box.name)["State"]["Status"] != "running"  # type: ignore[index]
     refused = box.cli("start", box.name)
     assert refused.exit_code != 0 and "interrupted before" in refused.stderr
@@ -385,8 +383,8 @@ def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
     ok(box.cli("audit", "verify"))
     # A rollback killed part-way is also recovered by the next rollback, which then runs.
     box.sh("echo v3 > /ws/f.txt")
-    env = {**os.environ, faults.FAIL_ENV: "kill@swap"}
-    assert run_linpodx("snapshot", "rollback", box.name, "--to", "s1", env=env).returncode < 0
+    killed = faultinject.run("kill@swap", "snapshot", "rollback", box.name, "--to", "s1")
+    assert killed.returncode < 0
     r = result(box.cli("snapshot", "rollback", box.name, "--to", "s1", "--json"))
     assert r["recovered_first"]["action"] == "undone"  # type: ignore[index]
     assert (box.ws / "f.txt").read_text() == "v1\n"
@@ -396,8 +394,8 @@ def test_rollback_killed_at_each_step_is_recovered_by_the_next_command(
 def test_worker_killed_mid_job_is_reported_failed(
     box: Box, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(faults.DELAY_ENV, "60")
-    created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "k", "--json"))
+    with faultinject.slow_worker(60):
+        created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "k", "--json"))
     job_id = str(created["job_id"])
     deadline = time.monotonic() + 60
     while True:
@@ -489,11 +487,8 @@ def test_rollback_keeps_filtered_egress(cli: Cli, unique_name: str, tmp_path: Pa
         # puts the original back with its guard up again.
         for step in ("stop", "create"):
             orig = inspect(b.name)["Id"]
-            os.environ[faults.FAIL_ENV] = step
-            try:
+            with faultinject.injecting(step):
                 failed = b.cli("snapshot", "rollback", b.name, "--to", "net")
-            finally:
-                del os.environ[faults.FAIL_ENV]
             assert failed.exit_code != 0 and "put back as they were" in failed.stderr, step
             assert inspect(b.name)["Id"] == orig, step
             assert containers.egress_status(b.name) == "healthy", step
@@ -656,8 +651,8 @@ def test_worker_killed_while_holding_the_container_lets_it_go(
     from linpodx.snapshot.names import container_root
 
     # Each step waits 8 s first: long enough to see the step and kill inside its window.
-    monkeypatch.setenv(faults.DELAY_ENV, "8")
-    created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h", "--json"))
+    with faultinject.slow_worker(8):
+        created = result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h", "--json"))
     job_id = str(created["job_id"])
     deadline = time.monotonic() + 60
     while (job := jobs.read(job_id)).step != step:
@@ -741,9 +736,8 @@ def test_a_deep_tree_in_the_workspace_is_rolled_back_and_undone(
         box.sh(f"mkdir /ws/old && cd /ws/old && {DEEP}")
         box.snapshot("s1")
         box.sh(f"mkdir /ws/new && cd /ws/new && {DEEP}")
-        monkeypatch.setenv(faults.FAIL_ENV, "create")
-        r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
-        monkeypatch.delenv(faults.FAIL_ENV)
+        with faultinject.injecting("create"):
+            r = box.cli("snapshot", "rollback", box.name, "--to", "s1")
         assert r.exit_code not in (0, 70) and "put back as they were" in r.stderr, r
         assert (box.ws / "new").is_dir()
         r = ok(box.cli("snapshot", "rollback", box.name, "--to", "s1"))
@@ -763,11 +757,11 @@ def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_b
     """A worker killed while it holds the container; `job-status` asked while another
     snapshot operation holds the lock cannot clean up and must not say it did (the container
     stayed paused for good). The next `snapshot create` lets the container go first."""
-    from linpodx.snapshot.common import container_lock
+    from linpodx.snapshot.lock import container_lock
 
-    monkeypatch.setenv(faults.DELAY_ENV, "8")
-    job_id = str(result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h", "--json"))
-                 ["job_id"])
+    with faultinject.slow_worker(8):
+        job_id = str(result(box.cli("snapshot", "create", *HELD, box.name, "--label", "h",
+                                    "--json"))["job_id"])
     deadline = time.monotonic() + 60
     while (job := jobs.read(job_id)).step != "archive":
         assert time.monotonic() < deadline, job
@@ -776,7 +770,6 @@ def test_a_dead_jobs_container_is_let_go_even_if_the_first_look_found_the_lock_b
     os.kill(job.worker_pid, signal.SIGKILL)
     while jobs.proc_start_time(job.worker_pid) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    monkeypatch.delenv(faults.DELAY_ENV)
     with container_lock(box.name):  # another snapshot operation on the container
         st = result(box.cli("snapshot", "job-status", job_id, "--json"))
     assert st["status"] == jobs.FAILED and "cleanup not finished" in str(st["error"]), st

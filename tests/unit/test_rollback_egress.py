@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from linpodx import proc
 from linpodx.egress import guard
 from linpodx.egress.state import EgressState
 from linpodx.errors import LinpodxError
@@ -28,6 +29,7 @@ from linpodx.ids import new_ulid
 from linpodx.paths import admin_log, containers_dir
 from linpodx.proc import Result
 from linpodx.snapshot import jobs, journal, names
+from tests.faultinject import Inject
 
 NAME = "box"
 PROFILE_ID_21 = "prof_01J0000000000000000000021"
@@ -107,17 +109,17 @@ class Podman:
 @pytest.fixture
 def podman(monkeypatch: pytest.MonkeyPatch) -> Podman:
     from linpodx import containers
-    from linpodx.snapshot import service, workspace
+    from linpodx.snapshot import rollback, workspace
 
     pm = Podman()
     spec_dir = containers_dir() / NAME
     spec_dir.mkdir(parents=True)
     (spec_dir / "spec.json").write_text('{"fake": "spec"}\n')
     man = {"image": names.image_ref(NAME, "s1"), "image_id": "a" * 64, "mounts": []}
-    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
-    monkeypatch.setattr(service, "require_managed", lambda name: pm.find(name))
-    monkeypatch.setattr(service, "inspect_container", lambda ref: pm.find(ref))
-    monkeypatch.setattr(service.proc, "run", pm.run)
+    monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(rollback, "require_managed", lambda name: pm.find(name))
+    monkeypatch.setattr(rollback, "inspect_container", lambda ref: pm.find(ref))
+    monkeypatch.setattr(proc, "run", pm.run)  # what the engine verbs run
     monkeypatch.setattr(workspace, "other_containers", lambda own: [])
     monkeypatch.setattr(containers, "load_spec", lambda name: {"fake": "spec"})
     monkeypatch.setattr(containers, "profile_by_id",
@@ -173,10 +175,10 @@ def _admin(event_type: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("running", [True, False], ids=["running", "stopped"])
 def test_rollback_keeps_the_reapplied_allowlist(podman: Podman, running: bool) -> None:
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
     _given_the_reapplied_policy(podman, running=running)
-    out = service.rollback(NAME, "s1")
+    out = rollback.rollback(NAME, "s1")
     assert out["rolled_back"] is True
     pol = _policy()
     assert pol is not None, "the recreated container has no egress policy at all"
@@ -196,15 +198,14 @@ def test_rollback_keeps_the_reapplied_allowlist(podman: Podman, running: bool) -
 
 
 def test_an_undone_rollback_starts_the_original_with_the_reapplied_allowlist(
-    podman: Podman, monkeypatch: pytest.MonkeyPatch
+    podman: Podman,
 ) -> None:
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
     _given_the_reapplied_policy(podman, running=True)
     orig = podman.by_name[NAME]["Id"]
-    monkeypatch.setenv("LINPODX_TEST_FAIL_AT", "create")
     with pytest.raises(LinpodxError, match="put back as they were"):
-        service.rollback(NAME, "s1")
+        rollback.rollback(NAME, "s1", faults=Inject("create"))
     assert podman.by_name[NAME]["Id"] == orig and "start" in podman.calls
     assert _policy()["revision"] == 72  # type: ignore[index]
 
@@ -213,7 +214,7 @@ def test_a_killed_rollback_is_recovered_with_the_reapplied_allowlist(podman: Pod
     """What a rollback killed at step create leaves when the new container's failed creation
     had already removed the name's state dir: the original stopped and renamed aside, no
     policy file. Only the journal still knows revision 72."""
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
     _given_the_reapplied_policy(podman, running=True)
     rb = new_ulid()
@@ -230,7 +231,7 @@ def test_a_killed_rollback_is_recovered_with_the_reapplied_allowlist(podman: Pod
         mounts=[], egress_policy=guard.policy_doc(REAPPLIED),
     )
     journal.write(replace(jour, step="create", pid=pid, pid_start=start))
-    out = service.recover(NAME)
+    out = rollback.recover(NAME)
     assert out["action"] == "undone"
     assert podman.by_name[NAME]["Id"] == orig["Id"] and "start" in podman.calls
     assert podman.by_name[NAME]["State"]["Running"] is True
@@ -242,12 +243,12 @@ def test_a_killed_rollback_is_recovered_with_the_reapplied_allowlist(podman: Pod
 def test_a_damaged_policy_file_refuses_the_rollback_before_anything_changes(
     podman: Podman,
 ) -> None:
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
     _given_the_reapplied_policy(podman, running=True)
     EgressState(NAME).policy_file.write_text('{"profile": "agent"}')
     with pytest.raises(LinpodxError, match=r"egress policy of box .* is damaged"):
-        service.rollback(NAME, "s1")
+        rollback.rollback(NAME, "s1")
     assert podman.calls == [] and not journal.exists(NAME)
 
 

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, NotFound
-from linpodx.snapshot import faults, jobs, manifest, names, workspace
+from linpodx.snapshot import jobs, manifest, names, workspace
+from tests.faultinject import ROLLBACK_STEPS, Inject
 
 
 @pytest.mark.parametrize(
@@ -167,17 +169,39 @@ def test_proc_stat_parsing_survives_odd_process_names(tmp_path: Path) -> None:
         child.wait()
 
 
-def test_fail_point_only_fires_for_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    faults.fail_point("swap")  # unset: nothing
-    monkeypatch.setenv(faults.FAIL_ENV, "swap")
-    faults.fail_point("create")
-    with pytest.raises(EngineError, match="injected failure at step swap"):
-        faults.fail_point("swap")
-    monkeypatch.setenv(faults.FAIL_ENV, "interrupt@swap")
-    faults.fail_point("create")
+def test_the_saga_journals_before_each_step_and_fails_only_where_told() -> None:
+    from linpodx.snapshot.saga import Saga, Step
+
+    seen: list[str] = []
+    saga: Saga[list[str]] = Saga([
+        Step(n, lambda c, n=n: c.append(f"do {n}"), lambda c, n=n: c.append(f"undo {n}"))
+        for n in ("a", "b", "c")
+    ])
+    saga.run(seen, lambda n: seen.append(f"journal {n}"), Inject("nowhere"))
+    assert seen == ["journal a", "do a", "journal b", "do b", "journal c", "do c"]
+    seen.clear()
+    with pytest.raises(EngineError, match="injected failure at step b"):
+        saga.run(seen, lambda n: seen.append(f"journal {n}"), Inject("b"))
+    assert seen == ["journal a", "do a", "journal b", "do b"]  # b changed something first
     with pytest.raises(KeyboardInterrupt):
-        faults.fail_point("swap")
-    assert "swap" in faults.ROLLBACK_STEPS
+        saga.run([], lambda n: None, Inject("interrupt@a"))
+    seen.clear()
+    saga.undo(seen, "b")  # what may have started, last first
+    assert seen == ["undo b", "undo a"]
+
+
+def test_the_rollback_steps_are_the_journals_and_no_fault_is_read_from_the_environment() -> None:
+    """The journal on disk names these steps (recovery reads them back); and the installed tool
+    takes its fault points (rollback's, the worker's delays) from its caller only."""
+    import linpodx
+    from linpodx.snapshot import journal, rollback
+
+    assert rollback.STEPS.names() == journal.STEPS[: journal.STEPS.index("commit")]
+    assert set(ROLLBACK_STEPS) <= set(journal.STEPS)
+    package = Path(linpodx.__file__).parent
+    hooks = ("TEST_FAIL_AT", "SNAPSHOT_TEST_DELAY")  # the environment variables they replace
+    readers = [p for p in package.rglob("*.py") if any(h in p.read_text() for h in hooks)]
+    assert readers == []
 
 
 def test_writable_mounts_keep_only_writable_binds_outside_our_state(isolated_state: Path) -> None:
@@ -367,7 +391,7 @@ def test_create_is_recorded_only_with_its_job_and_never_without(
     monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
     spawned: list[jobs.Job] = []
-    monkeypatch.setattr(service, "_spawn", lambda job, fd: spawned.append(job) or job)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: spawned.append(job) or job)
     if fail_at == "stage":
         monkeypatch.setattr(jobs, "stage", full)
     elif fail_at == "log":
@@ -406,7 +430,7 @@ def test_create_says_so_when_its_recorded_job_could_not_be_put_in_place(
     monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
     spawned: list[object] = []
-    monkeypatch.setattr(service, "_spawn", lambda job, fd: spawned.append(job) or job)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: spawned.append(job) or job)
 
     def cannot(self: Staged) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -657,7 +681,7 @@ def test_a_dead_jobs_cleanup_is_not_marked_done_while_the_lock_is_busy(
     """job-status of a dead job while another operation holds the container: nothing is
     cleaned, so the job must not say it was; the next look (lock free) lets the container go."""
     from linpodx.snapshot import freeze, service
-    from linpodx.snapshot.common import container_lock
+    from linpodx.snapshot.lock import container_lock
 
     released: list[str] = []
     monkeypatch.setattr(freeze, "release",
@@ -724,7 +748,7 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
 ) -> None:
     """ws at /workspace and ws/sub at /workspace/sub (or ws at two targets): every rollback
     failed and left a staging copy in the live workspace. Refused before anything is done."""
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback, service
 
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
@@ -740,9 +764,10 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
     man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64,
            "mounts": [{"source": str(ws), "target": "/workspace", "kind": "dir"},
                       {"source": str(second), "target": "/w2", "kind": "dir"}]}
-    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(rollback, "require_managed", lambda name: info)
     with pytest.raises(InvalidInput) as ei:
-        service.rollback("box", "s1")
+        rollback.rollback("box", "s1")
     assert "cannot roll back box: its writable mounts" in ei.value.message
     assert _admin_types() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "ws"]
@@ -759,7 +784,7 @@ def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
     monkeypatch.setattr(service, "require_managed",
                         lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}})
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
-    monkeypatch.setattr(service, "_spawn", lambda job, fd: job)
+    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: job)
     job = service.start_create("box", "s1")
     assert jobs.read(job.job_id).container_id == "a" * 64
     from linpodx.paths import admin_log
@@ -804,7 +829,7 @@ def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
 
         return Result(tuple(argv), 0, "b" * 64 + "\n", "")
 
-    monkeypatch.setattr(worker.proc, "run", fake_run)
+    monkeypatch.setattr(proc, "run", fake_run)  # what the engine verbs run
     monkeypatch.setattr(worker, "image_id", lambda ref: "b" * 64)
 
     def full(*_a: object, **_k: object) -> None:
@@ -824,15 +849,15 @@ def test_a_paused_container_is_not_rolled_back(
 ) -> None:
     """Paused is neither running nor stopped: the rolled-back container used to end exited.
     Refused before anything changes, with the two ways on."""
-    from linpodx.snapshot import service
+    from linpodx.snapshot import rollback
 
     man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64, "mounts": []}
-    monkeypatch.setattr(service, "_verify_snapshot", lambda name, label: man)
-    monkeypatch.setattr(service, "require_managed", lambda name: {
+    monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
+    monkeypatch.setattr(rollback, "require_managed", lambda name: {
         "Id": "c" * 64, "State": {"Status": "paused", "Running": False, "Paused": True},
         "Config": {"Labels": {"linpodx.managed": "1"}}, "Mounts": []})
     with pytest.raises(InvalidInput) as ei:
-        service.rollback("box", "s1")
+        rollback.rollback("box", "s1")
     assert ei.value.message == "box is paused"
     hint = ei.value.hint or ""
     assert "podman unpause box" in hint and "linpodx stop box" in hint
@@ -920,7 +945,7 @@ def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # 
     snapshot_dir("box", "l2").mkdir(parents=True)
     images = {"localhost/linpodx/snapshot/box:l2": "c" * 64, "c" * 64: "c" * 64}
     ran: list[list[str]] = []
-    real_run = service.proc.run
+    real_run = proc.run
 
     def run(argv: list[str], **kw: Any) -> Any:
         if argv[0] != "podman":
@@ -932,7 +957,7 @@ def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # 
         raise AssertionError(f"unexpected podman call: {argv}")
 
     monkeypatch.setattr(service, "image_id", lambda ref: images.get(ref))
-    monkeypatch.setattr(service.proc, "run", run)
+    monkeypatch.setattr(proc, "run", run)  # what the engine verbs run
     r = cli("snapshot", "rm", "box", "--label", "l2", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["result"]["image_deleted"] is True

@@ -243,7 +243,7 @@ def _spec_dir(state: Path) -> Path:
 @pytest.mark.usefixtures("watchdog")
 def test_a_fifo_for_a_run_spec_is_damage_not_a_hang(state: Path) -> None:
     """The probe's F6: `start NAME` hung holding the name's lock."""
-    from linpodx.snapshot import ops
+    from linpodx.snapshot import lifecycle
 
     os.mkfifo(_spec_dir(state) / "spec.json", 0o600)
     with pytest.raises(InvalidInput, match="run spec of agent-1 is damaged"):
@@ -251,9 +251,9 @@ def test_a_fifo_for_a_run_spec_is_damage_not_a_hang(state: Path) -> None:
     assert containers.state._spec_container_id("agent-1") is None
     # Not "no run spec recorded": something is there, and it is not a spec.
     with pytest.raises(InvalidInput, match="run spec of agent-1 is damaged"):
-        ops.check_recreatable("agent-1", "prof_x")
+        lifecycle.check_recreatable("agent-1", "prof_x")
     with pytest.raises(InvalidInput, match="damaged"):
-        ops.save_spec("agent-1")
+        lifecycle.save_spec("agent-1")
 
 
 def test_a_linked_or_oversized_run_spec_is_damage(state: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The container operations a rollback needs, delegated to the containers service.
+"""Stopping, starting, removing and recreating a container for snapshots and rollback, through
+the containers service.
 
 Creating and starting a linpodx container (same profile revision, mounts, limits, labels and
 egress guard) is the containers service's job: rollback never builds podman argv itself, so a
@@ -8,13 +9,14 @@ rolled-back container is exactly what `linpodx run`/`linpodx start` would make.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from pathlib import Path
 from typing import Any
 
-from linpodx import paths, proc
+from linpodx import containers, paths
 from linpodx.errors import LinpodxError
 from linpodx.fsutil import atomic_write, present
+from linpodx.namelock import NameLock
+from linpodx.podman import engine
 from linpodx.snapshot import egresskeep
 
 STOP_TIMEOUT_SECONDS = 5  # the state is being replaced; the grace only matters for an undo
@@ -22,18 +24,6 @@ STOP_TIMEOUT_SECONDS = 5  # the state is being replaced; the grace only matters 
 
 def spec_path(name: str) -> Path:
     return paths.containers_dir() / name / "spec.json"
-
-
-def _containers() -> Any:
-    try:
-        # Imported by name: the containers service lands separately and imports us back.
-        containers = importlib.import_module("linpodx.containers")
-    except ImportError as exc:
-        raise LinpodxError(
-            f"the containers service is not available: {exc}",
-            "this linpodx build cannot recreate containers",
-        ) from None
-    return containers
 
 
 def check_recreatable(name: str, profile_id: str) -> None:
@@ -44,23 +34,18 @@ def check_recreatable(name: str, profile_id: str) -> None:
             f"no run spec recorded for {name}; it cannot be recreated",
             "containers created by this linpodx version keep one; nothing was changed",
         )
-    mod = _containers()
-    for fn in ("create_and_start", "start", "stop", "remove", "load_spec", "profile_by_id"):
-        if not callable(getattr(mod, fn, None)):
-            raise LinpodxError(f"the containers service lacks {fn}(); nothing was changed")
-    mod.load_spec(name)  # a damaged spec is refused here, not halfway through
+    containers.load_spec(name)  # a damaged spec is refused here, not halfway through
     if not profile_id:
         raise LinpodxError(
             f"container {name} has no linpodx.profile_id label; it cannot be recreated",
             "nothing was changed",
         )
-    mod.profile_by_id(profile_id)  # the revision must still be known to the store
+    containers.profile_by_id(profile_id)  # the revision must still be known to the store
 
 
 def save_spec(name: str) -> bytes | None:
     """The run spec's bytes, to put back if the rollback is undone."""
-    data: bytes | None = _containers().read_spec_bytes(name)
-    return data
+    return containers.read_spec_bytes(name)
 
 
 def restore_spec(name: str, data: bytes | None) -> None:
@@ -81,7 +66,7 @@ def stop(name: str, egress_policy: dict[str, Any] | None = None) -> None:
     `egress_policy` (`egresskeep`) is put back at once, so the name's policy file is never
     older than what the container had been given (a re-apply meanwhile finds it too)."""
     keep = egresskeep.newest(egress_policy, egresskeep.current_or_none(name))
-    _containers().stop(name, timeout=STOP_TIMEOUT_SECONDS)
+    containers.stop(name, timeout=STOP_TIMEOUT_SECONDS)
     detach_guard(name)
     egresskeep.put_back(name, keep)
 
@@ -103,53 +88,38 @@ def create_from(
     guard's `prepare` keeps a newer revision than `profile_id`'s, as at a `linpodx start`, so
     the new guard enforces it from its first lookup (never the creation revision's allowlist).
     """
-    mod = _containers()
-    doc = mod.load_spec(name)
-    ref = mod.profile_by_id(profile_id)
-    spec = mod.spec_from_record(doc, ref, image=image, name=name, hostname_of=name)
+    doc = containers.load_spec(name)
+    ref = containers.profile_by_id(profile_id)
+    spec = containers.spec_from_record(doc, ref, image=image, name=name, hostname_of=name)
     egresskeep.put_back(name, egress_policy)
-    info = mod.create_and_start(spec, ref, start=True)
+    info = containers.create_and_start(spec, ref, start=True)
     if not start:
         # Left as `linpodx stop` leaves a container: with its policy file, for the next start.
         keep = egresskeep.newest(egress_policy, egresskeep.current_or_none(name))
-        mod.stop(name, timeout=STOP_TIMEOUT_SECONDS)
+        containers.stop(name, timeout=STOP_TIMEOUT_SECONDS)
         detach_guard(name)
         egresskeep.put_back(name, keep)
-    return str(getattr(info, "container_id", "") or "")
+    return info.container_id
 
 
-def hold_name(name: str) -> Any:
+def hold_name(name: str) -> NameLock:
     """The container name's lock of the containers service (`lock_name`), for the whole of a
     rollback or a recovery: `linpodx start/stop/rm/run` of NAME in another process wait for
     it instead of acting between the rollback's checks and its journal. The service's own
     calls made meanwhile (stop, create, start, remove) take it again without waiting."""
-    return _containers().lock_name(name)
+    return containers.lock_name(name)
 
 
 def start(name: str) -> None:
     """Start an existing linpodx container the linpodx way (egress guard attached)."""
-    _containers().start(name)
+    containers.start(name)
 
 
 def remove_new(name: str, container_id: str) -> None:
     """Remove a container the rollback created (its guard and spec dir go too; the caller puts
     the original spec back)."""
     try:
-        _containers().remove(name, force=True)
+        containers.remove(name, force=True)
     except LinpodxError:
-        proc.run(["podman", "rm", "--force", "--time", "0", container_id], what="podman rm")
+        engine.remove_container_id(container_id)
         detach_guard(name)
-
-
-def snapshot_bound(profile_id: str) -> str:
-    """The `resources.snapshot_max_size` of the container's profile revision (the default
-    for a revision that is gone from the store: the bound still holds)."""
-    from linpodx.profile.model import Resources
-
-    try:
-        ref = _containers().profile_by_id(profile_id) if profile_id else None
-    except LinpodxError:
-        ref = None
-    res = getattr(getattr(ref, "profile", None), "resources", None)
-    value = getattr(res, "snapshot_max_size", None)
-    return value if isinstance(value, str) else Resources().snapshot_max_size
