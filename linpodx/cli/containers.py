@@ -11,17 +11,10 @@ from typing import Annotated, Any
 import typer
 
 from linpodx.cli.common import JsonOpt, run_command
-from linpodx.errors import LinpodxError
-from linpodx.output import envelope, print_error, print_json
+from linpodx.errors import CommandFailed, LinpodxError
+from linpodx.output import envelope, print_json
 
 NameArg = Annotated[str, typer.Argument(help="Container name.", show_default=False)]
-
-
-def _fail(name: str, json_mode: bool, err: LinpodxError) -> typer.Exit:
-    if json_mode:
-        print_json(envelope(name, error=err))
-    print_error(err)
-    return typer.Exit(err.exit_code)
 
 
 def register(app: typer.Typer) -> None:
@@ -149,7 +142,7 @@ def register(app: typer.Typer) -> None:
         try:
             rc = containers.logs(name, follow)
         except LinpodxError as err:
-            raise _fail("logs", False, err) from None
+            raise CommandFailed("logs", False, err) from None
         raise typer.Exit(rc)
 
     @app.command("exec")
@@ -169,7 +162,7 @@ def register(app: typer.Typer) -> None:
         try:
             rc = containers.exec_in(name, tuple(command or ()), interactive, tty)
         except LinpodxError as err:
-            raise _fail("exec", False, err) from None
+            raise CommandFailed("exec", False, err) from None
         raise typer.Exit(rc)
 
     @app.command("doctor")
