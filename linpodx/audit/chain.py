@@ -37,20 +37,13 @@ from typing import Any
 
 from linpodx.audit import core
 from linpodx.audit.core import DOMAIN, HINT_VERIFY, HINT_WRITE, MAX_LINE, ZERO_HASH
-from linpodx.canonical import CanonicalError, canonical_bytes, strict_loads
+from linpodx.canonical import canonical_bytes
 from linpodx.errors import AuditError
-from linpodx.fsutil import fsync_dir
-from linpodx.ids import new_id
 from linpodx.output import safe_text
 from linpodx.paths import admin_log, sessions_audit_dir
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
-_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\Z")
-_TS_RE = re.compile(f"^{core.TS_PATTERN}\\Z")
-_LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}\Z")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
-_KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
-_KEYS_FIRST = _KEYS | {"log"}
 
 
 @dataclass(frozen=True)
@@ -133,8 +126,7 @@ class VerifyReport:
         }
 
 
-class BadRecord(ValueError):
-    """A line that is not a well-formed record (internal: verification turns it into a reason)."""
+BadRecord = core.BadRecord
 
 
 def record_hash(body: Mapping[str, Any]) -> str:
@@ -151,29 +143,9 @@ def torn_reason(offset: int, length: int) -> str:
 
 
 def parse_line(line: bytes) -> Record:
-    """Parse and check one stored line (without its newline) on its own.
-
-    Checks: strict JSON (no duplicate keys, floats, NaN, lone surrogates, invalid UTF-8), the
-    exact set of keys and their types, the canonical encoding, and the hash. Linkage to other
-    records is the caller's business. Raises BadRecord with the reason.
-    """
-    if len(line) > MAX_LINE:
-        raise BadRecord(f"line longer than {MAX_LINE} bytes")
-    try:
-        obj = strict_loads(line)
-    except CanonicalError as exc:
-        raise BadRecord(f"not a valid record: {exc}") from None
-    rec = _record_from_obj(obj)
-    body = {k: v for k, v in obj.items() if k != "hash"}
-    try:
-        encoded = canonical_bytes(obj)
-    except CanonicalError as exc:  # pragma: no cover - strict_loads already refused these
-        raise BadRecord(f"not a valid record: {exc}") from None
-    if encoded != line:
-        raise BadRecord("record is not in canonical form (re-encoded or edited by hand)")
-    if record_hash(body) != rec.hash:
-        raise BadRecord("hash mismatch: the record's content was changed after it was written")
-    return rec
+    """Parse and check one stored line (without its newline) on its own with the strict
+    reference parser (`core.parse_strict`); BadRecord with the reason."""
+    return Record(*core.parse_strict(line))
 
 
 def _fast_record(line: bytes) -> Record | None:
@@ -183,49 +155,9 @@ def _fast_record(line: bytes) -> Record | None:
     return None if fields is None else Record(*fields)
 
 
-
 def check_line(line: bytes) -> Record:
-    """parse_line, with the fast path first (same result, see _fast_record)."""
-    rec = _fast_record(line)
-    return rec if rec is not None else parse_line(line)
-
-
-def _record_from_obj(obj: Any) -> Record:
-    if not isinstance(obj, dict):
-        raise BadRecord("not a valid record: not a JSON object")
-    keys = obj.keys()
-    if keys != _KEYS and keys != _KEYS_FIRST:
-        missing = sorted(_KEYS - keys)
-        extra = sorted(keys - _KEYS_FIRST)
-        raise BadRecord(f"not a valid record: missing keys {missing}, unknown keys {extra}")
-    seq, ts, typ, prev, h, data = (
-        obj["seq"],
-        obj["ts"],
-        obj["type"],
-        obj["prev"],
-        obj["hash"],
-        obj["data"],
-    )
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise BadRecord("not a valid record: seq is not a non-negative integer")
-    if not isinstance(ts, str) or not _TS_RE.fullmatch(ts):
-        raise BadRecord("not a valid record: ts is not a UTC timestamp")
-    if ts[8:10] > "28" and not core.real_day(ts):
-        raise BadRecord(f"not a valid record: ts {ts} names a day its month does not have")
-    if not isinstance(typ, str) or not _TYPE_RE.fullmatch(typ):
-        raise BadRecord("not a valid record: type is not a dotted event name")
-    if not isinstance(prev, str) or not _HEX64.fullmatch(prev):
-        raise BadRecord("not a valid record: prev is not a sha256 hex digest")
-    if not isinstance(h, str) or not _HEX64.fullmatch(h):
-        raise BadRecord("not a valid record: hash is not a sha256 hex digest")
-    if not isinstance(data, dict):
-        raise BadRecord("not a valid record: data is not an object")
-    log = obj.get("log")
-    if log is not None and (not isinstance(log, str) or not _LOG_RE.fullmatch(log)):
-        raise BadRecord("not a valid record: log is not a log id")
-    if "log" in obj and log is None:
-        raise BadRecord("not a valid record: log is null")
-    return Record(seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=data, log_id=log)
+    """parse_line, with the fast stage first (same result: `core.parse`)."""
+    return Record(*core.parse(line))
 
 
 class OverlongLine(BadRecord):
@@ -369,15 +301,7 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
         os.close(fd)
 
 
-def torn_problem(offset: int, line: bytes) -> str | None:
-    """None if the unterminated last line at `offset` looks like a torn append (a crash), else
-    why it is damage."""
-    if core.looks_torn(line):
-        return None
-    return (
-        f"unterminated last line at byte {offset} ({len(line)} bytes) is not the start of a "
-        "record: not a crash during append, the log was damaged or changed"
-    )
+torn_problem = core.torn_problem
 
 
 def first_record(path: Path) -> Record | None:
@@ -923,78 +847,19 @@ class Chain:
 
     def append(self, type: str, data: Mapping[str, Any]) -> Record:
         """Record one event durably, or raise AuditError (then the action must not happen)."""
-        if not _TYPE_RE.fullmatch(type):
-            raise AuditError(
-                f"could not record to the audit log: invalid event type {type!r}",
-                core.HINT_EVENT_TYPE,
-            )
-        fd = core.open_locked(str(self.path))
+        core.check_type(type)
+        where = str(self.path)
+        fd = core.open_locked(where)
         try:
-            return self._append_locked(fd, type, data)
+            done = core.append_locked(fd, where, self.genesis, [(type, data)])
         finally:
             os.close(fd)  # closing releases the flock
-
-    def _append_locked(self, fd: int, typ: str, data: Mapping[str, Any]) -> Record:
-        where = str(self.path)
-        try:
-            size = core.checked_size(fd, where)
-            last, torn_at = _read_tail(fd, size)
-        except AuditError:
-            raise
-        except OSError as exc:
-            raise AuditError(
-                f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
-            ) from None
-
-        out: list[bytes] = []
-        records: list[Record] = []
-        if last is None:
-            seq, prev, last_ts = 0, self.genesis, ""
-        else:
-            seq, prev, last_ts = last.seq + 1, last.hash, last.ts
-        if torn_at is not None:
-            # Only a tail that looks like a torn append is cut off as a crash; anything else
-            # (longer than any record, zeros, foreign bytes) is damage for a person to look at,
-            # exactly as `verify` reports it.
-            if size - torn_at > MAX_LINE:
-                raise AuditError(
-                    f"could not record to the audit log {self.path}: the unterminated last line "
-                    f"at byte {torn_at} is longer than any record we write; refusing to cut it off",
-                    HINT_VERIFY,
-                )
-            removed = core.pread_all(fd, torn_at, size - torn_at)
-            bad = torn_problem(torn_at, removed)
-            if bad is not None:
-                raise AuditError(
-                    f"could not record to the audit log {self.path}: {bad}; refusing to cut it off",
-                    HINT_VERIFY,
-                )
-            repair = {
-                "reason": "torn last line removed (crash during an earlier append)",
-                "offset": torn_at,
-                "removed_bytes": len(removed),
-                "removed_sha256": hashlib.sha256(removed).hexdigest(),
-            }
-            rec, line = self._build(seq, prev, last_ts, "audit.repair", repair)
-            out.append(line)
-            records.append(rec)
-            seq, prev, last_ts = rec.seq + 1, rec.hash, rec.ts
-        rec, line = self._build(seq, prev, last_ts, typ, data)
-        out.append(line)
-        records.append(rec)
-        base = torn_at if torn_at is not None else size
-        core.commit(fd, b"".join(out), base, where, cut_to=torn_at)
-        if base == 0:
-            with contextlib.suppress(OSError):
-                fsync_dir(self.path.parent)
-        return records[-1]
-
-    def _build(
-        self, seq: int, prev: str, last_ts: str, typ: str, data: Mapping[str, Any]
-    ) -> tuple[Record, bytes]:
-        log_id = new_id("log") if seq == 0 else None
-        h, ts, line, stored = core.build_line(seq, prev, last_ts, typ, data, log_id)
-        return Record(seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=stored, log_id=log_id), line
+        if done is None:  # pragma: no cover - only the simple mode gives up
+            raise AuditError(f"could not record to the audit log {where}", HINT_WRITE)
+        [result] = done.results
+        if isinstance(result, AuditError):
+            raise result
+        return Record(*result)
 
     def verify(self) -> VerifyReport:
         """Verify this chain against its genesis."""
