@@ -797,27 +797,54 @@ def _verify_parallel_fd(
     )
 
 
+class RecordScan:
+    """One read of a log's records in order, one at a time (nothing is kept), that stops at
+    the first line that is not a valid record: what `audit show` and `read_records` read.
+    Linkage is not checked (that is `verify_file`'s job).
+
+    After `records()` ends: `count` records were read; `stop` is None if the log was read to
+    its end, else (offset, why, kind) with kind `torn` (a torn last line: a crash, harmless),
+    `unterminated` (an unterminated last line that is not one), `damaged` (a line that is not
+    a valid record) or `overlong`. NotALog and OSError (FileNotFoundError too) are raised as
+    they are, for the caller to word.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+        self.stop: tuple[int, str, str] | None = None
+
+    def records(self, upto: int | None = None) -> Iterator[Record]:
+        """Each readable record in order (at most `upto`); sets `count` and `stop`."""
+        self.count = 0
+        self.stop = None
+        try:
+            for offset, line, complete in iter_lines(self.path):
+                if upto is not None and self.count >= upto:
+                    return
+                if not complete:
+                    bad = torn_problem(offset, line)
+                    if bad is None:
+                        self.stop = (offset, torn_reason(offset, len(line)), "torn")
+                    else:
+                        self.stop = (offset, bad, "unterminated")
+                    return
+                try:
+                    rec = check_line(line)
+                except BadRecord as exc:
+                    self.stop = (offset, str(exc), "damaged")
+                    return
+                self.count += 1
+                yield rec
+        except OverlongLine as exc:
+            self.stop = (exc.offset, str(exc), "overlong")
+
+
 def read_records(path: Path) -> list[Record]:
     """All complete, individually valid records of a file (linkage not checked; see verify)."""
-    out: list[Record] = []
+    scan = RecordScan(path)
     try:
-        for offset, line, complete in iter_lines(path):
-            problem = None
-            if not complete:
-                problem = torn_problem(offset, line)
-                if problem is None:
-                    break
-            else:
-                try:
-                    out.append(check_line(line))
-                except BadRecord as exc:
-                    problem = f"damaged record at byte {offset}: {exc}"
-            if problem is not None:
-                raise AuditError(f"audit log {path}: {problem}", HINT_VERIFY)
-    except OverlongLine as exc:
-        raise AuditError(
-            f"audit log {path} has a damaged record at byte {exc.offset}: {exc}", HINT_VERIFY
-        ) from None
+        out = list(scan.records())
     except NotALog as exc:
         raise AuditError(f"audit log {exc}", HINT_NOT_A_LOG) from None
     except FileNotFoundError:
@@ -827,6 +854,18 @@ def read_records(path: Path) -> list[Record]:
             f"could not read the audit log {path}: {exc.strerror or exc}",
             "check the file's permissions",
         ) from None
+    if scan.stop is not None:
+        offset, why, kind = scan.stop
+        if kind == "overlong":
+            raise AuditError(
+                f"audit log {path} has a damaged record at byte {offset}: {why}", HINT_VERIFY
+            )
+        if kind == "damaged":
+            raise AuditError(
+                f"audit log {path}: damaged record at byte {offset}: {why}", HINT_VERIFY
+            )
+        if kind == "unterminated":
+            raise AuditError(f"audit log {path}: {why}", HINT_VERIFY)
     return out
 
 

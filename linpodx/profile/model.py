@@ -7,9 +7,12 @@ quotas are kept as a decimal string).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from linpodx.canonical import canonical_bytes
 
 SCHEMA_VERSION = 1
 
@@ -176,4 +179,29 @@ def default_profile() -> Profile:
         name="default",
         description="built-in: no mounts, no network, MCP default deny",
         mcp_policy=(McpRule(method="*", decision=Decision.DENY),),
+    )
+
+
+BUILTIN_ID = "builtin"
+"""profile_id label of containers run under the built-in default profile (not in the store)."""
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    """The profile revision a container runs under (same fields as the store's StoredProfile)."""
+
+    profile: Profile
+    name: str
+    profile_id: str
+    revision: int
+    audit_hash: str
+    applied_at: str = ""
+
+
+def builtin_ref() -> ProfileRef:
+    """The built-in default profile as a revision: id `builtin`, revision 0, hash of its form."""
+    prof = default_profile()
+    digest = hashlib.sha256(canonical_bytes(prof.to_dict())).hexdigest()
+    return ProfileRef(
+        profile=prof, name=prof.name, profile_id=BUILTIN_ID, revision=0, audit_hash=digest
     )

@@ -22,8 +22,8 @@ from linpodx.audit.chain import (
     session_chain,
     verify_file,
 )
-from linpodx.audit.verify import verify_admin, verify_session
 from linpodx.canonical import canonical_bytes
+from linpodx.integrity import verify_admin, verify_session
 
 N = 8
 

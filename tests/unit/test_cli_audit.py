@@ -553,20 +553,20 @@ def test_show_streams_records_instead_of_holding_the_log(
     import io
     import sys
 
-    from linpodx.cli import audit as cli_audit
+    from linpodx.audit import chain as audit_chain
 
     a = admin_chain()
     for i in range(20):
         a.append("test.event", {"i": i})
     seen: list[int] = []
-    real = cli_audit.check_line
+    real = audit_chain.check_line
 
     def check_line(line: bytes) -> Any:
         out = sys.stdout
         seen.append(len(out.getvalue()) if isinstance(out, io.StringIO) else -1)
         return real(line)
 
-    monkeypatch.setattr(cli_audit, "check_line", check_line)
+    monkeypatch.setattr(audit_chain, "check_line", check_line)
     args = ("audit", "show", "--json") if json_mode else ("audit", "show")
     res = cli(*args)
     assert res.exit_code == 0, res.stderr

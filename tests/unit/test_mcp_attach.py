@@ -292,7 +292,7 @@ def test_a_client_still_sending_when_the_session_ends_leaves_no_record_after_its
 ) -> None:
     """The server exits while the client floods requests: nothing is recorded after
     `session.close` (before, `audit verify --session` then reported the chain broken)."""
-    from linpodx.audit.verify import verify_session
+    from linpodx.integrity import verify_session
 
     server = "import sys; sys.stdin.readline(); sys.exit(7)"
 
