@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from linpodx.audit import chain as chain_mod
+from linpodx.audit import walk
 from linpodx.audit.chain import Chain, verify_file
 from linpodx.audit.core import DOMAIN, encode_data, encode_record
 from linpodx.ids import new_id
@@ -101,7 +101,7 @@ def bench_verify(path: Path, n: int) -> tuple[float, float, float, float]:
     if not (report.ok and report.events == n):
         sys.exit(f"bench: verify failed: {report}")
     t0 = time.perf_counter()
-    single = chain_mod._verify(path, "0" * 64, True)  # the one-process reference verifier
+    single = walk._verify(path, "0" * 64, True)  # the one-process reference verifier
     one = n / (time.perf_counter() - t0)
     if single != report:
         sys.exit("bench: parallel and one-process verifiers disagree")
