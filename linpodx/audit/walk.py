@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from linpodx.audit import logfile
-from linpodx.audit.core import MAX_LINE, ZERO_HASH
+from linpodx.audit import core, logfile
+from linpodx.audit.core import MAX_LINE, ZERO_HASH, Fields
 from linpodx.audit.logfile import HINT_NOT_A_LOG, NotALog, OverlongLine, fd_lines
-from linpodx.audit.record import BadRecord, Record, check_line, torn_problem, torn_reason
+from linpodx.audit.record import BadRecord, Record, torn_problem, torn_reason
 from linpodx.errors import AuditError
 
 
@@ -247,45 +247,85 @@ class _Walk:
             "records were removed from the end (truncated) or the log was replaced"
         )
 
-    def step(self, rec: Record) -> str | None:
-        """Check `rec` as the next record; return the reason it is bad, or None."""
+    def step(self, rec: Fields) -> str | None:
+        """Check `rec` (its fields: `core.parse`) as the next record; return the reason it is
+        bad, or None."""
+        seq, ts, _type, prev, hash_, _data, log_id = rec
         n = self.n
-        if rec.seq != n:
-            return f"seq {rec.seq} where {n} was expected: a record was removed, inserted or moved"
+        if seq != n:
+            return f"seq {seq} where {n} was expected: a record was removed, inserted or moved"
         if n == 0:
-            if rec.log_id is None:
+            if log_id is None:
                 return "the first record carries no log id"
-            if self.check_genesis and rec.prev != self.genesis:
+            if self.check_genesis and prev != self.genesis:
                 return (
-                    f"the first record starts from {rec.prev[:12]}…, expected genesis "
+                    f"the first record starts from {prev[:12]}…, expected genesis "
                     f"{self.genesis[:12]}…: the log was replaced or belongs elsewhere"
                 )
-            self.log_id = rec.log_id
-            self.head = rec.prev
-            self.tail = rec.prev
+            self.log_id = log_id
+            self.head = prev
+            self.tail = prev
         else:
-            if rec.log_id is not None:
+            if log_id is not None:
                 return (
-                    f"log id {rec.log_id} on a record other than the first: "
+                    f"log id {log_id} on a record other than the first: "
                     "records spliced in from another log"
                 )
-            if rec.prev != self.tail:
+            if prev != self.tail:
                 return (
-                    f"prev {rec.prev[:12]}… does not match the hash of seq {n - 1} "
+                    f"prev {prev[:12]}… does not match the hash of seq {n - 1} "
                     f"({self.tail[:12]}…): a record was removed, inserted, reordered or spliced in"
                 )
-        if rec.ts < self.last_ts:
-            return f"timestamp {rec.ts} is earlier than the record before it ({self.last_ts})"
+        if ts < self.last_ts:
+            return f"timestamp {ts} is earlier than the record before it ({self.last_ts})"
         want = self.anchors.get(n)
-        if want is not None and rec.hash != want:
+        if want is not None and hash_ != want:
             return (
-                f"record seq {n} has hash {rec.hash[:12]}…, the anchor says {want[:12]}…: "
+                f"record seq {n} has hash {hash_[:12]}…, the anchor says {want[:12]}…: "
                 "the log was rewritten up to here or replaced"
             )
-        self.last_ts = rec.ts
-        self.tail = rec.hash
+        self.last_ts = ts
+        self.tail = hash_
         self.n = n + 1
         return None
+
+
+def _walk_range(
+    fd: int,
+    w: _Walk,
+    start: int = 0,
+    end: int | None = None,
+    collect: Callable[[Record], None] | None = None,
+) -> tuple[str | None, tuple[int, int] | None, Fields | None]:
+    """Walk the records of the lines starting in [start, end) (to the end of the file when
+    `end` is None) with `w`: the one loop of both verifiers. Returns (why the first bad line
+    or record is bad, else None; the torn last line as (offset, length), if the range ends in
+    one; the range's first record). A range after the first (start > 0) primes the walk from
+    its first record, as if the record before it had been seen: the caller checks that seam.
+    """
+    first: Fields | None = None
+    parse = core.parse
+    try:
+        for offset, line, complete in fd_lines(fd, start, end):
+            if not complete:
+                bad = torn_problem(offset, line)
+                return (bad, None, first) if bad is not None else (None, (offset, len(line)), first)
+            try:
+                rec = parse(line)
+            except BadRecord as exc:
+                return f"{exc} (line at byte {offset})", None, first
+            if first is None:
+                first = rec
+                if start > 0:
+                    w.n, w.tail, w.last_ts = rec[0], rec[3], rec[1]
+            problem = w.step(rec)
+            if problem is not None:
+                return problem, None, first
+            if collect is not None:
+                collect(Record(*rec))
+    except OverlongLine as exc:
+        return f"{exc} (line at byte {exc.offset})", None, first
+    return None, None, first
 
 
 def _verify(
@@ -338,26 +378,9 @@ def _verify_fd(
     def done(r: VerifyReport) -> tuple[VerifyReport, bool]:
         return r, os.fstat(fd).st_size < size0
 
-    torn: tuple[int, int] | None = None
-    try:
-        for offset, line, complete in fd_lines(fd):
-            if not complete:
-                bad = torn_problem(offset, line)
-                if bad is not None:
-                    return done(report(False, bad))
-                torn = (offset, len(line))
-                break
-            try:
-                rec = check_line(line)
-            except BadRecord as exc:
-                return done(report(False, f"{exc} (line at byte {offset})"))
-            problem = w.step(rec)
-            if problem is not None:
-                return done(report(False, problem))
-            if collect is not None:
-                collect(rec)
-    except OverlongLine as exc:
-        return done(report(False, f"{exc} (line at byte {exc.offset})"))
+    bad, torn, _first = _walk_range(fd, w, collect=collect)
+    if bad is not None:
+        return done(report(False, bad))
     if torn is not None and not locked:
         flight = _in_flight(fd, torn[0])
         if flight:
@@ -390,36 +413,12 @@ def _check_range(
     Any damage (an overlong line or a tail that is not a torn append included) is {"ok": False}:
     the parent then runs the reference verifier, which says what and where."""
     w = _Walk(genesis, check_genesis, anchors)
-    first: dict[str, Any] | None = None
-    torn = None
-    lines = fd_lines(fd, start, end)
-    while True:
-        try:
-            offset, line, complete = next(lines)
-        except StopIteration:
-            break
-        except OverlongLine:
-            return {"ok": False}
-        if not complete:
-            if torn_problem(offset, line) is not None:
-                return {"ok": False}
-            torn = [offset, len(line)]
-            break
-        try:
-            rec = check_line(line)
-        except BadRecord:
-            return {"ok": False}
-        if first is None:
-            first = {"seq": rec.seq, "prev": rec.prev, "ts": rec.ts}
-            if start > 0:
-                # Prime the walk as if the record before this range had been seen; the parent
-                # checks that seam against the previous range's last record.
-                w.n, w.tail, w.last_ts = rec.seq, rec.prev, rec.ts
-        if w.step(rec) is not None:
-            return {"ok": False}
+    bad, torn, first = _walk_range(fd, w, start, end)
+    if bad is not None:
+        return {"ok": False}
     return {
         "ok": True,
-        "first": first,
+        "first": None if first is None else {"seq": first[0], "prev": first[3], "ts": first[1]},
         "n": w.n,
         "tail": w.tail,
         "ts": w.last_ts,
