@@ -53,8 +53,8 @@ def test_unrecordable_data_fails_only_that_record() -> None:
 
 
 def test_an_unrecordable_first_record_of_a_batch_fails_only_itself() -> None:
-    """The first record of a batch in a fresh session goes through `Chain.append`: a call whose
-    arguments cannot be recorded must not deny the other calls that share its batch."""
+    """The first batch of a fresh session, for which the writer reads the tail from the file: a
+    call whose arguments cannot be recorded must not deny the other calls that share its batch."""
     g = GroupCommitChain(audit_chain.session_chain("sess_batch", GENESIS))
     bad = g.submit("mcp.request", {"x": 1.5})
     also_bad = g.submit("mcp.request", {"x": "a" * MAX_LINE})
