@@ -171,23 +171,15 @@ def real_day(ts: str) -> bool:
 
 ASTRAL = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8 sequences (> U+FFFF)
 _HASH_KEY = b',"hash":"'
-_SUFFIX = re.compile(
-    rb',"hash":"(?P<hash>[0-9a-f]{64})"'
-    rb'(?:,"log":"(?P<log>log_[0-9A-HJKMNP-TV-Z]{26})")?'
-    rb',"prev":"(?P<prev>[0-9a-f]{64})"'
-    rb',"seq":(?P<seq>0|[1-9][0-9]{0,14})'
-    + rb',"ts":"(?P<ts>' + TS_PATTERN.encode("ascii") + rb')"'
-    + rb',"type":"(?P<type>[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+)"\}'
-)
 
 
 def fast_fields(line: bytes) -> Fields | None:
-    """The fields `chain.parse_line` would return for `line`, computed at C speed, or None if
+    """The fields `parse_strict` would return for `line`, computed at C speed, or None if
     unsure.
 
     None never means "bad": the caller then runs the strict reference parser, which gives the
-    exact verdict and reason. Fields are only returned when they are provably what parse_line
-    returns:
+    exact verdict and reason. Fields are only returned when they are provably what
+    parse_strict returns:
     - the line decodes as strict UTF-8 (no encoded surrogates) and json parses it with floats,
       NaN and Infinity refused and every integer checked to be within +-(2^53-1);
     - re-encoding the parsed value with sorted keys and no whitespace gives back the line
@@ -196,13 +188,13 @@ def fast_fields(line: bytes) -> Fields | None:
       a `\\udXXX` escape), and the minimal escapes of canonical_bytes;
     - the line is ASCII, or no byte of it starts a 4-byte UTF-8 sequence: every key is in the
       BMP, where code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
-    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH;
-    - it starts with `{"data":{` and, from its last `,"hash":"`, ends with exactly the fields
-      hash, optional log, prev, seq, ts, type in the patterns the strict parser enforces, and
-      the object has no other key. Those fields hold no quote or backslash, so they are the
-      top-level members (read back from the final `}`, every token is structural).
-    Then the line IS canonical_bytes(record), and removing that `,"hash":"H"` pair gives
-    canonical_bytes(record without hash): the bytes that were hashed.
+    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH.
+    Then the line IS canonical_bytes of the parsed value, and the strict parser's own field
+    checks (`_fields_of`: the exact keys, each field's type and pattern) run on that value.
+    They leave only the hash: the keys sort as data, hash, log, prev, seq, ts, type, and the
+    fields after hash hold no quote, so the line's last `,"hash":"` starts the top-level hash
+    member, and removing it (`,"hash":"` + 64 hex + `"`) gives canonical_bytes(record without
+    hash): the bytes that were hashed.
     """
     if (
         len(line) > MAX_LINE
@@ -211,36 +203,18 @@ def fast_fields(line: bytes) -> Fields | None:
         or (not line.isascii() and ASTRAL.search(line))
     ):
         return None
-    i = line.rfind(_HASH_KEY)
-    m = _SUFFIX.fullmatch(line, i) if i > 0 else None
-    if m is None:
-        return None
     try:
         text = line.decode("utf-8")
         obj = FAST_DECODER.decode(text)
         if encode_sorted(obj) != text:
             return None
+        fields = _fields_of(obj)  # BadRecord is a ValueError: unsure, the strict parser says why
     except (ValueError, RecursionError):
         return None
-    log = m.group("log")
-    if len(obj) != (6 if log is None else 7):
+    i = line.rfind(_HASH_KEY)
+    if sha256(DOMAIN + line[:i] + line[i + len(_HASH_KEY) + 65 :]).hexdigest() != fields[4]:
         return None
-    ts = m.group("ts")
-    if ts[8:10] > b"28" and not real_day(ts.decode("ascii")):
-        return None  # 02-30, 04-31, …: the strict parser says why
-    h = m.group("hash")
-    if sha256(DOMAIN + line[:i] + line[m.end("hash") + 1 :]).hexdigest().encode() != h:
-        return None
-    return (
-        int(m.group("seq")),
-        ts.decode("ascii"),
-        m.group("type").decode("ascii"),
-        m.group("prev").decode("ascii"),
-        h.decode("ascii"),
-        obj["data"],
-        log.decode("ascii") if log is not None else None,
-    )
-
+    return fields
 
 class BadRecord(ValueError):
     """A line that is not a well-formed record (verification turns it into a reason)."""
