@@ -1,4 +1,13 @@
-"""The byte-level core of an audit chain append: the record format, the tail, one durable write.
+"""The audit record codec and the one writer of chain files.
+
+Codec: `build_line` encodes a record (canonical bytes, hash), `parse` reads one back: a fast
+stage (`fast_fields`, C-speed, returns None when unsure) and the strict reference parser
+(`parse_strict`), which gives the verdict and the reason whenever the fast stage is unsure. A
+fuzz test holds the two equal (tests/unit/test_audit_codec.py).
+
+Writer: `append_locked` is the only code that appends records. `chain.Chain.append` (one record,
+fsync), `mcp.auditlog.GroupCommitChain` (batches, fsync by its sync role) and `append_simple`
+(the fast run path: an intact tail only, else the full append decides) are its three modes.
 
 `linpodx.audit.chain` is the chain API (records, verification, sessions) and builds on this.
 This module is kept to the standard library's cheapest modules (no dataclasses, pathlib or
@@ -9,6 +18,7 @@ typing at run time) because `linpodx.fastrun` appends its `container.run` record
 from __future__ import annotations
 
 import codecs
+import contextlib
 import errno
 import fcntl
 import json
@@ -19,7 +29,7 @@ import time
 from collections.abc import Mapping
 from json import encoder as json_encoder
 
-from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes
+from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes, strict_loads
 from linpodx.digest import sha256
 from linpodx.errors import AuditError, LinpodxError
 from linpodx.paths import FILE_MODE, check_dir_str, ensure_dir_str
@@ -161,23 +171,15 @@ def real_day(ts: str) -> bool:
 
 ASTRAL = re.compile(rb"[\xf0-\xf4]")  # lead bytes of 4-byte UTF-8 sequences (> U+FFFF)
 _HASH_KEY = b',"hash":"'
-_SUFFIX = re.compile(
-    rb',"hash":"(?P<hash>[0-9a-f]{64})"'
-    rb'(?:,"log":"(?P<log>log_[0-9A-HJKMNP-TV-Z]{26})")?'
-    rb',"prev":"(?P<prev>[0-9a-f]{64})"'
-    rb',"seq":(?P<seq>0|[1-9][0-9]{0,14})'
-    + rb',"ts":"(?P<ts>' + TS_PATTERN.encode("ascii") + rb')"'
-    + rb',"type":"(?P<type>[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+)"\}'
-)
 
 
 def fast_fields(line: bytes) -> Fields | None:
-    """The fields `chain.parse_line` would return for `line`, computed at C speed, or None if
+    """The fields `parse_strict` would return for `line`, computed at C speed, or None if
     unsure.
 
     None never means "bad": the caller then runs the strict reference parser, which gives the
-    exact verdict and reason. Fields are only returned when they are provably what parse_line
-    returns:
+    exact verdict and reason. Fields are only returned when they are provably what
+    parse_strict returns:
     - the line decodes as strict UTF-8 (no encoded surrogates) and json parses it with floats,
       NaN and Infinity refused and every integer checked to be within +-(2^53-1);
     - re-encoding the parsed value with sorted keys and no whitespace gives back the line
@@ -186,13 +188,13 @@ def fast_fields(line: bytes) -> Fields | None:
       a `\\udXXX` escape), and the minimal escapes of canonical_bytes;
     - the line is ASCII, or no byte of it starts a 4-byte UTF-8 sequence: every key is in the
       BMP, where code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
-    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH;
-    - it starts with `{"data":{` and, from its last `,"hash":"`, ends with exactly the fields
-      hash, optional log, prev, seq, ts, type in the patterns the strict parser enforces, and
-      the object has no other key. Those fields hold no quote or backslash, so they are the
-      top-level members (read back from the final `}`, every token is structural).
-    Then the line IS canonical_bytes(record), and removing that `,"hash":"H"` pair gives
-    canonical_bytes(record without hash): the bytes that were hashed.
+    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH.
+    Then the line IS canonical_bytes of the parsed value, and the strict parser's own field
+    checks (`_fields_of`: the exact keys, each field's type and pattern) run on that value.
+    They leave only the hash: the keys sort as data, hash, log, prev, seq, ts, type, and the
+    fields after hash hold no quote, so the line's last `,"hash":"` starts the top-level hash
+    member, and removing it (`,"hash":"` + 64 hex + `"`) gives canonical_bytes(record without
+    hash): the bytes that were hashed.
     """
     if (
         len(line) > MAX_LINE
@@ -201,35 +203,102 @@ def fast_fields(line: bytes) -> Fields | None:
         or (not line.isascii() and ASTRAL.search(line))
     ):
         return None
-    i = line.rfind(_HASH_KEY)
-    m = _SUFFIX.fullmatch(line, i) if i > 0 else None
-    if m is None:
-        return None
     try:
         text = line.decode("utf-8")
         obj = FAST_DECODER.decode(text)
         if encode_sorted(obj) != text:
             return None
+        fields = _fields_of(obj)  # BadRecord is a ValueError: unsure, the strict parser says why
     except (ValueError, RecursionError):
         return None
-    log = m.group("log")
-    if len(obj) != (6 if log is None else 7):
+    i = line.rfind(_HASH_KEY)
+    if sha256(DOMAIN + line[:i] + line[i + len(_HASH_KEY) + 65 :]).hexdigest() != fields[4]:
         return None
-    ts = m.group("ts")
-    if ts[8:10] > b"28" and not real_day(ts.decode("ascii")):
-        return None  # 02-30, 04-31, …: the strict parser says why
-    h = m.group("hash")
-    if sha256(DOMAIN + line[:i] + line[m.end("hash") + 1 :]).hexdigest().encode() != h:
-        return None
-    return (
-        int(m.group("seq")),
-        ts.decode("ascii"),
-        m.group("type").decode("ascii"),
-        m.group("prev").decode("ascii"),
-        h.decode("ascii"),
+    return fields
+
+class BadRecord(ValueError):
+    """A line that is not a well-formed record (verification turns it into a reason)."""
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\Z")
+"""An event type: a dotted lower-case name such as `mcp.request`."""
+_TS_RE = re.compile(f"^{TS_PATTERN}\\Z")
+_LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}\Z")
+_KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
+_KEYS_FIRST = _KEYS | {"log"}
+
+
+def parse_strict(line: bytes) -> Fields:
+    """The reference parser: check one stored line (without its newline) on its own.
+
+    Checks: strict JSON (no duplicate keys, floats, NaN, lone surrogates, invalid UTF-8), the
+    exact set of keys and their types, the canonical encoding, and the hash. Linkage to other
+    records is the caller's business. Raises BadRecord with the reason. Slow and obviously
+    right: `fast_fields` is tested against it.
+    """
+    if len(line) > MAX_LINE:
+        raise BadRecord(f"line longer than {MAX_LINE} bytes")
+    try:
+        obj = strict_loads(line)
+    except CanonicalError as exc:
+        raise BadRecord(f"not a valid record: {exc}") from None
+    fields = _fields_of(obj)
+    body = {k: v for k, v in obj.items() if k != "hash"}
+    try:
+        encoded = canonical_bytes(obj)
+    except CanonicalError as exc:  # pragma: no cover - strict_loads already refused these
+        raise BadRecord(f"not a valid record: {exc}") from None
+    if encoded != line:
+        raise BadRecord("record is not in canonical form (re-encoded or edited by hand)")
+    if sha256(DOMAIN + canonical_bytes(body)).hexdigest() != fields[4]:
+        raise BadRecord("hash mismatch: the record's content was changed after it was written")
+    return fields
+
+
+def _fields_of(obj: Any) -> Fields:
+    if not isinstance(obj, dict):
+        raise BadRecord("not a valid record: not a JSON object")
+    keys = obj.keys()
+    if keys != _KEYS and keys != _KEYS_FIRST:
+        missing = sorted(_KEYS - keys)
+        extra = sorted(keys - _KEYS_FIRST)
+        raise BadRecord(f"not a valid record: missing keys {missing}, unknown keys {extra}")
+    seq, ts, typ, prev, h, data = (
+        obj["seq"],
+        obj["ts"],
+        obj["type"],
+        obj["prev"],
+        obj["hash"],
         obj["data"],
-        log.decode("ascii") if log is not None else None,
     )
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise BadRecord("not a valid record: seq is not a non-negative integer")
+    if not isinstance(ts, str) or not _TS_RE.fullmatch(ts):
+        raise BadRecord("not a valid record: ts is not a UTC timestamp")
+    if ts[8:10] > "28" and not real_day(ts):
+        raise BadRecord(f"not a valid record: ts {ts} names a day its month does not have")
+    if not isinstance(typ, str) or not TYPE_RE.fullmatch(typ):
+        raise BadRecord("not a valid record: type is not a dotted event name")
+    if not isinstance(prev, str) or not _HEX64.fullmatch(prev):
+        raise BadRecord("not a valid record: prev is not a sha256 hex digest")
+    if not isinstance(h, str) or not _HEX64.fullmatch(h):
+        raise BadRecord("not a valid record: hash is not a sha256 hex digest")
+    if not isinstance(data, dict):
+        raise BadRecord("not a valid record: data is not an object")
+    log = obj.get("log")
+    if log is not None and (not isinstance(log, str) or not _LOG_RE.fullmatch(log)):
+        raise BadRecord("not a valid record: log is not a log id")
+    if "log" in obj and log is None:
+        raise BadRecord("not a valid record: log is null")
+    return (seq, ts, typ, prev, h, data, log)
+
+
+def parse(line: bytes) -> Fields:
+    """The fields of one stored line: the fast stage, else the strict parser's verdict (the
+    same fields, or BadRecord with its reason)."""
+    fields = fast_fields(line)
+    return fields if fields is not None else parse_strict(line)
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})
@@ -279,6 +348,14 @@ def encode_data(data: Any) -> tuple[bytes, Any]:
         pass
     raw = canonical_bytes(data)
     return raw, json.loads(raw)
+
+
+def check_type(typ: str) -> None:
+    """AuditError unless `typ` is a well-formed event type (TYPE_RE)."""
+    if not TYPE_RE.fullmatch(typ):
+        raise AuditError(
+            f"could not record to the audit log: invalid event type {typ!r}", HINT_EVENT_TYPE
+        )
 
 
 def build_line(
@@ -334,6 +411,17 @@ def looks_torn(tail: bytes) -> bool:
     return True
 
 
+def torn_problem(offset: int, line: bytes) -> str | None:
+    """None if the unterminated last line at `offset` looks like a torn append (a crash), else
+    why it is damage."""
+    if looks_torn(line):
+        return None
+    return (
+        f"unterminated last line at byte {offset} ({len(line)} bytes) is not the start of a "
+        "record: not a crash during append, the log was damaged or changed"
+    )
+
+
 def pread_all(fd: int, offset: int, length: int) -> bytes:
     parts = []
     while length > 0:
@@ -355,15 +443,15 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def open_locked(path: str) -> int:
-    """The chain file opened for appending (created 0600 in 0700 dirs if missing) and locked
-    exclusively; the caller closes it, which releases the lock. AuditError on failure."""
+def open_append(path: str) -> int:
+    """The chain file opened for appending (created 0600 in 0700 dirs if missing), not locked;
+    the caller closes it. AuditError on failure."""
     flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
         # Every time, not only for a first record: a link (or another user's directory) on the
         # way would put the record outside the state dir (`paths.ensure_dir_str`).
         ensure_dir_str(os.path.dirname(path))
-        fd = os.open(path, flags, FILE_MODE)
+        return os.open(path, flags, FILE_MODE)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             # O_NOFOLLOW refused it: "too many levels of symbolic links" and a disk-space
@@ -377,14 +465,28 @@ def open_locked(path: str) -> int:
         raise AuditError(
             f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
         ) from None
+
+
+def lock(fd: int, path: str) -> None:
+    """Take the writers' exclusive flock on an open chain file; AuditError on failure."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as exc:
-        os.close(fd)
         raise AuditError(
             f"could not record to the audit log {path}: lock failed: {exc.strerror or exc}",
             HINT_WRITE,
         ) from None
+
+
+def open_locked(path: str) -> int:
+    """The chain file opened for appending and locked exclusively (`open_append`, `lock`); the
+    caller closes it, which releases the lock. AuditError on failure."""
+    fd = open_append(path)
+    try:
+        lock(fd, path)
+    except AuditError:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -439,8 +541,11 @@ def tail_line(fd: int, size: int) -> tuple[bytes | None, int | None]:
     return line, (end_nl + 1 if end_nl + 1 < size else None)
 
 
-def commit(fd: int, payload: bytes, base: int, path: str, *, cut_to: int | None = None) -> None:
-    """Write `payload` at the end (after cutting the file to `cut_to`, a torn tail) and fsync.
+def commit(
+    fd: int, payload: bytes, base: int, path: str, *, cut_to: int | None = None, sync: bool = True
+) -> None:
+    """Write `payload` at the end (after cutting the file to `cut_to`, a torn tail) and, unless
+    `sync` is False (group commit: its sync role fsyncs), fsync.
 
     On failure no partial line is left behind (the file is cut back to `base`): the action is
     not going to happen, so no record of it may remain either. AuditError then.
@@ -449,7 +554,8 @@ def commit(fd: int, payload: bytes, base: int, path: str, *, cut_to: int | None 
         if cut_to is not None:
             os.ftruncate(fd, cut_to)
         write_all(fd, payload)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except OSError as exc:
         # A torn tail that was cut off stays cut: it was never a record.
         try:
@@ -463,13 +569,156 @@ def commit(fd: int, payload: bytes, base: int, path: str, *, cut_to: int | None 
         ) from None
 
 
+Tail = tuple[int, str, str]
+"""Where the next append continues: (its seq, its prev, the last record's ts)."""
+
+
+class Appended:
+    """What `append_locked` did."""
+
+    __slots__ = ("base", "end", "results", "tail")
+
+    def __init__(
+        self, results: list[Fields | AuditError], tail: Tail | None, base: int, end: int
+    ) -> None:
+        self.results = results
+        """Per entry, in order: the record's fields, or why this entry alone was not recorded."""
+        self.tail = tail
+        """Where the next append continues; None when nothing was written."""
+        self.base = base
+        """The file's size before the write (after cutting a torn tail): what was there."""
+        self.end = end
+        """The file's size after the write."""
+
+
+def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, int | None] | None:
+    """(size, last record, where a torn last line starts) of the locked file. In simple mode
+    None whenever the full append is needed (empty file, torn tail, a tail the fast parser
+    cannot vouch for, an I/O error it would report)."""
+    try:
+        size = checked_size(fd, path)
+        line, torn_at = tail_line(fd, size)
+    except OSError as exc:
+        if simple:
+            return None
+        raise AuditError(
+            f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
+        ) from None
+    if simple:
+        last = fast_fields(line) if line is not None and torn_at is None else None
+        return None if last is None else (size, last, None)
+    if line is None:
+        return size, None, torn_at
+    try:
+        return size, parse(line), torn_at
+    except BadRecord as exc:
+        raise AuditError(
+            f"the audit log's last record is damaged ({exc}); refusing to chain onto it",
+            HINT_VERIFY,
+        ) from None
+
+
+def _repair_data(fd: int, path: str, size: int, torn_at: int) -> dict[str, Any]:
+    """The `audit.repair` record's data for cutting off the torn tail at `torn_at`.
+
+    Only a tail that looks like a torn append is cut off as a crash; anything else (longer than
+    any record, zeros, foreign bytes) is damage for a person to look at, exactly as `verify`
+    reports it: AuditError then.
+    """
+    if size - torn_at > MAX_LINE:
+        raise AuditError(
+            f"could not record to the audit log {path}: the unterminated last line "
+            f"at byte {torn_at} is longer than any record we write; refusing to cut it off",
+            HINT_VERIFY,
+        )
+    removed = pread_all(fd, torn_at, size - torn_at)
+    bad = torn_problem(torn_at, removed)
+    if bad is not None:
+        raise AuditError(
+            f"could not record to the audit log {path}: {bad}; refusing to cut it off",
+            HINT_VERIFY,
+        )
+    return {
+        "reason": "torn last line removed (crash during an earlier append)",
+        "offset": torn_at,
+        "removed_bytes": len(removed),
+        "removed_sha256": sha256(removed).hexdigest(),
+    }
+
+
+def append_locked(
+    fd: int,
+    path: str,
+    genesis: str,
+    entries: list[tuple[str, Mapping[str, Any]]],
+    *,
+    known: tuple[Tail, int] | None = None,
+    sync: bool = True,
+    simple: bool = False,
+) -> Appended | None:
+    """Append `entries` (type, data) to the chain file open as `fd`, which the caller holds
+    locked exclusively: the one writer of every chain file.
+
+    The tail is read from the file (its last record parsed, fast stage then strict) unless
+    `known` gives it with the file size it belongs to (group commit, which wrote that tail
+    itself). A torn last line is cut off and an `audit.repair` record saying what was removed
+    goes first. An entry that cannot be recorded (type, data, size) fails alone, in its
+    result; the others go in, in one write, fsync'd unless `sync` is False. AuditError when
+    the log itself cannot be written: then nothing was. `simple` (the fast run path): None,
+    having written nothing, whenever the full append is needed instead (see `append_simple`).
+    """
+    torn_at: int | None = None
+    if known is not None:
+        tail, size = known
+    else:
+        got = _read_tail(fd, path, simple)
+        if got is None:
+            return None
+        size, last, torn_at = got
+        tail = (0, genesis, "") if last is None else (last[0] + 1, last[4], last[1])
+    seq, prev, last_ts = tail
+    lines: list[bytes] = []
+    results: list[Fields | AuditError] = []
+    todo = list(entries)
+    if torn_at is not None:
+        todo.insert(0, ("audit.repair", _repair_data(fd, path, size, torn_at)))
+    for typ, data in todo:
+        try:
+            check_type(typ)
+            log_id = None
+            if seq == 0:
+                from linpodx.ids import new_id  # only for a new log: off the fast path
+
+                log_id = new_id("log")
+            h, ts, line, stored = build_line(seq, prev, last_ts, typ, data, log_id)
+        except AuditError as exc:
+            results.append(exc)
+            continue
+        lines.append(line)
+        results.append((seq, ts, typ, prev, h, stored, log_id))
+        seq, prev, last_ts = seq + 1, h, ts
+    if torn_at is not None:
+        repaired = results.pop(0)  # the repair record is ours, not an entry's
+        if isinstance(repaired, AuditError):  # pragma: no cover - its data is always recordable
+            raise repaired
+    base = torn_at if torn_at is not None else size
+    if not lines or (torn_at is not None and len(lines) == 1):
+        return Appended(results, None, base, size)  # nothing of the caller's to write
+    payload = b"".join(lines)
+    commit(fd, payload, base, path, cut_to=torn_at, sync=sync)
+    if base == 0:
+        from linpodx.fsutil import fsync_dir  # a new file: off the fast path
+
+        with contextlib.suppress(OSError):
+            fsync_dir(os.path.dirname(path))
+    return Appended(results, (seq, prev, last_ts), base, base + len(payload))
+
+
 def append_simple(path: str, typ: str, data: Mapping[str, Any]) -> bool:
     """Append one record to an existing, intact chain file, durably; False, having written
     nothing, whenever the full append (`chain.Chain.append`) is needed instead: no file yet or
     an empty one (a first record names its log), a torn last line to repair, or a last line the
     fast parser cannot vouch for (the strict parser then decides). AuditError as for append.
-
-    `typ` must be a well-formed event type (the caller's constant, not checked here).
     """
     try:
         check_dir_str(os.path.dirname(path))  # no link on the way (`paths.check_dir_str`)
@@ -479,17 +728,14 @@ def append_simple(path: str, typ: str, data: Mapping[str, Any]) -> bool:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            size = checked_size(fd, path)
-            line, torn_at = tail_line(fd, size)
         except OSError:
             return False
-        if line is None or torn_at is not None:
+        done = append_locked(fd, path, ZERO_HASH, [(typ, data)], simple=True)
+        if done is None:
             return False
-        last = fast_fields(line)
-        if last is None:
-            return False
-        record = build_line(last[0] + 1, last[4], last[1], typ, data, None)[2]
-        commit(fd, record, size, path)
+        [result] = done.results
+        if isinstance(result, AuditError):
+            raise result
         return True
     finally:
         os.close(fd)

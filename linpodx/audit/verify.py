@@ -20,12 +20,11 @@ detect, and how:
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from linpodx.audit.chain import (
     NotALog,
@@ -44,7 +43,8 @@ from linpodx.output import safe_text
 from linpodx.paths import sessions_audit_dir
 
 BUILTIN_PROFILE_ID = "builtin"
-"""profile_id of the built-in default profile (see linpodx.containers.BUILTIN_ID)."""
+"""profile_id of the built-in default profile (`linpodx.profile.model.BUILTIN_ID`; the audit
+package does not import the profile package, `linpodx.integrity` holds the two equal)."""
 _ANCHOR_RE = re.compile(r"^([0-9]{1,15}):([0-9a-f]{64})\Z")
 
 
@@ -94,6 +94,40 @@ NOT_CLOSED = "no session.close yet: records after the last seal are not anchored
 ended without its closing record); `audit verify --session` also says it as a warning."""
 
 
+class ProfileChecks(Protocol):
+    """The cross-checks against the profile store and the built-in profile: what the records
+    say is judged against what the store holds. Implemented above both packages
+    (`linpodx.integrity`); the audit package alone uses `NO_PROFILES`."""
+
+    def store(self, applies: Mapping[str, Record]) -> tuple[list[str], list[str]]:
+        """(problems, notes): every stored revision against the profile.apply records, by hash."""
+        ...
+
+    def revision(self, profile_id: str, audit_hash: str) -> tuple[list[str], list[str]]:
+        """(problems, notes): the revision a session names against the store's copy."""
+        ...
+
+    def builtin_note(self, audit_hash: str | None) -> str:
+        """What to say of a session under the built-in profile with this audit_hash."""
+        ...
+
+
+class _NoProfiles:
+    """The checks when no profile store is wired in: nothing cross-checked, and said so."""
+
+    def store(self, applies: Mapping[str, Record]) -> tuple[list[str], list[str]]:
+        return [], ["profile store not available: profile revisions not cross-checked"]
+
+    def revision(self, profile_id: str, audit_hash: str) -> tuple[list[str], list[str]]:
+        return [], ["profile store not available: revision not cross-checked"]
+
+    def builtin_note(self, audit_hash: str | None) -> str:
+        return "runs under the built-in default profile"
+
+
+NO_PROFILES: ProfileChecks = _NoProfiles()
+
+
 @dataclass(frozen=True)
 class ChainCheck:
     """The outcome of verifying one chain with everything that anchors it."""
@@ -132,16 +166,16 @@ class ChainCheck:
 
 
 @dataclass
-class _AdminIndex:
+class AdminIndex:
     """What the admin chain says about profiles and sessions."""
 
     applies: dict[str, Record] = field(default_factory=dict)
     opens: dict[str, Record] = field(default_factory=dict)
     closes: dict[str, Record] = field(default_factory=dict)
 
-    def before(self, seq: int) -> _AdminIndex:
+    def before(self, seq: int) -> AdminIndex:
         """Only what the records before `seq` say."""
-        return _AdminIndex(
+        return AdminIndex(
             applies={k: r for k, r in self.applies.items() if r.seq < seq},
             opens={k: r for k, r in self.opens.items() if r.seq < seq},
             closes={k: r for k, r in self.closes.items() if r.seq < seq},
@@ -160,19 +194,22 @@ class _AdminIndex:
                 (self.opens if rec.type == "session.open" else self.closes)[sid] = rec
 
 
-def _admin_scan() -> tuple[VerifyReport | None, _AdminIndex]:
-    index = _AdminIndex()
+def _admin_scan() -> tuple[VerifyReport | None, AdminIndex]:
+    index = AdminIndex()
     path = admin_chain().path
     if not present(path):
         return None, index
     return verify_file(path, collect=index.collect), index
 
 
-def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
-    """Verify the admin chain, its seals, and that the profile store's revisions are in it."""
+def verify_admin(
+    anchors: Mapping[int, str] | None = None, *, checks: ProfileChecks = NO_PROFILES
+) -> ChainCheck:
+    """Verify the admin chain, its seals, and (`checks`) that the profile store's revisions are
+    in it."""
     path = admin_chain().path
     if not present(path) and not anchors:
-        gone = _admin_log_deleted(str(path))
+        gone = _admin_log_deleted(str(path), checks)
         if gone is not None:
             return gone
         raise NotFound(
@@ -180,7 +217,7 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
             "it is created by the first recorded action, "
             "e.g. `linpodx sandbox apply --profile FILE`",
         )
-    index = _AdminIndex()
+    index = AdminIndex()
     if present(path):
         report = verify_file(path, anchors=anchors, collect=index.collect)
     else:
@@ -191,7 +228,7 @@ def verify_admin(anchors: Mapping[int, str] | None = None) -> ChainCheck:
     problems: list[str] = []
     notes: list[str] = []
     if report.ok:
-        problems, notes = _check_store(index)
+        problems, notes = checks.store(index.applies)
         for sid, rec in sorted(index.opens.items(), key=lambda kv: kv[1].seq):
             try:
                 spath = session_path(sid)
@@ -232,11 +269,11 @@ def _missing(path: Path | str, reason: str, hint: str | None = None) -> VerifyRe
     )
 
 
-def _admin_log_deleted(path: str) -> ChainCheck | None:
+def _admin_log_deleted(path: str, checks: ProfileChecks) -> ChainCheck | None:
     """With no admin log: the broken chain it is if anything exists that it should have
     recorded (a profile revision is stored only after its profile.apply record, a session log
     only next to its session.open); None on a fresh install."""
-    problems, _notes = _check_store(_AdminIndex())
+    problems, _notes = checks.store({})
     try:
         sessions = session_ids()
     except OSError:
@@ -258,71 +295,16 @@ def _admin_log_deleted(path: str) -> ChainCheck | None:
     return ChainCheck(report=report, problems=tuple(problems))
 
 
-def _check_store(index: _AdminIndex) -> tuple[list[str], list[str]]:
-    """Every stored profile revision's audit_hash must be a profile.apply record of the chain."""
-    try:
-        # Imported late and by name: the store is optional here (verification still works
-        # without it), and the audit package must not depend on the profile package.
-        store = importlib.import_module("linpodx.profile.store")
-    except ImportError:
-        return [], ["profile store not available: profile revisions not cross-checked"]
-    problems: list[str] = []
-    try:
-        all_revisions = getattr(store, "all_revisions", None)
-        if callable(all_revisions):
-            stored = list(all_revisions())
-        else:
-            # Every revision of every applied profile (older ones too: replacing the admin log
-            # and re-applying the same file would otherwise pass).
-            stored = [rev for sp in store.list_profiles() for rev in store.history(sp.name)]
-    except LinpodxError as exc:
-        return [], [f"profile store not readable ({exc.message}): not cross-checked"]
-    for sp in stored:
-        ah = getattr(sp, "audit_hash", None)
-        name = getattr(sp, "name", "?")
-        rev = getattr(sp, "revision", "?")
-        if not isinstance(ah, str):
-            continue
-        applied = index.applies.get(ah)
-        if applied is None:
-            problems.append(
-                f"profile {name!r} revision {_q(str(rev))} was applied with audit_hash "
-                f"{_q(ah[:12])}…, which "
-                "is not a profile.apply record of the admin chain: the admin log was rewritten "
-                "or replaced"
-            )
-            continue
-        # The store's own digest check only says the file matches the digest written in it,
-        # which whoever edits the file can recompute; the record says what was applied.
-        differs = [
-            key
-            for key, value in (
-                ("digest", getattr(sp, "digest", None)),
-                ("profile_id", getattr(sp, "profile_id", None)),
-                ("revision", rev),
-                ("name", name),
-            )
-            if applied.data.get(key) != value
-        ]
-        if differs:
-            problems.append(
-                f"profile {name!r} revision {_q(str(rev))} in the profile store is not what its "
-                f"profile.apply record (admin seq {applied.seq}) says was applied "
-                f"({', '.join(differs)} differ): {STORE_CHANGED}"
-            )
-    if stored:
-        return problems, [f"{len(stored)} profile revision(s) found in the admin chain"]
-    return problems, []
-
-
 def verify_session(
     session_id: str,
     anchors: Mapping[int, str] | None = None,
     *,
-    admin_scan: tuple[VerifyReport | None, _AdminIndex] | None = None,
+    admin_scan: tuple[VerifyReport | None, AdminIndex] | None = None,
     recheck: bool = True,
+    checks: ProfileChecks = NO_PROFILES,
 ) -> ChainCheck:
-    """Verify one session chain against its profile anchor, the admin chain and seals.
+    """Verify one session chain against its profile anchor, the admin chain, seals and
+    (`checks`) the profile store.
 
     `admin_scan` reuses one scan of the admin chain across many sessions (verify --all);
     `recheck=False` trusts it even when the session seems never opened (no second scan).
@@ -336,7 +318,7 @@ def verify_session(
     try:
         admin_report, index = admin_scan if admin_scan is not None else _admin_scan()
     except AuditError as exc:
-        admin_report, index = None, _AdminIndex()
+        admin_report, index = None, AdminIndex()
         problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
     if path is None or not log_present(path):
         opened_rec = index.opens.get(session_id)
@@ -432,7 +414,7 @@ def verify_session(
                 "a session under the built-in profile must be opened in the admin chain "
                 "(session.open), and this one is not: the session log was forged"
             )
-        notes.append(_builtin_note(audit_hash))
+        notes.append(checks.builtin_note(audit_hash))
     elif audit_hash is not None and admin_report is not None:
         apply = index.applies.get(audit_hash)
         if apply is None and not admin_whole:
@@ -455,7 +437,9 @@ def verify_session(
             else:
                 notes.append(f"profile revision anchored at admin seq {apply.seq}")
     if profile_id is not None and audit_hash is not None and profile_id != BUILTIN_PROFILE_ID:
-        problems.extend(_check_store_revision(profile_id, audit_hash, notes))
+        found, said = checks.revision(profile_id, audit_hash)
+        problems.extend(found)
+        notes.extend(said)
     if opened is None and report.events > 1 and recheck and admin_whole:
         # The admin chain was read before this log: a session opened meanwhile has its
         # session.open there now. Look once more before calling it forged.
@@ -464,7 +448,9 @@ def verify_session(
         except AuditError:
             fresh = None
         if fresh is not None and session_id in fresh[1].opens:
-            return verify_session(session_id, anchors, admin_scan=fresh, recheck=False)
+            return verify_session(
+                session_id, anchors, admin_scan=fresh, recheck=False, checks=checks
+            )
     if opened is None and not admin_whole:
         notes.append(
             "no session.open in what could be read of the admin chain: not cross-checked"
@@ -504,42 +490,6 @@ def verify_session(
     )
 
 
-def _builtin_note(audit_hash: str | None) -> str:
-    try:
-        containers = importlib.import_module("linpodx.containers")
-        current = containers.builtin_ref().audit_hash
-    except (ImportError, AttributeError, LinpodxError):
-        return "runs under the built-in default profile"
-    if audit_hash == current:
-        return "runs under the built-in default profile (digest matches this linpodx)"
-    return "runs under the built-in default profile of another linpodx version (digest differs)"
-
-
-def _check_store_revision(profile_id: str, audit_hash: str, notes: list[str]) -> list[str]:
-    try:
-        # Imported late and by name: the store is optional here (verification still works
-        # without it), and the audit package must not depend on the profile package.
-        store = importlib.import_module("linpodx.profile.store")
-    except ImportError:
-        notes.append("profile store not available: revision not cross-checked")
-        return []
-    try:
-        sp = store.get_by_id(profile_id)
-    except NotFound:
-        return [f"profile revision {_q(profile_id)} is not in the profile store"]
-    except LinpodxError as exc:
-        notes.append(f"profile store not readable ({exc.message})")
-        return []
-    stored = getattr(sp, "audit_hash", None)
-    if stored != audit_hash:
-        return [
-            f"the profile store says {_q(profile_id)} has audit_hash {_q(str(stored)[:12])}…, "
-            f"the session starts from {_q(audit_hash[:12])}…"
-        ]
-    notes.append(f"profile {_q(profile_id)} matches the profile store")
-    return []
-
-
 def session_ids() -> list[str]:
     """Ids of the session logs present on disk, oldest first (ids are ULID-based)."""
     base = sessions_audit_dir()
@@ -556,16 +506,18 @@ def session_ids() -> list[str]:
     return out
 
 
-def verify_all(anchors: Mapping[int, str] | None = None) -> tuple[ChainCheck, list[ChainCheck]]:
+def verify_all(
+    anchors: Mapping[int, str] | None = None, *, checks: ProfileChecks = NO_PROFILES
+) -> tuple[ChainCheck, list[ChainCheck]]:
     """The admin chain (with `anchors`) and every session log against it. A session log that
     cannot be read (permissions, an I/O error, gone since it was listed) is reported as such
     (`ChainCheck.unreadable`) and the others are verified all the same."""
-    admin = verify_admin(anchors)
+    admin = verify_admin(anchors, checks=checks)
     scan = _admin_scan()
     sessions = []
     for sid in session_ids():
         try:
-            sessions.append(verify_session(sid, admin_scan=scan))
+            sessions.append(verify_session(sid, admin_scan=scan, checks=checks))
         except ChainBroken as exc:  # gone since listed, though the admin chain opened it
             sessions.append(_failed(sid, exc, first_bad_seq=0))
         except LinpodxError as exc:  # AuditError (could not read it), NotFound (gone)
@@ -626,9 +578,11 @@ class Seal:
         }
 
 
-def seal(session_id: str | None = None) -> Seal:
+def seal(session_id: str | None = None, *, checks: ProfileChecks = NO_PROFILES) -> Seal:
     """Verify a chain and return a checkpoint of its last record (refuses a broken chain)."""
-    check = verify_session(session_id) if session_id else verify_admin()
+    check = (
+        verify_session(session_id, checks=checks) if session_id else verify_admin(checks=checks)
+    )
     r = check.report
     if not check.ok:
         raise_broken(check)

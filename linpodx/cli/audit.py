@@ -14,13 +14,10 @@ import typer
 from linpodx.audit.chain import (
     HINT_NOT_A_LOG,
     NotALog,
-    OverlongLine,
     Record,
+    RecordScan,
     admin_chain,
-    check_line,
-    iter_lines,
     session_path,
-    torn_problem,
 )
 from linpodx.audit.verify import (
     NOT_CLOSED,
@@ -29,14 +26,11 @@ from linpodx.audit.verify import (
     log_present,
     parse_anchor,
     raise_broken,
-    seal,
-    verify_admin,
-    verify_all,
-    verify_session,
 )
 from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import AuditError, ChainBroken, NotFound, UsageError
 from linpodx.fsutil import present
+from linpodx.integrity import seal, verify_admin, verify_all, verify_session
 from linpodx.output import kv_line, print_error, safe_text
 
 app = new_app("Verify, show and seal the hash-chained audit logs.")
@@ -194,41 +188,22 @@ def _show_path(session: str | None) -> Path:
     return path
 
 
-class _Scan:
-    """One read of a log for `show`: its readable records one at a time (nothing is kept),
-    how many there were and why reading stopped early (if it did)."""
+class _Scan(RecordScan):
+    """`RecordScan` as `show` words it: why it stopped (`stopped`), and a log it cannot read
+    as the error the CLI reports."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.count = 0
-        self.stopped: str | None = None
+    @property
+    def stopped(self) -> str | None:
+        if self.stop is None:
+            return None
+        offset, why, kind = self.stop
+        if kind == "torn":
+            return f"torn last line at byte {offset}: crash during append, not tampering"
+        return f"damaged record at byte {offset}: {why}"
 
     def records(self, upto: int | None = None) -> Iterator[Record]:
-        """Each readable record in order (at most `upto`); sets `count` and `stopped`."""
-        self.count = 0
-        self.stopped = None
         try:
-            for offset, line, complete in iter_lines(self.path):
-                if upto is not None and self.count >= upto:
-                    return
-                if not complete:
-                    bad = torn_problem(offset, line)
-                    if bad is None:
-                        self.stopped = (
-                            f"torn last line at byte {offset}: crash during append, not tampering"
-                        )
-                    else:
-                        self.stopped = f"damaged record at byte {offset}: {bad}"
-                    return
-                try:
-                    rec = check_line(line)
-                except ValueError as exc:
-                    self.stopped = f"damaged record at byte {offset}: {exc}"
-                    return
-                self.count += 1
-                yield rec
-        except OverlongLine as exc:
-            self.stopped = f"damaged record at byte {exc.offset}: {exc}"
+            yield from super().records(upto)
         except NotALog as exc:
             raise ChainBroken(
                 f"the audit log {exc}", HINT_NOT_A_LOG, details={"log": str(self.path), "events": 0}

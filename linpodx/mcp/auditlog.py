@@ -27,21 +27,18 @@ Durability rule (docs/mcp.md says the same):
   every call from then on) and `failure` says why. Nothing is dropped without a trace.
 
 The file stays open for the whole session and the chain's tail (seq, hash, ts, size) is kept in
-memory, so an append does not re-read the file. Before each write the file is locked and its size
-compared with what this process last wrote: if anyone else touched it (or on the first write),
-the first record goes through `Chain.append`, which reads the tail and repairs a torn line, and
-the in-memory tail is taken from its result if, with the lock taken back, that record is still
-the file's last line (else the next record goes through `Chain.append` too). Records are
-encoded with the chain's own `encode_record`, so the format is the chain module's, not ours.
+memory, so an append does not re-read the file. Each batch is written by the chain's one writer
+(`audit.core.append_locked`, in its group-commit mode: no fsync) holding the file's lock for the
+whole batch; the file's size is compared with what this process last wrote, and if anyone else
+touched it (or on the first write) the writer reads the real tail and repairs a torn line first,
+as `Chain.append` does. The format is therefore the chain module's, not ours.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -50,15 +47,11 @@ from typing import Any
 
 from linpodx.audit import chain as audit_chain
 from linpodx.audit import core as audit_core
-from linpodx.canonical import CanonicalError
+from linpodx.audit.core import HINT_WRITE
 from linpodx.errors import AuditError
-from linpodx.paths import FILE_MODE, ensure_dir
 
 FLUSH_DELAY = 0.05
 """Seconds a deferred record may wait for its fsync (if no decision record comes first)."""
-
-
-_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\Z")
 
 
 @dataclass
@@ -235,7 +228,7 @@ class GroupCommitChain:
         self.failure = AuditError(
             f"could not record to the audit log {self.path}: fsync failed "
             f"({exc.strerror or exc}); this session can record, and so do, nothing more",
-            audit_core.HINT_WRITE,
+            HINT_WRITE,
         )
         while self._writing:
             self._cv.wait()
@@ -279,192 +272,61 @@ class GroupCommitChain:
 
     def _open(self) -> int:
         if self._fd is None:
-            flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_CREAT
-            try:
-                # Every time, not only for a first record: a link (or another user's
-                # directory) on the way would put the records outside the state dir.
-                ensure_dir(self.path.parent)
-                self._fd = os.open(self.path, flags, FILE_MODE)
-            except OSError as exc:
-                raise AuditError(
-                    f"could not record to the audit log {self.path}: {exc.strerror or exc}",
-                    audit_core.HINT_WRITE,
-                ) from None
+            self._fd = audit_core.open_append(str(self.path))
         return self._fd
 
     def _commit(self, batch: list[_Item]) -> int | None:
-        """Write `batch` (no fsync); the file size up to which it is durable if it went
-        through `Chain.append` (which fsyncs), else None."""
-        durable_upto: int | None = None
+        """Write `batch` (no fsync: the sync role's business) through the chain's one writer;
+        the file size known durable before it when the tail had to be read (the first write,
+        or the file changed under us), else None."""
+        where = str(self.path)
         try:
             fd = self._open()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            audit_core.lock(fd, where)
         except AuditError as exc:
             for b in batch:
                 b.error = exc
             return None
+        durable_upto: int | None = None
+        try:
+            size = os.fstat(fd).st_size
+            # Our own tail while the file is as we left it; else (first write, or anyone else
+            # touched it) the writer reads the real tail and repairs a torn line.
+            known = (self._tail, size) if self._tail is not None and self._size == size else None
+            done = audit_core.append_locked(
+                fd, where, self.chain.genesis, [(b.type, b.data) for b in batch],
+                known=known, sync=False,
+            )
+            if done is None:  # pragma: no cover - only the simple mode gives up
+                raise AuditError(f"could not record to the audit log {where}", HINT_WRITE)
+        except AuditError as exc:
+            # The log itself failed: nothing of the batch went in (the writer cut it back).
+            self._tail = self._size = None
+            for b in batch:
+                b.error = exc
+            return None
         except OSError as exc:
+            self._tail = self._size = None
             err = AuditError(
-                f"could not record to the audit log {self.path}: lock failed: "
-                f"{exc.strerror or exc}",
-                audit_core.HINT_WRITE,
+                f"could not record to the audit log {self.path}: {exc.strerror or exc}", HINT_WRITE
             )
             for b in batch:
                 b.error = err
             return None
-        try:
-            size = os.fstat(fd).st_size
-            rest = batch
-            while rest and (self._tail is None or self._size != size):
-                # Unknown or foreign state: let the chain itself read (and repair) the tail.
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                try:
-                    while True:
-                        first = rest[0]
-                        try:
-                            first.record = self.chain.append(first.type, first.data)
-                            break
-                        except AuditError as exc:
-                            if not self._unrecordable(first):
-                                for b in rest:  # the log itself failed: nothing goes in
-                                    b.error = exc
-                                return None
-                            # Only this record cannot be written (as in `_write`): the
-                            # others of the batch are someone else's calls and still go in.
-                            first.error = exc
-                            rest = rest[1:]
-                            if not rest:
-                                return None
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                rec = first.record
-                self.records += 1
-                rest = rest[1:]
-                size = durable_upto = os.fstat(fd).st_size
-                # The lock was let go around that append: another process may have appended
-                # after our record. Keep our record as the tail only if it still is the last
-                # line; else the next record goes through `Chain.append` again (which reads the
-                # real tail), never chained onto ours beside theirs (a fork).
-                if self._is_tail(fd, size, rec.hash):
-                    self._tail = (rec.seq + 1, rec.hash, rec.ts)
-                    self._size = size
-                else:
-                    self._tail = self._size = None
-            if rest:
-                self._write(fd, rest)
-        except OSError as exc:
-            err = AuditError(
-                f"could not record to the audit log {self.path}: {exc.strerror or exc}",
-                audit_core.HINT_WRITE,
-            )
-            for b in batch:
-                if b.record is None:
-                    b.error = err
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
+        if known is None:
+            durable_upto = done.base
+        written = 0
+        for b, result in zip(batch, done.results, strict=True):
+            if isinstance(result, AuditError):
+                b.error = result  # this record only; the others still went in
+            else:
+                b.record = audit_chain.Record(*result)
+                written += 1
+        if done.tail is not None:
+            self._tail, self._size = done.tail, done.end
+            self.batches += 1
+            self.records += written
         return durable_upto
-
-    @staticmethod
-    def _is_tail(fd: int, size: int, hash_: str) -> bool:
-        """Whether the file (locked, `size` bytes) ends with the complete record `hash_`."""
-        try:
-            line, torn_at = audit_core.tail_line(fd, size)
-        except AuditError:
-            return False
-        if line is None or torn_at is not None:
-            return False
-        try:
-            return bool(audit_chain.check_line(line).hash == hash_)
-        except audit_chain.BadRecord:
-            return False
-
-    def _write(self, fd: int, items: list[_Item]) -> None:
-        """Append the records with one write (their fsync is the sync role's business)."""
-        if self._tail is None or self._size is None:
-            err = AuditError(
-                "could not record to the audit log: its tail is unknown", audit_core.HINT_VERIFY
-            )
-            for b in items:
-                b.error = err
-            return
-        seq, prev, last_ts = self._tail
-        lines: list[bytes] = []
-        built: list[tuple[_Item, Any]] = []
-        for item in items:
-            try:
-                rec, line = self._build(seq, prev, last_ts, item.type, item.data)
-            except AuditError as exc:
-                item.error = exc  # this record only; the others still go in
-                continue
-            lines.append(line)
-            built.append((item, rec))
-            seq, prev, last_ts = rec.seq + 1, rec.hash, rec.ts
-        if not lines:
-            return
-        payload = b"".join(lines)
-        base = self._size
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError as exc:
-            # Nothing of a failed write may remain: none of its actions will happen.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, base)
-                os.fsync(fd)
-            err = AuditError(
-                f"could not record to the audit log {self.path}: {exc.strerror or exc}",
-                audit_core.HINT_WRITE,
-            )
-            for item, _rec in built:
-                item.error = err
-            return
-        for item, rec in built:
-            item.record = rec
-        self._tail = (seq, prev, last_ts)
-        self._size = base + len(payload)
-        self.batches += 1
-        self.records += len(built)
-
-    @classmethod
-    def _unrecordable(cls, item: _Item) -> bool:
-        """Whether `item` itself cannot be recorded (its type or data), whatever the log's
-        state: built as if it came first (a real sequence number adds at most a few bytes)."""
-        try:
-            cls._build(0, "0" * 64, "", item.type, item.data)
-        except AuditError:
-            return True
-        return False
-
-    @staticmethod
-    def _build(
-        seq: int, prev: str, last_ts: str, typ: str, data: Mapping[str, Any]
-    ) -> tuple[Any, bytes]:
-        if not _TYPE_RE.fullmatch(typ):
-            raise AuditError(
-                f"could not record to the audit log: invalid event type {typ!r}",
-                audit_core.HINT_EVENT_TYPE,
-            )
-        ts = max(audit_core.now_ts(), last_ts)
-        try:
-            # The chain module's encoder: canonical bytes, C-accelerated when provably equal.
-            data_bytes, stored = audit_core.encode_data(data)
-        except (CanonicalError, RecursionError) as exc:
-            raise AuditError(
-                f"could not record to the audit log: the event data cannot be recorded: {exc}",
-                audit_core.HINT_UNCANONICAL,
-            ) from None
-        head, after = audit_core.encode_record(seq, ts, typ, prev, data_bytes, None)
-        h = hashlib.sha256(audit_core.DOMAIN + head + after).hexdigest()
-        line = head + b',"hash":"' + h.encode("ascii") + b'"' + after + b"\n"
-        if len(line) > audit_core.MAX_LINE:
-            raise AuditError(
-                "could not record to the audit log: record larger than "
-                f"{audit_core.MAX_LINE} bytes",
-                audit_core.HINT_TOO_LARGE,
-            )
-        rec = audit_chain.Record(
-            seq=seq, ts=ts, type=typ, prev=prev, hash=h, data=stored, log_id=None
-        )
-        return rec, line

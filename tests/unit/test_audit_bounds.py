@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from linpodx.audit import chain as ch
-from linpodx.audit import core
+from linpodx.audit import core, walk
 from linpodx.audit.chain import HINT_NOT_A_LOG, Chain, NotALog, verify_file
 from linpodx.audit.core import MAX_LINE, ZERO_HASH
 from linpodx.errors import AuditError
@@ -90,13 +90,13 @@ def test_a_log_that_is_not_a_regular_file_is_refused(
 def test_parallel_verifier_refuses_them_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(walk, "_PARALLEL_MIN_BYTES", 0)
     for make in NOT_LOGS:
         p = tmp_path / make.__name__ / "log.jsonl"
         p.parent.mkdir()
         make(p)
         with pytest.raises(NotALog):
-            ch._verify_parallel(p, ZERO_HASH, True, None)
+            walk._verify_parallel(p, ZERO_HASH, True, None)
         assert verify_file(p).hint == HINT_NOT_A_LOG
 
 
@@ -236,30 +236,31 @@ def test_a_real_torn_tail_is_still_repaired(tmp_path: Path) -> None:
 def test_parallel_verifier_has_the_same_bounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(ch, "_workers", lambda: workers)
+    monkeypatch.setattr(walk, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(walk, "_workers", lambda: workers)
     c = _good_log(tmp_path, 40)
     intact = c.path.read_bytes()
     # Zeros past the split points: no newline within MAX_LINE of them, so no split at all.
     os.truncate(c.path, len(intact) + 8 * MiB)
     fd = ch.open_log(c.path)
     try:
-        assert ch._split(fd, os.fstat(fd).st_size, workers) == [0]
+        assert walk._split(fd, os.fstat(fd).st_size, workers) == [0]
     finally:
         os.close(fd)
-    assert ch._verify_parallel(c.path, ZERO_HASH, True, None) is None
+    assert walk._verify_parallel(c.path, ZERO_HASH, True, None) is None
     r = verify_file(c.path)
-    assert r == ch._verify(c.path, ZERO_HASH, True)
+    assert r == walk._verify(c.path, ZERO_HASH, True)
     assert not r.ok and r.first_bad_seq == 40 and "longer than any record" in (r.reason or "")
     # A short garbage tail in the last range: the worker defers to the reference verifier.
     c.path.write_bytes(intact + b"\0" * 50)
-    assert ch._verify_parallel(c.path, ZERO_HASH, True, None) is None
+    assert walk._verify_parallel(c.path, ZERO_HASH, True, None) is None
     r = verify_file(c.path)
     assert not r.ok and not r.torn_tail and "not the start of a record" in (r.reason or "")
     # An overlong line inside a worker's range, followed by good-looking lines.
     c.path.write_bytes(intact[:200] + b"x" * (MAX_LINE + 1) + b"\n" + intact[200:])
     fd = ch.open_log(c.path)
     try:
-        assert ch._check_range(fd, 0, os.fstat(fd).st_size, ZERO_HASH, True, None) == {"ok": False}
+        size = os.fstat(fd).st_size
+        assert walk._check_range(fd, 0, size, ZERO_HASH, True, None) == {"ok": False}
     finally:
         os.close(fd)

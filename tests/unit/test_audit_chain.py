@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from linpodx.audit import chain as ch
-from linpodx.audit import core
+from linpodx.audit import core, record, walk
 from linpodx.audit.chain import (
     DOMAIN,
     ZERO_HASH,
@@ -285,7 +285,7 @@ def test_fast_path_agrees_with_reference_on_bad_lines(line: bytes, why: str) -> 
         # the control case: brackets inside a string are not nesting
         assert check_line(line) == parse_line(line)
         return
-    assert ch._fast_record(line) is None
+    assert record._fast_record(line) is None
     with pytest.raises(BadRecord) as ref:
         parse_line(line)
     with pytest.raises(BadRecord) as fast:
@@ -299,7 +299,7 @@ def test_fast_path_is_taken_for_what_we_write(tmp_path: Path) -> None:
     c.append("a.b", {"k": "v", "n": [1, 2, {"x": None}], "é": "\u2028"})
     c.append("a.b", {})
     for line in lines_of(c.path):
-        assert ch._fast_record(line) is not None
+        assert record._fast_record(line) is not None
 
 
 def test_verify_missing_file_is_an_audit_error(tmp_path: Path) -> None:
@@ -329,24 +329,24 @@ def test_last_returns_tail_record(tmp_path: Path) -> None:
 def test_parallel_verify_matches_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(ch, "_workers", lambda: workers)
+    monkeypatch.setattr(walk, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(walk, "_workers", lambda: workers)
     c = Chain(tmp_path / "a.jsonl")
     recs = [c.append("a.b", {"i": i, "pad": "p" * (i * 37 % 300)}) for i in range(40)]
-    ref = ch._verify(c.path, ZERO_HASH, True)
-    par = ch._verify_parallel(c.path, ZERO_HASH, True, None)
+    ref = walk._verify(c.path, ZERO_HASH, True)
+    par = walk._verify_parallel(c.path, ZERO_HASH, True, None)
     assert par is not None and par == ref and par.events == 40
-    anchored = ch._verify_parallel(c.path, ZERO_HASH, True, {17: recs[17].hash})
+    anchored = walk._verify_parallel(c.path, ZERO_HASH, True, {17: recs[17].hash})
     assert anchored == ref
     # A wrong anchor, a torn tail, damage: same report as the reference (parallel defers).
-    assert ch._verify_parallel(c.path, ZERO_HASH, True, {17: recs[16].hash}) is None
+    assert walk._verify_parallel(c.path, ZERO_HASH, True, {17: recs[16].hash}) is None
     with open(c.path, "ab") as f:
         f.write(b'{"data":')
-    par = ch._verify_parallel(c.path, ZERO_HASH, True, None)
-    assert par is not None and par.torn_tail and par == ch._verify(c.path, ZERO_HASH, True)
+    par = walk._verify_parallel(c.path, ZERO_HASH, True, None)
+    assert par is not None and par.torn_tail and par == walk._verify(c.path, ZERO_HASH, True)
     raw = c.path.read_bytes()
     c.path.write_bytes(raw.replace(b'"i":30,', b'"i":31,'))
-    assert ch._verify_parallel(c.path, ZERO_HASH, True, None) is None
+    assert walk._verify_parallel(c.path, ZERO_HASH, True, None) is None
     r = verify_file(c.path)
     assert not r.ok and r.first_bad_seq == 30 and "hash mismatch" in (r.reason or "")
 

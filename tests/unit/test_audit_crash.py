@@ -315,11 +315,11 @@ def test_repair_during_verify_is_not_tampering(
     The lock-free pass then sees half a line of before and half of after: verify must look
     again under the lock and report the intact log, not a hash mismatch. The interleaving is
     injected, not raced."""
-    from linpodx.audit import chain as ch
+    from linpodx.audit import walk
 
     if parallel:
-        monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
-        monkeypatch.setattr(ch, "_workers", lambda: 3)
+        monkeypatch.setattr(walk, "_PARALLEL_MIN_BYTES", 0)
+        monkeypatch.setattr(walk, "_workers", lambda: 3)
     path, c, _size = _torn_log(tmp_path)
     torn_size = path.stat().st_size
     real = os.pread
@@ -333,7 +333,7 @@ def test_repair_during_verify_is_not_tampering(
         return data
 
     me = os.getpid()
-    monkeypatch.setattr(ch.os, "pread", pread)
+    monkeypatch.setattr(walk.os, "pread", pread)
     report = verify_file(path)
     monkeypatch.undo()
     assert fired
@@ -354,9 +354,9 @@ def test_verify_does_not_hang_on_a_held_lock_and_torn_tail(
     the lock."""
     import fcntl
 
-    from linpodx.audit import chain as ch
+    from linpodx.audit import walk
 
-    monkeypatch.setattr(ch, "LOCK_WAIT", 0.3)
+    monkeypatch.setattr(walk, "LOCK_WAIT", 0.3)
     path, _c, size = _torn_log(tmp_path)
     holder = os.open(path, os.O_RDONLY)
     try:
@@ -378,9 +378,9 @@ def test_damage_while_a_writer_holds_the_lock_is_still_damage(
     """The second look cannot take the lock: two lock-free reads that agree stand."""
     import fcntl
 
-    from linpodx.audit import chain as ch
+    from linpodx.audit import walk
 
-    monkeypatch.setattr(ch, "LOCK_WAIT", 0.2)
+    monkeypatch.setattr(walk, "LOCK_WAIT", 0.2)
     path = tmp_path / "d.jsonl"
     c = Chain(path)
     for i in range(4):
@@ -405,9 +405,9 @@ def test_log_changing_under_a_held_lock_is_not_vouched_for(
     can be vouched for, and nothing is called tampering either (AuditError, exit 6)."""
     import fcntl
 
-    from linpodx.audit import chain as ch
+    from linpodx.audit import walk
 
-    monkeypatch.setattr(ch, "LOCK_WAIT", 0.2)
+    monkeypatch.setattr(walk, "LOCK_WAIT", 0.2)
     path = tmp_path / "d.jsonl"
     c = Chain(path)
     for i in range(4):
@@ -416,7 +416,7 @@ def test_log_changing_under_a_held_lock_is_not_vouched_for(
     lines = good.splitlines(keepends=True)
     lines[2] = lines[2].replace(b'"i":2', b'"i":9')
     path.write_bytes(b"".join(lines))
-    real_verify = ch._verify_fd
+    real_verify = walk._verify_fd
     calls: list[int] = []
 
     def verify(*a: object, **k: object) -> object:
@@ -425,7 +425,7 @@ def test_log_changing_under_a_held_lock_is_not_vouched_for(
             path.write_bytes(good)
         return real_verify(*a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ch, "_verify_fd", verify)
+    monkeypatch.setattr(walk, "_verify_fd", verify)
     holder = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)

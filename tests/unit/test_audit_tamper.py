@@ -22,8 +22,8 @@ from linpodx.audit.chain import (
     session_chain,
     verify_file,
 )
-from linpodx.audit.verify import verify_admin, verify_session
 from linpodx.canonical import canonical_bytes
+from linpodx.integrity import verify_admin, verify_session
 
 N = 8
 
@@ -32,11 +32,11 @@ N = 8
 def verifier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the whole matrix twice: with the reference verifier, and with the forked parallel
     verifier forced on for every file (3 workers, so seams fall between records)."""
-    from linpodx.audit import chain as ch
+    from linpodx.audit import walk
 
     if request.param == "parallel":
-        monkeypatch.setattr(ch, "_PARALLEL_MIN_BYTES", 0)
-        monkeypatch.setattr(ch, "_workers", lambda: 3)
+        monkeypatch.setattr(walk, "_PARALLEL_MIN_BYTES", 0)
+        monkeypatch.setattr(walk, "_workers", lambda: 3)
     return str(request.param)
 
 

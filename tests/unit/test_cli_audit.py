@@ -304,16 +304,16 @@ def _three_sessions(applied: tuple[str, str]) -> list[str]:
 
 def _unreadable(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     """Opening `path` fails as a log of mode 000 does for anyone but root (EACCES)."""
-    from linpodx.audit import chain
+    from linpodx.audit import logfile
 
-    real = chain.open_log
+    real = logfile.open_log
 
     def open_log(p: Path) -> int:
         if Path(p) == path:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(p))
         return real(p)
 
-    monkeypatch.setattr(chain, "open_log", open_log)
+    monkeypatch.setattr(logfile, "open_log", open_log)
 
 
 def test_verify_all_reports_an_unreadable_session_log_and_verifies_the_others(
@@ -553,20 +553,20 @@ def test_show_streams_records_instead_of_holding_the_log(
     import io
     import sys
 
-    from linpodx.cli import audit as cli_audit
+    from linpodx.audit import logfile
 
     a = admin_chain()
     for i in range(20):
         a.append("test.event", {"i": i})
     seen: list[int] = []
-    real = cli_audit.check_line
+    real = logfile.check_line
 
     def check_line(line: bytes) -> Any:
         out = sys.stdout
         seen.append(len(out.getvalue()) if isinstance(out, io.StringIO) else -1)
         return real(line)
 
-    monkeypatch.setattr(cli_audit, "check_line", check_line)
+    monkeypatch.setattr(logfile, "check_line", check_line)
     args = ("audit", "show", "--json") if json_mode else ("audit", "show")
     res = cli(*args)
     assert res.exit_code == 0, res.stderr

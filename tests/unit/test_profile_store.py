@@ -880,9 +880,9 @@ def test_list_shows_a_profile_whose_rm_was_interrupted_beside_the_others(
     summary = listed[1].summary()
     assert summary["profile_id"] == marked.profile_id and summary["state"] == "removing"
     assert "linpodx sandbox rm demo" in summary["hint"]
-    from linpodx.audit import verify
+    from linpodx import integrity
 
-    notes = verify.verify_admin().notes
+    notes = integrity.verify_admin().notes
     assert "3 profile revision(s) found in the admin chain" in notes, notes
     store.remove("demo")  # settles it: gone from the list
     assert [s.name for s in store.list_profiles()] == ["alpha", "zeta"]

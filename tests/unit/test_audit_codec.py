@@ -1,0 +1,195 @@
+"""The audit codec's fast stage against its oracle, the strict reference parser, on fuzzed lines.
+
+`core.fast_fields` may say "unsure" (None) for anything, but when it returns fields they must
+be exactly what `core.parse_strict` returns for the same line; and whatever `core.parse` says
+(fields, or BadRecord with a reason) is the strict parser's verdict. The lines are generated and
+mutated by a seeded generator (hand-written: no property-testing dependency), so a failure is
+reproducible from the seed printed with it.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from linpodx.audit import core
+from linpodx.audit.core import DOMAIN, ZERO_HASH, BadRecord
+from linpodx.canonical import SAFE_INT, CanonicalError, canonical_bytes
+from linpodx.digest import sha256
+from linpodx.errors import AuditError
+
+_CHARS = [
+    "a", "z", "k", "0", " ", '"', "\\", "/", "\x00", "\x01", "\x1f", "\x7f", "é", "ü", "\u2028",
+    "\uffff", "\ufeff", "\U0001f600", "{", "}", "[", "]", ",", ":", "hash", '"hash":"',
+]  # fmt: skip
+_INTS = [0, 1, -1, 7, 10**15, SAFE_INT, -SAFE_INT, SAFE_INT + 1, -(SAFE_INT + 1)]
+_TOKENS = [
+    b"1.0", b"-0", b"1e3", b"NaN", b"Infinity", b"true", b"null", b" ", b"\\u0076", b"\\ud800",
+    b"\\udc00\\ud800", b"\xff", b"\xed\xa0\x80", b"\xf0\x9f\x98\x80", b'"', b"\\", b",", b":",
+    b"{", b"}", b"[", b"]", b'"k":1,', b'"log":null,', b'"seq":01,', b"02-30",
+]  # fmt: skip
+
+
+def _text(rng: random.Random) -> str:
+    return "".join(rng.choice(_CHARS) for _ in range(rng.randrange(0, 6)))
+
+
+def _value(rng: random.Random, depth: int) -> Any:
+    pick = rng.randrange(9 if depth < 4 else 5)
+    if pick == 0:
+        return _text(rng)
+    if pick == 1:
+        return rng.choice(_INTS)
+    if pick == 2:
+        return rng.choice([True, False, None])
+    if pick == 3:
+        return rng.randrange(-1000, 1000)
+    if pick == 4:
+        return _text(rng) + "x"
+    if pick in (5, 6):
+        return {_text(rng): _value(rng, depth + 1) for _ in range(rng.randrange(0, 4))}
+    return [_value(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
+
+
+def _record(rng: random.Random) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "seq": rng.choice([0, 1, 41, SAFE_INT]),
+        # Days 29-31 with and without a month that has them (02-29 in a leap year or not).
+        "ts": rng.choice(
+            ["2026-01-01T00:00:00.000000Z", "2028-02-29T23:59:59.999999Z",
+             "2027-02-29T23:59:59.999999Z", "2026-04-30T12:00:00.500000Z",
+             "2026-04-31T12:00:00.500000Z", "2026-12-31T00:00:00.000001Z"]
+        ),
+        "type": rng.choice(["a.b", "mcp.request", "audit.repair", "x.y_z.w9"]),
+        "prev": rng.choice([ZERO_HASH, "ab" * 32]),
+        "data": {_text(rng): _value(rng, 1) for _ in range(rng.randrange(0, 5))},
+    }
+    if rng.random() < 0.5:
+        rec["log"] = "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    return rec
+
+
+def _forge(rec: dict[str, Any]) -> bytes | None:
+    """The stored line of `rec` with a correct hash, or None if it has no canonical form."""
+    try:
+        body = canonical_bytes(rec)
+    except (CanonicalError, RecursionError):
+        return None
+    h = sha256(DOMAIN + body).hexdigest()
+    return canonical_bytes({**rec, "hash": h})
+
+
+def _rehash(line: bytes) -> bytes:
+    """`line` with its hash field set to the hash of the rest of the line as it stands: an
+    attacker's edit that keeps the hash right, leaving only form and structure to catch."""
+    i = line.rfind(b',"hash":"')
+    if i < 0 or len(line) < i + 9 + 65:
+        return line
+    rest = line[:i] + line[i + 9 + 65 :]
+    h = sha256(DOMAIN + rest).hexdigest().encode()
+    return line[: i + 9] + h + line[i + 9 + 64 :]
+
+
+def _mutate(rng: random.Random, line: bytes) -> bytes:
+    out = bytearray(line)
+    for _ in range(rng.randrange(1, 3)):
+        at = rng.randrange(len(out) + 1)
+        kind = rng.randrange(6)
+        i = bytes(out).rfind(b',"hash":"')
+        if kind == 5 and i > 0:
+            # A top-level member between data and hash (in key order): an extra key, or a
+            # second `data`, that only the member count or the strict key check can catch.
+            member = rng.choice([b',"e":1', b',"data":{}', b',"f":"x"', b',"dat":[]'])
+            out[i:i] = member
+        elif kind == 0 and at < len(out):
+            out[at] = rng.randrange(256)
+        elif kind == 1 and at < len(out):
+            del out[at : at + rng.randrange(1, 4)]
+        elif kind == 2:
+            out[at:at] = rng.choice(_TOKENS)
+        elif kind == 3 and at < len(out):
+            out[at : at + rng.randrange(1, 6)] = rng.choice(_TOKENS)
+        else:
+            # Swap two members' text (breaks key order, or moves a field into data).
+            j = rng.randrange(len(out) + 1)
+            a, b = sorted((at, j))
+            out[a:b] = bytes(out[a:b])[::-1] if rng.random() < 0.2 else out[a:b]
+    mutated = bytes(out)
+    return _rehash(mutated) if rng.random() < 0.7 else mutated
+
+
+def _typed(value: Any) -> Any:
+    """`value` with its types spelled out (True == 1 in Python, not in a record)."""
+    if isinstance(value, dict):
+        return ("dict", sorted((k, _typed(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("list", [_typed(v) for v in value])
+    return (type(value).__name__, value)
+
+
+def _strict(line: bytes) -> tuple[Any, str | None]:
+    try:
+        return core.parse_strict(line), None
+    except BadRecord as exc:
+        return None, str(exc)
+
+
+def _agree(line: bytes) -> tuple[bool, bool]:
+    """Assert fast == strict on `line`; (fast stage answered, strict parser accepted)."""
+    fast = core.fast_fields(line)
+    strict, why = _strict(line)
+    if fast is not None:
+        assert strict is not None, (line, why)
+        assert fast[:5] + fast[6:] == strict[:5] + strict[6:], line
+        assert _typed(fast[5]) == _typed(strict[5]), line
+    try:
+        got = core.parse(line)
+    except BadRecord as exc:
+        assert str(exc) == why, line
+    else:
+        assert strict is not None and _typed(got) == _typed(strict), line
+    return fast is not None, strict is not None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_stage_agrees_with_the_strict_parser_on_fuzzed_lines(seed: int) -> None:
+    rng = random.Random(seed)  # noqa: S311 - a reproducible fuzz, not a secret
+    answered = accepted = refused = 0
+    for _ in range(300):
+        line = _forge(_record(rng))
+        if line is None:
+            continue
+        fast, ok = _agree(line)
+        answered += fast
+        accepted += ok
+        for _ in range(3):
+            fast, ok = _agree(_mutate(rng, line))
+            answered += fast
+            refused += not ok
+    # Agreement must not be the trivial kind: the fast stage answers for most well-formed lines
+    # and the strict parser refuses many mutated ones.
+    assert answered > accepted // 2, (seed, answered, accepted)
+    assert refused > 200, (seed, refused)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_what_the_writer_builds_takes_the_fast_stage(seed: int) -> None:
+    """Every line `build_line` writes parses (strictly) to what it was built from, and the fast
+    stage answers for it unless it holds a character beyond the BMP or nests deeply."""
+    rng = random.Random(100 + seed)  # noqa: S311 - a reproducible fuzz, not a secret
+    for seq in range(300):
+        data = {_text(rng): _value(rng, 1) for _ in range(rng.randrange(0, 5))}
+        try:
+            log_id = None if seq else "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+            h, ts, line, stored = core.build_line(seq, ZERO_HASH, "", "a.b", data, log_id)
+        except AuditError:
+            continue  # no canonical form (an integer out of range): refused, never written
+        strict = core.parse_strict(line[:-1])
+        assert strict[:5] == (seq, ts, "a.b", ZERO_HASH, h)
+        assert _typed(strict[5]) == _typed(stored)
+        fast = core.fast_fields(line[:-1])
+        if not core.ASTRAL.search(line):
+            assert fast is not None, line
+            assert _typed(fast[5]) == _typed(stored)
