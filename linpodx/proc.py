@@ -1,12 +1,15 @@
 """The one place linpodx starts other programs.
 
-argv lists only (never a shell string). Four ways, one per kind of child:
+argv lists only (never a shell string). Four ways, one per kind of child, and one for a copy
+of this process:
 - `run`: to completion, output captured, a timeout on every call, failures raised as
   `EngineError` carrying argv, exit code and the program's own stderr;
 - `popen`: a child that lives on beside linpodx (a helper for a container's life, an MCP
   server, a followed log); the caller owns it and waits for it;
 - `Child`: the fast path's child with its stdout/stderr in pipes, started without `subprocess`;
-- `spawn_detached`: a helper that outlives the command that starts it, with no parent to wait.
+- `spawn_detached`: a helper that outlives the command that starts it, with no parent to wait;
+- `fork_worker`: a forked copy of this process that computes one result (the audit verifier's
+  parallel ranges), never a program.
 
 `linpodx.fastrun` loads this module before podman starts, so it imports nothing at the top that
 the interpreter does not already have at start-up: `subprocess` (several milliseconds) is
@@ -20,7 +23,7 @@ import fcntl
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from linpodx.errors import EngineError
 
@@ -326,3 +329,36 @@ def spawn_detached(argv: Sequence[str], log: str, fd: tuple[int, int] | None = N
         os.waitpid(pid, 0)
     finally:
         os.close(logfd)
+
+
+def fork_worker(work: Callable[[], bytes]) -> tuple[int, int]:
+    """Run `work` in a forked copy of this process and return (pid, read end of a pipe that
+    carries its result). For CPU-parallel work on what this process already has open (the
+    children inherit its descriptors), never for starting a program. The child exits 0 once
+    the whole result is written, 1 if `work` raised; the caller reads the pipe to its end,
+    closes it, then `reap`s the pid. OSError if the pipe or the fork fails."""
+    rfd, wfd = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(rfd)
+        os.close(wfd)
+        raise
+    if pid == 0:  # pragma: no cover - runs in the child (coverage does not see it)
+        code = 1
+        try:
+            os.close(rfd)
+            data = work()
+            with os.fdopen(wfd, "wb") as out:
+                out.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    return pid, rfd
+
+
+def reap(pid: int) -> int:
+    """Wait for child `pid` to end; its wait status (0: exited 0)."""
+    _, status = os.waitpid(pid, 0)
+    return status

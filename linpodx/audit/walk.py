@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from linpodx import proc
 from linpodx.audit import core, logfile
 from linpodx.audit.core import MAX_LINE, ZERO_HASH, Fields
 from linpodx.audit.logfile import HINT_NOT_A_LOG, NotALog, OverlongLine, fd_lines
@@ -476,24 +477,16 @@ def _verify_parallel_fd(
     results: list[dict[str, Any] | None] = []
     try:
         for a, b in bounds:
-            rfd, wfd = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child (coverage does not see it)
-                code = 1
-                try:
-                    os.close(rfd)
-                    doc = _check_range(fd, a, b, genesis, check_genesis, anchors)
-                    with os.fdopen(wfd, "wb") as out:
-                        out.write(json.dumps(doc).encode())
-                    code = 0
-                finally:
-                    os._exit(code)
-            os.close(wfd)
-            children.append((pid, rfd))
+
+            def work(a: int = a, b: int = b) -> bytes:
+                doc = _check_range(fd, a, b, genesis, check_genesis, anchors)
+                return json.dumps(doc).encode()
+
+            children.append(proc.fork_worker(work))
         for pid, rfd in children:
             with os.fdopen(rfd, "rb") as inp:
                 raw = inp.read()
-            _, status = os.waitpid(pid, 0)
+            status = proc.reap(pid)
             results.append(json.loads(raw) if status == 0 and raw else None)
     except OSError:
         return None
