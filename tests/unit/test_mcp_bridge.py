@@ -397,17 +397,18 @@ def test_requests_in_flight_and_calls_waiting_for_a_person_are_bounded(
 ) -> None:
     """Each prompted call waits in a thread, each request in flight is remembered: a client
     sending thousands of them made the bridge spend the machine's CPU and memory."""
-    from linpodx.mcp import bridge as bridge_mod
+    from linpodx.mcp.bridge import client as client_side
 
-    monkeypatch.setattr(bridge_mod, "INFLIGHT_MAX", 5)
-    monkeypatch.setattr(bridge_mod, "APPROVALS_MAX", 2)
-    monkeypatch.setattr(bridge_mod.Bridge, "_prompt", lambda self, msg: self._held(msg))
+    # (the gate reads both bounds in `client`, where they are looked up)
+    monkeypatch.setattr(client_side, "INFLIGHT_MAX", 5)
+    monkeypatch.setattr(client_side, "APPROVALS_MAX", 2)
+    monkeypatch.setattr(Bridge, "_prompt", lambda self, msg: self._held(msg))
 
     def held(self: Any, msg: Any) -> None:  # as `_prompt` marks a call waiting for a person
         with self._lock:
             self.inflight[msg.id_key].approval_id = f"apr_{msg.id}"
 
-    monkeypatch.setattr(bridge_mod.Bridge, "_held", held, raising=False)
+    monkeypatch.setattr(Bridge, "_held", held, raising=False)
     h = Harness()
     for i in range(3):
         h.c(call(i, "write_file"))
@@ -425,7 +426,7 @@ def test_a_full_lane_makes_its_reader_wait() -> None:
     LANE_BACKLOG_MAX steps; the next `put` waits for room instead of queueing without end."""
     import threading
 
-    from linpodx.mcp import bridge as bridge_mod
+    from linpodx.mcp.bridge import lanes
 
     release = threading.Event()
 
@@ -433,13 +434,13 @@ def test_a_full_lane_makes_its_reader_wait() -> None:
         def wait(self, ticket: Any) -> None:
             release.wait(10)
 
-    lane = bridge_mod._Lane(Chain(), "t", lambda m: None)
-    for _ in range(bridge_mod.LANE_BACKLOG_MAX + 1):  # one is taken by the (blocked) thread
+    lane = lanes.Lane(Chain(), "t", lambda m: None)
+    for _ in range(lanes.LANE_BACKLOG_MAX + 1):  # one is taken by the (blocked) thread
         lane.put(None, lambda: None, lambda e: None)
     extra = threading.Thread(target=lane.put, args=(None, lambda: None, lambda e: None))
     extra.start()
     extra.join(1.0)
-    assert extra.is_alive() and len(lane.queue) == bridge_mod.LANE_BACKLOG_MAX
+    assert extra.is_alive() and len(lane.queue) == lanes.LANE_BACKLOG_MAX
     release.set()
     extra.join(10)
     assert not extra.is_alive()
