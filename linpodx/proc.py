@@ -8,7 +8,7 @@ argv lists only (never a shell string). Four ways, one per kind of child:
 - `Child`: the fast path's child with its stdout/stderr in pipes, started without `subprocess`;
 - `spawn_detached`: a helper that outlives the command that starts it, with no parent to wait.
 
-`linpodx.fastrun` loads this module before podman starts, so it imports nothing at the top that
+`linpodx.fastpath.run` loads this module before podman starts, so it imports nothing at the top that
 the interpreter does not already have at start-up: `subprocess` (several milliseconds) is
 imported where it is used, and `Result` is a plain class rather than a dataclass.
 """
@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from linpodx.errors import EngineError
 
-TYPE_CHECKING = False  # not typing's: see the module docstring
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     import subprocess
     from typing import IO
