@@ -69,8 +69,10 @@ STDLIB = (
     "importlib._bootstrap_external", "warnings", "collections", "collections.abc", "_collections",
     "functools", "_functools", "itertools", "keyword", "operator", "_operator", "reprlib",
     "types", "copyreg",
-    # `re` (the flag builder's patterns), and the enum it is built on.
+    # `re` (json.decoder's and the flag builder's patterns), and the enum it is built on.
     "re", "re._casefix", "re._compiler", "re._constants", "re._parser", "_sre", "enum",
+    # A guarded run: the guard's ready socket (`linpodx.egress.launch`).
+    "socket", "_socket", "select", "selectors", "array",
 )  # fmt: skip
 """Standard library modules the fast path may load before podman starts, beyond those the
 interpreter has loaded before linpodx is imported."""

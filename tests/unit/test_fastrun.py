@@ -231,6 +231,28 @@ def test_an_import_outside_the_kernel_breaks_the_budget(
     assert {"pathlib", "typing"} <= outside_the_budget(loaded)
 
 
+def test_what_a_guarded_run_adds_before_podman_starts_is_in_the_budget() -> None:
+    # A guarded run also launches the guard before podman starts (`fastpath.run._guard_first`);
+    # what that import adds to the unguarded run's modules must be in the lists too.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(linpodx.__file__).parent.parent)!r})
+        import linpodx.cli.main, linpodx.fastpath.argv, linpodx.fastpath.run
+        before = set(sys.modules)
+        import linpodx.egress.launch
+        print(" ".join(sorted(set(sys.modules) - before)))
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    added = set(res.stdout.split())
+    assert "linpodx.egress.launch" in added
+    assert outside_the_budget(added) == set()
+
+
 def test_the_kernel_is_the_ground_and_stays_off_the_heavy_modules() -> None:
     heavy = {
         "linpodx.containers", "linpodx.profile.model", "linpodx.profile.loader",
