@@ -4,7 +4,7 @@ Both are measured in the same run, alternating (and swapping which goes first ea
 machine load affects both alike. The podman baseline uses exactly the flags linpodx passes (taken
 from the pure argv builder), so the ratio is linpodx's own cost: Python start-up, the stored run
 plan and the fsynced audit record before podman starts, loading and checking the profile, the
-run spec and relaying the container's output while podman works (linpodx/fastrun.py; a
+run spec and relaying the container's output while podman works (linpodx/fastpath/; a
 foreground `--rm` run without a TTY is one `podman run`, like the baseline).
 
 Run it from a plain install (`pip install .`) as people get linpodx: an editable install adds
@@ -97,8 +97,8 @@ def bench(state: Path) -> int:
     linpodx = [*lpx, "run", "--rm", "--profile", "bench", "--image", args.image, "--", "true"]
     startup = [*lpx, "version"]
     # Python start-up plus what the fast path imports before podman starts, and nothing else.
-    imports = [sys.executable, "-c", "import linpodx.cli.main, linpodx.cli.runcmd, "
-               "linpodx.fastrun"]  # fmt: skip
+    imports = [sys.executable, "-c", "import linpodx.cli.main, linpodx.fastpath.argv, "
+               "linpodx.fastpath.run"]  # fmt: skip
 
     # Warm-up (image layers, page cache, python bytecode).
     timed(podman, env)

@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
-TYPE_CHECKING = False  # not typing's: this module is on the fast run path (linpodx/fastrun.py)
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from typing import Any
 

@@ -1,6 +1,6 @@
 """sha256 for the fast run path, without importing hashlib when nothing else has.
 
-Importing hashlib loads OpenSSL (~5 ms here), which `linpodx.fastrun` would pay before podman
+Importing hashlib loads OpenSSL (~5 ms here), which `linpodx.fastpath.run` would pay before podman
 starts. CPython also has its own C implementation of sha256 (the module hashlib falls back to);
 its digests are the same bytes; it is 8 times slower at 1 MiB and twice as slow on the few
 hundred bytes of an audit record. So: hashlib's sha256 once any module has imported hashlib
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

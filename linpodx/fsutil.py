@@ -2,7 +2,7 @@
 
 Paths may be `Path`s or strings. Standard library's cheapest modules only (no tempfile or
 pathlib): a guarded `linpodx run` writes its guard's files with these before podman starts
-(`linpodx.fastrun`).
+(`linpodx.fastpath.run`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import stat
 
 from linpodx.paths import FILE_MODE, check_dir_str, ensure_dir_str
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from pathlib import Path
 

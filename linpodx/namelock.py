@@ -12,7 +12,7 @@ dot). It is released when its process ends, however it ends. The file is removed
 once nothing is left under the name (names are often random, one per `--rm` run); whoever
 waited on the removed file takes the lock again on the file now there.
 
-Standard library's cheapest modules only: the fast run path (`linpodx.fastrun`) takes the lock
+Standard library's cheapest modules only: the fast run path (`linpodx.fastpath.run`) takes the lock
 before podman starts.
 """
 

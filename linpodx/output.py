@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from linpodx.errors import LinpodxError
 
-TYPE_CHECKING = False  # not typing's: `linpodx run` prints through here (linpodx/fastrun.py)
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from typing import Any, TextIO
 

@@ -5,7 +5,7 @@ profiles, audit logs, approvals, events and snapshots; `$XDG_CONFIG_HOME/linpodx
 `$XDG_RUNTIME_DIR/linpodx` (falling back under the state dir) holds per-container runtime files.
 `LINPODX_STATE_DIR` overrides the state dir outright (tests and CI use it).
 
-The fast run path (`linpodx.fastrun`) uses the string forms (`state_root`, `ensure_dir_str`)
+The fast run path (`linpodx.fastpath.run`) uses the string forms (`state_root`, `ensure_dir_str`)
 before it starts podman, so pathlib is imported only when a Path is asked for.
 """
 
@@ -16,7 +16,7 @@ import errno
 import os
 import stat
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -11,7 +11,7 @@ of this process:
 - `fork_worker`: a forked copy of this process that computes one result (the audit verifier's
   parallel ranges), never a program.
 
-`linpodx.fastrun` loads this module before podman starts, so it imports nothing at the top that
+`linpodx.fastpath.run` loads this module before podman starts, so it imports nothing at the top that
 the interpreter does not already have at start-up: `subprocess` (several milliseconds) is
 imported where it is used, and `Result` is a plain class rather than a dataclass.
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from linpodx.errors import EngineError
 
-TYPE_CHECKING = False  # not typing's: see the module docstring
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     import subprocess
     from typing import IO

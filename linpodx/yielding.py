@@ -14,7 +14,7 @@ import importlib
 import os
 import threading
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from types import ModuleType
 

@@ -29,7 +29,7 @@ from linpodx.output import (
     safe_text,
 )
 
-TYPE_CHECKING = False  # not typing's: `linpodx run` starts here (see linpodx/fastrun.py)
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -190,12 +190,20 @@ def _main(args: list[str]) -> int | LinpodxError:
         signal.signal(signum, raise_terminated)
     try:
         if command == "run":
-            # typer costs ~0.2 s of start-up; the plain forms of `run` skip it (see runcmd).
-            from linpodx.cli import runcmd
+            # typer costs ~0.2 s of start-up; the plain forms of `run` skip it, and take the
+            # fast path where they can (see linpodx/fastpath/__init__.py).
+            from linpodx.fastpath import argv
 
-            fields = runcmd.parse_fields(args[1:])
+            fields = argv.parse_fields(args[1:])
             if fields is not None:
-                return runcmd.run_fields(fields)
+                from linpodx.fastpath import run
+
+                rc = run.main(fields)
+                if rc is not None:
+                    return rc
+                from linpodx.cli import runcmd
+
+                return runcmd.execute(runcmd.request(fields))
         app = build_app(command)
         rv = app(args=args, prog_name="linpodx", standalone_mode=False)
     except CommandFailed as failed:
@@ -269,7 +277,7 @@ def _bug(exc: Exception) -> LinpodxError:
 def entry() -> None:
     """The `linpodx` command: `main`, then exit with its status.
 
-    After a run that took the fast path (`linpodx.fastrun`), the process leaves with `os._exit`
+    After a run that took the fast path (`linpodx.fastpath.run`), the process leaves with `os._exit`
     once stdout and stderr are flushed: tearing down the interpreter and the ~300 modules the
     run loaded costs ~20 ms after the container has already ended, and there is nothing left to
     do then (every file linpodx wrote is written and closed, the relay threads are joined, and
@@ -277,7 +285,7 @@ def entry() -> None:
     """
     printable_streams()
     rc = main()
-    fast = sys.modules.get("linpodx.fastrun")
+    fast = sys.modules.get("linpodx.fastpath.run")
     if fast is not None and getattr(fast, "finished", False):
         for stream in (sys.stdout, sys.stderr):
             try:

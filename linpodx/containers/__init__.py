@@ -16,7 +16,7 @@ Where things are:
   pipeline  the one run pipeline (modes detached, attached, one call, resumed)
   manage    start, stop, rm, exec, ps, inspect, logs
   runner    the podman calls of all of them, as one object (`runner.use` hands in another)
-This module is the API the CLI, snapshot, fastrun and mcp use.
+This module is the API the CLI, snapshot, the fast path (`linpodx.fastpath`) and mcp use.
 """
 
 from __future__ import annotations

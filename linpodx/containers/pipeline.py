@@ -6,7 +6,7 @@
   `attached_start`, which gives it this terminal (`run_foreground`).
 - relayed (`_relay`): one `podman run --rm --cidfile`, whose output is passed on once the
   container is announced. Mode *one call* (`_run_once`) starts it here; mode *resumed*
-  (`run_started`) is the fast path's (`linpodx.fastrun`), which took the lock, wrote the record
+  (`run_started`) is the fast path's (`linpodx.fastpath.run`), which took the lock, wrote the record
   and started podman before this package was even imported.
 
 Each step sets `outcome.step`; a failure after the record removes what was made (the error's
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from linpodx import events, namelock, runplan
+from linpodx import events, namelock
 from linpodx.containers import bringup, request
 from linpodx.containers.bringup import bring_up, cleanup, pin_mounts
 from linpodx.containers.plan import fields, make_spec, needs_guard, one_call, run_record
@@ -43,6 +43,7 @@ from linpodx.errors import (
     LinpodxError,
     NotFound,
 )
+from linpodx.fastpath import plan as runplan
 from linpodx.paths import ensure_dir
 from linpodx.podman import engine, mountpin
 from linpodx.podman.argv import (
@@ -56,7 +57,7 @@ from linpodx.profile.model import BUILTIN_ID, ProfileRef
 
 
 def save_plan(ref: ProfileRef) -> None:
-    """Store this revision's flags on this host for `linpodx.fastrun` (see `linpodx.runplan`).
+    """Store this revision's flags on this host for the fast path (`linpodx.fastpath.plan`).
     Best effort: without a plan, runs take the full path."""
     if ref.profile_id == BUILTIN_ID:
         return
@@ -322,7 +323,7 @@ def run_started(
     lock: namelock.NameLock | None = None,
     step: str = "podman_run",
 ) -> int:
-    """The second half of a run `linpodx.fastrun` began: it took the name's `lock`, recorded
+    """The second half of a run `linpodx.fastpath.run` began: it took the name's `lock`, recorded
     `container.run` and started `podman run` (`start` hands over that process, or raises what
     starting it raised: then `step` names what failed) from a stored plan of revision
     `profile_id`; with `resolv_conf`, it also launched the egress guard and gave podman the OCI

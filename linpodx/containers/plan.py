@@ -8,11 +8,11 @@ import secrets
 from dataclasses import replace
 from typing import Any
 
-from linpodx import runplan
 from linpodx.containers.request import RunRequest
 from linpodx.errors import (
     InvalidInput,
 )
+from linpodx.fastpath import plan as runplan
 from linpodx.podman import flags, mountpin, probe, seccomp
 from linpodx.podman.argv import (
     CreateSpec,

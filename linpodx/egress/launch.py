@@ -1,8 +1,8 @@
 """Where one container's egress files live, and starting its guard and its one-call hook.
 
 `linpodx.egress.guard` is the API the container lifecycle calls; these are the parts of it that
-a guarded `linpodx run --rm` needs before podman starts, which `linpodx.fastrun` does before it
-imports anything heavy (standard library's cheapest modules only; see there).
+a guarded `linpodx run --rm` needs before podman starts, which `linpodx.fastpath.run` does
+before it imports anything heavy (in `linpodx.fastpath.KERNEL`; see there).
 """
 
 from __future__ import annotations

@@ -118,11 +118,11 @@ def profile_flags(spec: CreateSpec) -> list[str]:
     """The flags between `runline.head` and `runline.tail`: everything the profile revision and
     this host decide (labels, privileges, limits, environment, workdir, the profile's mounts),
     built by `flags.profile_flags` from the profile's stored form, as the fast path checks a
-    run plan against it (`linpodx.runplan`).
+    run plan against it (`linpodx.fastpath.plan`).
 
     Depends on nothing of the spec but `profile`, `profile_name`, `profile_id`, `revision`,
-    `audit_hash`, `rootless` and `host`: `linpodx.runplan` stores it for the fast run path,
-    keyed by exactly those (tests/unit/test_runplan.py holds them equal).
+    `audit_hash`, `rootless` and `host`: `linpodx.fastpath.plan` stores it for the fast run
+    path, keyed by exactly those (tests/unit/test_fastrun.py holds them equal).
     """
     if spec.host.seccomp is None:
         raise EngineError(

@@ -1,11 +1,11 @@
 """The podman flags a profile revision gives on this host, from the revision's stored form.
 
 One builder for both run paths. The full path hands it `Profile.to_dict()`
-(`argv.profile_flags`); the fast path (`runplan.load`) hands it the `profile` object of the
-revision file it has just read and checked, and takes a stored run plan only if the plan's
-flags are exactly these. So an edited plan can never change what a run gets: only the revision
-decides, and an edited revision is what `audit verify` compares with its `profile.apply`
-record.
+(`argv.profile_flags`); the fast path (`linpodx.fastpath.plan.load`) hands it the `profile`
+object of the revision file it has just read and checked, and takes a stored run plan only if
+the plan's flags are exactly these. So an edited plan can never change what a run gets: only
+the revision decides, and an edited revision is what `audit verify` compares with its
+`profile.apply` record.
 
 Standard library only (and `runline`, `errors`): this is on the fast path. The document is
 the store's JSON, so every field is checked for its type here, and anything unexpected raises
@@ -21,7 +21,7 @@ from linpodx.errors import InvalidInput
 from linpodx.podman import runline
 from linpodx.profile import HOME_DIR
 
-TYPE_CHECKING = False  # not typing's: see the module docstring
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any

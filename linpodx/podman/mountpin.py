@@ -42,7 +42,7 @@ GATE_FILE = "use-linpodx-start"
 HOOK_TIMEOUT = 30
 """Seconds runc gives the hook (it only reads two files and runs `stat` per mount)."""
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
 

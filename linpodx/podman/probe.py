@@ -1,7 +1,7 @@
 """Host facts the argv builder and `linpodx doctor` need, read cheaply (no `podman info` on the
 run path: it costs a podman start-up).
 
-Imports only the standard library's cheapest modules: `linpodx.fastrun` reads these facts
+Imports only the standard library's cheapest modules: `linpodx.fastpath.run` reads these facts
 before it starts podman (see there), so this module must not pull in the argv builder.
 """
 
@@ -11,7 +11,7 @@ import os
 import resource
 from functools import lru_cache
 
-TYPE_CHECKING = False  # not typing's: importing typing costs the fast run path ~4 ms
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from linpodx.podman.argv import HostLimits
 

@@ -1,10 +1,10 @@
 """The parts of a podman argv that belong to one run rather than to a profile: the container's
 name and hostname in front, and its mounts for that run, flags, image and command at the end.
 
-`linpodx.podman.argv` puts a profile's flags between these two; `linpodx.fastrun` puts a stored
-copy of those flags there (see `linpodx.runplan`). Both take these parts from here, so a plain
-`linpodx run` and its fast path build the same argv. Standard library only, and only what the
-`json` module imports anyway (`re`): this module is on the fast run path.
+`linpodx.podman.argv` puts a profile's flags between these two; `linpodx.fastpath.run` puts a
+stored copy of those flags there (see `linpodx.fastpath.plan`). Both take these parts from
+here, so a plain `linpodx run` and its fast path build the same argv. Standard library only,
+and only what the `json` module imports anyway (`re`): this module is on the fast run path.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ of one of the person's subordinate ids would hand those ids to anyone on the hos
 The profile is written once per content (`seccomp/SHA256.json` under the state dir, the name
 being the digest of its own bytes) and passed as `--security-opt=seccomp=FILE`; podman copies
 it into the container's config at create, so `start` and `exec` keep it. The fast run path
-(`linpodx.runplan`) builds the same bytes again and uses a plan only when that file holds them.
+(`linpodx.fastpath.plan`) builds the same bytes again and uses a plan only when that file holds
+them.
 
 Standard library's cheapest modules only (json, os): the fast run path uses this.
 """
@@ -39,7 +40,7 @@ from linpodx import paths
 from linpodx.digest import sha256
 from linpodx.errors import EngineError
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any

@@ -1,6 +1,6 @@
 """Signals while linpodx waits on a foreground podman: held, passed on, and a stop after grace.
 
-`linpodx.fastrun` loads this before podman starts (see there), so it keeps to the modules the
+`linpodx.fastpath.run` loads this before podman starts (see there), so it keeps to the modules the
 interpreter already has. The child itself is a `linpodx.proc.Child` (the one place programs
 are started).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-TYPE_CHECKING = False  # not typing's: see the module docstring
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -48,7 +48,7 @@ class Held:
 
 
 _HOLDS: list[Held] = []
-"""The holds in effect, outermost first (`linpodx.fastrun` holds while podman starts, then
+"""The holds in effect, outermost first (`linpodx.fastpath.run` holds while podman starts, then
 `engine.relay_announced` holds again, with a `stop`, for the same podman)."""
 
 
@@ -65,7 +65,7 @@ def hold_signals(send: Callable[[int], None], stop: Callable[[], None] | None = 
     held = Held(old)
     held.received.extend(sig for outer in _HOLDS for sig in outer.received)
     if stop is not None:
-        import threading  # only here: `linpodx.fastrun` keeps its imports to what it needs
+        import threading  # only here: `linpodx.fastpath.run` keeps its imports to what it needs
 
         held.fired, held.ended = threading.Event(), threading.Event()
         if held.received:

@@ -40,10 +40,10 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
-from linpodx import runplan
 from linpodx.egress import guard
 from linpodx.egress.state import EgressState
 from linpodx.errors import EngineError
+from linpodx.fastpath import plan as runplan
 from linpodx.profile.model import Network, Profile
 from tests.conftest import DEBIAN_IMAGE, ROOTLESS, linpodx_argv, run_linpodx
 from tests.servers.dns_upstream import DnsUpstream
@@ -954,7 +954,7 @@ def _apply_cli_profile(servers: Servers, tmp_path: Path, name: str) -> str:
 
 
 def _take_path(path: str, profile_id: str) -> Callable[[], None]:
-    """Send the next run of the profile down the full or the fast path (linpodx/fastrun.py);
+    """Send the next run of the profile down the full or the fast path (linpodx/fastpath/run.py);
     returns a check that it went there. The full path ends by writing the revision's run plan
     afresh; the fast one only reads it (same inode)."""
     plan = runplan.plan_file(profile_id)

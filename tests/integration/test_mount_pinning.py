@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from linpodx import paths, runplan
+from linpodx import paths
+from linpodx.fastpath import plan as runplan
 from linpodx.podman import mountpin
 from linpodx.profile import hostpaths
 from tests.conftest import BUSYBOX_IMAGE, linpodx_argv, run_linpodx

@@ -126,7 +126,8 @@ def _apply(tmp_path: Path, ws: Path, name: str) -> str:
 def _plan_inode(profile: str) -> int:
     """The inode of the profile's run plan: the full path rewrites it (a new inode), the fast
     path only reads it (tests/integration/test_run_once.py)."""
-    from linpodx import containers, runplan
+    from linpodx import containers
+    from linpodx.fastpath import plan as runplan
 
     return os.stat(runplan.plan_file(containers.resolve_profile(profile).profile_id)).st_ino
 

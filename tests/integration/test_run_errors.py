@@ -141,7 +141,7 @@ def test_a_mount_source_swapped_for_a_symlink_after_apply_is_refused(
     symlink to ~/.ssh (an agent with a writable mount can make one between two runs): every
     `linpodx run` checks the sources again, on both paths, before anything is recorded or
     started."""
-    from linpodx import runplan
+    from linpodx.fastpath import plan as runplan
 
     home = Path(os.environ["HOME"])
     (home / ".ssh").mkdir(exist_ok=True)

@@ -4,7 +4,7 @@ What these pin on real podman: the id line comes before any of the container's o
 and stderr pass through whole and in order, the exit status is the container's, stdin reaches it
 with -i, nothing is left behind, and the error cases keep podman's words, a hint, and leave a
 container that owns the name (and its run spec) alone. Each on both paths: the full one (the
-built-in profile) and the fast one (linpodx/fastrun.py: an applied profile with a stored plan).
+built-in profile) and the fast one (linpodx/fastpath/run.py: an applied profile with a stored plan).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from linpodx import containers, runplan
+from linpodx import containers
+from linpodx.fastpath import plan as runplan
 from linpodx.paths import audit_dir
 from tests.conftest import BUSYBOX_IMAGE, run_linpodx
 

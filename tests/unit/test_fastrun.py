@@ -1,4 +1,4 @@
-"""The fast run path (linpodx.fastrun, linpodx.runplan) against a stand-in `podman` on PATH.
+"""The fast run path (linpodx.fastpath: run, plan) against a stand-in `podman` on PATH.
 
 What these pin: a `--rm` run without a terminal under an applied profile starts podman with the
 very argv the full path builds, after the very `container.run` record the full path writes,
@@ -19,9 +19,12 @@ from typing import Any
 
 import pytest
 
-from linpodx import containers, fastrun, proc, runplan
+import linpodx
+from linpodx import containers, fastpath, proc
 from linpodx.audit import core
 from linpodx.cli.main import main
+from linpodx.fastpath import plan as runplan
+from linpodx.fastpath import run as fastrun
 from linpodx.paths import admin_log, containers_dir
 from linpodx.podman import argv as argv_mod
 from linpodx.podman import probe, spawn
@@ -167,15 +170,15 @@ def test_fast_run_returns_podmans_status_and_saves_the_spec_before_announcing(
     assert signal.getsignal(signal.SIGINT) == before
 
 
-def test_no_heavy_module_is_imported_before_podman_starts(
-    applied: containers.ProfileRef, fake_podman: Path
-) -> None:
-    # Structural, not timed: these imports are what the fast path exists to keep off podman's
-    # start. Modules the interpreter had before linpodx was imported do not count (an editable
-    # install's import hook brings pathlib with `site`).
+def fast_path_modules(extra_import: str = "") -> set[str]:
+    """The modules a fast `linpodx run --rm` has loaded when it starts podman, beyond those the
+    interpreter had before linpodx was imported. Python runs with `-S` and the repository on
+    its path: an editable install's import hook (or any `.pth` file) brings modules of its own
+    with `site`, which would hide some of linpodx's from the count."""
     script = textwrap.dedent(
-        """
+        f"""
         import sys
+        sys.path.insert(0, {str(Path(linpodx.__file__).parent.parent)!r})
         before = set(sys.modules)
         from linpodx import proc
         real = proc.Child.__init__
@@ -184,28 +187,82 @@ def test_no_heavy_module_is_imported_before_podman_starts(
             print("MODULES " + " ".join(new), file=sys.stderr)
             real(self, argv)
         proc.Child.__init__ = spy
+        {extra_import}
         from linpodx.cli.main import main
         sys.exit(main(["run", "--rm", "--profile", "fast", "--image", "localhost/img:1",
                        "--", "true"]))
         """
     )
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     [line] = [x for x in res.stderr.splitlines() if x.startswith("MODULES ")]
-    loaded = set(line.split()[1:])
+    return set(line.split()[1:])
+
+
+def outside_the_budget(loaded: set[str]) -> set[str]:
+    """What of `loaded` neither the fast path's package nor its two lists name."""
+    # The command's entry (every command starts there) is above the fast path, so it is not
+    # in the package's lists; it keeps to the same budget.
+    allowed = {*fastpath.KERNEL, *fastpath.STDLIB, "linpodx.cli", "linpodx.cli.main"}
+    return {
+        m for m in loaded
+        if m not in allowed and m != "linpodx.fastpath" and not m.startswith("linpodx.fastpath.")
+    }  # fmt: skip
+
+
+def test_the_fast_path_loads_only_its_kernel_before_podman_starts(
+    applied: containers.ProfileRef, fake_podman: Path
+) -> None:
+    # Structural, not timed: the lists in linpodx/fastpath/__init__.py are the fast path's
+    # import budget, and every module outside them is start-up cost before podman runs.
+    loaded = fast_path_modules()
+    assert outside_the_budget(loaded) == set()
+    assert {"linpodx.fastpath.run", "linpodx.fastpath.plan", "linpodx.audit.core"} <= loaded
+    assert "linpodx.cli.runcmd" not in loaded  # the full path's body, loaded only for it
+
+
+def test_an_import_outside_the_kernel_breaks_the_budget(
+    applied: containers.ProfileRef, fake_podman: Path
+) -> None:
+    # The check above can fail: a module that pulls in typing and pathlib is seen.
+    loaded = fast_path_modules("import linpodx.errors, pathlib, typing")
+    assert {"pathlib", "typing"} <= outside_the_budget(loaded)
+
+
+def test_what_a_guarded_run_adds_before_podman_starts_is_in_the_budget() -> None:
+    # A guarded run also launches the guard before podman starts (`fastpath.run._guard_first`);
+    # what that import adds to the unguarded run's modules must be in the lists too.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(linpodx.__file__).parent.parent)!r})
+        import linpodx.cli.main, linpodx.fastpath.argv, linpodx.fastpath.run
+        before = set(sys.modules)
+        import linpodx.egress.launch
+        print(" ".join(sorted(set(sys.modules) - before)))
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    added = set(res.stdout.split())
+    assert "linpodx.egress.launch" in added
+    assert outside_the_budget(added) == set()
+
+
+def test_the_kernel_is_the_ground_and_stays_off_the_heavy_modules() -> None:
     heavy = {
-        "dataclasses", "inspect", "typing", "pathlib", "subprocess", "threading", "shutil",
-        "tempfile", "secrets", "datetime", "decimal", "ipaddress", "typer", "jsonschema",
         "linpodx.containers", "linpodx.profile.model", "linpodx.profile.loader",
         "linpodx.profile.store", "linpodx.podman.argv", "linpodx.podman.engine",
-        "linpodx.audit.chain", "linpodx.events",
+        "linpodx.audit.chain", "linpodx.events", "linpodx.cli.runcmd",
     }  # fmt: skip
-    from linpodx import digest
-
-    if digest._builtin is not None:
-        heavy.add("hashlib")  # OpenSSL's load; see linpodx/digest.py
-    assert loaded & heavy == set()
-    assert {"linpodx.fastrun", "linpodx.runplan", "linpodx.audit.core"} <= loaded
+    assert heavy.isdisjoint(fastpath.KERNEL)
+    assert {"typing", "pathlib", "subprocess", "threading", "hashlib"}.isdisjoint(
+        fastpath.STDLIB
+    )
 
 
 def stale_revision(ref: containers.ProfileRef) -> None:

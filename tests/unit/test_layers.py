@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # From the top down. A module belongs to the longest prefix that names it.
     ("linpodx.__main__",),
     ("linpodx.cli",),
-    ("linpodx.fastrun",),
+    # The fast `run --rm` path (its plan store sits lower, below).
+    ("linpodx.fastpath",),
     ("linpodx.mcp", "linpodx.doctor"),
     ("linpodx.snapshot",),
     ("linpodx.containers",),
@@ -42,9 +43,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "linpodx.snapshot.journal", "linpodx.snapshot.jobs", "linpodx.snapshot.names",
         "linpodx.snapshot.workspace", "linpodx.snapshot.egresskeep",
     ),
-    # runplan: the fast path's plan, which containers writes and fastrun reads; integrity:
-    # cross-checks of the audit log against the profile store, above both.
-    ("linpodx.runplan", "linpodx.integrity"),
+    # fastpath.plan: the fast path's plan, which containers writes and fastpath.run reads;
+    # integrity: cross-checks of the audit log against the profile store, above both.
+    ("linpodx.fastpath.plan", "linpodx.integrity"),
     ("linpodx.egress", "linpodx.approvals"),
     # podman's argv builder takes a Profile, so podman sits above profile; profile's store
     # records into the audit chain, so profile sits above audit.

@@ -842,8 +842,8 @@ def test_an_rm_killed_after_its_record_is_finished_by_the_next_rm(
     """kill -9 between the `profile.rm` record and the pointer's rename: the log says removed,
     so the profile must not stay in use. It is refused until settled, and the next `rm`
     finishes the removal without recording it twice."""
-    from linpodx import runplan
     from linpodx.errors import EXIT_TAMPERED, LinpodxError
+    from linpodx.fastpath import plan as runplan
 
     store.apply(profile_file(tmp_path))
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from linpodx import containers, paths, runplan
+from linpodx import containers, paths
 from linpodx.errors import EXIT_INVALID, EXIT_NOT_FOUND, EXIT_TAMPERED, LinpodxError
+from linpodx.fastpath import plan as runplan
 from linpodx.profile import store
 
 

@@ -6,10 +6,9 @@ dataclasses, pathlib, subprocess, …). Most of podman's 0.3 s is spent waiting 
 the storage), so the work linpodx must do before podman starts is kept to what cannot wait,
 and everything else happens while podman runs:
 
-before podman starts (standard library's cheapest modules plus `runplan`, `profile.pointer`,
-`runline`, `audit.core`, `spawn`, `paths`, `namelock`, `errors`; checked by
+before podman starts (only the kernel `linpodx.fastpath.KERNEL` names; checked by
 tests/unit/test_fastrun.py):
-  1. the stored plan of the profile's current revision (`linpodx.runplan`: the podman flags
+  1. the stored plan of the profile's current revision (`linpodx.fastpath.plan`: the podman flags
      the full path built for it on this host, used only if everything they came from is
      unchanged);
   2. the profile's mount sources checked on the host again, the name's lock taken
@@ -31,29 +30,61 @@ Whenever something is not plain (no plan, or not a current one; an audit log tha
 first record or a repair; with an allowlist, a name that already has a state dir; anything
 that would be an error), this returns None before doing anything, and the full path runs
 instead and says what is wrong.
-
-`TYPE_CHECKING = False` instead of typing's (here and in the modules listed above): importing
-typing costs ~4 ms, and mypy is told to treat the name as true (pyproject.toml).
 """
 
 from __future__ import annotations
 
 import os
 
-from linpodx import namelock, paths, proc, runplan
+from linpodx import namelock, paths, proc
 from linpodx.audit import core
 from linpodx.errors import LinpodxError
+from linpodx.fastpath import plan as plans
+from linpodx.output import envelope, note, print_error, print_json, print_kv
 from linpodx.podman import mountpin, runline, spawn
 
-TYPE_CHECKING = False  # not typing's: see the module docstring
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from typing import Any
 
-    from linpodx.containers import Announce
+    from linpodx.containers import Announce, ContainerInfo
+    from linpodx.podman.argv import CreateSpec
 
 finished = False
 """True once a run that took this path has ended (`cli.main.entry` then skips the interpreter's
 teardown)."""
+
+
+def main(fields: dict[str, Any]) -> int | None:
+    """`linpodx run` of fields `linpodx.fastpath.argv.parse_fields` gave, if it can take the fast
+    path: its exit status (linpodx's own, with the error printed, on a failure after it took
+    it); None, with nothing done, if the full path must run it."""
+    try:
+        return run(fields, lambda info, spec: announce(info, spec, False))
+    except LinpodxError as err:
+        return fail(False, err)
+
+
+def fail(json_mode: bool, err: LinpodxError) -> int:
+    """Print a failed run's error (and its envelope with --json); its exit status."""
+    if json_mode:
+        print_json(envelope("run", error=err))
+    print_error(err)
+    return err.exit_code
+
+
+def announce(info: ContainerInfo, spec: CreateSpec, json_mode: bool) -> None:
+    """Notes about clamped limits on stderr, then the container's id, name and state (on both
+    paths: `linpodx.cli.runcmd` announces the full path's run with this too)."""
+    from linpodx.podman.argv import limit_notes
+
+    for line in limit_notes(spec):
+        note(f"note: {line}")
+    result = {"container_id": info.container_id, "name": info.name, "state": info.state}
+    if json_mode:
+        print_json(envelope("run", {**result, **info.to_dict()}))
+    else:
+        print_kv(result)  # flushed before the container's output or terminal follows
 
 
 def run(fields: dict[str, Any], announce: Announce) -> int | None:
@@ -61,7 +92,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     and return the exit status; None, with nothing done, if the full path must run it."""
     if not fields["rm"] or fields["tty"] or fields["detach"] or fields["profile"] is None:
         return None
-    plan = runplan.load(fields["profile"])
+    plan = plans.load(fields["profile"])
     podman = proc.which("podman")
     if plan is None or podman is None:
         return None
@@ -121,7 +152,7 @@ def _locked(
         # interrupted: the full path checks and refuses with the right words.
         return None
     guarded = plan["guarded"]
-    record = runplan.run_record(
+    record = plans.run_record(
         name=name,
         image=fields["image"],
         profile=plan["profile"],

@@ -4,7 +4,7 @@ Building a container's argv needs the validated profile, and loading that means 
 model, its loader and the argv builder: ~40 ms of imports before podman could start, on a
 command (`linpodx run --rm … true`) that podman itself runs in ~0.3 s. So whenever linpodx
 builds those flags (`sandbox apply`, a full `run`), it also writes them here, and the fast path
-(`linpodx.fastrun`) uses them instead, if and only if everything they were made from is the
+(`linpodx.fastpath.run`) uses them instead, if and only if everything they were made from is the
 same now:
 
 - the profile's current revision (the pointer names it) is the plan's, and the revision file
@@ -18,7 +18,7 @@ same now:
   rlimits, cgroup limits, podman's init binary);
 - for a profile with an egress allowlist, the policy its guard is given is stored too (it is
   part of the revision, so the same checks cover it); so are the profile's mounts (source,
-  destination), whose sources `linpodx.fastrun` checks and pins on the host again before
+  destination), whose sources `linpodx.fastpath.run` checks and pins on the host again before
   every run, as the full path does.
 
 - and the plan's flags, mounts and guard policy are exactly what that revision file gives on
@@ -31,7 +31,9 @@ path runs, decides everything afresh and writes a new plan. What a run gets is d
 revision file alone, on both paths; an edited revision is what `audit verify` compares with
 its `profile.apply` record.
 
-Standard library only, and only cheap modules: this is on the fast path.
+On the fast path: it loads only the kernel (`linpodx.fastpath.KERNEL`). `linpodx.containers`
+writes plans with `save` and records runs with `run_record`, so this module sits below the
+container service (tests/unit/test_layers.py), unlike the rest of `linpodx.fastpath`.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from linpodx.podman import flags, probe, seccomp
 from linpodx.podman.flags import unenforced
 from linpodx.profile import pointer
 
-TYPE_CHECKING = False  # not typing's: see the module docstring
+TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
@@ -56,7 +58,7 @@ FORMAT = 3
 MAX_PLAN_BYTES = 1 << 20
 # Files whose code decides the flags a revision gives (relative to the linpodx package).
 _CODE = (
-    "runplan.py",
+    "fastpath/plan.py",
     "podman/argv.py",
     "podman/flags.py",
     "podman/runline.py",
@@ -81,7 +83,7 @@ def code_digest() -> str:
     """sha256 over the source of the modules that turn a revision into flags."""
     global _code_digest
     if _code_digest is None:
-        base = os.path.dirname(os.path.abspath(__file__))
+        base = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # linpodx/
         h = sha256()
         for rel in _CODE:
             with open(os.path.join(base, rel), "rb") as f:
