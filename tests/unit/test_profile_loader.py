@@ -14,7 +14,7 @@ import pytest
 from linpodx import paths
 from linpodx.errors import ProfileError
 from linpodx.profile import loader
-from linpodx.profile.loader import MAX_BYTES, load_file, load_text, profile_from_dict
+from linpodx.profile.loader import MAX_BYTES, load_file, load_text, profile_from_dict, schemapass
 from linpodx.profile.model import Decision, McpSettings, Profile, Resources
 
 REPO = Path(__file__).resolve().parents[2]
@@ -804,7 +804,7 @@ def test_every_schema_pattern_is_anchored_at_the_very_end() -> None:
     assert len(patterns) >= 8
     for pattern in patterns:
         assert pattern.startswith("^") and pattern.endswith("$"), pattern
-        assert loader._anchored(pattern).pattern.endswith(r"\Z")
+        assert schemapass._anchored(pattern).pattern.endswith(r"\Z")
 
 
 def test_a_revision_stored_under_the_old_pattern_rule_is_checked_again() -> None:

@@ -209,19 +209,20 @@ def test_schema_pass_is_repeated_only_for_another_schema(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from linpodx.profile import loader
+    from linpodx.profile.loader import schemapass
 
     r = store.apply(profile_file(tmp_path))
     path = paths.profiles_dir() / "revisions" / f"{r.profile_id}.json"
     doc = json.loads(path.read_text())
     assert doc["schema_digest"] == loader.schema_digest()
     passes: list[int] = []
-    real = loader._validator
+    real = schemapass._validator
 
     def counted() -> Any:
         passes.append(1)
         return real()
 
-    monkeypatch.setattr(loader, "_validator", counted)
+    monkeypatch.setattr(schemapass, "_validator", counted)
     assert store.get("demo").profile_id == r.profile_id
     assert passes == []  # validated against this very schema at apply time
     for marker in ("sha256:" + "0" * 64, None):
