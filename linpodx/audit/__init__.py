@@ -2,5 +2,5 @@
 
 The API is in `linpodx.audit.chain` (import it from there); `linpodx.audit.core` is the
 byte-level append it builds on. This package imports neither, so that importing `core` alone
-stays cheap (`linpodx.fastrun`).
+stays cheap (`linpodx.fastpath`).
 """

@@ -11,7 +11,7 @@ fsync), `mcp.auditlog.GroupCommitChain` (batches, fsync by its sync role) and `a
 
 `linpodx.audit.chain` is the chain API (records, verification, sessions) and builds on this.
 This module is kept to the standard library's cheapest modules (no dataclasses, pathlib or
-typing at run time) because `linpodx.fastrun` appends its `container.run` record with
+typing at run time) because `linpodx.fastpath.run` appends its `container.run` record with
 `append_simple` before it starts podman, where every millisecond of imports shows.
 """
 

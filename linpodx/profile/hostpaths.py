@@ -2,7 +2,7 @@
 
 A mount source that was fine when the profile was applied can be a symlink to `~/.ssh` by the
 next run (an agent with a writable mount can make one), so `linpodx run` and `start` check
-every source again (`linpodx.containers.pin_mounts`, and `linpodx.fastrun` before podman
+every source again (`linpodx.containers.pin_mounts`, and `linpodx.fastpath.run` before podman
 starts), and pin what they checked: runc must mount that very directory or the container does
 not start (`linpodx.podman.mountpin`). Standard library's cheapest modules only: the fast run
 path imports this before podman starts.
@@ -20,7 +20,7 @@ import stat
 from linpodx import paths
 from linpodx.output import safe_text
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # not typing's: see linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from typing import Any
 

@@ -2,10 +2,10 @@
 
 One rule in one place for the two readers of a pointer: the profile store
 (`linpodx.profile.store`, every command that uses a profile by name) and the fast run path's
-plan check (`linpodx.runplan`). If they each had their own, a pointer the store refuses
+plan check (`linpodx.fastpath.plan`). If they each had their own, a pointer the store refuses
 (exit 7) could still be run by the fast path.
 
-Standard library only, and only cheap modules: `linpodx.runplan` imports this on the fast path.
+Standard library only, and only cheap modules: `linpodx.fastpath.plan` imports this on the fast path.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from linpodx.fsutil import NotRegularFile, read_regular
 from linpodx.ids import is_id
 from linpodx.output import safe_text
 
-TYPE_CHECKING = False  # not typing's: see linpodx/fastrun.py
+TYPE_CHECKING = False  # not typing's: see linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
