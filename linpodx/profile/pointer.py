@@ -5,7 +5,8 @@ One rule in one place for the two readers of a pointer: the profile store
 plan check (`linpodx.fastpath.plan`). If they each had their own, a pointer the store refuses
 (exit 7) could still be run by the fast path.
 
-Standard library only, and only cheap modules: `linpodx.fastpath.plan` imports this on the fast path.
+Standard library only, and only cheap modules: the fast path (`linpodx.fastpath.plan`) imports
+this.
 """
 
 from __future__ import annotations
