@@ -121,10 +121,17 @@ def _rename_aside(r: _Rollback) -> None:
 
 
 def _rename_back(r: _Rollback) -> None:
-    orig = _inspect_or_none(r.jour.orig_id)
+    try:
+        orig = _inspect_or_none(r.jour.orig_id)
+        taken = orig is not None and orig.name != r.name and _inspect_or_none(r.name) is not None
+    except LinpodxError as exc:
+        # A problem, not a raise: the undos after this one (the egress policy, which a
+        # re-apply finds the container by, and the staging dirs) must still run.
+        r.problems.append(f"could not look up {r.jour.aside} to rename it back: {_said(exc)}")
+        return
     if orig is None or orig.name == r.name:
         return  # back already, or removed outside linpodx (`_settle` says so)
-    if _inspect_or_none(r.name) is not None:
+    if taken:
         r.problems.append(f"cannot rename {r.jour.aside} back: a container named {r.name} "
                           "exists")
         return

@@ -210,6 +210,37 @@ def test_an_undone_rollback_starts_the_original_with_the_reapplied_allowlist(
     assert _policy()["revision"] == 72  # type: ignore[index]
 
 
+def test_an_undo_that_cannot_look_up_the_original_still_puts_the_policy_back(
+    podman: Podman, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Undoing a rollback after its create step: removing the new container took the name's
+    policy file away. If podman then fails to say where the original is (for its rename
+    back), the policy must still be put back, as the undo did before the saga: `sandbox
+    apply` finds the containers it updates by that file (a re-apply before `snapshot
+    recover` would otherwise pass this one by, and the recovery restart it on revision 72
+    with what the re-apply took away still allowed)."""
+    from linpodx.errors import EngineError
+    from linpodx.snapshot import rollback
+
+    _given_the_reapplied_policy(podman, running=True)
+    orig = podman.by_name[NAME]["Id"]
+
+    def inspect(ref: str) -> dict[str, Any]:
+        if ref == orig:  # only the undo looks the original up by its id
+            raise EngineError("podman container inspect failed", stderr="storage busy")
+        return podman.find(ref)
+
+    monkeypatch.setattr(rollback, "inspect_container", inspect)
+    with pytest.raises(LinpodxError):
+        rollback.rollback(NAME, "s1", faults=Inject("create"))
+    assert journal.exists(NAME)  # half undone: `snapshot recover` tries again
+    pol = _policy()
+    assert pol is not None, "the undo left the name without its egress policy"
+    assert (pol["revision"], pol["allowlist"]) == (72, ["other.test"])
+    assert guard._containers_of("agent") == [NAME]  # what a re-apply updates
+    assert NAME not in podman.by_name  # not renamed back: the original is still aside
+
+
 def test_a_killed_rollback_is_recovered_with_the_reapplied_allowlist(podman: Podman) -> None:
     """What a rollback killed at step create leaves when the new container's failed creation
     had already removed the name's state dir: the original stopped and renamed aside, no
