@@ -122,16 +122,19 @@ def _rename_aside(r: _Rollback) -> None:
 
 def _rename_back(r: _Rollback) -> None:
     try:
-        orig = _inspect_or_none(r.jour.orig_id)
-        taken = orig is not None and orig.name != r.name and _inspect_or_none(r.name) is not None
+        _rename_original_back(r)
     except LinpodxError as exc:
-        # A problem, not a raise: the undos after this one (the egress policy, which a
-        # re-apply finds the container by, and the staging dirs) must still run.
-        r.problems.append(f"could not look up {r.jour.aside} to rename it back: {_said(exc)}")
-        return
+        # A problem, not a raise (podman erring or timing out): the undos after this one (the
+        # egress policy, which a re-apply finds the container by, and the staging dirs) must
+        # still run, as they did before it when the undo was one function.
+        r.problems.append(f"could not rename {r.jour.aside} back to {r.name}: {_said(exc)}")
+
+
+def _rename_original_back(r: _Rollback) -> None:
+    orig = _inspect_or_none(r.jour.orig_id)
     if orig is None or orig.name == r.name:
         return  # back already, or removed outside linpodx (`_settle` says so)
-    if taken:
+    if _inspect_or_none(r.name) is not None:
         r.problems.append(f"cannot rename {r.jour.aside} back: a container named {r.name} "
                           "exists")
         return
