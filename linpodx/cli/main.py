@@ -189,29 +189,27 @@ def _main(args: list[str]) -> int | LinpodxError:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, raise_terminated)
     try:
-        if command == "run":
-            # typer costs ~0.2 s of start-up; the plain forms of `run` skip it, and take the
-            # fast path where they can (see linpodx/fastpath/__init__.py).
-            from linpodx.fastpath import argv
+        try:
+            if command == "run":
+                # typer costs ~0.2 s of start-up; the plain forms of `run` skip it, and take the
+                # fast path where they can (see linpodx/fastpath/__init__.py).
+                from linpodx.fastpath import argv
 
-            fields = argv.parse_fields(args[1:])
-            if fields is not None:
-                from linpodx.fastpath import run
+                fields = argv.parse_fields(args[1:])
+                if fields is not None:
+                    from linpodx.fastpath import run
 
-                rc = run.main(fields)
-                if rc is not None:
-                    return rc
-                from linpodx.cli import runcmd
+                    rc = run.main(fields)
+                    if rc is not None:
+                        return rc
+                    from linpodx.cli import runcmd
 
-                return runcmd.execute(runcmd.request(fields))
-        app = build_app(command)
-        rv = app(args=args, prog_name="linpodx", standalone_mode=False)
-    except CommandFailed as failed:
-        if failed.json_mode:
-            # `events --json` prints one object per line; everything else pretty documents.
-            print_json(envelope(failed.name, error=failed.error), compact=failed.name == "events")
-        print_error(failed.error)
-        return failed.error.exit_code
+                    return runcmd.execute(runcmd.request(fields))
+            app = build_app(command)
+            rv = app(args=args, prog_name="linpodx", standalone_mode=False)
+        except CommandFailed as failed:
+            # Inside the outer `try`: printing it can fail as the command's own output can.
+            return _report(failed)
     except LinpodxError as exc:
         print_error(exc)
         return exc
@@ -260,6 +258,29 @@ def _main(args: list[str]) -> int | LinpodxError:
             return click_err
         return _bug(exc)
     return rv if isinstance(rv, int) else 0
+
+
+def _report(failed: CommandFailed) -> int:
+    """Print a command's failure (with `--json`, its envelope on stdout first); its exit status.
+
+    A reader of stdout that went away (`… --json | head -c1`) ends the command quietly with
+    status 1, as click ends a command whose own output meets a closed pipe (the failure was
+    printed inside the command before it came to this boundary); the interpreter's last flush
+    then goes to /dev/null rather than into a traceback. Any other OSError is the boundary's.
+    """
+    try:
+        if failed.json_mode:
+            # `events --json` prints one object per line; everything else pretty documents.
+            print_json(envelope(failed.name, error=failed.error), compact=failed.name == "events")
+        print_error(failed.error)
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    return failed.error.exit_code
 
 
 def _bug(exc: Exception) -> LinpodxError:

@@ -121,6 +121,16 @@ def _rename_aside(r: _Rollback) -> None:
 
 
 def _rename_back(r: _Rollback) -> None:
+    try:
+        _rename_original_back(r)
+    except LinpodxError as exc:
+        # A problem, not a raise (podman erring or timing out): the undos after this one (the
+        # egress policy, which a re-apply finds the container by, and the staging dirs) must
+        # still run, as they did before it when the undo was one function.
+        r.problems.append(f"could not rename {r.jour.aside} back to {r.name}: {_said(exc)}")
+
+
+def _rename_original_back(r: _Rollback) -> None:
     orig = _inspect_or_none(r.jour.orig_id)
     if orig is None or orig.name == r.name:
         return  # back already, or removed outside linpodx (`_settle` says so)

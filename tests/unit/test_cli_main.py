@@ -4,6 +4,7 @@ own still end as `error:` + `hint:` (never "internal error" for what the machine
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -312,3 +313,40 @@ def test_a_full_disk_without_a_file_name_points_at_the_state_dir(
     assert err is not None and err.message == "No space left on device"
     assert err.hint is not None and str(tmp_path / "st") in err.hint
     assert "that path" not in err.hint
+
+
+class _ReaderGone:
+    """stdout whose reader went away (`linpodx … --json | head -c1`): every write fails."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")  # as a StringIO says it
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["sandbox", "validate", "missing.yaml", "--json"], ["events", "--no-follow", "--json",
+                                                          "--since", "bogus"]],
+    ids=["envelope", "events-line"],
+)
+def test_a_failure_whose_reader_went_away_ends_quietly_with_status_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    """A failed command's `--json` envelope meets a closed pipe: exit status 1 and nothing
+    said, as click ends a command whose own output meets one (the envelope was printed inside
+    the command until the CLI had one error boundary), never a traceback."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdout", _ReaderGone())
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 1
+    assert capsys.readouterr().err == ""
