@@ -8,6 +8,7 @@ nowhere else.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -235,6 +236,7 @@ def _session(
         chain=group,
         to_client=lambda data: _write_all(stdout_fd, data),
         to_server=server.write,
+        answer_server=server.answer,
         log=say,
         pipeline=True,
         on_bound=ending.finish,
@@ -319,8 +321,8 @@ def _start_server(
 
 
 class ServerInput:
-    """The server's stdin: writes from the bridge, and one close that cannot hang on a server
-    that stopped reading."""
+    """The server's stdin: writes from the bridge, answers to the server's own requests queued
+    (see `answer`), and one close that cannot hang on a server that stopped reading."""
 
     def __init__(self, child: subprocess.Popen[bytes], say: Callable[[str], None]) -> None:
         assert child.stdin is not None  # noqa: S101 - PIPE above
@@ -331,6 +333,52 @@ class ServerInput:
         self.lock = threading.Lock()
         self.forced = threading.Event()
         """linpodx ended podman exec to close the server's input."""
+        self._answers: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self.answers_dropped = 0
+        self._cv = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._writing = False
+
+    def answer(self, data: bytes) -> None:
+        """Queue an answer to one of the server's requests (a refusal, a denial); a thread of
+        its own writes the queue. Never waits: the thread that reads the server's output calls
+        this, and podman exec's relay (conmon, one thread for both directions) stops taking the
+        server's input while its output is not read. A reader blocked writing an answer thus
+        stopped the output that would have let the write go on (seen with a server's ping
+        flood: the session hung). Past ANSWERS_MAX_BYTES queued (a server that sends requests
+        and reads nothing) an answer is dropped and counted; the refusal it carried stays
+        recorded."""
+        with self._cv:
+            if self.closed.is_set():
+                return
+            if self._queued + len(data) > ANSWERS_MAX_BYTES:
+                self.answers_dropped += 1
+                return
+            self._answers.append(data)
+            self._queued += len(data)
+            if self._writer is None:
+                self._writer = _thread("server-answers", self._write_answers)
+            self._cv.notify()
+
+    def _write_answers(self) -> None:
+        while True:
+            with self._cv:
+                while not self._answers and not self.closed.is_set():
+                    self._cv.wait()
+                if not self._answers:
+                    return
+                data = self._answers.popleft()
+                self._queued -= len(data)
+                self._writing = True
+            try:
+                self.write(data)
+            except OSError:
+                return  # the input is closed: what is left is never read
+            finally:
+                with self._cv:
+                    self._writing = False
+                    self._cv.notify_all()
 
     def write(self, data: bytes) -> None:
         with self.lock:
@@ -339,7 +387,19 @@ class ServerInput:
             _write_all(self.fd, data)
 
     def close(self) -> None:
-        self.closed.set()  # no write starts from now on
+        with self._cv:
+            # The answers queued so far go first (a server that reads gets them all), for at
+            # most SERVER_INPUT_WAIT: one that does not read is handled below.
+            deadline = time.monotonic() + SERVER_INPUT_WAIT
+            while (self._answers or self._writing) and time.monotonic() < deadline:
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
+            self.closed.set()  # no write starts from now on
+            self._cv.notify_all()
+        if self.answers_dropped:
+            self.say(
+                f"bridge: {self.answers_dropped} answers to the server's requests were dropped "
+                "(it sent requests faster than it read their answers)"
+            )
         if not self.lock.acquire(timeout=SERVER_INPUT_WAIT):
             # A write is blocked: the server stopped reading its input. Waiting for it would
             # hang the session's end (and a SIGTERM with it); end podman exec instead, which
@@ -521,6 +581,8 @@ def _say_line(line: bytes, say: Callable[[str], None]) -> None:
 
 
 SERVER_INPUT_WAIT = 2.0
+ANSWERS_MAX_BYTES = 8 << 20
+"""Answers to the server's requests `ServerInput` holds before it drops new ones."""
 """Seconds the session's end waits for a write to the server's input to finish."""
 
 

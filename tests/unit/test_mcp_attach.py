@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -398,3 +400,58 @@ def test_a_container_name_podman_could_read_as_an_option_is_refused(name: str) -
 
     with pytest.raises(InvalidInput, match="invalid container name"):
         attach_mod.find_container(name)
+
+
+class _Child:
+    """What `ServerInput` uses of a `podman exec` Popen: its stdin, and the two stops."""
+
+    def __init__(self, stdin: Any) -> None:
+        self.stdin = stdin
+        self.stopped: list[str] = []
+
+    def terminate(self) -> None:
+        self.stopped.append("terminate")
+
+    def kill(self) -> None:
+        self.stopped.append("kill")
+
+
+def test_answers_to_the_server_never_wait_on_its_input_and_go_first_at_close() -> None:
+    """The reader of the server's output queues its answers (a ping flood's refusals): with the
+    server's input full it must go on reading, or podman exec's relay, which carries both
+    directions, stalls the session. At close the queued answers are written first."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(w, b"\n" * 4096)  # the pipe is full: a blocking write would wait
+    os.set_blocking(w, True)
+    server = attach_mod.ServerInput(_Child(os.fdopen(w, "wb")), lambda _m: None)  # type: ignore[arg-type]
+    done = threading.Event()
+
+    def flood() -> None:
+        for i in range(1000):
+            server.answer(b'{"jsonrpc":"2.0","id":%d,"error":{}}\n' % i)
+        done.set()
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    assert done.wait(10), "answer() waited on a full pipe"
+    # The server reads again: everything queued arrives, in order, before the input closes.
+    got = bytearray()
+    reader = threading.Thread(target=lambda: got.extend(_read_all(r)), daemon=True)
+    reader.start()
+    server.close()
+    reader.join(10)
+    lines = bytes(got).split(b"\n")
+    answers = [x for x in lines if x.startswith(b'{"jsonrpc"')]
+    assert len(answers) == 1000 and answers[0].endswith(b'"id":0,"error":{}}'), len(answers)
+    assert server.answers_dropped == 0
+
+
+def _read_all(fd: int) -> bytes:
+    out = bytearray()
+    while chunk := os.read(fd, 65536):
+        out.extend(chunk)
+    os.close(fd)
+    return bytes(out)

@@ -34,6 +34,7 @@ class BridgeCore:
         chain: Appender,
         to_client: Writer,
         to_server: Writer,
+        answer_server: Writer | None = None,
         log: Callable[[str], None] = lambda _m: None,
         emit: Callable[..., Any] = events.emit,
         clock: Callable[[], float] = time.monotonic,
@@ -47,6 +48,7 @@ class BridgeCore:
         self.chain = chain
         self._to_client = to_client
         self._to_server = to_server
+        self._answer_server = answer_server
         self._log = log
         self._emit = emit
         self._clock = clock
@@ -241,6 +243,15 @@ class BridgeCore:
                 self._to_client(data)
             except OSError as exc:
                 self._log(f"bridge: client output closed: {exc}")
+
+    def answer_server(self, obj: Any) -> None:
+        """Answer one of the server's own requests (a refusal, a denial) without waiting on the
+        server's input: through `answer_server` (the session queues it, see
+        `mcp.attach.ServerInput.answer`), or written like any message when there is none."""
+        if self._answer_server is None:
+            self.send_server(obj)
+            return
+        self._answer_server(jsonrpc.serialize(obj))
 
     def send_server(self, obj: Any) -> None:
         """Write one evaluated message to the server (re-serialized, never the raw bytes)."""

@@ -148,7 +148,7 @@ class ServerSide(Drops):
                 msg.id, jsonrpc.INVALID_REQUEST, f"refused by linpodx: {why}"
             )
             self._invalid(
-                "server", why, msg.id, 0, then=lambda: self.send_server(answer), lane="server"
+                "server", why, msg.id, 0, then=lambda: self.answer_server(answer), lane="server"
             )
             return
         record = {
@@ -170,7 +170,7 @@ class ServerSide(Drops):
                 self.stats.denied += 1
                 if allowed:
                     self.server_inflight.pop(key, None)
-            self.send_server(
+            self.answer_server(
                 jsonrpc.error_response(
                     msg.id, jsonrpc.DENIED_BY_POLICY, f"denied by linpodx policy: {reason}"
                 )
