@@ -228,13 +228,8 @@ def read_records(path: Path) -> list[Record]:
         out = list(scan.records())
     except NotALog as exc:
         raise AuditError(f"audit log {exc}", HINT_NOT_A_LOG) from None
-    except FileNotFoundError:
-        raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
     except OSError as exc:
-        raise AuditError(
-            f"could not read the audit log {path}: {exc.strerror or exc}",
-            "check the file's permissions",
-        ) from None
+        raise read_failure(path, exc) from None
     if scan.stop is not None:
         offset, why, kind = scan.stop
         if kind == "overlong":
@@ -250,3 +245,11 @@ def read_records(path: Path) -> list[Record]:
     return out
 
 
+def read_failure(path: Path | str, exc: OSError) -> AuditError:
+    """The error for an audit log that could not be read: missing, or unreadable."""
+    if isinstance(exc, FileNotFoundError):
+        return AuditError(f"no audit log at {path}", "nothing has been recorded there yet")
+    return AuditError(
+        f"could not read the audit log {path}: {exc.strerror or exc}",
+        "check the file's permissions",
+    )

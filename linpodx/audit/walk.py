@@ -18,7 +18,7 @@ from typing import Any
 from linpodx import proc
 from linpodx.audit import core, logfile
 from linpodx.audit.core import MAX_LINE, ZERO_HASH, Fields
-from linpodx.audit.logfile import HINT_NOT_A_LOG, NotALog, OverlongLine, fd_lines
+from linpodx.audit.logfile import HINT_NOT_A_LOG, NotALog, OverlongLine, fd_lines, read_failure
 from linpodx.audit.record import BadRecord, Record, torn_problem, torn_reason
 from linpodx.errors import AuditError
 
@@ -123,13 +123,8 @@ def verify_file(
             path=str(path),
             hint=HINT_NOT_A_LOG,
         )
-    except FileNotFoundError:
-        raise AuditError(f"no audit log at {path}", "nothing has been recorded there yet") from None
     except OSError as exc:
-        raise AuditError(
-            f"could not read the audit log {path}: {exc.strerror or exc}",
-            "check the file's permissions",
-        ) from None
+        raise read_failure(path, exc) from None
 
 
 LOCK_WAIT = 5.0
