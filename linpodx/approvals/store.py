@@ -299,6 +299,8 @@ class PendingRequest:
     """Each key of the params, cut on its own (`display_fields`)."""
     fields_more: int = 0
     """Keys not in `fields` (FIELDS_MAX): `linpodx approvals show` prints them."""
+    reason: str = ""
+    """Why a person is asked: the gate's reason (the rule, or its rate exceeded)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -314,6 +316,7 @@ class PendingRequest:
             "expires_unix": self.expires,
             "fields": [f.to_list() for f in self.fields],
             "fields_more": self.fields_more,
+            "reason": self.reason,
         }
 
     @classmethod
@@ -330,6 +333,7 @@ class PendingRequest:
                 expires=_unix_time(d["expires_unix"]),
                 fields=_fields(d.get("fields", [])),
                 fields_more=_count(d.get("fields_more", 0)),
+                reason=str(d.get("reason", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(
@@ -415,11 +419,19 @@ def _dir(approval_id: str) -> Path:
 
 
 def create(
-    session: str, method: str, tool: str | None, request: Any, params: Any, timeout_seconds: float
+    session: str,
+    method: str,
+    tool: str | None,
+    request: Any,
+    params: Any,
+    timeout_seconds: float,
+    first: tuple[str, ...] = (),
+    reason: str = "",
 ) -> PendingRequest:
-    """Record a pending approval for `request` (atomic write) and return it."""
+    """Record a pending approval for `request` (atomic write) and return it; `first` are the
+    arguments the rule matched on (shown first), `reason` why a person is asked."""
     created = _now()
-    fields, more = display_fields(params)
+    fields, more = display_fields(params, first)
     raw = request_bytes(request)
     pending = PendingRequest(
         approval_id=ids.new_id("apr"),
@@ -435,6 +447,7 @@ def create(
         expires=created + timeout_seconds,
         fields=tuple(fields),
         fields_more=more,
+        reason=_capped(reason),
     )
     d = _dir(pending.approval_id)
     ensure_dir(d)

@@ -159,8 +159,10 @@ def render(event: dict[str, Any]) -> list[str]:
         body = _field_lines(event)
         if body is None:
             body = [f"payload: {_s(event.get('payload'), PAYLOAD_CAP)}"]
+        why = [f"why: {_s(event.get('reason'))}"] if event.get("reason") else []
         return [
             f"{head} {what} → PROMPT",
+            *why,
             *body,
             f"approval_id: {_s(event.get('approval_id'))}",
         ]
@@ -247,6 +249,7 @@ def _show_waiting(out: TextIO, json_mode: bool, prompter: Prompter | None) -> No
             "payload": p.payload,
             "fields": [f.to_list() for f in p.fields],
             "fields_more": p.fields_more,
+            "reason": p.reason,
             "digest": p.digest,
         }
         _show(ev, out, json_mode, prompter)

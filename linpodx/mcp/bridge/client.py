@@ -104,8 +104,8 @@ class ClientSide(Drops):
             return
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
-        decision = policy.refusal(msg.kind, msg.method, msg.params) or policy.evaluate(
-            self.rules, msg.method, msg.tool_name
+        decision = policy.refusal(msg.kind, msg.method, msg.params) or self.policy.decide(
+            msg.method, msg.tool_name, msg.params
         )
         if msg.kind == "notification":
             self._client_notification(msg, decision)
@@ -203,7 +203,7 @@ class ClientSide(Drops):
                     rule=decision.rule_index,
                 )
             if decision.action is Action.PROMPT:
-                self._prompt(msg)
+                self._prompt(msg, decision)
             elif not allow:
                 self._deny(msg, decision.reason)
 
@@ -356,7 +356,7 @@ class ClientSide(Drops):
 
     # ---- approvals ------------------------------------------------------------------------
 
-    def _prompt(self, msg: Message) -> None:
+    def _prompt(self, msg: Message, decision: policy.Decision) -> None:
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
         try:
@@ -367,6 +367,8 @@ class ClientSide(Drops):
                 request=msg.raw,
                 params=msg.params,
                 timeout_seconds=self.settings.approval_timeout_seconds,
+                first=decision.matched,
+                reason=decision.reason,
             )
         except (OSError, LinpodxError) as exc:
             self._deny(msg, f"the approval request could not be recorded ({exc})")
@@ -387,6 +389,7 @@ class ClientSide(Drops):
             payload=pending.payload,
             fields=[f.to_list() for f in pending.fields],
             fields_more=pending.fields_more,
+            reason=pending.reason,
             expires=pending.to_dict()["expires"],
         )
         # Without its id: this stderr is the MCP client's pipe, and a client with a shell tool
