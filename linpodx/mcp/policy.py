@@ -195,7 +195,8 @@ class SessionPolicy:
         if index is None or index not in self._seen:
             return decision
         rate = self.rules[index].rate
-        assert rate is not None  # _seen holds rated rules only
+        if rate is None:  # _seen holds rated rules only
+            return decision
         now = self._clock()
         with self._lock:
             seen = self._seen[index]

@@ -5,7 +5,7 @@ profile is applied, and the gate (`linpodx.mcp.policy`) matches a call's argumen
 same objects. Pure, no I/O.
 
 Globs and regexes both run on one small matching machine (`_Program`): a Thompson NFA walked
-one character at a time, so a match costs at most `len(subject) × len(program)` steps whatever
+one character at a time, so a match costs at most `len(subject) * len(program)` steps whatever
 the pattern. Python's `re` backtracks: `.*a.*a.*a.*x` against 1,024 `a`s took 108 s, long
 enough for one call to stall a session. Python's own parser reads the regex (what it cannot
 compile is refused at load time); its tree is then compiled here, and a construct the machine
@@ -18,9 +18,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
-
 from re import _parser as _re_parser  # type: ignore[attr-defined]  # no stub; stable since 3.11
+from typing import Any
 
 KINDS = ("glob", "regex", "equals", "one_of")
 """The matchers, one per argument: exactly one of these keys."""
@@ -31,9 +30,9 @@ MAX_PROGRAM = 256
 """Largest matching program a pattern may compile to (`{m,n}` repeats are expanded)."""
 MAX_SUBJECT = 4096
 """Longest string a glob or regex is matched against, in characters: a longer value is a
-non-match (the rule does not apply). With MAX_PROGRAM, one match visits at most about a million states:
-about a second of CPU for the worst pattern on a 2-core test machine (`.*` written 84 times,
-against 4,096 distinct characters), microseconds for a glob like `/work/**`."""
+non-match (the rule does not apply). With MAX_PROGRAM, one match visits at most about a
+million states: about a second of CPU for the worst pattern on a 2-core test machine (`.*`
+written 84 times, against 4,096 distinct characters), microseconds for `/work/**`."""
 MAX_ONE_OF = 64
 """Most values in a `one_of` list."""
 
@@ -103,7 +102,7 @@ class _Program:
         return any(self.code[pc][0] == _MATCH for pc in states)
 
 
-def _loop(prog: _Program, body: Callable[[], None]) -> None:
+def _loop(prog: _Program, body: Callable[[], object]) -> None:
     """`body` zero or more times."""
     split = prog.emit(_SPLIT, 0, 0)
     body()
@@ -111,7 +110,7 @@ def _loop(prog: _Program, body: Callable[[], None]) -> None:
     prog.code[split] = (_SPLIT, split + 1, len(prog.code))
 
 
-def _optional(prog: _Program, body: Callable[[], None]) -> None:
+def _optional(prog: _Program, body: Callable[[], object]) -> None:
     """`body` once or not at all."""
     split = prog.emit(_SPLIT, 0, 0)
     body()
@@ -175,6 +174,14 @@ _CATEGORIES: dict[str, _Test] = {
 _UNICODE_FLAG = re.UNICODE.value
 
 
+def _range(lo: int, hi: int) -> _Test:
+    return lambda ch: lo <= ord(ch) <= hi
+
+
+def _not(c: str) -> _Test:
+    return lambda ch: ch != c
+
+
 def _class_test(items: list[tuple[Any, Any]]) -> _Test:
     negate = False
     tests: list[_Test] = []
@@ -186,7 +193,7 @@ def _class_test(items: list[tuple[Any, Any]]) -> _Test:
             tests.append(_literal(chr(arg)))
         elif name == "RANGE":
             lo, hi = arg
-            tests.append(lambda ch, lo=lo, hi=hi: lo <= ord(ch) <= hi)
+            tests.append(_range(lo, hi))
         elif name == "CATEGORY" and str(arg) in _CATEGORIES:
             tests.append(_CATEGORIES[str(arg)])
         else:
@@ -202,10 +209,9 @@ def _emit_regex(prog: _Program, items: Any) -> None:
         if name == "LITERAL":
             prog.emit(_CHAR, _literal(chr(arg)))
         elif name == "NOT_LITERAL":
-            c = chr(arg)
-            prog.emit(_CHAR, lambda ch, c=c: ch != c)
+            prog.emit(_CHAR, _not(chr(arg)))
         elif name == "ANY":
-            prog.emit(_CHAR, lambda ch: ch != "\n")  # `.` as `re` reads it without DOTALL
+            prog.emit(_CHAR, _not("\n"))  # `.` as `re` reads it without DOTALL
         elif name == "IN":
             prog.emit(_CHAR, _class_test(list(arg)))
         elif name == "CATEGORY" and str(arg) in _CATEGORIES:
@@ -222,11 +228,14 @@ def _emit_regex(prog: _Program, items: Any) -> None:
             lo, hi, sub = arg
             for _ in range(lo):
                 _emit_regex(prog, sub)
+            def body(sub: Any = sub) -> None:
+                _emit_regex(prog, sub)
+
             if hi == _re_parser.MAXREPEAT:
-                _loop(prog, lambda sub=sub: _emit_regex(prog, sub))
+                _loop(prog, body)
             else:
                 for _ in range(hi - lo):
-                    _optional(prog, lambda sub=sub: _emit_regex(prog, sub))
+                    _optional(prog, body)
         elif name == "AT":
             raise PatternError("anchors (^, $, \\b, \\A, \\Z) are not supported: a regex "
                                "always matches the whole value")

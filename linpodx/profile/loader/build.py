@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from linpodx.profile.mcprule import parse_matcher, parse_rate
 from linpodx.profile.model import (
     SCHEMA_VERSION,
     Audit,
@@ -16,7 +17,6 @@ from linpodx.profile.model import (
     Profile,
     Resources,
 )
-from linpodx.profile.mcprule import parse_matcher, parse_rate
 
 
 def _rule(r: Mapping[str, Any]) -> McpRule:
