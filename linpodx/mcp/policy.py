@@ -117,13 +117,22 @@ def _matches(rule: McpRule, method: str, tool_name: str | None, params: Any) -> 
         if method != "tools/call" or tool_name != rule.tool_name:
             return False
     if rule.arguments:
-        # Every named argument present and matching; arguments that are no object (or
-        # missing) match no rule that names one.
+        # Every named argument present and matching. A named argument that is missing (or
+        # no `arguments` at all) matches no rule that names one: nothing is there to use.
         args = params.get("arguments") if isinstance(params, Mapping) else None
-        if method != "tools/call" or not isinstance(args, Mapping):
+        lenient = rule.decision is Action.AUTO_ALLOW
+        if method != "tools/call":
             return False
+        if not isinstance(args, Mapping):
+            # `arguments` that are there but no object cannot be judged (see below).
+            return args is not None and not lenient
         for name, matcher in rule.arguments:
-            if name not in args or not matcher.matches(args[name]):
+            if name not in args:
+                return False
+            verdict = matcher.judge(args[name])
+            # A value the matcher cannot judge (not a string, NUL, a path above its root)
+            # never lets a rule allow, and never lets a call pass a deny or prompt rule.
+            if verdict is False or (verdict is None and lenient):
                 return False
     return True
 

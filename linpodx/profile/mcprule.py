@@ -332,19 +332,23 @@ class Matcher:
     value: Any
 
     def matches(self, arg: Any) -> bool:
-        """Whether `arg` (a JSON value from the call) satisfies this matcher; anything the
-        matcher cannot judge (a glob on a number, a subject too long) is a non-match."""
+        """Whether `arg` (a JSON value from the call) surely satisfies this matcher."""
+        return self.judge(arg) is True
+
+    def judge(self, arg: Any) -> bool | None:
+        """True or False, or None where a glob or regex cannot judge `arg`: no string, NUL in
+        it, longer than MAX_SUBJECT, or (a glob) a path that climbs above its root. The gate
+        reads None as a non-match for an `auto_allow` rule and as a match for a stricter one,
+        so that such a value never slips past a `deny` into a later, looser rule."""
         if self.kind == "equals":
             return json_equal(self.value, arg)
         if self.kind == "one_of":
             return any(json_equal(v, arg) for v in self.value)
-        if not isinstance(arg, str) or len(arg) > MAX_SUBJECT:
-            return False
+        if not isinstance(arg, str) or len(arg) > MAX_SUBJECT or "\0" in arg:
+            return None
         if self.kind == "glob":
             path = normalize_path(arg)
-            return path is not None and compile_glob(self.value).fullmatch(path)
-        if "\0" in arg:
-            return False
+            return None if path is None else compile_glob(self.value).fullmatch(path)
         return compile_regex(self.value).fullmatch(arg)
 
     def to_dict(self) -> dict[str, Any]:

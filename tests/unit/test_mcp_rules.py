@@ -474,3 +474,33 @@ def test_prompt_shows_the_matched_arguments_first() -> None:
     assert lines[1].startswith("why: rule 0 (tools/call w z_path~glob): rate 1/min exceeded")
     assert lines[3].startswith("  arguments.z_path: ")
     b.shutdown("end")
+
+
+def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None:
+    # deny writes below /etc, allow the rest: a path with NUL, one that climbs above its root,
+    # a list or a huge string cannot be judged, and is denied rather than let through.
+    rules = (
+        McpRule("tools/call", A.DENY, "w", arguments=(("path", Matcher("glob", "/etc/**")),)),
+        McpRule("tools/call", A.PROMPT, "w", arguments=(("cmd", Matcher("regex", "rm .*")),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "w"),
+    )
+
+    def decide(**args: Any) -> tuple[A, int | None]:
+        d = policy.evaluate(rules, "tools/call", "w", params("w", **args))
+        return d.action, d.rule_index
+
+    assert decide(path="/etc/passwd") == (A.DENY, 0)
+    assert decide(path="/work/../etc/passwd") == (A.DENY, 0)
+    for odd in ("/etc/passwd\0", "../../etc/passwd", ["/etc/passwd"], 7, "/" + "e" * MAX_SUBJECT):
+        assert decide(path=odd) == (A.DENY, 0), odd
+    assert decide(path="/work/a") == (A.AUTO_ALLOW, 2)
+    assert decide(cmd=["rm", "-rf"]) == (A.PROMPT, 1)
+    assert decide(cmd="rm -rf /") == (A.PROMPT, 1)
+    assert decide(cmd="ls") == (A.AUTO_ALLOW, 2)
+    assert decide() == (A.AUTO_ALLOW, 2)  # nothing named is there: those rules do not apply
+    odd_args = {"name": "w", "arguments": [["path", "/etc/passwd"]]}
+    assert policy.evaluate(rules, "tools/call", "w", odd_args).rule_index == 0
+    # The same odd values under an allow rule: not allowed by it.
+    allow = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("path", WORK),)),)
+    for odd in ("/work/a\0", "/work/../../work/a", ["/work/a"], 7):
+        assert policy.evaluate(allow, "tools/call", "w", params("w", path=odd)).action is A.DENY
