@@ -159,7 +159,7 @@ def render(event: dict[str, Any]) -> list[str]:
         body = _field_lines(event)
         if body is None:
             body = [f"payload: {_s(event.get('payload'), PAYLOAD_CAP)}"]
-        why = [f"why: {_s(event.get('reason'))}"] if event.get("reason") else []
+        why = [f"why: {_s(event.get('reason'), 1000)}"] if event.get("reason") else []
         return [
             f"{head} {what} → PROMPT",
             *why,
@@ -327,6 +327,7 @@ def show(approval_id: str) -> dict[str, Any]:
         "session": pending.session,
         "digest": pending.digest,
         "expires": pending.to_dict()["expires"],
+        "reason": pending.reason,
         "request": request,
     }
 
@@ -337,6 +338,8 @@ def _render_show(result: dict[str, Any]) -> None:
     out = sys.stdout
     for key in ("approval_id", "status", "session", "digest", "expires"):
         out.write(f"{key}: {safe_text(str(result[key]), FIELD_CAP)}\n")
+    if result.get("reason"):
+        out.write(f"why: {safe_text(str(result['reason']), 1000)}\n")
     out.write("request:\n")
     out.write(json.dumps(result["request"], ensure_ascii=True, indent=2, sort_keys=True) + "\n")
     out.flush()

@@ -117,7 +117,6 @@ def _optional(prog: _Program, body: Callable[[], object]) -> None:
     prog.code[split] = (_SPLIT, split + 1, len(prog.code))
 
 
-
 def _not_slash(ch: str) -> bool:
     return ch != "/"
 

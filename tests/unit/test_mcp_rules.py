@@ -504,3 +504,14 @@ def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None
     allow = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("path", WORK),)),)
     for odd in ("/work/a\0", "/work/../../work/a", ["/work/a"], 7):
         assert policy.evaluate(allow, "tools/call", "w", params("w", path=odd)).action is A.DENY
+
+
+def test_approvals_show_says_why(cli: Any) -> None:
+    reason = "rule 1 (tools/call run_tests): rate 3/min exceeded (3 auto-allowed in the last 60s)"
+    req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params("run_tests")}
+    p = approvals.create("sess_W", "tools/call", "run_tests", req, req["params"], 30, (), reason)
+    r = cli("approvals", "show", p.approval_id)
+    assert r.exit_code == 0, r.stderr
+    assert f"why: {reason}\nrequest:\n" in r.stdout
+    doc = json.loads(cli("approvals", "show", p.approval_id, "--json").stdout)
+    assert doc["result"]["reason"] == reason
