@@ -135,3 +135,44 @@ def test_rate_limited_rule_turns_into_prompt(tmp_path: Path, unique_name: str) -
     assert [d["decision"] for d in recs] == ["auto_allow", "auto_allow", "prompt", "prompt"]
     assert all(d["rule"] == 1 for d in recs)
     assert all("rate 2/h exceeded" in d["reason"] for d in recs[2:])
+
+
+DENY_PROFILE = """\
+version: 1
+name: {name}
+mcp_policy:
+  - method: tools/call
+    tool_name: write_file
+    arguments:
+      path: {{glob: "/etc/**"}}
+    decision: deny
+  - method: tools/call
+    decision: auto_allow
+mcp:
+  approval_timeout_seconds: {timeout}
+"""
+
+
+def test_odd_values_do_not_slip_past_a_deny_rule(tmp_path: Path, unique_name: str) -> None:
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, profile_text=DENY_PROFILE)
+    s = RawSession(unique_name)
+    try:
+        s.handshake()
+        odd: list[Any] = [
+            "/etc/passwd",
+            "/work/../etc/passwd",
+            "//etc/./passwd",
+            "/etc/passwd\u0000",
+            "../../etc/passwd",
+            ["/etc/passwd"],
+            {"p": "/etc/passwd"},
+        ]
+        for i, path in enumerate(odd, start=1):
+            resp = write(s, i, path, f"M-ODD-{i}")
+            assert resp["result"]["isError"] is True, (path, resp)
+            assert "rule 0 (tools/call write_file path~glob): deny" in text(resp)
+        assert "wrote" in text(write(s, 99, "/tmp/ok", "M-ODD-OK"))
+        assert s.close() == 0, s.stderr[-3000:]
+    finally:
+        s.kill()
+    assert [c["params"]["arguments"]["content"] for c in calls(unique_name)] == ["M-ODD-OK"]
