@@ -28,7 +28,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, what a shell reports for a comma
 
 EXIT_CODES: tuple[tuple[int, str, str], ...] = (
     (EXIT_OK, "ok", "it worked"),
-    (EXIT_FAILURE, "failure", "a check failed (`doctor`), or an answer came too late"),
+    (EXIT_FAILURE, "failure", "a `doctor` check failed, or a failure of no kind below"),
     (EXIT_USAGE, "usage", "the command line is wrong (unknown option, missing argument)"),
     (EXIT_INVALID, "invalid input", "a profile, label, name or payload was refused"),
     (EXIT_NOT_FOUND, "not found", "no such profile, file, container, snapshot, job or approval"),

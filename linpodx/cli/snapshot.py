@@ -111,7 +111,7 @@ def list_cmd(
                 note(safe_lines(f"warning: {where}: {r['error']}\nhint: {r.get('hint')}"))
 
     def listing() -> dict[str, Any]:
-        if quiet and name is None and not json_mode:
+        if quiet and name is None:
             # A label names a snapshot only together with its container (`--label L NAME`).
             raise UsageError(
                 "snapshot list -q needs a container NAME", "run `linpodx snapshot list NAME -q`"

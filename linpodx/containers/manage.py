@@ -300,7 +300,7 @@ def _renamable(name: str) -> bool:
     return True
 
 
-def _revision_of(label: object) -> int | None:
+def revision_of(label: object) -> int | None:
     """The `linpodx.revision` label as the number it is (None if it is not one: anyone with
     podman can set labels)."""
     text = str(label or "")
@@ -319,7 +319,7 @@ def ps(all_states: bool) -> list[dict[str, Any]]:
             "container_id": str(r.get("Id", "")),
             "profile": str(labels.get("linpodx.profile", "")),
             # A number, as in `run --json` and `sandbox list`; None for a label that is not one.
-            "revision": _revision_of(labels.get("linpodx.revision")),
+            "revision": revision_of(labels.get("linpodx.revision")),
             "state": str(r.get("State", "")),
             "egress": egress_status(name),
             "image": str(r.get("Image", "")),
