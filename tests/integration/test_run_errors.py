@@ -283,7 +283,7 @@ def test_what_a_killed_rm_leaves_is_taken_over_by_run_and_removed_by_rm(unique_n
     assert ps.returncode == 0 and unique_name not in ps.stdout
     again = run_linpodx(*argv)
     assert again.returncode == 0, again.stderr
-    cid = again.stdout.split()[1]
+    cid = again.stdout.strip()  # `run -d` prints the bare id
     assert json.loads(containers.spec_path(unique_name).read_text())["container_id"] == cid
     podman("rm", "-f", "-t", "0", unique_name)
     res = run_linpodx("rm", unique_name)
