@@ -238,6 +238,8 @@ def test_rollback_restores_rootfs_workspace_and_profile_revision(box: Box) -> No
     assert r["rolled_back"] is True
     after = inspect(box.name)
     assert after["Id"] != before["Id"]
+    assert (r["container_id"], r["previous_id"]) == (after["Id"], before["Id"])  # whole ids
+    assert r["revision"] == int(labels_before["linpodx.revision"])
     assert after["State"]["Status"] == "running"  # type: ignore[index]
     assert box.sh("ls /tmp").split().count("created-after") == 0
     assert (box.ws / "f.txt").read_text() == "v1\n"
