@@ -23,9 +23,9 @@ from linpodx.approvals import store as approvals
 from linpodx.approvals.prompter import Prompter
 from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import (
-    EXIT_FAILURE,
     EXIT_INTERRUPTED,
     CommandFailed,
+    Conflict,
     LinpodxError,
     UsageError,
 )
@@ -291,20 +291,17 @@ def decide(approval_id: str, decision: str, non_interactive: bool = False) -> di
     pending = approvals.load(approval_id)
     st = approvals.status(approval_id)
     if st != "pending":
-        raise LinpodxError(
-            f"approval {approval_id} is already {st}",
-            "only pending approvals can be answered",
-            exit_code=EXIT_FAILURE,
+        raise Conflict(
+            f"approval {approval_id} is already {st}", "only pending approvals can be answered"
         )
     reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
     if not interactive:
         reason += " (non-interactive)"
     by = {**approvals.who(), "interactive": interactive}
     if not approvals.answer(approval_id, pending.digest, decision, reason, by=by):
-        raise LinpodxError(
+        raise Conflict(
             f"approval {approval_id} is already {approvals.status(approval_id)}",
             "another answer (or the timeout) came first",
-            exit_code=EXIT_FAILURE,
         )
     return {
         "approval_id": approval_id,
