@@ -352,7 +352,7 @@ def _split(path: str) -> tuple[str, str | None]:
     Inside means under the state dir as named or under the real directory it names (what
     `state_root` hands out once it exists)."""
     named = named_root()
-    full = os.path.normpath(os.path.abspath(path))
+    full = os.path.abspath(path)  # (abspath normalises)
     for root, base in _roots(named):
         if full == base:
             return root, ""
