@@ -352,17 +352,41 @@ def _split(path: str) -> tuple[str, str | None]:
     Inside means under the state dir as named or under the real directory it names (what
     `state_root` hands out once it exists)."""
     named = named_root()
-    full = os.path.normpath(os.path.abspath(path))
-    roots = [named]
-    with contextlib.suppress(OSError):
-        roots.append(os.path.realpath(named, strict=True))
-    for root in roots:
-        base = os.path.normpath(os.path.abspath(root))
+    full = os.path.abspath(path)  # (abspath normalises)
+    for root, base in _roots(named):
         if full == base:
             return root, ""
-        if full.startswith(base.rstrip("/") + "/"):
-            return root, full[len(base.rstrip("/")) + 1 :]
+        if full.startswith(base + "/"):
+            return root, full[len(base) + 1 :]
     return named, None
+
+
+_bases: dict[tuple[str, int], tuple[tuple[str, str], ...]] = {}
+"""(state dir as named, euid) -> `_roots`, for a state dir `check_root` has found fine."""
+
+
+def _roots(named: str) -> tuple[tuple[str, str], ...]:
+    """(root, its normalised form without a trailing slash) for the state dir as named and the
+    real directory it names."""
+    key = (named, os.geteuid())
+    known = _bases.get(key)
+    real = _checked.get(key)
+    if known is not None and real is not None and known[-1][0] == real:
+        return known
+    roots = [named]
+    if real is not None:
+        # Once `check_root` has found the state dir fine in this process, its real directory
+        # is known, and it is the one every path is built from: no need to resolve the name
+        # again (a third of a durable append's CPU went to that realpath), and a link
+        # re-pointed since then still finds the paths built from the checked directory inside.
+        roots.append(real)
+    else:
+        with contextlib.suppress(OSError):
+            roots.append(os.path.realpath(named, strict=True))
+    found = tuple((r, os.path.normpath(os.path.abspath(r)).rstrip("/")) for r in roots)
+    if real is not None:
+        _bases[key] = found
+    return found
 
 
 def _make_missing(path: str) -> None:

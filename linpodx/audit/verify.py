@@ -315,26 +315,75 @@ def verify_session(
         path = None
     problems: list[str] = []
     notes: list[str] = []
-    try:
-        admin_report, index = admin_scan if admin_scan is not None else _admin_scan()
-    except AuditError as exc:
-        admin_report, index = None, AdminIndex()
-        problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
-    if path is None or not log_present(path):
-        opened_rec = index.opens.get(session_id)
-        if path is not None and opened_rec is not None:
-            # The admin chain says this session existed: its log is gone, not unknown.
-            raise ChainBroken(
-                f"the audit log of session {session_id} is missing, but admin seq "
-                f"{opened_rec.seq} recorded that it was opened: the session log was deleted",
-                "keep the admin log as evidence; the session's records cannot be recovered "
-                "by linpodx",
-                details={"session_id": session_id, "admin_seq": opened_rec.seq},
+    admin_report, index = _read_admin(admin_scan, problems)
+    path = _session_log(session_id, path, index)
+    index, admin_whole = _admin_standing(admin_report, index, problems)
+    claim = _first_claim(session_id, path, problems)
+    admin = _SessionInAdmin.of(session_id, index, claim, anchors, problems)
+    report = verify_file(path, admin.genesis, check_genesis=admin.genesis is not None,
+                         anchors=admin.anchors)  # fmt: skip
+    _check_profile_anchor(claim, admin, index, admin_report, admin_whole, checks, report,
+                          problems, notes)  # fmt: skip
+    if admin.opened is None and report.events > 1 and recheck and admin_whole:
+        # The admin chain was read before this log: a session opened meanwhile has its
+        # session.open there now. Look once more before calling it forged.
+        try:
+            fresh = _admin_scan()
+        except AuditError:
+            fresh = None
+        if fresh is not None and session_id in fresh[1].opens:
+            return verify_session(
+                session_id, anchors, admin_scan=fresh, recheck=False, checks=checks
             )
-        raise NotFound(
-            f"no audit log for session {session_id}",
-            "session ids are listed by `linpodx audit show` (session.open records)",
+    _check_open_close(session_id, admin, admin_whole, report, problems, notes)
+    return ChainCheck(
+        report=report,
+        problems=tuple(problems),
+        notes=tuple(notes),
+        session_id=session_id,
+        profile_id=claim.profile_id,
+    )
+
+
+def _read_admin(
+    admin_scan: tuple[VerifyReport | None, AdminIndex] | None, problems: list[str]
+) -> tuple[VerifyReport | None, AdminIndex]:
+    """The admin chain's scan (the one given, else a fresh one); an unreadable admin chain is a
+    problem and an empty index."""
+    try:
+        return admin_scan if admin_scan is not None else _admin_scan()
+    except AuditError as exc:
+        problems.append(f"admin chain unreadable ({exc.message}): session not cross-checked")
+        return None, AdminIndex()
+
+
+def _session_log(session_id: str, path: Path | None, index: AdminIndex) -> Path:
+    """The session's log, if it is there: ChainBroken if the admin chain opened the session
+    (its log was deleted), else NotFound."""
+    if path is not None and log_present(path):
+        return path
+    opened_rec = index.opens.get(session_id)
+    if path is not None and opened_rec is not None:
+        # The admin chain says this session existed: its log is gone, not unknown.
+        raise ChainBroken(
+            f"the audit log of session {session_id} is missing, but admin seq "
+            f"{opened_rec.seq} recorded that it was opened: the session log was deleted",
+            "keep the admin log as evidence; the session's records cannot be recovered "
+            "by linpodx",
+            details={"session_id": session_id, "admin_seq": opened_rec.seq},
         )
+    raise NotFound(
+        f"no audit log for session {session_id}",
+        "session ids are listed by `linpodx audit show` (session.open records)",
+    )
+
+
+def _admin_standing(
+    admin_report: VerifyReport | None, index: AdminIndex, problems: list[str]
+) -> tuple[AdminIndex, bool]:
+    """(what of the admin chain's index can be trusted, whether the admin chain is whole): a
+    missing or broken admin chain is a problem, and only a whole one can vouch that something
+    is NOT in it."""
     if admin_report is None and not problems:
         problems.append(
             "there is no admin log, so the profile revision this session claims to run under "
@@ -350,53 +399,102 @@ def verify_session(
         # break then shows at the next record's prev). Anchors from there would blame an
         # intact session log for the admin chain's damage.
         index = index.before(max(0, (admin_report.first_bad_seq or 0) - 1))
-    # Only a whole admin chain can vouch that something is NOT in it.
-    admin_whole = admin_report is not None and admin_report.ok
+    return index, admin_report is not None and admin_report.ok
 
+
+@dataclass(frozen=True)
+class _Claim:
+    """What the session log's first record says it runs under."""
+
+    profile_id: str | None
+    audit_hash: str | None
+
+
+def _first_claim(session_id: str, path: Path, problems: list[str]) -> _Claim:
+    """The first record's profile id and audit_hash; a first record that names another
+    session (or none) is a problem."""
     first = first_record(path)
-    profile_id = audit_hash = None
-    if first is not None:
-        pid, ah = first.data.get("profile_id"), first.data.get("audit_hash")
-        profile_id = pid if isinstance(pid, str) else None
-        audit_hash = ah if isinstance(ah, str) else None
-        named = first.data.get("session_id")
-        if named != session_id:
-            # A log copied or renamed from another session (or forged without one): its
-            # records are someone else's, whatever its chain says.
-            problems.append(
-                "the session's first record names no session id"
-                if not isinstance(named, str)
-                else f"the session's first record names session {_q(named)}, not "
-                f"{session_id}: this log was copied or renamed from another session"
-            )
-    opened = index.opens.get(session_id)
-    closed = index.closes.get(session_id)
-    # The genesis: what the admin chain says the session started from, else what the session's
-    # first record claims (then checked against the admin chain's profile.apply records).
-    genesis = None
-    if opened is not None and isinstance(opened.data.get("head"), str):
-        genesis = str(opened.data["head"])
-    elif audit_hash is not None:
-        genesis = audit_hash
-    cross: dict[int, str] = {}
-    if opened is not None and isinstance(opened.data.get("first"), str):
-        cross[0] = str(opened.data["first"])
-    close_events: int | None = None
-    if closed is not None:
-        ev, tail = closed.data.get("events"), closed.data.get("tail")
-        if isinstance(ev, int) and isinstance(tail, str) and ev > 0:
-            close_events = ev
-            if cross.get(ev - 1, tail) != tail:
-                problems.append("the admin chain's session.open and session.close disagree")
-            cross[ev - 1] = tail
-    merged = dict(cross)
-    for seq, h in (anchors or {}).items():
-        if merged.get(seq, h) != h:
-            problems.append(f"the anchor for seq {seq} disagrees with the admin chain's")
-        merged.setdefault(seq, h)
+    if first is None:
+        return _Claim(None, None)
+    pid, ah = first.data.get("profile_id"), first.data.get("audit_hash")
+    named = first.data.get("session_id")
+    if named != session_id:
+        # A log copied or renamed from another session (or forged without one): its
+        # records are someone else's, whatever its chain says.
+        problems.append(
+            "the session's first record names no session id"
+            if not isinstance(named, str)
+            else f"the session's first record names session {_q(named)}, not "
+            f"{session_id}: this log was copied or renamed from another session"
+        )
+    return _Claim(pid if isinstance(pid, str) else None, ah if isinstance(ah, str) else None)
 
-    report = verify_file(path, genesis, check_genesis=genesis is not None, anchors=merged)
 
+@dataclass(frozen=True)
+class _SessionInAdmin:
+    """What the admin chain (and the seals given) say of one session."""
+
+    opened: Record | None
+    closed: Record | None
+    close_events: int | None
+    """The record count session.close gives, if it gives a usable one."""
+    genesis: str | None
+    """What the session started from: session.open's head, else the first record's claim
+    (then checked against the admin chain's profile.apply records)."""
+    anchors: dict[int, str]
+    """seq -> hash the session log must hold: session.open's first, session.close's tail,
+    the seals."""
+
+    @classmethod
+    def of(
+        cls,
+        session_id: str,
+        index: AdminIndex,
+        claim: _Claim,
+        seals: Mapping[int, str] | None,
+        problems: list[str],
+    ) -> _SessionInAdmin:
+        opened = index.opens.get(session_id)
+        closed = index.closes.get(session_id)
+        genesis = None
+        if opened is not None and isinstance(opened.data.get("head"), str):
+            genesis = str(opened.data["head"])
+        elif claim.audit_hash is not None:
+            genesis = claim.audit_hash
+        cross: dict[int, str] = {}
+        if opened is not None and isinstance(opened.data.get("first"), str):
+            cross[0] = str(opened.data["first"])
+        close_events: int | None = None
+        if closed is not None:
+            ev, tail = closed.data.get("events"), closed.data.get("tail")
+            if isinstance(ev, int) and isinstance(tail, str) and ev > 0:
+                close_events = ev
+                if cross.get(ev - 1, tail) != tail:
+                    problems.append("the admin chain's session.open and session.close disagree")
+                cross[ev - 1] = tail
+        merged = dict(cross)
+        for seq, h in (seals or {}).items():
+            if merged.get(seq, h) != h:
+                problems.append(f"the anchor for seq {seq} disagrees with the admin chain's")
+            merged.setdefault(seq, h)
+        return cls(opened, closed, close_events, genesis, merged)
+
+
+def _check_profile_anchor(
+    claim: _Claim,
+    admin: _SessionInAdmin,
+    index: AdminIndex,
+    admin_report: VerifyReport | None,
+    admin_whole: bool,
+    checks: ProfileChecks,
+    report: VerifyReport,
+    problems: list[str],
+    notes: list[str],
+) -> None:
+    """The profile revision the session claims: named at all, the one the admin chain opened
+    it from, applied in the admin chain (or the built-in profile, opened there), and (`checks`)
+    what the profile store holds."""
+    profile_id, audit_hash, genesis = claim.profile_id, claim.audit_hash, admin.genesis
     if audit_hash is None:
         if report.ok or report.first_bad_seq != 0:  # else the report already says why
             problems.append("the session's first record names no profile audit_hash")
@@ -409,7 +507,7 @@ def verify_session(
         # The built-in default profile is never applied, so no profile.apply record exists:
         # its audit_hash is the digest of its canonical form, and the session is anchored by
         # session.open/session.close alone.
-        if opened is None and admin_whole:
+        if admin.opened is None and admin_whole:
             problems.append(
                 "a session under the built-in profile must be opened in the admin chain "
                 "(session.open), and this one is not: the session log was forged"
@@ -440,17 +538,19 @@ def verify_session(
         found, said = checks.revision(profile_id, audit_hash)
         problems.extend(found)
         notes.extend(said)
-    if opened is None and report.events > 1 and recheck and admin_whole:
-        # The admin chain was read before this log: a session opened meanwhile has its
-        # session.open there now. Look once more before calling it forged.
-        try:
-            fresh = _admin_scan()
-        except AuditError:
-            fresh = None
-        if fresh is not None and session_id in fresh[1].opens:
-            return verify_session(
-                session_id, anchors, admin_scan=fresh, recheck=False, checks=checks
-            )
+
+
+def _check_open_close(
+    session_id: str,
+    admin: _SessionInAdmin,
+    admin_whole: bool,
+    report: VerifyReport,
+    problems: list[str],
+    notes: list[str],
+) -> None:
+    """The session's session.open and session.close in the admin chain: a log with records
+    the admin chain never opened, or more records than its close counted, is a problem."""
+    opened, closed, close_events = admin.opened, admin.closed, admin.close_events
     if opened is None and not admin_whole:
         notes.append(
             "no session.open in what could be read of the admin chain: not cross-checked"
@@ -481,13 +581,6 @@ def verify_session(
                 f"{report.events - close_events} record(s) after the session was closed "
                 f"(admin seq {closed.seq} says {close_events})"
             )
-    return ChainCheck(
-        report=report,
-        problems=tuple(problems),
-        notes=tuple(notes),
-        session_id=session_id,
-        profile_id=profile_id,
-    )
 
 
 def session_ids() -> list[str]:

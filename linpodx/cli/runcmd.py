@@ -5,7 +5,7 @@ One body, so both parsers run a request the same way."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from linpodx.errors import LinpodxError, UsageError
 from linpodx.fastpath import argv
@@ -13,6 +13,7 @@ from linpodx.fastpath.run import announce, fail
 
 if TYPE_CHECKING:
     from linpodx.containers import RunRequest
+    from linpodx.fastpath.argv import PlainRun
 
 
 def parse(args: Sequence[str]) -> RunRequest | None:
@@ -21,11 +22,20 @@ def parse(args: Sequence[str]) -> RunRequest | None:
     return None if fields is None else request(fields)
 
 
-def request(fields: dict[str, Any]) -> RunRequest:
-    """The request of fields `linpodx.fastpath.argv.parse_fields` gave."""
+def request(fields: PlainRun) -> RunRequest:
+    """The request of what `linpodx.fastpath.argv.parse_fields` read."""
     from linpodx.containers import RunRequest
 
-    return RunRequest(**fields)
+    return RunRequest(
+        image=fields.image,
+        name=fields.name,
+        profile=fields.profile,
+        command=fields.command,
+        interactive=fields.interactive,
+        tty=fields.tty,
+        detach=fields.detach,
+        rm=fields.rm,
+    )
 
 
 def execute(req: RunRequest, json_mode: bool = False) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
 
 _VALUE_OPTIONS = {"--image": "image", "--profile": "profile", "--name": "name"}
 _FLAGS = {
@@ -40,9 +39,51 @@ def _flag_names(arg: str) -> list[str] | None:
     return None
 
 
-def parse_fields(args: Sequence[str]) -> dict[str, Any] | None:
-    """The fields of the `containers.RunRequest` for `run ARGS…` (ARGS after the word `run`),
-    or None to let typer parse it."""
+class PlainRun:
+    """A plain `run`'s arguments, as `parse_fields` read them: the fields of the
+    `containers.RunRequest` it stands for (`linpodx.cli.runcmd.request` makes it), typed, and
+    not changed once made. A slotted class, not a dataclass: importing dataclasses would cost
+    the fast path its budget (linpodx/fastpath/__init__.py)."""
+
+    __slots__ = ("command", "detach", "image", "interactive", "name", "profile", "rm", "tty")
+
+    image: str
+    name: str | None
+    profile: str | None
+    command: tuple[str, ...]
+    interactive: bool
+    tty: bool
+    detach: bool
+    rm: bool
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        name: str | None,
+        profile: str | None,
+        command: tuple[str, ...],
+        interactive: bool,
+        tty: bool,
+        detach: bool,
+        rm: bool,
+    ) -> None:
+        for field, value in (
+            ("image", image), ("name", name), ("profile", profile), ("command", command),
+            ("interactive", interactive), ("tty", tty), ("detach", detach), ("rm", rm),
+        ):  # fmt: skip
+            object.__setattr__(self, field, value)
+
+    def __setattr__(self, field: str, value: object) -> None:
+        raise AttributeError(f"PlainRun is frozen: {field} cannot be set")
+
+    def __repr__(self) -> str:
+        return "PlainRun(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__slots__) + ")"
+
+
+def parse_fields(args: Sequence[str]) -> PlainRun | None:
+    """The arguments of `run ARGS…` (ARGS after the word `run`), or None to let typer parse
+    it."""
     values: dict[str, str] = {}
     flags: set[str] = set()
     command: tuple[str, ...] = ()
@@ -73,13 +114,13 @@ def parse_fields(args: Sequence[str]) -> dict[str, Any] | None:
         i += 1
     if "image" not in values:
         return None
-    return {
-        "image": values["image"],
-        "name": values.get("name"),
-        "profile": values.get("profile"),
-        "command": command,
-        "interactive": "interactive" in flags,
-        "tty": "tty" in flags,
-        "detach": "detach" in flags,
-        "rm": "rm" in flags,
-    }
+    return PlainRun(
+        image=values["image"],
+        name=values.get("name"),
+        profile=values.get("profile"),
+        command=command,
+        interactive="interactive" in flags,
+        tty="tty" in flags,
+        detach="detach" in flags,
+        rm="rm" in flags,
+    )

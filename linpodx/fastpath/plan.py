@@ -230,7 +230,47 @@ def save(
             pass
 
 
-def load(name: str) -> dict[str, Any] | None:
+class Plan:
+    """A stored plan `load` found right for a profile's current revision on this host now:
+    typed, and not changed once made (a slotted class: dataclasses are beyond the fast path's
+    budget, linpodx/fastpath/__init__.py)."""
+
+    __slots__ = (
+        "audit_hash", "egress_policy", "flags", "guarded", "limits_not_applied", "mounts",
+        "profile", "profile_id", "revision",
+    )  # fmt: skip
+
+    profile: str
+    profile_id: str
+    revision: int
+    audit_hash: str
+    flags: tuple[str, ...]
+    """podman's flags for the profile (between `runline.head` and `runline.tail`)."""
+    mounts: tuple[tuple[str, str], ...]
+    """(host source, container target) of each mount, checked and pinned again per run."""
+    guarded: bool
+    egress_policy: dict[str, Any] | None
+    """The egress guard's policy document, when `guarded`."""
+    limits_not_applied: tuple[str, ...]
+    """The revision's cgroup limits this host cannot apply (from the revision, not the plan)."""
+
+    def __init__(self, doc: dict[str, Any], limits_not_applied: Sequence[str]) -> None:
+        """From a plan document `load` has checked."""
+        for field, value in (
+            ("profile", doc["profile"]), ("profile_id", doc["profile_id"]),
+            ("revision", doc["revision"]), ("audit_hash", doc["audit_hash"]),
+            ("flags", tuple(doc["flags"])), ("mounts", tuple((s, t) for s, t in doc["mounts"])),
+            ("guarded", doc["guarded"]),
+            ("egress_policy", doc["egress_policy"] if doc["guarded"] else None),
+            ("limits_not_applied", tuple(limits_not_applied)),
+        ):  # fmt: skip
+            object.__setattr__(self, field, value)
+
+    def __setattr__(self, field: str, value: object) -> None:
+        raise AttributeError(f"Plan is frozen: {field} cannot be set")
+
+
+def load(name: str) -> Plan | None:
     """The plan for the current revision of the profile NAME, or None if there is no plan that
     is certainly right for it on this host now (see the module docstring)."""
     if not name or len(name) > 63 or name[0] in "._-" or not _NAME_CHARS.issuperset(name):
@@ -275,10 +315,9 @@ def load(name: str) -> dict[str, Any] | None:
         if not _made_from(plan, revision_doc, host):
             return None
         # Not from the plan file: what the revision and this host give now (as `_made_from`).
-        plan["limits_not_applied"] = unenforced(revision_doc["profile"]["resources"], host[3])
+        return Plan(plan, unenforced(revision_doc["profile"]["resources"], host[3]))
     except (ValueError, TypeError, KeyError, OSError, LinpodxError):
         return None
-    return plan
 
 
 def _made_from(plan: dict[str, Any], revision_doc: dict[str, Any], host: probe.HostFacts) -> bool:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from linpodx.containers import Announce, ContainerInfo
+    from linpodx.fastpath.argv import PlainRun
     from linpodx.podman.argv import CreateSpec
 
 finished = False
@@ -55,8 +56,8 @@ finished = False
 teardown)."""
 
 
-def main(fields: dict[str, Any]) -> int | None:
-    """`linpodx run` of fields `linpodx.fastpath.argv.parse_fields` gave, if it can take the fast
+def main(fields: PlainRun) -> int | None:
+    """`linpodx run` of what `linpodx.fastpath.argv.parse_fields` read, if it can take the fast
     path: its exit status (linpodx's own, with the error printed, on a failure after it took
     it); None, with nothing done, if the full path must run it."""
     try:
@@ -96,26 +97,45 @@ def announce(
         print_status(result)  # flushed before the container's output or terminal follows
 
 
-def run(fields: dict[str, Any], announce: Announce) -> int | None:
-    """Run the request (the fields of a `containers.RunRequest`) if it can take the fast path
-    and return the exit status; None, with nothing done, if the full path must run it."""
-    if not fields["rm"] or fields["tty"] or fields["detach"] or fields["profile"] is None:
+class _Taken:
+    """A run the fast path has taken (its name's lock held): what every step after that reads."""
+
+    __slots__ = ("announce", "fields", "lock", "name", "plan")
+
+    def __init__(
+        self,
+        fields: PlainRun,
+        plan: plans.Plan,
+        name: str,
+        announce: Announce,
+        lock: namelock.NameLock,
+    ) -> None:
+        self.fields = fields
+        self.plan = plan
+        self.name = name
+        self.announce = announce
+        self.lock = lock
+
+
+def run(fields: PlainRun, announce: Announce) -> int | None:
+    """Run the request if it can take the fast path and return the exit status; None, with
+    nothing done, if the full path must run it."""
+    if not fields.rm or fields.tty or fields.detach or fields.profile is None:
         return None
-    plan = plans.load(fields["profile"])
+    plan = plans.load(fields.profile)
     podman = proc.which("podman")
     if plan is None or podman is None:
         return None
-    name = f"linpodx-{os.urandom(4).hex()}" if fields["name"] is None else fields["name"]
-    command = tuple(fields["command"])
+    name = f"linpodx-{os.urandom(4).hex()}" if fields.name is None else fields.name
     try:
         head = runline.head(name, None)
-        runline.validate_image(fields["image"])
+        runline.validate_image(fields.image)
     except LinpodxError:
         return None  # the full path refuses it with the same words
     from linpodx.profile import hostpaths
 
     pins: list[mountpin.Pin] = []
-    for source, target in plan["mounts"]:
+    for source, target in plan.mounts:
         ident = hostpaths.pin_mount_source(source)[0]
         if ident is None:
             return None  # a mount source is no longer fine: the full path refuses and says why
@@ -128,7 +148,7 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     except OSError:
         return None  # the full path takes it again and says what is wrong
     try:
-        rc = _locked(fields, announce, plan, podman, name, head, command, pins, where, lock)
+        rc = _locked(_Taken(fields, plan, name, announce, lock), podman, head, pins, where)
     finally:
         lock.release()
     return rc
@@ -144,35 +164,26 @@ def _rollback_pending(name: str) -> bool:
 
 
 def _locked(
-    fields: dict[str, Any],
-    announce: Announce,
-    plan: dict[str, Any],
-    podman: str,
-    name: str,
-    head: list[str],
-    command: tuple[str, ...],
-    pins: list[mountpin.Pin],
-    where: str,
-    lock: namelock.NameLock,
+    taken: _Taken, podman: str, head: list[str], pins: list[mountpin.Pin], where: str
 ) -> int | None:
     """`run` from the name's lock on: None (nothing done) if the full path must run it."""
+    fields, plan, name = taken.fields, taken.plan, taken.name
     if os.path.exists(where) or _rollback_pending(name):
         # The pins (and the guard's files) would be another's, or a rollback of that name was
         # interrupted: the full path checks and refuses with the right words.
         return None
-    guarded = plan["guarded"]
     record = plans.run_record(
         name=name,
-        image=fields["image"],
-        profile=plan["profile"],
-        profile_id=plan["profile_id"],
-        revision=plan["revision"],
-        audit_hash=plan["audit_hash"],
-        command=command,
-        interactive=fields["interactive"],
+        image=fields.image,
+        profile=plan.profile,
+        profile_id=plan.profile_id,
+        revision=plan.revision,
+        audit_hash=plan.audit_hash,
+        command=fields.command,
+        interactive=fields.interactive,
         tty=False,
         rm=True,
-        limits_not_applied=plan["limits_not_applied"],
+        limits_not_applied=plan.limits_not_applied,
     )
     if not core.append_simple(paths.admin_log(), "container.run", record):
         return None
@@ -187,21 +198,21 @@ def _locked(
         paths.ensure_dir_str(where)
         # What the mount sources were just checked to be, for runc's mount-check hook.
         global_flags = mountpin.hooks_flags(mountpin.setup(where, pins))
-        if guarded:
+        if plan.egress_policy is not None:
             what = "the egress guard"
-            resolv, pidfile, guard_flags = _guard_first(name, plan["egress_policy"])
+            resolv, pidfile, guard_flags = _guard_first(name, plan.egress_policy)
             global_flags += guard_flags
         tail = runline.tail(
             mount_gate=mountpin.gate_path(where) if pins else None,
             resolv_conf=resolv,
             pidfile=pidfile,
             rm=True,
-            interactive=fields["interactive"],
+            interactive=fields.interactive,
             tty=False,
-            image=fields["image"],
-            command=command,
+            image=fields.image,
+            command=fields.command,
         )
-        run_argv = runline.run_form([*head, *plan["flags"], *tail], cidfile)
+        run_argv = runline.run_form([*head, *plan.flags, *tail], cidfile)
         what = "podman run"
         child = proc.Child([podman, *global_flags, *run_argv])
         # As `engine.relay_announced` does while it waits (until `_go_on` is done): a Ctrl-C
@@ -212,10 +223,7 @@ def _locked(
     except (OSError, LinpodxError) as exc:
         failed = exc
     try:
-        return _go_on(
-            fields, name, plan["profile_id"], child, (what, failed), cidfile, True, announce,
-            resolv, lock,
-        )  # fmt: skip
+        return _go_on(taken, child, (what, failed), cidfile, resolv)
     finally:
         if held is not None:
             spawn.restore_signals(held)
@@ -237,16 +245,11 @@ def _guard_first(name: str, policy: dict[str, Any]) -> tuple[str, str, list[str]
 
 
 def _go_on(
-    fields: dict[str, Any],
-    name: str,
-    profile_id: str,
+    taken: _Taken,
     child: proc.Child | None,
     failure: tuple[str, BaseException | None],
     cidfile: str,
-    made: bool,
-    announce: Announce,
     resolv: str | None,
-    lock: namelock.NameLock,
 ) -> int:
     """The part that runs while podman works: the full modules, then `containers.run_started`."""
     # Most of what this process does while podman creates the container, none of it what
@@ -270,12 +273,13 @@ def _go_on(
             raise EngineError(f"{what} could not be started: {failed}", hint) from failed
         return child
 
+    fields = taken.fields
     req = containers.RunRequest(
-        image=fields["image"],
-        name=name,
-        profile=fields["profile"],
-        command=tuple(fields["command"]),
-        interactive=fields["interactive"],
+        image=fields.image,
+        name=taken.name,
+        profile=fields.profile,
+        command=fields.command,
+        interactive=fields.interactive,
         tty=False,
         detach=False,
         rm=True,
@@ -284,8 +288,9 @@ def _go_on(
     what, failed = failure
     steps = {"the run's state dir": "state_dir", "the egress guard": "egress_guard"}
     rc = containers.run_started(
-        req, profile_id, start, Path(cidfile), made=made, announce=announce, resolv_conf=resolv,
-        lock=lock, step=steps.get(what, "podman_run") if failed is not None else "podman_run",
+        req, taken.plan.profile_id, start, Path(cidfile), made=True, announce=taken.announce,
+        resolv_conf=resolv, lock=taken.lock,
+        step=steps.get(what, "podman_run") if failed is not None else "podman_run",
     )  # fmt: skip
     finished = True
     return rc

@@ -251,11 +251,6 @@ def exec_argv(name: str, command: Sequence[str], interactive: bool, tty: bool) -
     return tuple(argv)
 
 
-def rename(old: str, new: str) -> None:
-    """`podman rename OLD NEW`."""
-    podman("rename", old, new, what="podman rename")
-
-
 def version() -> str:
     """podman's version string (`4.3.1`)."""
     res = podman("version", "--format={{.Client.Version}}", what="podman version", timeout=60)
@@ -517,7 +512,11 @@ def stream_chunks(argv: Sequence[str], sink: Any) -> int:
 # The verbs of snapshots and rollback (`linpodx.snapshot`): images, commits, pauses, mounts and
 # the container look-ups they need. They run `podman` by name (PATH), take no hint from
 # `classify_hint` and keep their own messages, exactly as the snapshot code wrote them before
-# they moved here; `inspect`/`rename`/`remove` above are their near-twins for the run paths.
+# they moved here. `inspect` and `remove` above are near-twins of `container_info` and
+# `remove_container_id` for the run paths, kept apart because what the user sees differs: the
+# run paths resolve podman first (its own "podman not found"), take classify_hint's hints and
+# point at `linpodx ps --all`; the snapshot verbs keep the words snapshot commands have always
+# said (merging them changed the hints a test pins).
 
 SNAP_PODMAN = "podman"
 

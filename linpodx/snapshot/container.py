@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpodx.errors import NotManaged
-from linpodx.podman import engine
+from linpodx.snapshot import runner
 
 MANAGED_LABEL = "linpodx.managed"
 # The labels that tie a container to its profile revision: a rolled-back one keeps them all.
@@ -58,7 +58,7 @@ class Container:
 
 def inspect_container(name: str) -> dict[str, Any]:
     """`podman inspect` of a container; NotFound if it does not exist."""
-    return engine.container_info(name)
+    return runner.host().inspect_container(name)
 
 
 def labels_of(info: Mapping[str, Any]) -> dict[str, str]:

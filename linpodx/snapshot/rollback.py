@@ -20,8 +20,7 @@ from linpodx.containers.manage import revision_of
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
 from linpodx.podman import engine
-from linpodx.podman.engine import image_id
-from linpodx.snapshot import egresskeep, journal, lifecycle, manifest, workspace
+from linpodx.snapshot import egresskeep, journal, lifecycle, manifest, runner, workspace
 from linpodx.snapshot.container import (
     PROFILE_LABELS,
     Container,
@@ -306,7 +305,7 @@ def _verify_snapshot(name: str, label: str) -> dict[str, Any]:
             f"the manifest is damaged; remove the snapshot with "
             f"`linpodx snapshot rm {name} --label {label}` and create it again",
         )
-    iid = image_id(ref)
+    iid = runner.host().image_id(ref)
     if iid is None:
         raise NotFound(
             f"snapshot image missing: {ref}",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -14,16 +13,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from linpodx import fsutil, paths, proc
+from linpodx import fsutil, paths
 from linpodx.errors import EXIT_AUDIT, Conflict, EngineError, InvalidInput, LinpodxError
 from linpodx.ids import new_ulid
 from linpodx.podman import engine
-from linpodx.podman.engine import image_id
 from linpodx.snapshot import (
     freeze,
     jobs,
     journal,
     manifest,
+    runner,
     worker,
     workspace,
 )
@@ -50,7 +49,10 @@ WORKER_ARGV = (sys.executable, "-m", "linpodx.snapshot.worker")
 
 
 def _exists(name: str, label: str) -> bool:
-    return snapshot_dir(name, label).exists() or image_id(image_ref(name, label)) is not None
+    return (
+        snapshot_dir(name, label).exists()
+        or runner.host().image_id(image_ref(name, label)) is not None
+    )
 
 
 def start_create(
@@ -131,7 +133,7 @@ def start_create(
                 exit_code=EXIT_AUDIT,
             ) from None
         emit("snapshot.create", job_id=job.job_id, container=name, label=label, status=jobs.QUEUED)
-        started = _spawn(job, log_fd, worker_argv)
+        started = runner.host().start_worker(job, log_fd, worker_argv)
     finally:
         os.close(log_fd)
     # Housekeeping, never a reason to fail: jobs that finished long ago (jobs.KEEP_DAYS).
@@ -146,66 +148,6 @@ def _open_log(job: jobs.Job) -> int:
     return os.open(
         job_log(job.job_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, paths.FILE_MODE
     )
-
-
-def _spawn(job: jobs.Job, fd: int, worker_argv: Sequence[str] = WORKER_ARGV) -> jobs.Job:
-    """Start the worker with its output in `fd` (the caller closes it)."""
-    try:
-        # Not proc.run: the worker must outlive this command (stdin: the go byte, written
-        # once the job is on record). It exits when the job is done, so nothing stays resident.
-        argv = [*worker_argv, job.job_id]
-        child = proc.popen(argv, stdin=subprocess.PIPE, stdout=fd, stderr=fd, new_session=True)
-    except OSError as exc:
-        failed = replace(
-            job, status=jobs.FAILED, finished=jobs.now_iso(), error=f"could not start worker: {exc}"
-        )
-        jobs.write(failed)
-        raise LinpodxError(f"could not start the snapshot worker: {exc}") from None
-    pid, start = jobs.pid_info(child.pid)
-    job = replace(job, worker_pid=pid, worker_start=start)
-    recorded = False
-    try:
-        jobs.write(job)
-        recorded = True
-    except OSError as exc:
-        # Without its worker on record the job must not run (nobody could tell it from a dead
-        # one): no go byte, and the job says why if the disk still takes that much.
-        with contextlib.suppress(Exception):
-            jobs.write(replace(
-                job, status=jobs.FAILED, finished=jobs.now_iso(), worker_pid=None,
-                worker_start=None,
-                error=f"could not record the worker: {exc.strerror or exc}; nothing was done",
-                hint="check the state dir (free space, permissions) and create the snapshot "
-                     "again",
-            ))
-        raise LinpodxError(
-            f"could not record the worker of snapshot job {job.job_id}: {exc.strerror or exc}",
-            "no snapshot was taken; check the state dir (free space, permissions) and run "
-            "`linpodx snapshot create` again",
-        ) from None
-    finally:
-        # The go byte, only once the worker is on record: from now on only the worker writes
-        # the job file. Closing stdin without it makes the worker exit without doing anything.
-        assert child.stdin is not None  # noqa: S101 - stdin=PIPE above
-        with contextlib.suppress(BrokenPipeError):
-            if recorded and job.worker_start is not None:
-                child.stdin.write(b"1")
-            child.stdin.close()
-        if not recorded:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=10)  # it exits at once; reap it
-    _CHILDREN.append(child)
-    return job
-
-
-# Popen objects of workers this process started, so `--wait` (and in-process tests) reap them.
-_CHILDREN: list[subprocess.Popen[bytes]] = []
-
-
-def _reap() -> None:
-    for child in list(_CHILDREN):
-        if child.poll() is not None:
-            _CHILDREN.remove(child)
 
 
 def _recover(job: jobs.Job) -> jobs.Job:
@@ -233,7 +175,7 @@ def wait(job_id: str, timeout: float | None = None) -> jobs.Job:
     """Block until the job has finished (or its worker is found dead)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        _reap()
+        runner.reap()
         job = _recover(jobs.current(job_id))
         if jobs.is_terminal(job):
             return job
@@ -280,7 +222,7 @@ def job_view(job: jobs.Job) -> dict[str, Any]:
 
 def job_status(job_id: str) -> dict[str, Any]:
     """The job's current status (a dead worker is reported failed)."""
-    _reap()
+    runner.reap()
     return job_view(_recover(jobs.current(job_id)))
 
 
@@ -342,7 +284,7 @@ def _snapshot_row(container: str, sdir: Path) -> dict[str, Any]:
         raise LinpodxError(
             "snapshot manifest is damaged: a mount is not an object", _remove_hint(container, sdir)
         )
-    iid = image_id(ref)
+    iid = runner.host().image_id(ref)
     state = "ok" if iid == man["image_id"] else ("image missing" if iid is None
                                                else "image retagged")
     return {
@@ -362,11 +304,11 @@ def remove(name: str, label: str) -> dict[str, Any]:
     check_label(label)
     ref = image_ref(name, label)
     sdir = snapshot_dir(name, label)
-    if not sdir.exists() and image_id(ref) is None:
+    if not sdir.exists() and runner.host().image_id(ref) is None:
         # Before the lock too: a name that never had a snapshot leaves no lock file behind.
         raise manifest.not_found(name, label)
     with container_lock(name):
-        iid = image_id(ref)
+        iid = runner.host().image_id(ref)
         if not sdir.exists() and iid is None:
             raise manifest.not_found(name, label)
         audit("snapshot.rm", {"container": name, "label": label, "image": ref,
@@ -374,11 +316,11 @@ def remove(name: str, label: str) -> dict[str, Any]:
         image_removed = False
         if iid is not None:
             res = engine.remove_image(ref)
-            if res.returncode == 0 or image_id(iid) is None:
+            if res.returncode == 0 or runner.host().image_id(iid) is None:
                 # (podman 4.3 can delete the image and still fail, on a parent image that a
                 # rolled-back container uses: then it is gone all the same.)
                 image_removed = True
-            elif image_id(ref) is not None:
+            elif runner.host().image_id(ref) is not None:
                 # A container (a rolled-back one) still uses the image: drop only our name.
                 engine.untag(iid, ref)
         workspace.remove_tree(sdir)

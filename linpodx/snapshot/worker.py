@@ -26,7 +26,6 @@ from linpodx import containers
 from linpodx.errors import Conflict, EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
 from linpodx.podman import engine
-from linpodx.podman.engine import image_id
 from linpodx.profile import HOME_DIR
 from linpodx.profile.loader import size_bytes
 from linpodx.profile.model import Resources
@@ -38,6 +37,7 @@ from linpodx.snapshot import (
     lifecycle,
     manifest,
     precheck,
+    runner,
     workspace,
 )
 from linpodx.snapshot.container import PROFILE_LABELS, Container, require_managed
@@ -298,7 +298,7 @@ def run_create(job_id: str, faults: Faults = NO_FAULTS) -> int:
                 for i, m in enumerate(mounts):
                     entries.append(workspace.archive(m, tmp / f"mount-{i}.tar"))
                 run.step("thaw")
-            full_id = image_id(new_image) or new_image
+            full_id = runner.host().image_id(new_image) or new_image
             manifest.write(
                 tmp,
                 {

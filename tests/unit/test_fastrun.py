@@ -25,6 +25,7 @@ from linpodx.audit import core
 from linpodx.cli.main import main
 from linpodx.fastpath import plan as runplan
 from linpodx.fastpath import run as fastrun
+from linpodx.fastpath.argv import PlainRun
 from linpodx.paths import admin_log, containers_dir
 from linpodx.podman import argv as argv_mod
 from linpodx.podman import probe, spawn
@@ -97,7 +98,17 @@ def applied(tmp_path: Path) -> containers.ProfileRef:
     return ref
 
 
-def fields(**kw: Any) -> dict[str, Any]:
+def fields(**kw: Any) -> PlainRun:
+    """What `linpodx.fastpath.argv.parse_fields` reads from a plain `run`, changed by `kw`."""
+    return PlainRun(**raw_fields(**kw))
+
+
+def request(**kw: Any) -> containers.RunRequest:
+    """The request of `fields(**kw)`."""
+    return containers.RunRequest(**raw_fields(**kw))
+
+
+def raw_fields(**kw: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "image": "localhost/img:1",
         "name": "agent-1",
@@ -137,7 +148,7 @@ def test_fast_run_starts_the_full_paths_argv_after_the_full_paths_record(
     assert rc == 0
     [argv] = calls(fake_podman)
     cidfile = argv[2].removeprefix("--cidfile=")
-    req = containers.RunRequest(**fields())
+    req = request()
     spec = containers.make_spec(req, applied)
     # The full path's flag for the mount-check hook (containers.pin_mounts), then its argv.
     hooks = containers_dir() / "agent-1" / "mounts" / "hooks"
@@ -427,7 +438,7 @@ def test_a_guarded_fast_run_starts_the_full_paths_argv_and_fails_closed(
     hooks, run_argv = argv[0], argv[1:]
     assert hooks == f"--hooks-dir={launch.egress_dir('agent-1')}/hooks"
     cidfile = run_argv[1].removeprefix("--cidfile=")
-    req = containers.RunRequest(**fields(profile="net", command=("true",)))
+    req = request(profile="net", command=("true",))
     resolv = f"{launch.egress_dir('agent-1')}/resolv.conf"
     spec = containers.make_spec(req, ref, resolv_conf=resolv)
     assert run_argv == list(argv_mod.build_run_argv(spec, cidfile))
@@ -471,7 +482,7 @@ def test_a_full_run_writes_the_plan_the_next_run_uses(
     applied: containers.ProfileRef, fake_podman: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_plan(applied)
-    req = containers.RunRequest(**fields())
+    req = request()
     assert containers.run_foreground(req, lambda info, spec: None) == 0
     assert os.path.exists(runplan.plan_file(applied.profile_id))
     took: list[str] = []
@@ -563,11 +574,11 @@ def test_the_full_path_refuses_a_mount_source_that_is_no_longer_fine(
     project.rmdir()
     project.symlink_to(home / ".ssh")
     with pytest.raises(InvalidInput, match="sensitive path") as err:
-        containers.make_spec(containers.RunRequest(**fields()), applied)
+        containers.make_spec(request(), applied)
     assert err.value.hint and "re-apply" in err.value.hint
     project.unlink()  # gone altogether: refused too
     with pytest.raises(InvalidInput, match="does not exist"):
-        containers.make_spec(containers.RunRequest(**fields()), applied)
+        containers.make_spec(request(), applied)
 
 
 def test_held_signals_are_passed_on_and_a_container_that_ignores_them_is_stopped(

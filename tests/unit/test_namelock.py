@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
+
+import pytest
 
 from linpodx import namelock
 from linpodx.paths import containers_dir
@@ -143,3 +146,30 @@ def test_the_wait_note_names_the_linpodx_command_that_holds_the_lock(capfd) -> N
             assert err == prefix + "\n"
         else:
             assert err == f"{prefix} (pid {holder.pid}: {shown})\n"
+
+
+def test_a_scope_of_its_own_bounds_its_wait_and_keeps_its_files(tmp_path: Path) -> None:
+    """The snapshot lock is this lock in another scope: not taken again by the thread that
+    holds it (it waits, then gives up, as another process would), its files stay, and its fd
+    is the one that holds the flock (lent to programs that must keep it held)."""
+    import fcntl
+
+    scope = namelock.Scope(lambda: str(tmp_path / "locks"), guarded=None, reentrant=False,
+                           what=None, suffix=".lock")  # fmt: skip
+    with namelock.acquire("c1", scope, timeout=0) as lock:
+        assert lock.path == str(tmp_path / "locks" / "c1.lock")
+        with pytest.raises(namelock.Busy):
+            namelock.acquire("c1", scope, timeout=0.3)
+        other = os.open(lock.path, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+        fd = lock.fd
+    assert os.path.exists(lock.path)
+    with pytest.raises(ValueError):
+        _ = lock.fd
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed with the lock
+    namelock.acquire("c1", scope, timeout=0).release()  # free again

@@ -30,6 +30,7 @@ from linpodx.paths import admin_log, containers_dir
 from linpodx.proc import Result
 from linpodx.snapshot import jobs, journal, names
 from tests.faultinject import Inject
+from tests.unit.snapshot_host import FakeHost, host_fixture  # noqa: F401 (a fixture)
 
 NAME = "box"
 PROFILE_ID_21 = "prof_01J0000000000000000000021"
@@ -107,7 +108,7 @@ class Podman:
 
 
 @pytest.fixture
-def podman(monkeypatch: pytest.MonkeyPatch) -> Podman:
+def podman(monkeypatch: pytest.MonkeyPatch, host: FakeHost) -> Podman:
     from linpodx import containers
     from linpodx.snapshot import rollback, workspace
 
@@ -117,8 +118,7 @@ def podman(monkeypatch: pytest.MonkeyPatch) -> Podman:
     (spec_dir / "spec.json").write_text('{"fake": "spec"}\n')
     man = {"image": names.image_ref(NAME, "s1"), "image_id": "a" * 64, "mounts": []}
     monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
-    monkeypatch.setattr(rollback, "require_managed", lambda name: pm.find(name))
-    monkeypatch.setattr(rollback, "inspect_container", lambda ref: pm.find(ref))
+    host.set(inspect_container=pm.find)
     monkeypatch.setattr(proc, "run", pm.run)  # what the engine verbs run
     monkeypatch.setattr(workspace, "other_containers", lambda own: [])
     monkeypatch.setattr(containers, "load_spec", lambda name: {"fake": "spec"})
@@ -216,7 +216,7 @@ def test_an_undone_rollback_starts_the_original_with_the_reapplied_allowlist(
 
 @pytest.mark.parametrize("failing", ["inspect", "rename"])
 def test_an_undo_that_cannot_rename_the_original_back_still_puts_the_policy_back(
-    podman: Podman, monkeypatch: pytest.MonkeyPatch, failing: str
+    podman: Podman, monkeypatch: pytest.MonkeyPatch, failing: str, host: FakeHost
 ) -> None:
     """Undoing a rollback after its create step: removing the new container took the name's
     policy file away. If podman then fails to say where the original is, or to rename it
@@ -240,7 +240,7 @@ def test_an_undo_that_cannot_rename_the_original_back_still_puts_the_policy_back
             raise EngineError("podman rename timed out after 120 s")
         return podman.run(argv, **kw)
 
-    monkeypatch.setattr(rollback, "inspect_container", inspect)
+    host.set(inspect_container=inspect)
     monkeypatch.setattr(proc, "run", run)
     with pytest.raises(LinpodxError):
         rollback.rollback(NAME, "s1", faults=Inject("create"))

@@ -77,7 +77,7 @@ def full_path(name: str = "fast") -> int | None:
 def test_an_intact_pointer_runs_on_both_paths(st: Store) -> None:
     assert full_path() is None
     plan = runplan.load("fast")
-    assert plan is not None and plan["profile_id"] == st.second.profile_id
+    assert plan is not None and plan.profile_id == st.second.profile_id
 
 
 def _link_to_a_copy(path: Path) -> None:

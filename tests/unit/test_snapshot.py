@@ -18,8 +18,9 @@ import pytest
 
 from linpodx import proc
 from linpodx.errors import EngineError, InvalidInput, NotFound
-from linpodx.snapshot import jobs, manifest, names, workspace
+from linpodx.snapshot import jobs, manifest, names, runner, workspace
 from tests.faultinject import ROLLBACK_STEPS, Inject
+from tests.unit.snapshot_host import FakeHost, host_fixture, managed  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize(
@@ -372,6 +373,7 @@ def _admin_types() -> list[str]:
 
 @pytest.mark.parametrize("fail_at", ["stage", "log", "audit", None])
 def test_create_is_recorded_only_with_its_job_and_never_without(
+    host: FakeHost,
     fail_at: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`snapshot create` on a full or read-only state dir: either the command fails before its
@@ -388,10 +390,10 @@ def test_create_is_recorded_only_with_its_job_and_never_without(
     def full(*_a: object, **_k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
+    host.set(inspect_container=lambda ref: managed({"Id": "c" * 64}))
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
     spawned: list[jobs.Job] = []
-    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: spawned.append(job) or job)
+    host.set(start_worker=lambda job, fd, argv: spawned.append(job) or job)
     if fail_at == "stage":
         monkeypatch.setattr(jobs, "stage", full)
     elif fail_at == "log":
@@ -417,6 +419,7 @@ def test_create_is_recorded_only_with_its_job_and_never_without(
 
 
 def test_create_says_so_when_its_recorded_job_could_not_be_put_in_place(
+    host: FakeHost,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After the record only the rename is left; if even that fails, the error says the job
@@ -427,10 +430,10 @@ def test_create_says_so_when_its_recorded_job_could_not_be_put_in_place(
     from linpodx.fsutil import Staged
     from linpodx.snapshot import service
 
-    monkeypatch.setattr(service, "require_managed", lambda name: {"Id": "c" * 64})
+    host.set(inspect_container=lambda ref: managed({"Id": "c" * 64}))
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
     spawned: list[object] = []
-    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: spawned.append(job) or job)
+    host.set(start_worker=lambda job, fd, argv: spawned.append(job) or job)
 
     def cannot(self: Staged) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -444,12 +447,12 @@ def test_create_says_so_when_its_recorded_job_could_not_be_put_in_place(
 
 
 def test_rm_of_an_unknown_snapshot_leaves_no_lock_file(  # type: ignore[no-untyped-def]
+    host: FakeHost,
     cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from linpodx import paths
-    from linpodx.snapshot import service
 
-    monkeypatch.setattr(service, "image_id", lambda ref: None)
+    host.set(image_id=lambda ref: None)
     r = cli("snapshot", "rm", "never-had-one", "--label", "x")
     assert r.exit_code == 4 and "snapshot not found: never-had-one, label x" in r.stderr
     locks = paths.snapshots_dir() / ".locks"
@@ -647,7 +650,7 @@ def test_no_go_byte_when_the_worker_could_not_be_recorded(
     fd = os.open(job_log(job.job_id), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         with pytest.raises(LinpodxError) as ei:
-            service._spawn(job, fd)
+            runner.REAL.start_worker(job, fd, service.WORKER_ARGV)
     finally:
         os.close(fd)
     assert "could not record the worker" in ei.value.message
@@ -744,6 +747,7 @@ def _info_with(*mounts: tuple[Path, str]) -> dict[str, object]:
 
 @pytest.mark.parametrize("layout", ["nested", "same"])
 def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
+    host: FakeHost,
     layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ws at /workspace and ws/sub at /workspace/sub (or ws at two targets): every rollback
@@ -754,7 +758,7 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
     (ws / "sub").mkdir(parents=True)
     second = ws / "sub" if layout == "nested" else ws
     info = _info_with((ws, "/workspace"), (second, "/w2"))
-    monkeypatch.setattr(service, "require_managed", lambda name: info)
+    host.set(inspect_container=lambda ref: info)
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
     monkeypatch.setattr(workspace, "other_containers", lambda own: [])
     with pytest.raises(InvalidInput) as ei:
@@ -765,7 +769,7 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
            "mounts": [{"source": str(ws), "target": "/workspace", "kind": "dir"},
                       {"source": str(second), "target": "/w2", "kind": "dir"}]}
     monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
-    monkeypatch.setattr(rollback, "require_managed", lambda name: info)
+    host.set(inspect_container=lambda ref: info)
     with pytest.raises(InvalidInput) as ei:
         rollback.rollback("box", "s1")
     assert "cannot roll back box: its writable mounts" in ei.value.message
@@ -774,6 +778,7 @@ def test_overlapping_writable_mounts_are_refused_by_create_and_rollback(
 
 
 def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
+    host: FakeHost,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`snapshot create` during a rollback: the CLI checked and audited the original, the
@@ -781,18 +786,17 @@ def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
     job must fail rather than snapshot a container nobody audited."""
     from linpodx.snapshot import service, worker
 
-    monkeypatch.setattr(service, "require_managed",
-                        lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}})
+    host.set(inspect_container=lambda ref: managed({"Id": "a" * 64, "Config": {"Labels": {}}}))
     monkeypatch.setattr(service, "_exists", lambda name, label: False)
-    monkeypatch.setattr(service, "_spawn", lambda job, fd, argv: job)
+    host.set(start_worker=lambda job, fd, argv: job)
     job = service.start_create("box", "s1")
     assert jobs.read(job.job_id).container_id == "a" * 64
     from linpodx.paths import admin_log
 
     rec = json.loads(Path(admin_log()).read_text().splitlines()[-1])
     assert rec["data"]["container_id"] == "a" * 64
-    monkeypatch.setattr(worker, "require_managed",
-                        lambda name: {"Id": "b" * 64, "Config": {"Labels": {}}, "Mounts": []})
+    host.set(inspect_container=lambda ref: managed(
+        {"Id": "b" * 64, "Config": {"Labels": {}}, "Mounts": []}))
     assert worker.run_create(job.job_id) == 1
     after = jobs.read(job.job_id)
     assert after.status == jobs.FAILED and after.image_id is None
@@ -800,6 +804,7 @@ def test_the_worker_snapshots_only_the_container_that_was_checked_and_audited(
 
 
 def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
+    host: FakeHost,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """ENOSPC at the manifest: the job fails with a disk-space hint, not `this is a bug`."""
@@ -810,8 +815,8 @@ def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
 
     job = _job(container_id="a" * 64)
     jobs.write(job)
-    monkeypatch.setattr(worker, "require_managed",
-                        lambda name: {"Id": "a" * 64, "Config": {"Labels": {}}, "Mounts": []})
+    host.set(inspect_container=lambda ref: managed(
+        {"Id": "a" * 64, "Config": {"Labels": {}}, "Mounts": []}))
     monkeypatch.setattr(workspace, "other_containers", lambda own: [])
 
     @contextlib.contextmanager
@@ -830,7 +835,7 @@ def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
         return Result(tuple(argv), 0, "b" * 64 + "\n", "")
 
     monkeypatch.setattr(proc, "run", fake_run)  # what the engine verbs run
-    monkeypatch.setattr(worker, "image_id", lambda ref: "b" * 64)
+    host.set(image_id=lambda ref: "b" * 64)
 
     def full(*_a: object, **_k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", "/state/manifest.json")
@@ -845,6 +850,7 @@ def test_a_full_disk_while_the_manifest_is_written_is_said_as_such(
 
 
 def test_a_paused_container_is_not_rolled_back(
+    host: FakeHost,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Paused is neither running nor stopped: the rolled-back container used to end exited.
@@ -853,7 +859,7 @@ def test_a_paused_container_is_not_rolled_back(
 
     man = {"image": names.image_ref("box", "s1"), "image_id": "a" * 64, "mounts": []}
     monkeypatch.setattr(rollback, "_verify_snapshot", lambda name, label: man)
-    monkeypatch.setattr(rollback, "require_managed", lambda name: {
+    host.set(inspect_container=lambda ref: {
         "Id": "c" * 64, "State": {"Status": "paused", "Running": False, "Paused": True},
         "Config": {"Labels": {"linpodx.managed": "1"}}, "Mounts": []})
     with pytest.raises(InvalidInput) as ei:
@@ -882,19 +888,19 @@ def _manifest(container: str, label: str, image: str | None = None) -> None:
 
 
 def test_cli_list_shows_the_good_snapshots_beside_a_damaged_one(  # type: ignore[no-untyped-def]
+    host: FakeHost,
     cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A manifest naming an image that is not its own (podman refused it: `podman image
     inspect failed`, no hint, exit 5) no longer hides the others; each row that cannot be
     read says why and what to do, and a podman failure on one image is that row's."""
-    from linpodx.snapshot import service
 
     def image_id(ref: str) -> str | None:
         if ref.endswith(":broken"):
             raise EngineError("podman image inspect failed", stderr="boom")
         return None if ref.endswith(":gone") else "sha256:" + "0" * 64
 
-    monkeypatch.setattr(service, "image_id", image_id)
+    host.set(image_id=image_id)
     _manifest("agent", "good")
     _manifest("agent", "gone")
     _manifest("agent", "forged", image="BAD::REF!!\x1b[2J")
@@ -931,6 +937,7 @@ def test_container_names_follow_the_rule_and_message_of_every_other_command(
 
 
 def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # type: ignore[no-untyped-def]
+    host: FakeHost,
     cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After snapshot, rollback, snapshot: `podman rmi` of the newer image deletes it and then
@@ -939,7 +946,6 @@ def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # 
     the snapshot is removed, and `image_deleted` says so."""
     from types import SimpleNamespace
 
-    from linpodx.snapshot import service
     from linpodx.snapshot.names import snapshot_dir
 
     snapshot_dir("box", "l2").mkdir(parents=True)
@@ -956,7 +962,7 @@ def test_rm_of_a_snapshot_whose_image_podman_deleted_while_failing_succeeds(  # 
             return SimpleNamespace(returncode=2, stderr="image is in use by a container")
         raise AssertionError(f"unexpected podman call: {argv}")
 
-    monkeypatch.setattr(service, "image_id", lambda ref: images.get(ref))
+    host.set(image_id=lambda ref: images.get(ref))
     monkeypatch.setattr(proc, "run", run)  # what the engine verbs run
     r = cli("snapshot", "rm", "box", "--label", "l2", "--json")
     assert r.exit_code == 0, r.stderr

@@ -329,3 +329,43 @@ def test_a_state_dir_under_a_directory_others_can_write_is_refused(
     assert "can be changed by someone else" in ei.value.message and ei.value.exit_code == 6
     open_dir.chmod(0o1777)  # sticky, as /tmp
     assert paths.state_dir() == open_dir / "st"
+
+
+def test_a_link_planted_after_the_state_dirs_link_was_re_pointed_is_still_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paths are built from the real directory the check found; once the link that named it
+    points elsewhere, they must still count as inside the state dir, and be checked as such."""
+    real, elsewhere, outside = tmp_path / "real", tmp_path / "elsewhere", tmp_path / "outside"
+    for d in (real, elsewhere, outside):
+        d.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(link))
+    assert paths.state_dir() == real
+    link.unlink()
+    link.symlink_to(elsewhere)
+    (real / "containers").symlink_to(outside)
+    with pytest.raises(LinpodxError, match="symbolic link"):
+        namelock.acquire("agent-1")
+    assert _tree(outside) == [] and _tree(elsewhere) == []
+
+
+def test_the_state_dir_is_resolved_once_per_process(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every durable append checks its directory; resolving the state dir's name each time was
+    a third of an append's CPU. Once checked, its real directory is what paths are built from."""
+    d = paths.ensure_dir(paths.audit_dir())
+    resolved: list[str] = []
+    realpath = os.path.realpath
+
+    def counting(p: str, *a: object, **kw: bool) -> str:
+        resolved.append(p)
+        return realpath(p, **kw)
+
+    monkeypatch.setattr(os.path, "realpath", counting)
+    for _ in range(3):
+        paths.ensure_dir_str(str(d))
+        paths.check_dir_str(str(d))
+    assert resolved == []
