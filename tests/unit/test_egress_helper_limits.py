@@ -108,3 +108,4 @@ def test_pasta_keeper_starts_pasta_under_the_limits(tmp_path: Path) -> None:
     want = [str(300 << 20)] * 2
     assert any(ln.startswith("Max address space") and ln.split()[3:5] == want
                for ln in text.splitlines()), text  # fmt: skip
+
