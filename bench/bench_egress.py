@@ -18,6 +18,13 @@
 2. Start-up: `linpodx run --rm` under a profile with an allowlist vs plain `podman run --rm`
    with the same image (alternating). Target: median ratio <= 1.6. `linpodx run --rm` under a
    profile WITHOUT an allowlist is measured too, so the guard's own share is visible.
+3. Connections (`--part connect`, root): connection set-up + one HTTP request through the
+   connection checker vs the same with the address pinned (no redirect, as before the
+   checker), and a floor: the same redirect path through a bare relay in the container's
+   netns that accepts, connects onward and splices without reading or judging anything, so
+   the checker's added latency splits into the extra hop and the judging. The three
+   alternate in chunks of the same run. Then a large download (checker vs pinned) and the
+   guard's memory with 256 connections held.
 
 Everything stays on this machine (upstream on 127.0.0.1, answers are this host's address or
 198.18.0.0/15 benchmark addresses that no packet is sent to).
@@ -341,14 +348,15 @@ WEB = textwrap.dedent(
     class S(ThreadingHTTPServer):
         daemon_threads = True
         request_queue_size = 1024
-    a, b = S((sys.argv[1], 0), H), S((sys.argv[1], 0), H)
-    for srv in (a, b):
+    srvs = [S((sys.argv[1], 0), H) for _ in range(3)]
+    for srv in srvs:
         threading.Thread(target=srv.serve_forever, daemon=True).start()
-    print(a.server_address[1], b.server_address[1], flush=True)
+    print(*(srv.server_address[1] for srv in srvs), flush=True)
     threading.Event().wait()
     """
 )
-"""A local HTTP server on two ports (one reached through the checker, one pinned as before)."""
+"""A local HTTP server on three ports: one reached through the checker, one pinned as before,
+one through the floor's bare relay."""
 
 CONNECT_CLIENT = textwrap.dedent(
     """
@@ -367,6 +375,62 @@ CONNECT_CLIENT = textwrap.dedent(
     print(json.dumps(out))
     """
 )
+
+CONNECT_FLOOR = textwrap.dedent(
+    """
+    import fcntl, os, queue, socket, struct, sys, threading
+    # The floor: the checker's path (nat redirect, a socket inside the netns, SO_ORIGINAL_DST,
+    # an onward socket marked so the filter lets it out, splice both ways), with nothing read
+    # or judged: the onward connect starts as soon as the connection is accepted, in the
+    # accepting thread, and the two directions go to threads started beforehand.
+    port, mark = int(sys.argv[1]), int(sys.argv[2])
+    lst = socket.socket()
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lst.bind(("127.0.0.1", port))
+    lst.listen(1024)
+    work = queue.SimpleQueue()
+    def pump(src, dst, done):
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)
+            while True:
+                n = os.splice(src.fileno(), w, 1 << 20)
+                if not n:
+                    break
+                while n:
+                    n -= os.splice(r, dst.fileno(), n)
+        except OSError:
+            pass
+        finally:
+            os.close(r); os.close(w)
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            if done.acquire(blocking=False):  # the second of the pair closes both
+                src.close(); dst.close()
+    def worker():
+        while True:
+            pump(*work.get())
+    for _ in range(64):
+        threading.Thread(target=worker, daemon=True).start()
+    print("ready", flush=True)
+    while True:
+        conn, _ = lst.accept()
+        raw = conn.getsockopt(socket.SOL_IP, 80, 16)
+        dport, addr = struct.unpack("!2xH4s8x", raw)
+        out = socket.socket()
+        out.setsockopt(socket.SOL_SOCKET, 36, mark)
+        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        out.connect((socket.inet_ntoa(addr), dport))
+        done = threading.Semaphore(1)
+        done.acquire()
+        work.put((conn, out, done))
+        work.put((out, conn, done))
+    """
+)
+"""A bare relay for the floor of `--part connect`, run inside the container's netns."""
+CONNECT_FLOOR_PORT = 15002
 
 HOLD_CLIENT = textwrap.dedent(
     """
@@ -398,7 +462,7 @@ def bench_connections(image: str, up_port: int, count: int, big: int) -> None:
         [sys.executable, "-c", WEB, host_ip()], stdout=subprocess.PIPE, text=True
     )
     assert web.stdout is not None
-    checked, pinned = (int(x) for x in web.stdout.readline().split())
+    checked, pinned, floor = (int(x) for x in web.stdout.readline().split())
     net = Network(
         egress_dns_allowlist=(f"w.bench.test:{checked}/http",),
         upstream_dns=(f"127.0.0.1:{up_port}",),
@@ -421,17 +485,49 @@ def bench_connections(image: str, up_port: int, count: int, big: int) -> None:
         sh(*nft, "insert", "rule", "inet", t, "nat_output", "tcp", "dport", str(pinned), "return")
         sh(*nft, "insert", "rule", "inet", t, "output", "ip", "daddr", f"@{ruleset.SET4}",
            "tcp", "dport", str(pinned), "accept")  # fmt: skip
+        # The floor's port: redirected like the checker's, to the bare relay (not the relay's
+        # own onward connection, which carries the guard's mark, and which the filter lets
+        # out as it lets the checker's).
+        sh(*nft, "insert", "rule", "inet", t, "nat_output", "meta", "mark", "!=",
+           str(ruleset.GUARD_MARK), "ip", "daddr", f"@{ruleset.SET4}", "tcp", "dport",
+           str(floor), "redirect", "to", f":{CONNECT_FLOOR_PORT}")  # fmt: skip
+        sh(*nft, "insert", "rule", "inet", t, "output", "ct", "status", "dnat", "ip", "daddr",
+           "127.0.0.1", "tcp", "dport", str(CONNECT_FLOOR_PORT), "accept")  # fmt: skip
+        relay = subprocess.Popen(
+            ["nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-c", CONNECT_FLOOR,
+             str(CONNECT_FLOOR_PORT), str(ruleset.GUARD_MARK)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert relay.stdout is not None and relay.stdout.readline().strip() == "ready"
         ex = ["podman", "exec", name, "python3", "-c"]
-        lat: dict[str, list[float]] = {"checker": [], "pinned": []}
-        for i in range(ROUNDS):
-            sides = [("checker", checked), ("pinned", pinned)]
-            for label, port in sides if i % 2 == 0 else sides[::-1]:
-                out = sh(*ex, CONNECT_CLIENT, "w.bench.test", str(port), str(count // ROUNDS))
-                lat[label].extend(json.loads(out))
-        c, p = median_ms(lat["checker"]), median_ms(lat["pinned"])
-        print(f"connection set-up + one request, {count} each, median ms:")
+        lat: dict[str, list[float]] = {"checker": [], "pinned": [], "floor": []}
+        rounds: dict[str, list[float]] = {"checker": [], "pinned": [], "floor": []}
+        sides = [("checker", checked), ("pinned", pinned), ("floor", floor)]
+        chunks = 3 * ROUNDS
+        for i in range(chunks):
+            # Each side first, middle and last in turn.
+            for label, port in sides[i % 3 :] + sides[: i % 3]:
+                out = sh(*ex, CONNECT_CLIENT, "w.bench.test", str(port), str(count // chunks))
+                got = json.loads(out)
+                lat[label].extend(got)
+                rounds[label].append(median_ms(got))
+        relay.terminate()
+        relay.wait()
+        c, p, f = (median_ms(lat[k]) for k in ("checker", "pinned", "floor"))
+
+        def paired(a: str, b: str) -> float:
+            # Median over rounds of (a's median - b's median) in the same round: load that
+            # comes and goes between rounds cancels out of each difference.
+            return statistics.median(x - y for x, y in zip(rounds[a], rounds[b], strict=True))
+
+        print(f"connection set-up + one request, {count} each, median ms "
+              f"(added: median of {chunks} paired rounds):")  # fmt: skip
         print(f"  pinned address (before)  {p:7.3f}")
-        print(f"  through the checker      {c:7.3f}  added {c - p:6.3f} ms  target <= 1 ms")
+        print(f"  floor: bare relay        {f:7.3f}  added {paired('floor', 'pinned'):6.3f} ms"
+              "  (the extra hop)")  # fmt: skip
+        print(f"  through the checker      {c:7.3f}  added {paired('checker', 'pinned'):6.3f} ms"
+              f"  target <= 1 ms; over the floor {paired('checker', 'floor'):6.3f} ms"
+              " (judging)")  # fmt: skip
         rates: dict[str, list[float]] = {"checker": [], "pinned": []}
         for i in range(2):
             sides = [("checker", checked), ("pinned", pinned)]

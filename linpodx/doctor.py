@@ -517,11 +517,47 @@ def check_bounds(r: Report) -> None:
               "container is refused unless given --consistency stop or best-effort",
               "use a cgroup v2 host (the freezer is delegated there), or pass "
               "--consistency stop")
+    _check_helper_bound(r)
     reserve = audit_dir() / RESERVE_FILE
     r.add("bound: full state dir", OK,
           f"{fmt_bytes(RESERVE_BYTES)} kept for the records of stop and rm "
           + ("(in place)" if reserve.exists() else "(made with the next record)")
           + "; run, start and exec are refused when the state dir is full")
+
+
+def _check_helper_bound(r: Report) -> None:
+    """The egress connection bounds and the network helper's own limits, and whether this host
+    lets them be applied (tried on a child, as the guard does on the helper)."""
+    import subprocess
+
+    from linpodx.egress import netns
+    from linpodx.profile.model import Network
+
+    n = Network()
+    r.add("bound: egress connections", OK,
+          f"{n.max_connections} open and {n.max_new_connections_per_second} new per second "
+          "per container by default (network.max_connections, "
+          "network.max_new_connections_per_second)")  # fmt: skip
+    limits = netns.HelperLimits(n.helper_max_files, n.helper_max_memory_mib)
+    what = (f"{limits.files} file descriptors and {limits.memory_mib} MiB of address space for "
+            "each container's slirp4netns/pasta by default (network.helper_max_files, "
+            "network.helper_max_memory_mib; it runs outside the container's cgroup)")
+    try:
+        # popen: a child to try the limits on, killed right after.
+        child = proc.popen(["sleep", "10"], stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        r.add("bound: network helper", WARN, f"{what}; not tried: {exc}")
+        return
+    try:
+        netns.limit_helper(child.pid, limits)
+    except LinpodxError as exc:
+        r.add("bound: network helper", FAIL, f"{what}; cannot be applied here: {exc.message}",
+              "filtered egress will refuse to start")
+    else:
+        r.add("bound: network helper", OK, what)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _graph_root() -> str:

@@ -245,26 +245,77 @@ class Checker:
         self._lock = threading.Lock()
         self._rate = _Rate(bounds().max_new_per_second)
         self._pool = _Pool(self._netns_fd)
+        self._waiting = 0
+        """Acceptor threads in (or on their way to) accept()."""
+        self._failed = threading.Event()
         self.stats = {"accepted": 0, "refused": 0}
+
+    ACCEPTORS_MIN = 4
+    """Acceptors kept waiting: a new one starts when fewer wait, so connections that arrive
+    one after another (the usual case) never wait for a thread to start."""
+    ACCEPTORS_IDLE_MAX = 16
 
     @property
     def open_connections(self) -> int:
         return self._open
 
     def serve(self, stop: threading.Event) -> None:
+        """Start the acceptors and wait for `stop`, then wake them to end. The connection
+        that an acceptor takes is handled by that same thread: handing it to another thread
+        cost a wake-up on every connection's set-up (~60 us here, far more on a busy host)."""
         threading.stack_size(THREAD_STACK)
-        self._listener.settimeout(0.5)
+        # Blocking accept(): the kernel wakes exactly one waiting thread per connection (with
+        # a timeout, Python polls first, and every waiting thread would wake).
+        self._listener.settimeout(None)
+        with self._lock:
+            self._waiting = self.ACCEPTORS_MIN
+        for _ in range(self.ACCEPTORS_MIN):
+            threading.Thread(target=self._accepting, args=(stop,), name="checker",
+                             daemon=True).start()  # fmt: skip
+        while not stop.wait(0.5):
+            if self._failed.is_set():
+                # An acceptor could not join the netns: end, and the guard ends with it
+                # (fail closed) rather than leave connections unanswered behind a healthy one.
+                break
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # accept() fails in every acceptor
+
+    def _accepting(self, stop: threading.Event) -> None:
+        from linpodx.egress.netns import CLONE_NEWNET, setns
+
+        # The onward sockets this thread creates belong to the container's netns.
+        try:
+            setns(self._netns_fd, CLONE_NEWNET)
+        except OSError:
+            log.exception("a connection checker thread could not join the container's netns")
+            self._failed.set()
+            return
         while not stop.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
             except OSError:
                 if stop.is_set():
                     break
                 time.sleep(0.01)  # EMFILE and the like: do not spin
                 continue
-            self._pool.submit(self._one, conn)
+            with self._lock:
+                self._waiting -= 1
+                more = self._waiting < self.ACCEPTORS_MIN // 2
+                if more:
+                    self._waiting += 1
+            if more:
+                threading.Thread(target=self._accepting, args=(stop,), name="checker",
+                                 daemon=True).start()  # fmt: skip
+            try:
+                self._one(conn)
+            except Exception:
+                log.exception("connection checker task failed")
+            with self._lock:
+                if self._waiting >= self.ACCEPTORS_IDLE_MAX:
+                    return
+                self._waiting += 1
+        with self._lock:
+            self._waiting -= 1
 
     # -- one connection --------------------------------------------------------------------
     def _one(self, conn: socket.socket) -> None:
@@ -326,9 +377,11 @@ class Checker:
         """(name, kind, bytes read so far, the HTTP reader for /http) or Refusal."""
         # A /tcp entry whose name this address was resolved for: nothing to read (a server
         # may speak first), the address and port are all that is checked.
-        for name in self._leases.names(addr):
-            if "tcp" in allow.kinds(name, port):
-                return name, "tcp", b"", None
+        # (The leases are looked through only if some /tcp entry names this port.)
+        if any(r.port == port and r.kind == "tcp" for r in allow.rules):
+            for name in self._leases.names(addr):
+                if "tcp" in allow.kinds(name, port):
+                    return name, "tcp", b"", None
         if not any(r.port == port for r in allow.rules):
             raise Refusal(f"{addr}:{port}", _with_owners(f"port {port} is not in the allowlist",
                                                           self._leases, addr))
@@ -436,6 +489,10 @@ class Checker:
         port: int,
     ) -> None:
         conn.settimeout(None)
+        with contextlib.suppress(OSError):
+            # Both legs without Nagle (the onward one has it off from its start): a relay's
+            # small writes (a TLS handshake message, a short answer) go on at once.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if first:
             onward.sendall(first)
         if http is not None and http.upgraded:
@@ -444,22 +501,40 @@ class Checker:
             if not _switched(onward, conn):
                 return
             http = None
-        back_done = threading.Event()
+        if http is None:
+            # TLS and TCP: the client speaks next (its handshake after the server's hello),
+            # so this thread, already running, carries the client's bytes.
+            self._both_ways(lambda: _pump(onward, conn), lambda: _pump(conn, onward))
+            return
+        # HTTP: the server's answer comes next, so this thread carries it back, and the
+        # client's next request goes to a pool thread: waking one for the answer put a
+        # thread's wake-up on every request's path.
+        self._both_ways(
+            lambda: self._pump_http(conn, onward, http, addr, port), lambda: _pump(onward, conn)
+        )
 
-        def back() -> None:
+    def _both_ways(self, elsewhere: Callable[[], None], here: Callable[[], None]) -> None:
+        """Run `elsewhere` in a pool thread and `here` in this one, and return when both
+        ended; a Refusal (or other error) `elsewhere` raised is raised here, for `_one` to
+        record."""
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def other() -> None:
             try:
-                _pump(onward, conn)
+                elsewhere()
+            except BaseException as exc:  # handed to the connection's thread, raised there
+                failed.append(exc)
             finally:
-                back_done.set()
+                done.set()
 
-        self._pool.submit(back)
+        self._pool.submit(other)
         try:
-            if http is None:
-                _pump(conn, onward)
-            else:
-                self._pump_http(conn, onward, http, addr, port)
+            here()
         finally:
-            back_done.wait()
+            done.wait()
+        if failed:
+            raise failed[0]
 
     def _pump_http(
         self,

@@ -63,6 +63,8 @@ def policy_doc(stored: StoredProfile) -> dict[str, Any]:
             "wildcard_budget": net.wildcard_budget,
             "max_connections": net.max_connections,
             "max_new_connections_per_second": net.max_new_connections_per_second,
+            "helper_max_files": net.helper_max_files,
+            "helper_max_memory_mib": net.helper_max_memory_mib,
         },
     )
 
@@ -345,10 +347,18 @@ def _await_ready(name: str, pid: int, st: EgressState, ctl: socket.socket) -> No
             # Rootless pasta must run as the plain user, outside the user namespace; the
             # guard has loaded the filter already and adopts pasta by its pid file.
             pasta_started = True
+            files, mib = info.get("helper_max_files"), info.get("helper_max_memory_mib")
+            if type(files) is not int or type(mib) is not int:
+                # The guard checks them on pasta before `ready` anyway; without them, no
+                # pasta is started and the guard fails to see one (fail closed).
+                continue
             launcher.spawn_detached(
-                netns.external_pasta_argv(pid, st.pasta_pidfile, int(info["guard_pid"])),
+                netns.external_pasta_argv(
+                    pid, st.pasta_pidfile, int(info["guard_pid"]),
+                    netns.HelperLimits(files, mib),
+                ),
                 str(st.helper_log),
-            )
+            )  # fmt: skip
         if state == "ready" and info.get("container_pid") == pid:
             return
         if state in ("failed", "stopped"):

@@ -36,6 +36,9 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 RESOLVER_PORT = 53
 TAP = "tap0"
+HELPER_MAX_FILES_DEFAULT = 4096
+HELPER_MAX_MEMORY_MIB_DEFAULT = 1024
+"""The network helper's limits when the policy file names none (`HelperLimits`)."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -202,6 +205,72 @@ class Helper:
             self.process.wait(timeout=3)
 
 
+@dataclass(frozen=True)
+class HelperLimits:
+    """The network helper's own bounds (`network.helper_max_files`, `.helper_max_memory_mib`).
+
+    The helper runs outside the container's cgroup (in the CLI's, rootless), and each
+    connection it holds to the outside costs it a socket and memory (~270 kB in slirp4netns),
+    so without limits of its own one container could take the host's file descriptors and
+    gigabytes of memory however the container itself is bounded."""
+
+    files: int
+    memory_mib: int
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """(resource, value) for prlimit: soft = hard, so the helper cannot raise them."""
+        import resource
+
+        return (
+            (resource.RLIMIT_NOFILE, self.files),
+            (resource.RLIMIT_AS, self.memory_mib << 20),
+        )
+
+
+def limit_helper(pid: int, limits: HelperLimits) -> None:
+    """Apply `limits` to the helper process `pid` and read them back; EngineError if either
+    cannot be applied (fail closed: the container is not started with an unbounded helper).
+
+    Applied after the helper started and before the guard reports `ready`: no process of the
+    container runs before that, so no connection reaches the helper unbounded."""
+    import resource
+
+    for res, value in limits.pairs():
+        what = "RLIMIT_NOFILE" if res == resource.RLIMIT_NOFILE else "RLIMIT_AS"
+        try:
+            resource.prlimit(pid, res, (value, value))
+            got = resource.prlimit(pid, res)
+        except (OSError, ValueError) as exc:
+            raise EngineError(
+                f"could not limit the network helper (pid {pid}): {what}={value}: {exc}",
+                "the container was not started; see `linpodx doctor`",
+            ) from None
+        if got != (value, value):
+            raise EngineError(
+                f"the network helper's {what} is {got}, not {value}",
+                "the container was not started; see `linpodx doctor`",
+            )
+
+
+def helper_process(helper: Helper, pidfile: Path, timeout: float = 15.0) -> int:
+    """The pid of the helper itself: slirp4netns is our child; rootful pasta runs under its
+    keeper, which writes pasta's pid to `pidfile`; rootless pasta is adopted by that pid."""
+    import time
+
+    if helper.kind != "pasta" or helper.process is None:
+        return helper.pid
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            if time.monotonic() > deadline or not helper.alive():
+                raise EngineError(
+                    "pasta's keeper did not say pasta's pid", "see the helper log"
+                ) from None
+            time.sleep(0.02)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         st = Path(f"/proc/{pid}/stat").read_text()
@@ -237,7 +306,9 @@ def wait_external_pasta(pid: int, pidfile: Path, timeout: float = 15.0) -> Helpe
     raise EngineError("pasta was not started in time", "see the guard log")
 
 
-def external_pasta_argv(pid: int, pidfile: Path, userns_pid: int) -> list[str]:
+def external_pasta_argv(
+    pid: int, pidfile: Path, userns_pid: int, limits: HelperLimits
+) -> list[str]:
     """Rootless pasta, run by the CLI as the plain user under the pasta keeper (which stops it
     when the guard or the container ends and writes its pid to `pidfile`).
 
@@ -249,15 +320,22 @@ def external_pasta_argv(pid: int, pidfile: Path, userns_pid: int) -> list[str]:
     binary = proc.which("pasta") or "pasta"
     argv = pasta_argv(binary, pid)
     pasta = [argv[0], "-f", "--userns", f"/proc/{userns_pid}/ns/user", *argv[1:]]
-    return keeper_argv(userns_pid, pid, pidfile, pasta)
+    return keeper_argv(userns_pid, pid, pidfile, pasta, limits)
 
 
 def keeper_argv(
-    guard_pid: int, pid: int, pidfile: Path, pasta: list[str], bind_netns: Path | None = None
+    guard_pid: int,
+    pid: int,
+    pidfile: Path,
+    pasta: list[str],
+    limits: HelperLimits,
+    bind_netns: Path | None = None,
 ) -> list[str]:
     """`python -m linpodx.egress.pastakeeper …` running `pasta` until the guard (`guard_pid`) or
-    the container's init process (`pid`) ends; see that module."""
+    the container's init process (`pid`) ends, under `limits` from its start; see that
+    module."""
     bind = ["--bind-netns", str(bind_netns)] if bind_netns is not None else []
+    bind += ["--max-files", str(limits.files), "--max-memory-mib", str(limits.memory_mib)]
     return [
         sys.executable, "-m", "linpodx.egress.pastakeeper",
         "--guard-pid", str(guard_pid), "--container-pid", str(pid), "--pidfile", str(pidfile),
@@ -337,11 +415,14 @@ def start_helper(
     kind: str,
     pid: int,
     log: Path,
+    limits: HelperLimits,
     timeout: float = 15.0,
     *,
     pasta_files: tuple[Path, Path] | None = None,
 ) -> Helper:
     """Start the network helper for the netns of `pid`; returns once the interface is up.
+    pasta gets `limits` from its start (its keeper sets them on itself); slirp4netns opens
+    a handful of descriptors before its own are set (`limit_helper`, by the caller).
 
     `pasta_files`: (pid file, netns file) for rootful pasta (see `_start_rootful_pasta`).
     """
@@ -376,11 +457,16 @@ def start_helper(
         finally:
             os.close(ready_r)
         return helper
-    return _start_rootful_pasta(binary, pid, log, pasta_files, timeout)
+    return _start_rootful_pasta(binary, pid, log, pasta_files, timeout, limits)
 
 
 def _start_rootful_pasta(
-    binary: str, pid: int, log: Path, files: tuple[Path, Path] | None, timeout: float
+    binary: str,
+    pid: int,
+    log: Path,
+    files: tuple[Path, Path] | None,
+    timeout: float,
+    limits: HelperLimits,
 ) -> Helper:
     """pasta for a rootful container, under the pasta keeper (as rootless pasta runs), which
     stops it when this guard or the container's init process ends, even after a kill -9.
@@ -400,7 +486,7 @@ def _start_rootful_pasta(
         pidfile.unlink()
     argv = pasta_argv(binary, pid, str(netns_file))
     pasta = [argv[0], "-f", "--runas", "0:0", *argv[1:]]
-    keeper = keeper_argv(os.getpid(), pid, pidfile, pasta, bind_netns=netns_file)
+    keeper = keeper_argv(os.getpid(), pid, pidfile, pasta, limits, bind_netns=netns_file)
     logf = open(log, "ab")  # handed to the child, closed right after
     try:
         # popen: the keeper (and pasta under it) lives as long as the container.

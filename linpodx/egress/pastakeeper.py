@@ -10,7 +10,7 @@ the keeper then binds the container's netns onto FILE in a mount namespace of it
 pasta to open (see `linpodx.egress.netns._start_rootful_pasta`).
 
     python -m linpodx.egress.pastakeeper --guard-pid G --container-pid C --pidfile F
-        [--bind-netns FILE] -- PASTA…
+        [--bind-netns FILE] --max-files N --max-memory-mib M -- PASTA…
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--container-pid", type=int, required=True)
     ap.add_argument("--pidfile", required=True)
     ap.add_argument("--bind-netns", metavar="FILE")
+    ap.add_argument("--max-files", type=int, required=True)
+    ap.add_argument("--max-memory-mib", type=int, required=True)
     ap.add_argument("pasta", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = [a for a in args.pasta if a != "--"] if args.pasta[:1] == ["--"] else args.pasta
@@ -50,6 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"pasta keeper: cannot bind the container's netns: {exc}", file=sys.stderr)
             return 1
+    # pasta's limits from its first descriptor on (it opens pools of sockets at start, so
+    # limits set afterwards would leave those above them): set on this keeper, inherited.
+    import resource
+
+    try:
+        for res, value in ((resource.RLIMIT_NOFILE, args.max_files),
+                           (resource.RLIMIT_AS, args.max_memory_mib << 20)):  # fmt: skip
+            resource.setrlimit(res, (value, value))
+    except (OSError, ValueError) as exc:
+        print(f"pasta keeper: cannot set pasta's limits: {exc}", file=sys.stderr)
+        return 1
     # popen: pasta is this keeper's one long-running child; it stops it itself.
     child = proc.popen(cmd, stdin=subprocess.DEVNULL)
     atomic_write(Path(args.pidfile), f"{child.pid}\n".encode())

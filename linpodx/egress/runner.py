@@ -305,6 +305,7 @@ def _start(
         raise RuntimeError("no upstream DNS resolver (host has none; set network.upstream_dns)")
 
     kind = netns.choose_helper(preferred)
+    limits = _helper_limits(raw)
     external_pasta = kind == "pasta" and netns.in_user_namespace()
     log.info("loading the nft filter into the netns of pid %s", pid)
     # The filter, the resolver and the helper are independent, so the filter loads while the
@@ -323,7 +324,7 @@ def _start(
         log.info("starting %s", kind)
         helpers.append(
             netns.start_helper(
-                kind, pid, st.helper_log, pasta_files=(st.pasta_pidfile, st.pasta_netns)
+                kind, pid, st.helper_log, limits, pasta_files=(st.pasta_pidfile, st.pasta_netns)
             )
         )
         filtering.wait()
@@ -356,11 +357,17 @@ def _start(
         # The CLI starts it from outside the user namespace when it sees this state.
         with contextlib.suppress(FileNotFoundError):
             st.pasta_pidfile.unlink()
-        report.write(state="filtered", container=name, container_pid=pid, helper=kind)
+        report.write(
+            state="filtered", container=name, container_pid=pid, helper=kind,
+            helper_max_files=limits.files, helper_max_memory_mib=limits.memory_mib,
+        )  # fmt: skip
         helpers.append(netns.wait_external_pasta(pid, st.pasta_pidfile))
     if not helpers:  # pragma: no cover - both branches above start one or raise
         raise RuntimeError("no network helper was started")
     helper = helpers[-1]
+    # Its own limits, before `ready` (no connection can reach it before then); one that
+    # cannot be applied fails the start like any other step.
+    netns.limit_helper(netns.helper_process(helper, st.pasta_pidfile), limits)
     applied = int(raw.get("revision", 0))
     report.write(
         state="ready",
@@ -451,6 +458,19 @@ def _bounds(raw: dict[str, Any]) -> Bounds:
     return Bounds(
         conns if type(conns) is int and conns > 0 else Bounds.max_connections,
         rate if type(rate) is int and rate > 0 else Bounds.max_new_per_second,
+    )
+
+
+def _helper_limits(raw: dict[str, Any]) -> netns.HelperLimits:
+    """The network helper's limits a policy file gives (defaults where it gives none, as in
+    files written before they existed). Fixed for the helper's life: a re-apply that changes
+    them takes effect at the container's next start (raising a hard limit needs a privilege
+    a rootless guard does not have)."""
+    files = raw.get("helper_max_files")
+    mib = raw.get("helper_max_memory_mib")
+    return netns.HelperLimits(
+        files if type(files) is int and files > 0 else netns.HELPER_MAX_FILES_DEFAULT,
+        mib if type(mib) is int and mib > 0 else netns.HELPER_MAX_MEMORY_MIB_DEFAULT,
     )
 
 

@@ -244,6 +244,9 @@ MAX_CONNECTIONS_DEFAULT = 512
 MAX_NEW_CONNECTIONS_PER_SECOND_DEFAULT = 100
 """`Network.max_connections` and `.max_new_connections_per_second` defaults, for the same
 reason (held equal to the model's, the schema's and the checker's by the same test)."""
+HELPER_MAX_FILES_DEFAULT = 4096
+HELPER_MAX_MEMORY_MIB_DEFAULT = 1024
+"""`Network.helper_max_files` and `.helper_max_memory_mib` defaults (the same test)."""
 
 
 def egress_policy(
@@ -265,5 +268,9 @@ def egress_policy(
             network.get(
                 "max_new_connections_per_second", MAX_NEW_CONNECTIONS_PER_SECOND_DEFAULT
             )
+        ),
+        "helper_max_files": int(network.get("helper_max_files", HELPER_MAX_FILES_DEFAULT)),
+        "helper_max_memory_mib": int(
+            network.get("helper_max_memory_mib", HELPER_MAX_MEMORY_MIB_DEFAULT)
         ),
     }

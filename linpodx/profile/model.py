@@ -55,6 +55,10 @@ class Network:
     """Outbound connections open at once through the connection checker, at most."""
     max_new_connections_per_second: int = 100
     """New outbound connections per second through the connection checker, at most."""
+    helper_max_files: int = 4096
+    """File descriptors the network helper (slirp4netns, pasta) may hold (RLIMIT_NOFILE)."""
+    helper_max_memory_mib: int = 1024
+    """Address space the network helper may map, in MiB (RLIMIT_AS)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,8 @@ LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("network", "wildcard_budget"): Network.wildcard_budget,
     ("network", "max_connections"): Network.max_connections,
     ("network", "max_new_connections_per_second"): Network.max_new_connections_per_second,
+    ("network", "helper_max_files"): Network.helper_max_files,
+    ("network", "helper_max_memory_mib"): Network.helper_max_memory_mib,
     ("resources", "log_max_size"): Resources.log_max_size,
     ("resources", "snapshot_max_size"): Resources.snapshot_max_size,
 }

@@ -39,9 +39,12 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "wildcard_budget": (int,),
     "max_connections": (int,),
     "max_new_connections_per_second": (int,),
+    "helper_max_files": (int,),
+    "helper_max_memory_mib": (int,),
 }
 """Exactly what `guard.policy_doc` writes."""
-_LATER = frozenset({"wildcard_budget", "max_connections", "max_new_connections_per_second"})
+_LATER = frozenset({"wildcard_budget", "max_connections", "max_new_connections_per_second",
+                    "helper_max_files", "helper_max_memory_mib"})
 """Fields a policy file written by an earlier linpodx lacks (the guard takes the default)."""
 
 

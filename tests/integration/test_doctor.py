@@ -104,3 +104,7 @@ def test_doctor_lists_the_bounds_in_force() -> None:
     if not can_freeze():
         assert "--consistency stop" in fz["detail"]
     assert "kept for the records of stop and rm" in by["bound: full state dir"]["detail"]
+    helper = by["bound: network helper"]
+    assert helper["status"] == "ok", helper  # applied to a child here, as to the helper
+    assert helper["detail"].startswith("4096 file descriptors and 1024 MiB of address space")
+    assert "512 open and 100 new per second" in by["bound: egress connections"]["detail"]

@@ -41,7 +41,7 @@ def _ref(profile_id: str, revision: int, allowlist: list[str]) -> Any:
     network = SimpleNamespace(
         egress_dns_allowlist=tuple(allowlist), upstream_dns=("127.0.0.1:5353",),
         allow_private_answers=False, wildcard_budget=100, max_connections=512,
-        max_new_connections_per_second=100,
+        max_new_connections_per_second=100, helper_max_files=4096, helper_max_memory_mib=1024,
     )
     return SimpleNamespace(
         name="agent", profile_id=profile_id, revision=revision, audit_hash="h" * 64,

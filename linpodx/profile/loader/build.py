@@ -58,6 +58,10 @@ def build_profile(data: Mapping[str, Any]) -> Profile:
             max_new_connections_per_second=net.get(
                 "max_new_connections_per_second", Network.max_new_connections_per_second
             ),
+            helper_max_files=net.get("helper_max_files", Network.helper_max_files),
+            helper_max_memory_mib=net.get(
+                "helper_max_memory_mib", Network.helper_max_memory_mib
+            ),
         ),
         mcp_policy=tuple(
             _rule(r) for r in data.get("mcp_policy") or []
