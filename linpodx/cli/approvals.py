@@ -26,6 +26,7 @@ from linpodx.errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     CommandFailed,
+    InvalidInput,
     LinpodxError,
     UsageError,
 )
@@ -168,9 +169,23 @@ def render(event: dict[str, Any]) -> list[str]:
         raw_by = event.get("by")
         by: dict[str, Any] = raw_by if isinstance(raw_by, dict) else {}
         who = "linpodx" if by.get("bridge") else f"{_s(by.get('user'))}@{_s(by.get('tty'))}"
-        return [
-            f"{head} {_s(event.get('approval_id'))} → {_s(event.get('decision')).upper()} "
+        scope = " FOR THE SESSION" if event.get("scope") == "session" else ""
+        lines = [
+            f"{head} {_s(event.get('approval_id'))} → {_s(event.get('decision')).upper()}{scope} "
             f"({_s(event.get('reason'))}; by {who})"
+        ]
+        if event.get("grant_refused"):
+            lines.append(f"  no session grant: {_s(event.get('grant_refused'))}")
+        return lines
+    if etype == "approval.granted":
+        what = " ".join(
+            x
+            for x in (_s(event.get("method")), _s(event.get("tool")) if event.get("tool") else "")
+            if x
+        )
+        return [
+            f"{head} {_s(event.get('grant_id'))} {what} → GRANTED FOR THE SESSION "
+            f"(rule {_s(event.get('rule'))}; {_s(event.get('approval_id'))})"
         ]
     if etype == "mcp.decision":
         what = " ".join(
@@ -274,8 +289,11 @@ NON_INTERACTIVE_HINT = (
 )
 
 
-def decide(approval_id: str, decision: str, non_interactive: bool = False) -> dict[str, Any]:
+def decide(
+    approval_id: str, decision: str, non_interactive: bool = False, for_session: bool = False
+) -> dict[str, Any]:
     """`linpodx approve|deny ID`: answer one pending approval (first answer wins).
+    `for_session` (`approve --for-session`): approve this call and make a session grant.
 
     Without a terminal on stdin it needs `--non-interactive`: the MCP client is a process of
     the same user, and one with a shell tool that learnt an id could otherwise approve its own
@@ -293,11 +311,19 @@ def decide(approval_id: str, decision: str, non_interactive: bool = False) -> di
             "only pending approvals can be answered",
             exit_code=EXIT_FAILURE,
         )
+    if for_session and not pending.grantable:
+        raise InvalidInput(
+            f"approval {approvals.shown_id(approval_id)} cannot be approved for the session",
+            approvals.NOT_GRANTABLE_HINT,
+        )
     reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
+    if for_session:
+        reason += " for the session"
     if not interactive:
         reason += " (non-interactive)"
     by = {**approvals.who(), "interactive": interactive}
-    if not approvals.answer(approval_id, pending.digest, decision, reason, by=by):
+    scope = approvals.SCOPE_SESSION if for_session else approvals.SCOPE_CALL
+    if not approvals.answer(approval_id, pending.digest, decision, reason, by=by, scope=scope):
         raise LinpodxError(
             f"approval {approval_id} is already {approvals.status(approval_id)}",
             "another answer (or the timeout) came first",
@@ -310,6 +336,7 @@ def decide(approval_id: str, decision: str, non_interactive: bool = False) -> di
         "method": safe_text(pending.method, FIELD_CAP),
         "tool": safe_text(pending.tool, FIELD_CAP) if pending.tool else None,
         "digest": safe_text(pending.digest, FIELD_CAP),
+        "scope": scope,
         "interactive": interactive,
     }
 
@@ -399,12 +426,20 @@ def register(app: typer.Typer) -> None:
         approval_id: Annotated[str, typer.Argument(help="apr_… id (see `linpodx events`).")],
         json_mode: JsonOpt = False,
         non_interactive: NonInteractiveOpt = False,
+        for_session: Annotated[
+            bool,
+            typer.Option(
+                "--for-session",
+                help="Also pass later calls of this session that the same rule decides for "
+                "the same tool (until the session ends).",
+            ),
+        ] = False,
     ) -> None:
         """Approve one pending MCP request (from a terminal, or with --non-interactive)."""
         run_command(
             "approve",
             json_mode,
-            lambda: decide(approval_id, approvals.APPROVE, non_interactive),
+            lambda: decide(approval_id, approvals.APPROVE, non_interactive, for_session),
         )
 
     @app.command("deny")

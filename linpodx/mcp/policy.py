@@ -94,6 +94,9 @@ class Decision:
     rule_index: int | None
     """Index of the matching rule in the profile's `mcp_policy`, None when no rule decided."""
     reason: str
+    rate_limited: bool = False
+    """True when the decision is `prompt` only because the rule's `rate:` was passed: a
+    session grant (`mcp.grants`) never lifts that."""
 
     @property
     def allowed(self) -> bool:

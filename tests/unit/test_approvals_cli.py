@@ -512,7 +512,10 @@ def test_an_unknown_filter_is_refused_with_the_valid_types(cli: Any) -> None:
     """`--filter aproval` matched nothing and turned the approval prompter off, silently."""
     res = cli("events", "--filter", "aproval", "--no-follow")
     assert res.exit_code == 2 and "unknown event type for --filter: aproval" in res.stderr
-    assert "hint: use one of: approval, approval.decided, approval.pending," in res.stderr
+    assert (
+        "hint: use one of: approval, approval.decided, approval.granted, approval.pending,"
+        in res.stderr
+    )
     res = cli("events", "--filter", "aproval", "--no-follow", "--json")
     doc = json.loads(res.stdout)
     assert res.exit_code == 2 and "approval.pending" in doc["error"]["hint"]
