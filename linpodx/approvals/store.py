@@ -411,6 +411,11 @@ def _unreadable_answer(approval_id: str, why: str) -> Answer:
     return Answer(approval_id, "", DENY, f"the answer file is unreadable ({why})", {}, "", True)
 
 
+ELSEWHERE_HINT = (
+    "a bridge started with another LINPODX_STATE_DIR, or as another user (root through sudo, "
+    "or you when this runs as root), keeps its approvals in that state dir: answer there"
+)
+
 NOT_GRANTABLE_HINT = (
     "only a call whose rule says `prompt` can be approved for the session (not one that "
     "prompts because a rate limit was passed); approve this call alone"
@@ -536,8 +541,10 @@ def load(approval_id: str) -> PendingRequest:
         ) from None
     if data is None:
         raise NotFound(
-            f"approval not found: {shown_id(approval_id)}",
-            "list pending ones with `linpodx events --filter approval --no-follow`",
+            f"approval not found: {shown_id(approval_id)} "
+            f"(searched the state dir {safe_text(str(approvals_dir().parent), 300)})",
+            "list pending ones with `linpodx events --filter approval --no-follow`; "
+            + ELSEWHERE_HINT,
         )
     return PendingRequest.from_dict(data)
 

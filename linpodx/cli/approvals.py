@@ -19,6 +19,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
+from linpodx.approvals import elsewhere
 from linpodx.approvals import store as approvals
 from linpodx.approvals.prompter import Prompter
 from linpodx.cli.common import JsonOpt, new_app, run_command
@@ -28,11 +29,13 @@ from linpodx.errors import (
     CommandFailed,
     InvalidInput,
     LinpodxError,
+    NotFound,
     UsageError,
 )
 from linpodx.events import EVENT_TYPES
 from linpodx.events.reader import EventFile
 from linpodx.output import safe_text
+from linpodx.paths import state_dir
 
 POLL_SECONDS = 0.1
 FIELD_CAP = 200
@@ -222,6 +225,7 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
     since_t = parse_since(since) if since is not None else None
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
+    say_state_dir(wants_approvals)
     interactive = not json_mode and not no_follow and wants_approvals and sys.stdin.isatty()
     prompter = Prompter(sys.stdin, out, render) if interactive else None
     reader = EventFile()
@@ -247,6 +251,19 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
         return
     except BrokenPipeError:
         return
+
+
+def say_state_dir(approvals_too: bool = True) -> str:
+    """Name the state dir in use on stderr (once per command: a listener that sees nothing is
+    most often listening to another one), and, for approvals, the other state dirs of this
+    person where approvals wait (`approvals.elsewhere`)."""
+    in_use = str(state_dir())
+    lines = [f"state dir: {safe_text(in_use, 300)}"]
+    if approvals_too:
+        lines += elsewhere.notes(in_use)
+    sys.stderr.write("".join(x + "\n" for x in lines))
+    sys.stderr.flush()
+    return in_use
 
 
 def _show_waiting(out: TextIO, json_mode: bool, prompter: Prompter | None) -> None:
@@ -303,7 +320,18 @@ def decide(
         raise UsageError(
             f"`linpodx {decision}` needs a terminal on stdin", NON_INTERACTIVE_HINT
         )
-    pending = approvals.load(approval_id)
+    in_use = say_state_dir(approvals_too=False)
+    try:
+        pending = approvals.load(approval_id)
+    except NotFound as exc:
+        found = elsewhere.pending_elsewhere(in_use)
+        if not found:
+            raise
+        where = "; ".join(
+            f"{e.pending} pending in {safe_text(e.state_dir, 300)} ({safe_text(e.command, 400)})"
+            for e in found
+        )
+        raise NotFound(exc.message, f"approvals wait in another state dir: {where}") from None
     st = approvals.status(approval_id)
     if st != "pending":
         raise LinpodxError(

@@ -64,7 +64,7 @@ def test_two_listeners_first_answer_wins(tmp_path: Path, unique_name: str) -> No
             # Shown escaped on one line, never interpreted by the terminal.
             assert b"y\\ny\\napprove? [y/N]: y\\n\\u001b[31mM-TTY-1" in shown
             assert b"\x1b" not in shown
-            child.expect_exact(b"approve? [y/N]: ")
+            child.expect_exact(b"approve? [y/N/s]: ")
         ev = wait_pending()
         time.sleep(1.0)
         assert approvals.status(ev["approval_id"]) == "pending"  # nothing answered it yet
@@ -79,7 +79,7 @@ def test_two_listeners_first_answer_wins(tmp_path: Path, unique_name: str) -> No
         s.send(write_call(2, "M-TTY-DENIED"))
         for child in (a, b):
             child.expect(PROMPT_LINE)
-            child.expect_exact(b"approve? [y/N]: ")
+            child.expect_exact(b"approve? [y/N/s]: ")
         b.sendline(b"n")
         b.expect(rb"DENIED")
         assert s.recv_id(2)["result"]["isError"] is True
