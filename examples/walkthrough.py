@@ -436,7 +436,7 @@ class Listener:
     def _loop(self) -> None:
         while not self.stop.is_set():
             try:
-                self.child.expect(r"approve\? \[y/N/s\]: ", timeout=0.5)
+                self.child.expect(r"approve\? \[y/N(?:/s)?\]: ", timeout=0.5)
             except pexpect.TIMEOUT:
                 continue
             except pexpect.EOF:
