@@ -8,6 +8,8 @@ module looks, read-only, at the few other places the same person's approvals may
 - the default state dirs of the running user (`$XDG_STATE_HOME/linpodx`,
   `~/.local/state/linpodx`, by `$HOME` and by the password database), when the one in use is
   another;
+- the state dirs a `LINPODX_STATE_DIR` named where approvals were asked for in the last days
+  (`approvals.seen` notes them in the default state dir);
 - as root run through `sudo`, the default state dir of the user who ran `sudo` (root may read
   it; another user's dirs are read only then).
 
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from linpodx import canonical, fsutil, ids
+from linpodx.approvals import seen
 from linpodx.approvals.store import REQUEST_LIMIT, PendingRequest
 from linpodx.errors import LinpodxError
 from linpodx.output import safe_text
@@ -118,7 +121,7 @@ def candidates(in_use: str) -> list[tuple[str, int, str]]:
         *_default_dirs(os.environ.get("HOME", ""), os.environ.get("XDG_STATE_HOME")),
         *_default_dirs(own_home, None),
     ]
-    for d in mine:
+    for d in [*seen.recent(in_use), *mine]:
         cmd = f"LINPODX_STATE_DIR={shlex.quote(d)} linpodx events --filter approval"
         out.append((d, euid, cmd))
     sudo_uid = os.environ.get("SUDO_UID", "")
@@ -131,12 +134,12 @@ def candidates(in_use: str) -> list[tuple[str, int, str]]:
             cmd = f"linpodx events --filter approval (as {user.pw_name}, without sudo)"
             for d in _default_dirs(user.pw_dir, None):
                 out.append((d, user.pw_uid, cmd))
-    seen: list[str] = [in_use]
+    looked: list[str] = [in_use]
     unique = []
     for d, uid, cmd in out:
-        if any(_same(d, s) for s in seen):
+        if any(_same(d, x) for x in looked):
             continue
-        seen.append(d)
+        looked.append(d)
         unique.append((d, uid, cmd))
     return unique
 

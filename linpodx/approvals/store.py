@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import canonical, fsutil, ids
+from linpodx.approvals import seen
 from linpodx.audit.core import encode_data
 from linpodx.errors import InvalidInput, NotFound
 from linpodx.output import safe_text
@@ -484,6 +485,8 @@ def create(
     fsutil.atomic_write(
         d / "request.json", json.dumps(pending.to_dict(), ensure_ascii=False).encode()
     )
+    # Under a LINPODX_STATE_DIR, a person listening with the default state dir is told.
+    seen.remember(str(approvals_dir().parent))
     return pending
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from linpodx.approvals import elsewhere, store
+from linpodx.approvals import elsewhere, seen, store
 from linpodx.paths import state_dir
 
 REQ = {
@@ -153,3 +154,50 @@ def test_root_through_sudo_looks_at_the_users_own_state_dir(
     for p in [home, *home.rglob("*")]:
         os.lchown(p, 0, 0)
     assert elsewhere.pending_elsewhere(str(state_dir())) == []
+
+
+def test_a_listener_on_the_default_dir_hears_of_an_override_used_recently(
+    cli: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The bridge ran with LINPODX_STATE_DIR (a CI job), the person listens with the default."""
+    from linpodx.paths import ensure_dir
+
+    default = ensure_dir(state_dir())  # the person has used linpodx before
+    other = tmp_path / "ci state"
+    other.mkdir(mode=0o700)
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(other))
+    pending()
+    monkeypatch.delenv("LINPODX_STATE_DIR")
+    res = cli("events", "--filter", "approval", "--no-follow")
+    assert res.stderr.splitlines() == [
+        f"state dir: {default}",
+        f"note: 1 approval pending in another state dir, {other}; to answer them: "
+        f"LINPODX_STATE_DIR='{other}' linpodx events --filter approval",
+    ]
+    # A note older than a week is not read back.
+    (note,) = (default / seen.SEEN_DIR).iterdir()
+    old = time.time() - seen.KEEP_SECONDS - 60
+    os.utime(note, (old, old))
+    assert cli("events", "--filter", "approval", "--no-follow").stderr == (
+        f"state dir: {default}\n"
+    )
+    # Nor is a note that is a link.
+    target = tmp_path / "elsewhere-note"
+    target.write_text(str(other))
+    note.unlink()
+    note.symlink_to(target)
+    assert seen.recent(str(default)) == []
+
+
+def test_notes_are_written_only_under_an_override_into_an_existing_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    default = state_dir()
+    pending()  # no override: nothing noted
+    assert not (default / seen.SEEN_DIR).exists()
+    shutil.rmtree(default)
+    other = tmp_path / "other-state"
+    other.mkdir(mode=0o700)
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(other))
+    pending()  # the default is not there: not made for a note
+    assert not default.exists()
