@@ -314,6 +314,8 @@ class PendingRequest:
     grantable: bool = False
     """Whether an approval for the session would make a grant (`mcp.grants.refusal`): the
     rule itself says prompt and no rate limit was passed. Absent (older writers): False."""
+    reason: str = ""
+    """Why a person is asked: the gate's reason (the rule, or its rate exceeded)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -330,6 +332,7 @@ class PendingRequest:
             "fields": [f.to_list() for f in self.fields],
             "fields_more": self.fields_more,
             "grantable": self.grantable,
+            "reason": self.reason,
         }
 
     @classmethod
@@ -347,6 +350,7 @@ class PendingRequest:
                 fields=_fields(d.get("fields", [])),
                 fields_more=_count(d.get("fields_more", 0)),
                 grantable=d.get("grantable", False) is True,
+                reason=str(d.get("reason", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(
@@ -455,12 +459,15 @@ def create(
     request: Any,
     params: Any,
     timeout_seconds: float,
+    first: tuple[str, ...] = (),
+    reason: str = "",
     *,
     grantable: bool = False,
 ) -> PendingRequest:
-    """Record a pending approval for `request` (atomic write) and return it."""
+    """Record a pending approval for `request` (atomic write) and return it; `first` are the
+    arguments the rule matched on (shown first), `reason` why a person is asked."""
     created = _now()
-    fields, more = display_fields(params)
+    fields, more = display_fields(params, first)
     raw = request_bytes(request)
     pending = PendingRequest(
         approval_id=ids.new_id("apr"),
@@ -477,6 +484,7 @@ def create(
         fields=tuple(fields),
         fields_more=more,
         grantable=grantable,
+        reason=_capped(reason),
     )
     d = _dir(pending.approval_id)
     ensure_dir(d)

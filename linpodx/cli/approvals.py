@@ -163,8 +163,10 @@ def render(event: dict[str, Any]) -> list[str]:
         body = _field_lines(event)
         if body is None:
             body = [f"payload: {_s(event.get('payload'), PAYLOAD_CAP)}"]
+        why = [f"why: {_s(event.get('reason'), 1000)}"] if event.get("reason") else []
         return [
             f"{head} {what} → PROMPT",
+            *why,
             *body,
             f"approval_id: {_s(event.get('approval_id'))}",
         ]
@@ -279,6 +281,7 @@ def _show_waiting(out: TextIO, json_mode: bool, prompter: Prompter | None) -> No
             "payload": p.payload,
             "fields": [f.to_list() for f in p.fields],
             "fields_more": p.fields_more,
+            "reason": p.reason,
             "digest": p.digest,
         }
         _show(ev, out, json_mode, prompter)
@@ -379,6 +382,7 @@ def show(approval_id: str) -> dict[str, Any]:
         "session": pending.session,
         "digest": pending.digest,
         "expires": pending.to_dict()["expires"],
+        "reason": pending.reason,
         "request": request,
     }
 
@@ -389,6 +393,8 @@ def _render_show(result: dict[str, Any]) -> None:
     out = sys.stdout
     for key in ("approval_id", "status", "session", "digest", "expires"):
         out.write(f"{key}: {safe_text(str(result[key]), FIELD_CAP)}\n")
+    if result.get("reason"):
+        out.write(f"why: {safe_text(str(result['reason']), 1000)}\n")
     out.write("request:\n")
     out.write(json.dumps(result["request"], ensure_ascii=True, indent=2, sort_keys=True) + "\n")
     out.flush()

@@ -65,6 +65,10 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
             "wildcards": sum(h.startswith("*.") for h in p.network.egress_dns_allowlist),
             "wildcard_budget": p.network.wildcard_budget,
             "mcp": len(p.mcp_policy),
+            "mcp_on_arguments": sum(bool(r.arguments) for r in p.mcp_policy),
+            "mcp_rated": [
+                {"rule": i, "rate": r.rate.text} for i, r in enumerate(p.mcp_policy) if r.rate
+            ],
             "limits": {"enforcement": p.resources.enforcement, "not_enforceable_here": missing},
         }
 
@@ -90,7 +94,7 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
                     kv_line("status", r["status"]),
                     kv_line("mounts", r["mounts"]),
                     kv_line("egress", _egress_summary(r)),
-                    kv_line("mcp", _plural(r["mcp"], "rule", "rules")),
+                    kv_line("mcp", _mcp_summary(r)),
                     # Only when there is something to say: limits this host cannot enforce.
                     *([kv_line("limits", limits_line(r["limits"]))]
                       if r["limits"]["not_enforceable_here"] else []),
@@ -99,6 +103,17 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
         )
 
     run_command("sandbox validate", json_mode, run, render)
+
+
+def _mcp_summary(r: dict[str, Any]) -> str:
+    """`3 rules (1 on arguments; rule 2 at most 30/min)`: what a reader must not miss."""
+    text = _plural(r["mcp"], "rule", "rules")
+    extra = []
+    if r["mcp_on_arguments"]:
+        extra.append(f"{r['mcp_on_arguments']} on arguments")
+    if r["mcp_rated"]:
+        extra.extend(f"rule {x['rule']} at most {x['rate']}" for x in r["mcp_rated"])
+    return f"{text} ({'; '.join(extra)})" if extra else text
 
 
 def _push_egress(result: dict[str, Any]) -> list[str]:

@@ -5,11 +5,18 @@ log level) always passes:
 without it no client can even connect, and none of it runs a tool. The lists are explicit and
 compared exactly; anything else (including `tools/call ` with a trailing space or a full-width
 slash) must match a rule or it is denied.
+
+A rule may also name a tool's arguments (each matched by `linpodx.profile.mcprule`) and a rate.
+`evaluate` is the rules alone; a session holds a `SessionPolicy`, which also counts each rated
+rule's matches and decides `prompt` past the rate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,22 +101,51 @@ class Decision:
     rule_index: int | None
     """Index of the matching rule in the profile's `mcp_policy`, None when no rule decided."""
     reason: str
+    matched: tuple[str, ...] = ()
+    """The arguments the rule matched on (shown first to a person asked to approve)."""
     rate_limited: bool = False
-    """True when the decision is `prompt` only because the rule's `rate:` was passed: a
-    session grant (`mcp.grants`) never lifts that."""
+    """True when the decision is `prompt` because the rule's `rate:` was passed: a session
+    grant (`mcp.grants`) never lifts that."""
 
     @property
     def allowed(self) -> bool:
         return self.action is Action.AUTO_ALLOW
 
 
-def _matches(rule: McpRule, method: str, tool_name: str | None) -> bool:
+def _matches(rule: McpRule, method: str, tool_name: str | None, params: Any) -> bool:
     if rule.method != "*" and rule.method != method:
         return False
-    if rule.tool_name is None or rule.tool_name == "*":
-        return True
-    # A rule naming a tool only matches a tools/call for exactly that tool.
-    return method == "tools/call" and tool_name == rule.tool_name
+    if rule.tool_name is not None and rule.tool_name != "*":
+        # A rule naming a tool only matches a tools/call for exactly that tool.
+        if method != "tools/call" or tool_name != rule.tool_name:
+            return False
+    if rule.arguments:
+        # Every named argument present and matching. A named argument that is missing (or
+        # no `arguments` at all) matches no rule that names one: nothing is there to use.
+        args = params.get("arguments") if isinstance(params, Mapping) else None
+        lenient = rule.decision is Action.AUTO_ALLOW
+        if method != "tools/call":
+            return False
+        if not isinstance(args, Mapping):
+            # `arguments` that are there but no object cannot be judged (see below).
+            return args is not None and not lenient
+        for name, matcher in rule.arguments:
+            if name not in args:
+                return False
+            verdict = matcher.judge(args[name])
+            # A value the matcher cannot judge (not a string, NUL, a path above its root)
+            # never lets a rule allow, and never lets a call pass a deny or prompt rule.
+            if verdict is False or (verdict is None and lenient):
+                return False
+    return True
+
+
+def _describe(index: int, rule: McpRule) -> str:
+    what = f"rule {index} ({rule.method}"
+    what += f" {rule.tool_name}" if rule.tool_name else ""
+    if rule.arguments:
+        what += " " + ", ".join(f"{name}~{m.kind}" for name, m in rule.arguments)
+    return what + ")"
 
 
 def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decision | None:
@@ -127,16 +163,68 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
     return None
 
 
-def evaluate(rules: Sequence[McpRule], method: str, tool_name: str | None = None) -> Decision:
-    """Decide a client → server request or notification."""
+def evaluate(
+    rules: Sequence[McpRule], method: str, tool_name: str | None = None, params: Any = None
+) -> Decision:
+    """Decide a client → server request or notification by the rules alone (no rates: a
+    session decides through `SessionPolicy`)."""
     if method in CLIENT_HOUSEKEEPING:
         return Decision(Action.AUTO_ALLOW, None, "protocol housekeeping")
     for index, rule in enumerate(rules):
-        if _matches(rule, method, tool_name):
-            what = f"rule {index} ({rule.method}"
-            what += f" {rule.tool_name})" if rule.tool_name else ")"
-            return Decision(rule.decision, index, f"{what}: {rule.decision.value}")
+        if _matches(rule, method, tool_name, params):
+            return Decision(
+                rule.decision,
+                index,
+                f"{_describe(index, rule)}: {rule.decision.value}",
+                tuple(name for name, _m in rule.arguments),
+            )
     return Decision(Action.DENY, None, "no rule matches (default deny)")
+
+
+class SessionPolicy:
+    """The rules of one session, with the counters of its rated rules.
+
+    A rated rule's match is counted when the rule's own decision (`auto_allow`) is given; past
+    `count` such decisions in the last `seconds`, a match is decided `prompt` instead, and is
+    not counted (so the rule is back once older matches age out). Each counter keeps at most
+    `count` times (`mcprule.MAX_RATE`), whatever the client sends.
+    """
+
+    def __init__(
+        self, rules: Sequence[McpRule], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rules = tuple(rules)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[int, collections.deque[float]] = {
+            i: collections.deque() for i, r in enumerate(self.rules) if r.rate is not None
+        }
+
+    def decide(self, method: str, tool_name: str | None, params: Any) -> Decision:
+        """`evaluate`, then the matched rule's rate."""
+        decision = evaluate(self.rules, method, tool_name, params)
+        index = decision.rule_index
+        if index is None or index not in self._seen:
+            return decision
+        rate = self.rules[index].rate
+        if rate is None:  # _seen holds rated rules only
+            return decision
+        now = self._clock()
+        with self._lock:
+            seen = self._seen[index]
+            while seen and seen[0] <= now - rate.seconds:
+                seen.popleft()
+            if len(seen) < rate.count:
+                seen.append(now)
+                return decision
+        return Decision(
+            Action.PROMPT,
+            index,
+            f"{_describe(index, self.rules[index])}: rate {rate.text} exceeded "
+            f"({rate.count} auto-allowed in the last {rate.seconds}s): prompt",
+            decision.matched,
+            rate_limited=True,
+        )
 
 
 def evaluate_server_request(allowed: Iterable[str], method: str) -> Decision:

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from linpodx.canonical import canonical_bytes
+from linpodx.profile.mcprule import Matcher, Rate
 
 SCHEMA_VERSION = 1
 
@@ -65,6 +66,26 @@ class McpRule:
     decision: Decision
     tool_name: str | None = None
     """For `tools/call`: the tool's exact name; None (or `*`) matches any tool."""
+    arguments: tuple[tuple[str, Matcher], ...] = ()
+    """For `tools/call`: (name, matcher) per argument; the rule matches only when every one
+    is present in `params.arguments` and matches (see `linpodx.profile.mcprule`)."""
+    rate: Rate | None = None
+    """For `auto_allow`: at most this many of the rule's matches per window and session;
+    past it the decision is `prompt`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form; `arguments` and `rate` only when set, so that a rule without them
+        keeps the form (and a revision its digest) it had before they existed."""
+        d: dict[str, Any] = {
+            "method": self.method,
+            "tool_name": self.tool_name,
+            "decision": self.decision.value,
+        }
+        if self.arguments:
+            d["arguments"] = {name: m.to_dict() for name, m in self.arguments}
+        if self.rate is not None:
+            d["rate"] = self.rate.text
+        return d
 
 
 @dataclass(frozen=True)
@@ -144,10 +165,7 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         """Normalized, JSON-ready form (what the store hashes and keeps)."""
         d = asdict(self)
-        d["mcp_policy"] = [
-            {"method": r.method, "tool_name": r.tool_name, "decision": r.decision.value}
-            for r in self.mcp_policy
-        ]
+        d["mcp_policy"] = [r.to_dict() for r in self.mcp_policy]
         d["env"] = {k: v for k, v in self.env}
         return d
 

@@ -92,6 +92,8 @@ def test_validate_json(cli: Cli, demo: Path) -> None:
         "wildcards": 0,
         "wildcard_budget": 100,
         "mcp": 3,
+        "mcp_on_arguments": 0,
+        "mcp_rated": [],
         "limits": {"enforcement": "required", "not_enforceable_here": []},
     }
 

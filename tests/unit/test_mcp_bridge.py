@@ -402,7 +402,7 @@ def test_requests_in_flight_and_calls_waiting_for_a_person_are_bounded(
     # (the gate reads both bounds in `client`, where they are looked up)
     monkeypatch.setattr(client_side, "INFLIGHT_MAX", 5)
     monkeypatch.setattr(client_side, "APPROVALS_MAX", 2)
-    monkeypatch.setattr(Bridge, "_prompt", lambda self, msg, _decision: self._held(msg))
+    monkeypatch.setattr(Bridge, "_prompt", lambda self, msg, *_: self._held(msg))
 
     def held(self: Any, msg: Any) -> None:  # as `_prompt` marks a call waiting for a person
         with self._lock:

@@ -386,3 +386,39 @@ def test_a_plain_approval_makes_no_grant() -> None:
     h.pending(2)
     assert [m["id"] for m in h.server] == [1]
     h.bridge.shutdown("end")
+
+
+def test_a_prompt_past_a_real_rate_is_never_grantable_and_offers_no_s() -> None:
+    """With the session's own rate counters (`policy.SessionPolicy`): the second call of a
+    `1/h` auto_allow rule prompts, and neither the book nor the request file offers a grant."""
+    from linpodx.mcp.policy import SessionPolicy
+    from linpodx.profile.mcprule import parse_rate
+
+    rated = (McpRule("tools/call", A.AUTO_ALLOW, "run_tests", rate=parse_rate("1/h")),)
+    session = SessionPolicy(rated, clock=lambda: 100.0)
+    assert session.decide("tools/call", "run_tests", {}).action is A.AUTO_ALLOW
+    past = session.decide("tools/call", "run_tests", {})
+    assert past.action is A.PROMPT and past.rate_limited
+    assert grants.refusal(rated, past, "tools/call", "run_tests") is not None
+    book = grants.GrantBook("sess_A", rated)
+    with pytest.raises(ValueError):
+        book.make(past, "tools/call", "run_tests", "apr_X")
+
+    chain = FakeChain()
+    bridge = Bridge(
+        profile=Profile(name="t", mcp_policy=rated, mcp=McpSettings(approval_timeout_seconds=5)),
+        session_id="sess_T",
+        chain=chain,
+        to_client=lambda b: None,
+        to_server=lambda b: None,
+        emit=lambda t, **d: None,
+    )
+    for i in (1, 2):
+        msg = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "run_tests"}}
+        bridge.on_client_frame(Line(json.dumps(msg).encode()))
+    _wait_for(lambda: store.pending_requests())
+    (p,) = store.pending_requests()
+    assert p.grantable is False
+    with pytest.raises(InvalidInput):
+        store.answer(p.approval_id, p.digest, store.APPROVE, scope=store.SCOPE_SESSION)
+    bridge.shutdown("end")

@@ -104,8 +104,8 @@ class ClientSide(Drops):
             return
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
-        decision = policy.refusal(msg.kind, msg.method, msg.params) or policy.evaluate(
-            self.rules, msg.method, msg.tool_name
+        decision = policy.refusal(msg.kind, msg.method, msg.params) or self.policy.decide(
+            msg.method, msg.tool_name, msg.params
         )
         if msg.kind == "notification":
             self._client_notification(msg, decision)
@@ -371,6 +371,8 @@ class ClientSide(Drops):
                 request=msg.raw,
                 params=msg.params,
                 timeout_seconds=self.settings.approval_timeout_seconds,
+                first=decision.matched,
+                reason=decision.reason,
                 grantable=grants.refusal(self.rules, decision, msg.method, msg.tool_name)
                 is None,
             )
@@ -393,6 +395,7 @@ class ClientSide(Drops):
             payload=pending.payload,
             fields=[f.to_list() for f in pending.fields],
             fields_more=pending.fields_more,
+            reason=pending.reason,
             expires=pending.to_dict()["expires"],
         )
         # Without its id: this stderr is the MCP client's pipe, and a client with a shell tool

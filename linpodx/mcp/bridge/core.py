@@ -13,7 +13,7 @@ from typing import Any
 
 from linpodx import events
 from linpodx.errors import AuditError
-from linpodx.mcp import bounds, jsonrpc
+from linpodx.mcp import bounds, jsonrpc, policy
 from linpodx.mcp.bridge.lanes import Lane, Notices
 from linpodx.mcp.bridge.state import Appender, InFlight, Stats, Writer
 from linpodx.mcp.framing import Frame
@@ -45,6 +45,8 @@ class BridgeCore:
         self.profile = profile
         self.rules = profile.mcp_policy
         self.grants = GrantBook(session_id, self.rules)  # session grants (`mcp.grants`)
+        # The rules with this session's rate counters (`policy.SessionPolicy`).
+        self.policy = policy.SessionPolicy(profile.mcp_policy, clock)
         self.settings = profile.mcp
         self.session_id = session_id
         self.chain = chain

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from linpodx.profile.mcprule import parse_matcher, parse_rate
 from linpodx.profile.model import (
     SCHEMA_VERSION,
     Audit,
@@ -16,6 +17,23 @@ from linpodx.profile.model import (
     Profile,
     Resources,
 )
+
+
+def _rule(r: Mapping[str, Any]) -> McpRule:
+    arguments = []
+    for name, spec in (r.get("arguments") or {}).items():
+        matcher, problem, _hint = parse_matcher(spec)
+        if matcher is None:  # the semantic pass refused it already; never reached
+            raise ValueError(f"argument matcher {name!r}: {problem}")
+        arguments.append((name, matcher))
+    rate = r.get("rate")
+    return McpRule(
+        method=r["method"],
+        decision=Decision(r["decision"]),
+        tool_name=r.get("tool_name"),
+        arguments=tuple(arguments),
+        rate=None if rate is None else parse_rate(rate),
+    )
 
 
 def build_profile(data: Mapping[str, Any]) -> Profile:
@@ -42,12 +60,7 @@ def build_profile(data: Mapping[str, Any]) -> Profile:
             ),
         ),
         mcp_policy=tuple(
-            McpRule(
-                method=r["method"],
-                decision=Decision(r["decision"]),
-                tool_name=r.get("tool_name"),
-            )
-            for r in data.get("mcp_policy") or []
+            _rule(r) for r in data.get("mcp_policy") or []
         ),
         mcp=McpSettings(
             approval_timeout_seconds=mcp.get("approval_timeout_seconds", 30),

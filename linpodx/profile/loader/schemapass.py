@@ -153,6 +153,7 @@ PATTERN_HINTS = {
     "memory": "a whole number and a unit k, m or g, e.g. `512m` or `2g`",
     "cpus": "a number of CPUs such as `2`, `1.5` or `0.25`",
     "cap_add": "a capability name such as CHOWN or NET_BIND_SERVICE",
+    "rate": "N/s, N/min or N/h with N from 1 to 10000, e.g. `30/min`",
 }
 
 
@@ -249,6 +250,11 @@ def _schema_problem(err: ValidationError, col: Collector) -> None:
             col.add(path, "must not be empty")
         else:
             col.add(path, f"too long (at most {err.validator_value} characters)")
+        return
+    if v in ("minProperties", "maxProperties") and len(path) == 4 and path[2] == "arguments":
+        # One argument's matcher (`mcp_policy[i].arguments.NAME`).
+        col.add(path, "an argument takes exactly one matcher",
+                "write one of `{glob: …}`, `{regex: …}`, `{equals: …}`, `{one_of: […]}`")
         return
     if v in ("maxItems", "maxProperties"):
         col.add(path, f"too many entries (at most {err.validator_value})")

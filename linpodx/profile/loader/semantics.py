@@ -20,6 +20,7 @@ from linpodx.profile.hostpaths import (
 from linpodx.profile.loader.problems import Collector, KeyPath
 from linpodx.profile.loader.schemapass import PATTERN_HINTS
 from linpodx.profile.loader.yaml import bad_char
+from linpodx.profile.mcprule import parse_matcher, parse_rate
 
 ALL_CAPS = frozenset(
     """CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
@@ -330,6 +331,41 @@ class _Semantics:
                 )
             if tool == "*":
                 r["tool_name"] = None
+            self.mcp_rule_extras(i, r, method)
+
+    def mcp_rule_extras(self, i: int, r: dict[str, Any], method: Any) -> None:
+        """A rule's `arguments` (each matcher parsed as the gate will run it) and `rate`."""
+        args = r.get("arguments")
+        if isinstance(args, dict) and self.ok(("mcp_policy", i, "arguments")):
+            if isinstance(method, str) and method != "tools/call":
+                self.col.add(
+                    ("mcp_policy", i, "arguments"),
+                    f"arguments only applies to method tools/call, not {show(method)}",
+                    "set `method: tools/call` (and `tool_name`), or remove arguments",
+                )
+            for name, spec in args.items():
+                path: KeyPath = ("mcp_policy", i, "arguments", name)
+                if not isinstance(spec, dict) or len(spec) != 1 or not self.ok(path):
+                    continue
+                kind = next(iter(spec))
+                if not self.ok((*path, kind)):
+                    continue
+                _m, problem, hint = parse_matcher(spec)
+                if problem:
+                    self.col.add((*path, kind), problem, hint)
+        rate = r.get("rate")
+        if rate is not None and self.ok(("mcp_policy", i, "rate")):
+            decision = r.get("decision")
+            if isinstance(decision, str) and decision != "auto_allow":
+                self.col.add(
+                    ("mcp_policy", i, "rate"),
+                    f"rate only applies to decision auto_allow, not {show(decision)}",
+                    "past its rate an auto_allow rule turns into prompt; a prompt or deny rule "
+                    "has nothing to turn into, so remove rate",
+                )
+            elif isinstance(rate, str) and parse_rate(rate) is None:
+                self.col.add(("mcp_policy", i, "rate"), f"{show(rate)} is not a rate",
+                             "write N/s, N/min or N/h with N from 1 to 10000, e.g. `30/min`")
 
     def caps(self, caps: Any) -> None:
         if not isinstance(caps, list):

@@ -1,0 +1,517 @@
+"""MCP rules on a tool's arguments, and rates: the matchers, the policy, the loader, the bridge."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from linpodx.approvals import store as approvals
+from linpodx.errors import ProfileError
+from linpodx.mcp import policy
+from linpodx.mcp.bridge import Bridge
+from linpodx.mcp.framing import Line
+from linpodx.profile.loader import load_text, profile_from_dict
+from linpodx.profile.mcprule import (
+    MAX_SUBJECT,
+    Matcher,
+    PatternError,
+    Rate,
+    compile_regex,
+    normalize_path,
+    parse_rate,
+)
+from linpodx.profile.model import Decision as A
+from linpodx.profile.model import McpRule, McpSettings, Profile
+
+# ---- paths and globs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "norm"),
+    [
+        ("/work/a", "/work/a"),
+        ("/work//a///b", "/work/a/b"),
+        ("/work/./a/.", "/work/a"),
+        ("/work/a/../b", "/work/b"),
+        ("//work", "/work"),
+        ("/", "/"),
+        ("/..", None),
+        ("/work/../../etc", None),
+        ("../x", None),
+        ("a/../..", None),
+        ("a/./b", "a/b"),
+        ("", None),
+        ("/work/a\0", None),
+    ],
+)
+def test_normalize_path(value: str, norm: str | None) -> None:
+    assert normalize_path(value) == norm
+
+
+WORK = Matcher("glob", "/work/**")
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("/work/a", True),
+        ("/work/a/b/c.py", True),
+        ("/work//a", True),
+        ("/work/./a", True),
+        ("/work/x/../a", True),
+        ("/work/../etc/passwd", False),  # normalized first: /etc/passwd
+        ("/work/a/../../etc/passwd", False),
+        ("/work/../../work/a", False),  # climbs above the root: never a match
+        ("/work", False),  # `/work/**` is what is below /work
+        ("/workshop/a", False),
+        ("work/a", False),
+        ("/work/a\0/b", False),
+        (7, False),
+        (None, False),
+        (["/work/a"], False),
+        ({"path": "/work/a"}, False),
+        ("/work/" + "a" * MAX_SUBJECT, False),  # longer than the bound
+    ],
+)
+def test_glob_double_star(value: Any, ok: bool) -> None:
+    assert WORK.matches(value) is ok
+
+
+def test_single_star_and_question_mark_stay_in_one_segment() -> None:
+    py = Matcher("glob", "/work/*.py")
+    assert py.matches("/work/a.py") and py.matches("/work/.py")
+    assert not py.matches("/work/sub/a.py") and not py.matches("/work/a.pyc")
+    q = Matcher("glob", "/work/?.txt")
+    assert q.matches("/work/a.txt") and not q.matches("/work/ab.txt")
+    assert not q.matches("/work//.txt")  # `//` collapses: `/work/.txt` has no char for `?`
+    mid = Matcher("glob", "/work/**/test_*.py")
+    assert mid.matches("/work/test_a.py")  # `a/**/b` also matches `a/b`
+    assert mid.matches("/work/x/y/test_a.py")
+    assert not mid.matches("/work/x/y/test_a.py/z")
+    assert not mid.matches("/work/x/ytest_a.py")
+
+
+def test_glob_is_not_fnmatch() -> None:
+    # fnmatch's `*` crosses `/`: `/work/*` would take `/work/a/b`.
+    assert not Matcher("glob", "/work/*").matches("/work/a/b")
+
+
+# ---- regexes ----------------------------------------------------------------------------------
+
+
+def test_regex_matches_the_whole_value() -> None:
+    m = Matcher("regex", "[a-z0-9_-]+")
+    assert m.matches("unit-tests_1")
+    assert not m.matches("a b") and not m.matches("abc\n") and not m.matches("")
+    assert not m.matches("abc\0") and not m.matches(5)
+    alt = Matcher("regex", "(fast|slow)(-[0-9]{1,3})?")
+    assert [alt.matches(v) for v in ("fast", "slow-12", "slow-1234", "fastslow")] == [
+        True, True, False, False,
+    ]  # fmt: skip
+    cls = Matcher("regex", r"[^/\s]+\.py|\d+")
+    assert cls.matches("a.py") and cls.matches("42") and not cls.matches("a b.py")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("(", "not a valid regular expression"),
+        ("a{2,1}", "not a valid regular expression"),
+        ("^a", "anchors"),
+        ("a$", "anchors"),
+        (r"\bword", "anchors"),
+        ("(?i)a", "inline flags"),
+        ("(?s:a.)", "inline flags"),
+        ("(?=a)a", "not supported"),
+        (r"(a)\1", "not supported"),
+        ("a{1,500}", "too large"),
+        ("(a{1,100}){1,100}", "too large"),
+    ],
+)
+def test_regex_refused(pattern: str, why: str) -> None:
+    with pytest.raises(PatternError, match=why):
+        compile_regex(pattern)
+
+
+def test_regex_time_is_bounded() -> None:
+    # Python's `re` takes minutes on this (backtracking); the machine is linear in the subject.
+    m = Matcher("regex", ".*a.*a.*a.*x")
+    t = time.monotonic()
+    assert not m.matches("a" * MAX_SUBJECT)
+    assert time.monotonic() - t < 2.0
+    assert not m.matches("a" * (MAX_SUBJECT + 1) + "x")  # past the bound: no match at all
+    assert m.matches("aaax")
+
+
+# ---- equals, one_of ---------------------------------------------------------------------------
+
+
+def test_equals_compares_json_values_with_their_types() -> None:
+    one = Matcher("equals", 1)
+    assert one.matches(1)
+    assert not one.matches(True) and not one.matches("1") and not one.matches(1.0)
+    yes = Matcher("equals", True)
+    assert yes.matches(True) and not yes.matches(1)
+    obj = Matcher("equals", {"a": [1, "x"]})
+    assert obj.matches({"a": [1, "x"]})
+    assert not obj.matches({"a": [True, "x"]}) and not obj.matches({"a": [1, "x"], "b": 1})
+    nul = Matcher("equals", None)
+    assert nul.matches(None) and not nul.matches(0) and not nul.matches("")
+    some = Matcher("one_of", ("fast", 2, None))
+    assert some.matches("fast") and some.matches(2) and some.matches(None)
+    assert not some.matches("2") and not some.matches(False) and not some.matches("slow")
+
+
+# ---- the policy -------------------------------------------------------------------------------
+
+RULES = (
+    McpRule(
+        "tools/call",
+        A.AUTO_ALLOW,
+        "read_file",
+        arguments=(("path", WORK), ("mode", Matcher("one_of", ("r", "rb")))),
+    ),
+    McpRule("tools/call", A.PROMPT, "read_file"),
+    McpRule("tools/call", A.AUTO_ALLOW, "run_tests", rate=Rate(3, 60)),
+)
+
+
+def params(tool: str, **args: Any) -> dict[str, Any]:
+    return {"name": tool, "arguments": args}
+
+
+@pytest.mark.parametrize(
+    ("p", "rule"),
+    [
+        (params("read_file", path="/work/a", mode="r"), 0),
+        (params("read_file", path="/work/a", mode="r", extra=1), 0),  # others are not looked at
+        (params("read_file", path="/work/../etc/passwd", mode="r"), 1),
+        (params("read_file", path="/work/a"), 1),  # `mode` missing
+        (params("read_file", path="/work/a", mode=["r"]), 1),  # of the wrong type
+        (params("read_file", path=["/work/a"], mode="r"), 1),
+        (params("read_file", path="/work/a\0", mode="r"), 1),
+        ({"name": "read_file", "arguments": [["path", "/work/a"]]}, 1),  # not an object
+        ({"name": "read_file"}, 1),  # no arguments at all
+    ],
+)
+def test_rule_with_arguments_matches_only_when_every_one_does(p: Any, rule: int) -> None:
+    d = policy.evaluate(RULES, "tools/call", "read_file", p)
+    assert d.rule_index == rule
+    if rule == 0:
+        assert d.action is A.AUTO_ALLOW and d.matched == ("path", "mode")
+        assert d.reason == "rule 0 (tools/call read_file path~glob, mode~one_of): auto_allow"
+    else:
+        assert d.action is A.PROMPT and d.matched == ()
+
+
+def test_arguments_never_match_another_method() -> None:
+    rules = (McpRule("*", A.AUTO_ALLOW, arguments=(("path", WORK),)), McpRule("*", A.DENY))
+    p = {"arguments": {"path": "/work/a"}}
+    assert policy.evaluate(rules, "prompts/get", None, p).action is A.DENY
+    assert policy.evaluate(rules, "tools/call", "x", p).action is A.AUTO_ALLOW
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_rate_turns_into_prompt_past_the_window_count_and_back_later() -> None:
+    clock = Clock()
+    sp = policy.SessionPolicy(RULES, clock)
+    p = params("run_tests")
+    got = []
+    for _ in range(5):
+        got.append(sp.decide("tools/call", "run_tests", p).action)
+        clock.t += 1
+    assert got == [A.AUTO_ALLOW] * 3 + [A.PROMPT] * 2
+    over = sp.decide("tools/call", "run_tests", p)
+    assert over.rule_index == 2
+    assert over.reason == (
+        "rule 2 (tools/call run_tests): rate 3/min exceeded (3 auto-allowed in the last 60s): "
+        "prompt"
+    )
+    # The window slides: at t0+60 the first call ages out (prompts were not counted).
+    clock.t = 1060.0
+    assert sp.decide("tools/call", "run_tests", p).action is A.AUTO_ALLOW
+    assert sp.decide("tools/call", "run_tests", p).action is A.PROMPT
+    clock.t = 1062.0
+    assert [sp.decide("tools/call", "run_tests", p).action for _ in range(3)] == [
+        A.AUTO_ALLOW, A.AUTO_ALLOW, A.PROMPT,
+    ]  # fmt: skip
+
+
+def test_rates_are_per_session_and_per_rule() -> None:
+    clock = Clock()
+    rules = (
+        McpRule("tools/call", A.AUTO_ALLOW, "a", rate=Rate(1, 1)),
+        McpRule("tools/call", A.AUTO_ALLOW, "b", rate=Rate(1, 1)),
+    )
+    one, two = policy.SessionPolicy(rules, clock), policy.SessionPolicy(rules, clock)
+    assert one.decide("tools/call", "a", params("a")).action is A.AUTO_ALLOW
+    assert one.decide("tools/call", "b", params("b")).action is A.AUTO_ALLOW
+    assert one.decide("tools/call", "a", params("a")).action is A.PROMPT
+    assert two.decide("tools/call", "a", params("a")).action is A.AUTO_ALLOW
+    clock.t += 1
+    assert one.decide("tools/call", "a", params("a")).action is A.AUTO_ALLOW
+
+
+def test_housekeeping_and_unrated_rules_are_not_counted() -> None:
+    sp = policy.SessionPolicy(RULES, Clock())
+    for _ in range(20):
+        assert sp.decide("ping", None, None).action is A.AUTO_ALLOW
+        assert sp.decide("tools/call", "read_file", params("read_file")).action is A.PROMPT
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"),
+    [("30/min", Rate(30, 60)), ("1/s", Rate(1, 1)), ("10000/h", Rate(10000, 3600)),
+     ("0/s", None), ("10001/s", None), ("30/m", None), ("30 /min", None), ("1.5/s", None)],
+)  # fmt: skip
+def test_parse_rate(text: str, rate: Rate | None) -> None:
+    assert parse_rate(text) == rate
+
+
+# ---- the loader -------------------------------------------------------------------------------
+
+GOOD = """name: a
+mcp_policy:
+  - method: tools/call
+    tool_name: read_file
+    arguments:
+      path: {glob: "/work/**"}
+      mode: {one_of: [r, rb, 1, true, null]}
+      size: {equals: {max: 10}}
+      name: {regex: "[a-z]+"}
+    decision: auto_allow
+  - method: tools/call
+    tool_name: run_tests
+    rate: 30/min
+    decision: auto_allow
+"""
+
+
+def test_loader_builds_matchers_and_rates_and_keeps_old_forms() -> None:
+    p = load_text(GOOD)
+    r0, r1 = p.mcp_policy
+    assert [n for n, _m in r0.arguments] == ["path", "mode", "size", "name"]
+    assert r0.arguments[1][1] == Matcher("one_of", ("r", "rb", 1, True, None))
+    assert r1.rate == Rate(30, 60) and r1.arguments == ()
+    d = p.to_dict()
+    assert d["mcp_policy"][0]["arguments"]["size"] == {"equals": {"max": 10}}
+    assert d["mcp_policy"][1]["rate"] == "30/min"
+    assert profile_from_dict(d) == p
+    # A rule without them has exactly the stored form it had before they existed (digests).
+    plain = load_text("name: a\nmcp_policy: [{method: tools/call, decision: deny}]\n")
+    assert plain.to_dict()["mcp_policy"] == [
+        {"method": "tools/call", "tool_name": None, "decision": "deny"}
+    ]
+
+
+def problems(rule: str) -> list[str]:
+    with pytest.raises(ProfileError) as exc:
+        load_text(f"name: a\nmcp_policy:\n  - method: tools/call\n{rule}\n", "p.yml")
+    return [str(x) for x in exc.value.problems]
+
+
+@pytest.mark.parametrize(
+    ("rule", "where", "what"),
+    [
+        ("    arguments: {path: {glob: /work/../x}}\n    decision: deny",
+         "mcp_policy[0].arguments.path.glob", "normalized path"),
+        ("    arguments: {path: {glob: '/work/'}}\n    decision: deny",
+         "mcp_policy[0].arguments.path.glob", "normalized path"),
+        ("    arguments: {path: {glob: '/work/[ab]'}}\n    decision: deny",
+         "mcp_policy[0].arguments.path.glob", "no meaning in a glob"),
+        ("    arguments: {path: {regex: '^/work'}}\n    decision: deny",
+         "mcp_policy[0].arguments.path.regex", "anchors"),
+        ("    arguments: {path: {regex: '(a'}}\n    decision: deny",
+         "mcp_policy[0].arguments.path.regex", "not a valid regular expression"),
+        ("    arguments: {path: {regex: '" + "a" * 257 + "'}}\n    decision: deny",
+         "mcp_policy[0].arguments.path.regex", "too long"),
+        ("    arguments: {path: {glob: a, regex: b}}\n    decision: deny",
+         "mcp_policy[0].arguments.path", "exactly one matcher"),
+        ("    arguments: {path: {}}\n    decision: deny",
+         "mcp_policy[0].arguments.path", "exactly one matcher"),
+        ("    arguments: {path: {like: a}}\n    decision: deny",
+         "mcp_policy[0].arguments.path.like", "unknown key"),
+        ("    arguments: {path: /work}\n    decision: deny",
+         "mcp_policy[0].arguments.path", "expected a mapping"),
+        ("    arguments: {}\n    decision: deny", "mcp_policy[0].arguments", "non-empty"),
+        ("    arguments: {n: {equals: 1.5}}\n    decision: deny",
+         "mcp_policy[0].arguments.n.equals", "floating-point"),
+        ("    arguments: {n: {one_of: []}}\n    decision: deny",
+         "mcp_policy[0].arguments.n.one_of", ""),
+        ("    rate: 30/min\n    decision: deny", "mcp_policy[0].rate", "only applies to decision"),
+        ("    rate: 30/min\n    decision: prompt", "mcp_policy[0].rate", "only applies"),
+        ("    rate: 30/day\n    decision: auto_allow", "mcp_policy[0].rate", "not valid here"),
+        ("    rate: 20000/s\n    decision: auto_allow", "mcp_policy[0].rate", "is not a rate"),
+        ("    rate: 30\n    decision: auto_allow", "mcp_policy[0].rate", "string"),
+    ],
+)  # fmt: skip
+def test_loader_refuses_bad_rules(rule: str, where: str, what: str) -> None:
+    probs = problems(rule)
+    assert any(f": {where}:" in p and what in p for p in probs), probs
+
+
+def test_loader_refuses_arguments_on_another_method(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError) as exc:
+        load_text(
+            "name: a\nmcp_policy:\n  - method: resources/read\n"
+            "    arguments: {uri: {glob: /x}}\n    decision: deny\n"
+        )
+    (prob,) = exc.value.problems
+    assert "mcp_policy[0].arguments: arguments only applies to method tools/call" in str(prob)
+
+
+def test_cli_reports_error_and_hint(cli: Any, tmp_path: Path) -> None:
+    f = tmp_path / "p.yml"
+    f.write_text(
+        "name: a\nmcp_policy:\n  - method: tools/call\n    arguments: {p: {regex: '^x'}}\n"
+        "    decision: deny\n"
+    )
+    r = cli("sandbox", "validate", str(f))
+    assert r.exit_code != 0 and r.stdout == ""
+    assert "error: " in r.stderr and "mcp_policy[0].arguments.p.regex: anchors" in r.stderr
+    assert "hint: " in r.stderr and "Traceback" not in r.stderr
+    f.write_text(GOOD)
+    r = cli("sandbox", "validate", str(f))
+    assert r.exit_code == 0, r.stderr
+    assert "mcp:     2 rules (1 on arguments; rule 1 at most 30/min)" in r.stdout
+
+
+# ---- the bridge -------------------------------------------------------------------------------
+
+
+class Chain:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def append(self, type_: str, data: Any) -> None:
+        self.records.append((type_, dict(data)))
+
+
+def bridge(clock: Clock) -> tuple[Bridge, Chain, list[Any], list[Any], list[Any]]:
+    profile = Profile(
+        name="t",
+        mcp_policy=(*RULES, McpRule("tools/call", A.DENY)),
+        mcp=McpSettings(approval_timeout_seconds=5),
+    )
+    chain, client, server, events = Chain(), [], [], []  # type: ignore[var-annotated]
+    b = Bridge(
+        profile=profile,
+        session_id="sess_R",
+        chain=chain,
+        to_client=lambda d: client.append(json.loads(d)),
+        to_server=lambda d: server.append(json.loads(d)),
+        emit=lambda t, **d: events.append((t, d)),
+        clock=clock,
+    )
+    return b, chain, client, server, events
+
+
+def send(b: Bridge, i: int, tool: str, **args: Any) -> None:
+    msg = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params(tool, **args)}
+    b.on_client_frame(Line(json.dumps(msg).encode()))
+
+
+def test_bridge_forwards_a_matching_call_and_prompts_past_the_rate() -> None:
+    clock = Clock()
+    b, chain, _client, server, events = bridge(clock)
+    send(b, 1, "read_file", path="/work/a.txt", mode="r")
+    send(b, 2, "read_file", path="/work/../etc/passwd", mode="r")
+    assert [m["id"] for m in server] == [1]
+    for i in range(3, 6):
+        send(b, i, "run_tests")
+    send(b, 6, "run_tests")
+    assert [m["id"] for m in server] == [1, 3, 4, 5]
+    recs = {r["id"]: r for t, r in chain.records if t == "mcp.request"}
+    assert recs[1]["rule"] == 0 and recs[1]["decision"] == "auto_allow"
+    assert recs[2]["rule"] == 1 and recs[2]["decision"] == "prompt"
+    assert recs[6]["decision"] == "prompt" and recs[6]["rule"] == 2
+    assert "rate 3/min exceeded" in recs[6]["reason"]
+    pending = [d for t, d in events if t == "approval.pending"]
+    assert len(pending) == 2
+    by_tool = {d["tool"]: d for d in pending}
+    assert "rate 3/min exceeded" in by_tool["run_tests"]["reason"]
+    assert approvals.load(by_tool["run_tests"]["approval_id"]).reason == recs[6]["reason"]
+    b.shutdown("end")
+
+
+def test_prompt_shows_the_matched_arguments_first() -> None:
+    # The catch-all prompt after an argument rule: a call that missed it shows its arguments
+    # in name order; a rate-limited argument rule shows the ones it matched on first.
+    clock = Clock()
+    rules = (
+        McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("z_path", WORK),), rate=Rate(1, 60)),
+        McpRule("tools/call", A.PROMPT),
+    )
+    events: list[Any] = []
+    b = Bridge(
+        profile=Profile(name="t", mcp_policy=rules, mcp=McpSettings(approval_timeout_seconds=5)),
+        session_id="sess_F",
+        chain=Chain(),
+        to_client=lambda d: None,
+        to_server=lambda d: None,
+        emit=lambda t, **d: events.append((t, d)),
+        clock=clock,
+    )
+    send(b, 1, "w", a_content="x" * 50, z_path="/work/a")
+    send(b, 2, "w", a_content="x" * 50, z_path="/work/a")
+    (ev,) = [d for t, d in events if t == "approval.pending"]
+    keys = [f[0] for f in ev["fields"]]
+    assert keys[:3] == ["name", "arguments.z_path", "arguments.a_content"], keys
+    from linpodx.cli.approvals import render
+
+    lines = render({**approvals.load(ev["approval_id"]).to_dict(), "type": "approval.pending"})
+    assert lines[1].startswith("why: rule 0 (tools/call w z_path~glob): rate 1/min exceeded")
+    assert lines[3].startswith("  arguments.z_path: ")
+    b.shutdown("end")
+
+
+def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None:
+    # deny writes below /etc, allow the rest: a path with NUL, one that climbs above its root,
+    # a list or a huge string cannot be judged, and is denied rather than let through.
+    rules = (
+        McpRule("tools/call", A.DENY, "w", arguments=(("path", Matcher("glob", "/etc/**")),)),
+        McpRule("tools/call", A.PROMPT, "w", arguments=(("cmd", Matcher("regex", "rm .*")),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "w"),
+    )
+
+    def decide(**args: Any) -> tuple[A, int | None]:
+        d = policy.evaluate(rules, "tools/call", "w", params("w", **args))
+        return d.action, d.rule_index
+
+    assert decide(path="/etc/passwd") == (A.DENY, 0)
+    assert decide(path="/work/../etc/passwd") == (A.DENY, 0)
+    for odd in ("/etc/passwd\0", "../../etc/passwd", ["/etc/passwd"], 7, "/" + "e" * MAX_SUBJECT):
+        assert decide(path=odd) == (A.DENY, 0), odd
+    assert decide(path="/work/a") == (A.AUTO_ALLOW, 2)
+    assert decide(cmd=["rm", "-rf"]) == (A.PROMPT, 1)
+    assert decide(cmd="rm -rf /") == (A.PROMPT, 1)
+    assert decide(cmd="ls") == (A.AUTO_ALLOW, 2)
+    assert decide() == (A.AUTO_ALLOW, 2)  # nothing named is there: those rules do not apply
+    odd_args = {"name": "w", "arguments": [["path", "/etc/passwd"]]}
+    assert policy.evaluate(rules, "tools/call", "w", odd_args).rule_index == 0
+    # The same odd values under an allow rule: not allowed by it.
+    allow = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("path", WORK),)),)
+    for odd in ("/work/a\0", "/work/../../work/a", ["/work/a"], 7):
+        assert policy.evaluate(allow, "tools/call", "w", params("w", path=odd)).action is A.DENY
+
+
+def test_approvals_show_says_why(cli: Any) -> None:
+    reason = "rule 1 (tools/call run_tests): rate 3/min exceeded (3 auto-allowed in the last 60s)"
+    req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params("run_tests")}
+    p = approvals.create("sess_W", "tools/call", "run_tests", req, req["params"], 30, (), reason)
+    r = cli("approvals", "show", p.approval_id)
+    assert r.exit_code == 0, r.stderr
+    assert f"why: {reason}\nrequest:\n" in r.stdout
+    doc = json.loads(cli("approvals", "show", p.approval_id, "--json").stdout)
+    assert doc["result"]["reason"] == reason
