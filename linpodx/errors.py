@@ -9,18 +9,40 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Exit codes (documented in the README). 2 is also what typer/click use for usage errors.
+# Exit codes: one per kind of error, the same from every command. README.md's table lists
+# them (from EXIT_CODES below; tests/unit/test_cli_exit_codes.py holds the README to it). 2 is
+# also what typer/click use for usage errors.
 EXIT_OK = 0
-EXIT_FAILURE = 1
+EXIT_FAILURE = 1  # a check failed (`doctor`), or nothing more specific fits
 EXIT_USAGE = 2
 EXIT_INVALID = 3  # input (profile, label, payload) refused
 EXIT_NOT_FOUND = 4
 EXIT_ENGINE = 5  # podman / nft / a helper failed
 EXIT_AUDIT = 6  # the audit log could not be written or read
 EXIT_TAMPERED = 7  # verification found damage
-EXIT_DENIED = 8  # a policy or a person said no
+EXIT_NOT_MANAGED = 8  # a container linpodx did not create (or not the one it created)
+EXIT_CONFLICT = 9  # the name, label or answer is taken already
+EXIT_DENIED = 10  # a policy or a person said no
 EXIT_BUG = 70  # EX_SOFTWARE: an unexpected exception
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, what a shell reports for a command it killed
+
+EXIT_CODES: tuple[tuple[int, str, str], ...] = (
+    (EXIT_OK, "ok", "it worked"),
+    (EXIT_FAILURE, "failure", "a `doctor` check failed, or a failure of no kind below"),
+    (EXIT_USAGE, "usage", "the command line is wrong (unknown option, missing argument)"),
+    (EXIT_INVALID, "invalid input", "a profile, label, name or payload was refused"),
+    (EXIT_NOT_FOUND, "not found", "no such profile, file, container, snapshot, job or approval"),
+    (EXIT_ENGINE, "podman failed", "podman, nft or a helper failed (its own words are shown)"),
+    (EXIT_AUDIT, "audit", "the audit log could not be written or read (nothing was done)"),
+    (EXIT_TAMPERED, "tampered", "an audit chain or a stored revision is damaged"),
+    (EXIT_NOT_MANAGED, "not managed", "the container is not one linpodx created"),
+    (EXIT_CONFLICT, "conflict", "the name or label is taken, the approval answered already"),
+    (EXIT_DENIED, "denied", "a policy or a person said no"),
+    (EXIT_BUG, "internal", "a bug in linpodx"),
+    (EXIT_INTERRUPTED, "interrupted", "Ctrl-C (SIGTERM and SIGHUP: 128 + the signal)"),
+)
+"""Every exit status linpodx gives for itself: (code, kind, meaning). A foreground `run`,
+`exec` and `mcp attach` exit with the container's command's own status once it ran."""
 
 
 class Terminated(BaseException):
@@ -185,6 +207,20 @@ class ChainBroken(LinpodxError):
     """Verification found a damaged or tampered chain."""
 
     exit_code = EXIT_TAMPERED
+
+
+class NotManaged(LinpodxError):
+    """The container exists but linpodx did not create it (or not this one under that name):
+    linpodx acts only on its own."""
+
+    exit_code = EXIT_NOT_MANAGED
+
+
+class Conflict(LinpodxError):
+    """What the command would create or answer is taken already (a container name, a snapshot
+    label, an approval answered before)."""
+
+    exit_code = EXIT_CONFLICT
 
 
 class Denied(LinpodxError):

@@ -12,7 +12,7 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from linpodx.errors import LinpodxError
 
@@ -160,6 +160,19 @@ def print_kv(items: Mapping[str, Any], stream: TextIO | None = None) -> None:
         if isinstance(v, (dict, list)):
             v = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
         stream.write(kv_line(k, v) + "\n")
+    stream.flush()
+
+
+def print_status(items: Mapping[str, Any]) -> None:
+    """Status lines for people (`key: value`) on stderr: stdout is the command's data (a
+    foreground `run`'s is the container's own output). On a terminal they read the same."""
+    print_kv(items, sys.stderr)
+
+
+def print_lines(lines: Iterable[str], stream: TextIO | None = None) -> None:
+    """One value per line on stdout (`run -d`'s id, `ps -q`'s names), escaped like a table."""
+    stream = stream or sys.stdout
+    stream.write("".join(safe_text(line) + "\n" for line in lines))
     stream.flush()
 
 

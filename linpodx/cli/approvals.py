@@ -24,9 +24,9 @@ from linpodx.approvals import store as approvals
 from linpodx.approvals.prompter import Prompter
 from linpodx.cli.common import JsonOpt, new_app, run_command
 from linpodx.errors import (
-    EXIT_FAILURE,
     EXIT_INTERRUPTED,
     CommandFailed,
+    Conflict,
     InvalidInput,
     LinpodxError,
     NotFound,
@@ -337,10 +337,8 @@ def decide(
         raise NotFound(exc.message, f"approvals wait in another state dir: {where}") from None
     st = approvals.status(approval_id)
     if st != "pending":
-        raise LinpodxError(
-            f"approval {approval_id} is already {st}",
-            "only pending approvals can be answered",
-            exit_code=EXIT_FAILURE,
+        raise Conflict(
+            f"approval {approval_id} is already {st}", "only pending approvals can be answered"
         )
     if for_session and not pending.grantable:
         raise InvalidInput(
@@ -355,10 +353,9 @@ def decide(
     by = {**approvals.who(), "interactive": interactive}
     scope = approvals.SCOPE_SESSION if for_session else approvals.SCOPE_CALL
     if not approvals.answer(approval_id, pending.digest, decision, reason, by=by, scope=scope):
-        raise LinpodxError(
+        raise Conflict(
             f"approval {approval_id} is already {approvals.status(approval_id)}",
             "another answer (or the timeout) came first",
-            exit_code=EXIT_FAILURE,
         )
     return {
         "approval_id": approval_id,

@@ -18,7 +18,14 @@ from linpodx.errors import (
 from linpodx.output import envelope, print_json, print_kv
 
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print exactly one JSON document on stdout (errors too).")
+    bool,
+    typer.Option(
+        "--json",
+        help="Print exactly one JSON document on stdout (errors too); `--format json` is the same.",
+    ),
+]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Print only the names, one per line (as podman's -q).")
 ]
 
 

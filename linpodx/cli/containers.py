@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from linpodx.cli.common import JsonOpt, run_command
+from linpodx.cli.common import JsonOpt, QuietOpt, run_command
 from linpodx.errors import CommandFailed, LinpodxError
 from linpodx.output import envelope, print_json
 
@@ -63,23 +63,28 @@ def register(app: typer.Typer) -> None:
         all_states: Annotated[
             bool, typer.Option("--all", "-a", help="Also stopped containers.")
         ] = False,
+        quiet: QuietOpt = False,
         json_mode: JsonOpt = False,
     ) -> None:
         """List linpodx containers: name, profile, revision, state, egress."""
         from linpodx import containers
 
-        def render(rows: list[dict[str, Any]]) -> None:
-            from linpodx.output import safe_text
+        def render(result: dict[str, Any]) -> None:
+            from linpodx.output import print_lines, safe_text
 
+            rows = result["containers"]
+            if quiet:
+                # Names, not podman's short ids: every linpodx command takes a name.
+                print_lines(r["name"] for r in rows)
+                return
             cols = ("name", "profile", "revision", "state", "egress")
-            widths = {c: max([len(c)] + [len(safe_text(str(r[c]))) for r in rows]) for c in cols}
+            cells = [{c: safe_text("-" if r[c] is None else str(r[c])) for c in cols} for r in rows]
+            widths = {c: max([len(c)] + [len(row[c]) for row in cells]) for c in cols}
             typer.echo("  ".join(c.upper().ljust(widths[c]) for c in cols).rstrip())
-            for r in rows:
-                typer.echo(
-                    "  ".join(safe_text(str(r[c])).ljust(widths[c]) for c in cols).rstrip()
-                )
+            for row in cells:
+                typer.echo("  ".join(row[c].ljust(widths[c]) for c in cols).rstrip())
 
-        def listing() -> list[dict[str, Any]]:
+        def listing() -> dict[str, Any]:
             from linpodx.output import note, safe_text
             from linpodx.snapshot import journal
 
@@ -94,7 +99,7 @@ def register(app: typer.Typer) -> None:
                         f"{safe_text(r['name'])} {safe_text(r['renamed_from'])}` before linpodx "
                         "commands act on it"
                     )
-            return rows
+            return {"containers": rows}
 
         run_command("ps", json_mode, listing, render)
 

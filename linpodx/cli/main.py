@@ -159,13 +159,31 @@ def _command_name(args: list[str]) -> str:
     return words[0] if words else "linpodx"
 
 
+def format_as_json(args: list[str]) -> list[str]:
+    """`--format json` and `--format=json` (before `--`) are `--json`, as podman users type
+    it; except in `sandbox show`, whose own `--format yaml|json` picks how the profile reads."""
+    end = args.index("--") if "--" in args else len(args)
+    if _command_name(args) == "sandbox show":
+        return args
+    out: list[str] = []
+    i = 0
+    while i < end:
+        if args[i] == "--format" and i + 1 < end and args[i + 1] == "json":
+            out.append("--json")
+            i += 2
+            continue
+        out.append("--json" if args[i] == "--format=json" else args[i])
+        i += 1
+    return out + args[end:]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code. Expected failures never print a traceback.
 
     With `--json`, a failure that no command turned into its envelope (a usage error, an
     unexpected one) still prints exactly one: the README promises one document, errors too.
     """
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = format_as_json(list(sys.argv[1:] if argv is None else argv))
     json_mode = "--json" in (args[: args.index("--")] if "--" in args else args)
     err: LinpodxError | None = None
     printed = envelopes_printed()

@@ -29,19 +29,24 @@ def request(fields: dict[str, Any]) -> RunRequest:
 
 
 def execute(req: RunRequest, json_mode: bool = False) -> int:
-    """Run the request: print `container_id:`/`name:`/`state:`, hand the terminal over (unless
-    detached) and return the exit status (the container's, or linpodx's on failure)."""
+    """Run the request: announce it (`linpodx.fastpath.run.announce`: the bare id on stdout when
+    detached, status lines on stderr otherwise), hand the terminal over (unless detached) and
+    return the exit status (the container's, or linpodx's on failure)."""
     from linpodx import containers
 
     try:
         if json_mode and not req.detach:
+            # A foreground run's stdout is the container's own output: a JSON document before
+            # or after it would make neither readable.
             raise UsageError(
-                "--json needs --detach", "the container's own output would follow on stdout"
+                "--json needs --detach (-d): a foreground run's stdout is the container's own "
+                "output",
+                "use `linpodx run -d --json …` for the container's JSON record, or drop --json",
             )
         if req.detach:
             info, spec = containers.run(req)
-            announce(info, spec, json_mode)
+            announce(info, spec, json_mode, detached=True)
             return 0
-        return containers.run_foreground(req, lambda info, spec: announce(info, spec, False))
+        return containers.run_foreground(req, announce)
     except LinpodxError as err:
         return fail(json_mode, err)

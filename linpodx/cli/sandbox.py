@@ -11,10 +11,10 @@ from typing import Annotated, Any
 import typer
 from ruamel.yaml import YAML
 
-from linpodx.cli.common import JsonOpt, new_app, run_command
+from linpodx.cli.common import JsonOpt, QuietOpt, new_app, run_command
 from linpodx.errors import LinpodxError, UsageError
 from linpodx.ids import is_id
-from linpodx.output import hides_text, kv_line, note, safe_text
+from linpodx.output import hides_text, kv_line, note, print_lines, safe_text
 from linpodx.profile import store
 from linpodx.profile.loader import load_file
 
@@ -181,7 +181,7 @@ def apply_cmd(
 
 
 @app.command("list")
-def list_cmd(json_mode: JsonOpt = False) -> None:
+def list_cmd(quiet: QuietOpt = False, json_mode: JsonOpt = False) -> None:
     """List applied profiles: name, revision, profile_id, applied_at, state.
 
     A profile whose `sandbox rm` was interrupted is listed with state `removing` (no run uses
@@ -193,6 +193,9 @@ def list_cmd(json_mode: JsonOpt = False) -> None:
 
     def render(r: dict[str, Any]) -> None:
         rows = r["profiles"]
+        if quiet:
+            print_lines(row["name"] for row in rows)
+            return
         if not rows:
             note("no profiles applied yet (run `linpodx sandbox apply --profile FILE`)")
             return

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import typer
 
 from linpodx.cli.common import JsonOpt, new_app, run_command
-from linpodx.errors import LinpodxError
-from linpodx.output import note, print_kv, safe_lines, safe_text
+from linpodx.errors import LinpodxError, UsageError
+from linpodx.output import note, print_kv, print_lines, safe_lines, safe_text
 
 app = new_app("Snapshots of a container (image + writable workspace) and safe rollback.")
 
@@ -72,14 +72,22 @@ def job_status_cmd(
 @app.command("list")
 def list_cmd(
     name: Annotated[str | None, typer.Argument(help="Only this container's snapshots.")] = None,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="Print only the labels, one per line (needs NAME)."),
+    ] = False,
     json_mode: JsonOpt = False,
 ) -> None:
     """List snapshots (all containers, or NAME's)."""
     from linpodx.snapshot import service
 
-    def render(rows: list[dict[str, Any]]) -> None:
+    def render(result: dict[str, Any]) -> None:
+        rows = result["snapshots"]
+        if quiet:
+            print_lines(str(r.get("label")) for r in rows)
+            return
         if not rows:
-            typer.echo("no snapshots")
+            note("no snapshots")
             return
         header = ("CONTAINER", "LABEL", "CREATED", "STATE", "IMAGE")
         table = [header] + [
@@ -102,7 +110,15 @@ def list_cmd(
                 where = f"snapshot {r.get('container')} --label {r.get('label')}"
                 note(safe_lines(f"warning: {where}: {r['error']}\nhint: {r.get('hint')}"))
 
-    run_command("snapshot list", json_mode, lambda: service.list_snapshots(name), render)
+    def listing() -> dict[str, Any]:
+        if quiet and name is None:
+            # A label names a snapshot only together with its container (`--label L NAME`).
+            raise UsageError(
+                "snapshot list -q needs a container NAME", "run `linpodx snapshot list NAME -q`"
+            )
+        return {"snapshots": service.list_snapshots(name)}
+
+    run_command("snapshot list", json_mode, listing, render)
 
 
 @app.command("rm")

@@ -21,11 +21,11 @@ from linpodx.containers.state import (
     spec_path,
 )
 from linpodx.errors import (
-    Denied,
     EngineError,
     InvalidInput,
     LinpodxError,
     NotFound,
+    NotManaged,
     UsageError,
 )
 from linpodx.fsutil import present
@@ -55,7 +55,7 @@ def managed_info(name: str) -> dict[str, Any]:
     refuse_if_rolling_back(name)
     info = podman().inspect(name)
     if engine.labels_of(info).get(MANAGED_LABEL) != "1":
-        raise Denied(
+        raise NotManaged(
             f"container {name} is not managed by linpodx",
             "linpodx acts only on containers it created (label linpodx.managed=1); "
             "use podman directly",
@@ -145,7 +145,7 @@ def _start(name: str) -> ContainerInfo:
         # Labels are only labels: anyone with podman can put linpodx's on a container created
         # with other flags (privileged, the host's network, host paths). Only the container
         # linpodx's own run created is started, audited and given an egress guard.
-        raise Denied(
+        raise NotManaged(
             f"container {name} is not the one linpodx created under that name (its id differs "
             "from the run spec's)",
             f"it was created or replaced outside linpodx; remove it with `podman rm {name}` "
@@ -276,7 +276,7 @@ def _remove(name: str, force: bool) -> dict[str, Any]:
 def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -> int:
     """`linpodx exec NAME -- CMD…` (audited with its argv first); returns the command's status."""
     if not command:
-        raise InvalidInput("exec needs a command", f"use `linpodx exec {name} -- CMD ARGS…`")
+        raise UsageError("exec needs a command", f"use `linpodx exec {name} -- CMD ARGS…`")
     info = managed_info(name)
     if engine.state(info) != "running":
         raise InvalidInput(
@@ -300,6 +300,13 @@ def _renamable(name: str) -> bool:
     return True
 
 
+def revision_of(label: object) -> int | None:
+    """The `linpodx.revision` label as the number it is (None if it is not one: anyone with
+    podman can set labels)."""
+    text = str(label or "")
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def ps(all_states: bool) -> list[dict[str, Any]]:
     """Rows for `linpodx ps`: linpodx containers only."""
     rows = []
@@ -307,10 +314,12 @@ def ps(all_states: bool) -> list[dict[str, Any]]:
         names = r.get("Names") or []
         name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
         labels = r.get("Labels") or {}
-        row = {
+        row: dict[str, Any] = {
             "name": name,
+            "container_id": str(r.get("Id", "")),
             "profile": str(labels.get("linpodx.profile", "")),
-            "revision": str(labels.get("linpodx.revision", "")),
+            # A number, as in `run --json` and `sandbox list`; None for a label that is not one.
+            "revision": revision_of(labels.get("linpodx.revision")),
             "state": str(r.get("State", "")),
             "egress": egress_status(name),
             "image": str(r.get("Image", "")),

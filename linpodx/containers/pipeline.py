@@ -39,6 +39,7 @@ from linpodx.containers.state import (
     spec_doc,
 )
 from linpodx.errors import (
+    Conflict,
     EngineError,
     LinpodxError,
     NotFound,
@@ -104,7 +105,7 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
         # detach them). Without a state dir of that name there are no such files: podman
         # alone decides.
         if spec_dir(spec.name).exists() and podman().exists(spec.name):
-            raise EngineError(
+            raise Conflict(
                 f"the container name {spec.name!r} is already in use",
                 engine.NAME_IN_USE_HINT,
             )
@@ -125,7 +126,7 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
     outcome.step = "podman_create"
     try:
         container_id = podman().create(argv)
-    except BaseException:
+    except BaseException as exc:
         if guarded:
             with contextlib.suppress(Exception):
                 bringup.egress_guard().detach(spec.name)
@@ -134,6 +135,11 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
         # podman refused: nothing was created (a name clash leaves the other one alone). Only
         # a Ctrl-C that lands after podman made the container can leave one, without a run
         # spec: not removed here, as the name may have been someone else's (`podman rm` it).
+        if isinstance(exc, EngineError) and "already in use" in exc.stderr.lower():
+            # The same kind of error (and exit status) as the check above gives.
+            raise Conflict(
+                f"the container name {spec.name!r} is already in use", engine.NAME_IN_USE_HINT
+            ) from None
         raise
     outcome.created = True
     try:
@@ -277,7 +283,7 @@ def _one_call(
     if not made and podman().exists(spec.name):
         # The mount pins (and the guard's files) are written under this name: refuse a taken
         # name first, so the other container's files are left as they are.
-        raise EngineError(
+        raise Conflict(
             f"the container name {spec.name!r} is already in use",
             engine.NAME_IN_USE_HINT,
         )

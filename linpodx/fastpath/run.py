@@ -40,7 +40,7 @@ from linpodx import namelock, paths, proc
 from linpodx.audit import core
 from linpodx.errors import LinpodxError
 from linpodx.fastpath import plan as plans
-from linpodx.output import envelope, note, print_error, print_json, print_kv
+from linpodx.output import envelope, note, print_error, print_json, print_lines, print_status
 from linpodx.podman import mountpin, runline, spawn
 
 TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
@@ -60,7 +60,7 @@ def main(fields: dict[str, Any]) -> int | None:
     path: its exit status (linpodx's own, with the error printed, on a failure after it took
     it); None, with nothing done, if the full path must run it."""
     try:
-        return run(fields, lambda info, spec: announce(info, spec, False))
+        return run(fields, announce)
     except LinpodxError as err:
         return fail(False, err)
 
@@ -73,9 +73,15 @@ def fail(json_mode: bool, err: LinpodxError) -> int:
     return err.exit_code
 
 
-def announce(info: ContainerInfo, spec: CreateSpec, json_mode: bool) -> None:
+def announce(
+    info: ContainerInfo, spec: CreateSpec, json_mode: bool = False, detached: bool = False
+) -> None:
     """Notes about clamped limits on stderr, then the container's id, name and state (on both
-    paths: `linpodx.cli.runcmd` announces the full path's run with this too)."""
+    paths: `linpodx.cli.runcmd` announces the full path's run with this too).
+
+    stdout is data: a detached run prints the bare id there (as `podman run -d` does, so
+    `id=$(linpodx run -d …)` works) or, with `--json`, the envelope; a foreground run's stdout
+    is the container's own output, so its `container_id:`/`name:`/`state:` go to stderr."""
     from linpodx.podman.argv import limit_notes
 
     for line in limit_notes(spec):
@@ -83,8 +89,11 @@ def announce(info: ContainerInfo, spec: CreateSpec, json_mode: bool) -> None:
     result = {"container_id": info.container_id, "name": info.name, "state": info.state}
     if json_mode:
         print_json(envelope("run", {**result, **info.to_dict()}))
+    elif detached:
+        print_lines([info.container_id])
+        print_status({"name": info.name, "state": info.state})
     else:
-        print_kv(result)  # flushed before the container's output or terminal follows
+        print_status(result)  # flushed before the container's output or terminal follows
 
 
 def run(fields: dict[str, Any], announce: Announce) -> int | None:

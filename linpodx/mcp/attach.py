@@ -29,6 +29,7 @@ from linpodx.errors import (
     InvalidInput,
     LinpodxError,
     NotFound,
+    NotManaged,
     UsageError,
 )
 from linpodx.mcp import bounds, reap
@@ -77,7 +78,7 @@ def find_container(name: str) -> Target:
     except (ValueError, IndexError, KeyError, AttributeError, TypeError):
         raise InvalidInput(f"could not read podman's description of container {name}") from None
     if labels.get("linpodx.managed") != "1":
-        raise InvalidInput(
+        raise NotManaged(
             f"container {name} is not managed by linpodx",
             "attach only to containers started with `linpodx run`",
         )

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from linpodx.errors import Denied
+from linpodx.errors import NotManaged
 from linpodx.podman import engine
 
 MANAGED_LABEL = "linpodx.managed"
@@ -71,7 +71,7 @@ def require_managed(name: str) -> dict[str, Any]:
     """Inspect `name` and refuse it unless linpodx manages it."""
     info = inspect_container(name)
     if labels_of(info).get(MANAGED_LABEL) != "1":
-        raise Denied(
+        raise NotManaged(
             f"{name} is not a linpodx container (label {MANAGED_LABEL}=1 missing)",
             "linpodx only snapshots and rolls back containers it created (`linpodx ps`)",
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import proc
+from linpodx.containers.manage import revision_of
 from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.ids import new_ulid
 from linpodx.podman import engine
@@ -377,9 +378,10 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
         "container": name,
         "label": label,
         "image": man["image"],
-        "container_id": new.id[:12],
-        "previous_id": orig.id[:12],
-        "revision": new.labels.get("linpodx.revision"),
+        # Whole ids and the revision as a number, as `run --json` and `ps --json` give them.
+        "container_id": new.id,
+        "previous_id": orig.id,
+        "revision": revision_of(new.labels.get("linpodx.revision")),
         "restored": [str(e["target"]) for e in man["mounts"]],
     }
     if recovered is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import fsutil, paths, proc
-from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError
+from linpodx.errors import EXIT_AUDIT, Conflict, EngineError, InvalidInput, LinpodxError
 from linpodx.ids import new_ulid
 from linpodx.podman import engine
 from linpodx.podman.engine import image_id
@@ -76,7 +76,7 @@ def start_create(
         )
     workspace.check_workspace(name, info, for_rollback=False)
     if not replace_existing and _exists(name, label):
-        raise InvalidInput(
+        raise Conflict(
             f"snapshot {name} --label {label} already exists",
             "pick another label, or pass --replace to overwrite it",
         )

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import containers
-from linpodx.errors import EngineError, InvalidInput, LinpodxError
+from linpodx.errors import Conflict, EngineError, InvalidInput, LinpodxError
 from linpodx.paths import ensure_dir
 from linpodx.podman import engine
 from linpodx.podman.engine import image_id
@@ -160,7 +160,7 @@ def _publish(job: jobs.Job, tmp: Path, new_image: str) -> str | None:
     old_image: str | None = None
     if final.exists():
         if not job.replace:
-            raise InvalidInput(
+            raise Conflict(
                 f"snapshot {job.container} --label {job.label} already exists",
                 "pick another label or pass --replace",
             )
@@ -271,7 +271,7 @@ def run_create(job_id: str, faults: Faults = NO_FAULTS) -> int:
             mounts = workspace.writable_mounts(info)
             labels = found.labels
             if not job.replace and snapshot_dir(job.container, job.label).exists():
-                raise InvalidInput(
+                raise Conflict(
                     f"snapshot {job.container} --label {job.label} already exists",
                     "pick another label or pass --replace",
                 )

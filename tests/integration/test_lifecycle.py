@@ -87,20 +87,21 @@ def test_ps_shows_only_linpodx_containers(unique_name: str, other_name: str) -> 
     run_ok("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "sleep", "600")
     podman("run", "-d", "--name", other_name, "--network", "none", BUSYBOX_IMAGE, "sleep", "600")
     doc = json.loads(run_ok("ps", "--json").stdout)
-    rows = {r["name"]: r for r in doc["result"]}
+    rows = {r["name"]: r for r in doc["result"]["containers"]}
     assert unique_name in rows and other_name not in rows
     row = rows[unique_name]
     assert (row["profile"], row["revision"], row["state"], row["egress"]) == (
         "default",
-        "0",
+        0,
         "running",
         "none",
     )
     run_ok("stop", unique_name, "--time", "1")
     assert unique_name not in {
-        r["name"] for r in json.loads(run_ok("ps", "--json").stdout)["result"]
+        r["name"] for r in json.loads(run_ok("ps", "--json").stdout)["result"]["containers"]
     }
-    all_rows = {r["name"]: r for r in json.loads(run_ok("ps", "--all", "--json").stdout)["result"]}
+    everything = json.loads(run_ok("ps", "--all", "--json").stdout)["result"]["containers"]
+    all_rows = {r["name"]: r for r in everything}
     assert all_rows[unique_name]["state"] == "exited"
     text = run_ok("ps", "--all").stdout.splitlines()
     assert text[0].split() == ["NAME", "PROFILE", "REVISION", "STATE", "EGRESS"]

@@ -108,7 +108,7 @@ def test_approve_and_deny_commands(tmp_path: Path, unique_name: str) -> None:
         assert "decision: approved" in ok.stdout
         assert s.recv_id(1)["result"]["content"][0]["text"].startswith("wrote")
         again = linpodx("deny", "--non-interactive", ev["approval_id"], check=False)
-        assert again.returncode == 1 and "already approved" in again.stderr
+        assert again.returncode == 9 and "already approved" in again.stderr
 
         s.send(write_call(2, "M-CMD-DENIED"))
         ev2 = wait_pending(seen)
@@ -128,7 +128,7 @@ def test_approve_and_deny_commands(tmp_path: Path, unique_name: str) -> None:
         assert s.close() == 0
         assert approvals.status(ev3["approval_id"]) == "denied"
         late = linpodx("approve", "--non-interactive", ev3["approval_id"], check=False)
-        assert late.returncode == 1 and "already denied" in late.stderr
+        assert late.returncode == 9 and "already denied" in late.stderr
     finally:
         s.kill()
     log = server_log(unique_name)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from linpodx.audit import chain as audit_chain
+from linpodx.errors import EXIT_NOT_MANAGED
 from tests.conftest import DEBIAN_IMAGE
 from tests.servers.harness import (
     RawSession,
@@ -255,5 +256,5 @@ def test_attach_refuses_unmanaged_or_missing_containers(unique_name: str) -> Non
         timeout=120,
     )
     plain = linpodx("mcp", "attach", "--container", unique_name, "--", "true", check=False)
-    assert plain.returncode == 3 and "not managed by linpodx" in plain.stderr
+    assert plain.returncode == EXIT_NOT_MANAGED and "not managed by linpodx" in plain.stderr
     assert plain.stdout == ""

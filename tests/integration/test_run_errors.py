@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from linpodx import containers
-from linpodx.errors import EngineError
+from linpodx.errors import EXIT_CONFLICT, EngineError
 from linpodx.profile.model import Profile
 from tests.conftest import BUSYBOX_IMAGE, run_linpodx
 
@@ -57,7 +57,7 @@ def test_name_taken_by_linpodx_container(unique_name: str) -> None:
     assert res.returncode == 0, res.stderr
     spec_before = containers.spec_path(unique_name).read_bytes()
     res = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--name", unique_name, "-d", "--", "true")
-    assert res.returncode == 5
+    assert res.returncode == EXIT_CONFLICT
     assert "already in use" in res.stderr
     assert "choose another --name" in res.stderr
     # The first container is untouched, and so is its spec.
@@ -68,7 +68,7 @@ def test_name_taken_by_linpodx_container(unique_name: str) -> None:
 def test_name_taken_by_someone_elses_container(other_name: str) -> None:
     podman("run", "-d", "--name", other_name, "--network", "none", BUSYBOX_IMAGE, "sleep", "600")
     res = run_linpodx("run", "--image", BUSYBOX_IMAGE, "--name", other_name, "-d", "--", "true")
-    assert res.returncode == 5 and "already in use" in res.stderr
+    assert res.returncode == EXIT_CONFLICT and "already in use" in res.stderr
     assert podman("inspect", "-f", "{{.State.Status}}", other_name).stdout.strip() == "running"
     assert not containers.spec_dir(other_name).exists()
 
@@ -283,7 +283,7 @@ def test_what_a_killed_rm_leaves_is_taken_over_by_run_and_removed_by_rm(unique_n
     assert ps.returncode == 0 and unique_name not in ps.stdout
     again = run_linpodx(*argv)
     assert again.returncode == 0, again.stderr
-    cid = again.stdout.split()[1]
+    cid = again.stdout.strip()  # `run -d` prints the bare id
     assert json.loads(containers.spec_path(unique_name).read_text())["container_id"] == cid
     podman("rm", "-f", "-t", "0", unique_name)
     res = run_linpodx("rm", unique_name)

@@ -43,8 +43,8 @@ def run_detached(name: str, *extra: str) -> None:
         "run", "--image", BUSYBOX_IMAGE, "--name", name, "-d", *extra, "--", "sleep", "600"
     )
     assert res.returncode == 0, res.stderr
-    assert re.search(r"^container_id: +[0-9a-f]{64}$", res.stdout, re.M), res.stdout
-    assert re.search(r"^state: +running$", res.stdout, re.M), res.stdout
+    assert re.fullmatch(r"[0-9a-f]{64}\n", res.stdout), res.stdout  # the bare id, as podman's
+    assert re.search(r"^state: +running$", res.stderr, re.M), res.stderr
 
 
 def start_with_profile(

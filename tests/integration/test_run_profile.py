@@ -66,7 +66,7 @@ workdir: /workspace
         "--", "sleep", "600",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert re.search(r"^state: +running$", res.stdout, re.M)
+    assert re.search(r"^state: +running$", res.stderr, re.M)
     labels = json.loads(podman("inspect", "-f", "{{json .Config.Labels}}", unique_name).stdout)
     assert labels["linpodx.profile"] == "agent-test"
     assert labels["linpodx.profile_id"] == applied["profile_id"]
@@ -86,8 +86,9 @@ workdir: /workspace
     assert re.search(r"^Max processes\s+256\s+256", limits, re.M)
     # The run spec records the exact revision, so start/rollback use it.
     res = run_linpodx("ps", "--json")
-    row = next(r for r in json.loads(res.stdout)["result"] if r["name"] == unique_name)
-    assert (row["profile"], row["revision"]) == ("agent-test", str(applied["revision"]))
+    rows = json.loads(res.stdout)["result"]["containers"]
+    row = next(r for r in rows if r["name"] == unique_name)
+    assert (row["profile"], row["revision"]) == ("agent-test", applied["revision"])
 
 
 def test_unknown_profile_is_not_found(unique_name: str) -> None:

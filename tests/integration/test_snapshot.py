@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from linpodx.errors import EXIT_CONFLICT
 from linpodx.snapshot import jobs
 from linpodx.snapshot.freeze import can_freeze
 from linpodx.snapshot.names import image_ref, snapshot_dir
@@ -237,6 +238,8 @@ def test_rollback_restores_rootfs_workspace_and_profile_revision(box: Box) -> No
     assert r["rolled_back"] is True
     after = inspect(box.name)
     assert after["Id"] != before["Id"]
+    assert (r["container_id"], r["previous_id"]) == (after["Id"], before["Id"])  # whole ids
+    assert r["revision"] == int(labels_before["linpodx.revision"])
     assert after["State"]["Status"] == "running"  # type: ignore[index]
     assert box.sh("ls /tmp").split().count("created-after") == 0
     assert (box.ws / "f.txt").read_text() == "v1\n"
@@ -424,7 +427,7 @@ def test_worker_killed_mid_job_is_reported_failed(
 def test_replace_and_rm(box: Box) -> None:
     first = box.snapshot("dup")
     r = box.cli("snapshot", "create", *HELD, box.name, "--label", "dup")
-    assert r.exit_code == 3 and "already exists" in r.stderr and "--replace" in r.stderr
+    assert r.exit_code == EXIT_CONFLICT and "already exists" in r.stderr and "--replace" in r.stderr
     (box.ws / "f.txt").write_text("v3\n")
     second = box.snapshot("dup", "--replace")
     assert second["image_id"] != first["image_id"]

@@ -14,7 +14,7 @@ from linpodx.approvals import store
 from linpodx.approvals.prompter import Prompter
 from linpodx.audit.core import MAX_LINE
 from linpodx.cli import approvals as cli_approvals
-from linpodx.errors import UsageError
+from linpodx.errors import EXIT_CONFLICT, UsageError
 from linpodx.events import reader as event_reader
 from linpodx.paths import events_file, state_dir
 
@@ -380,7 +380,7 @@ def test_approve_and_deny_commands(cli: Any) -> None:
     assert ok.exit_code == 0
     assert f"approval_id: {p.approval_id}" in ok.stdout and "decision: approved" in ok.stdout
     again = cli("deny", "--non-interactive", p.approval_id)
-    assert again.exit_code == 1 and "already approved" in again.stderr
+    assert again.exit_code == EXIT_CONFLICT and "already approved" in again.stderr
     p2 = pending()
     no = cli("deny", "--non-interactive", p2.approval_id, "--json")
     assert no.exit_code == 0 and json.loads(no.stdout)["result"]["decision"] == "denied"
@@ -396,7 +396,7 @@ def test_approve_after_the_window_is_refused(cli: Any) -> None:
 
     time.sleep(0.05)
     res = cli("approve", "--non-interactive", p.approval_id)
-    assert res.exit_code == 1 and "already expired" in res.stderr
+    assert res.exit_code == EXIT_CONFLICT and "already expired" in res.stderr
     assert store.read_answer(p.approval_id) is None
 
 

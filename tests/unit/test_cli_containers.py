@@ -19,7 +19,7 @@ import pytest
 
 from linpodx import containers, namelock
 from linpodx.containers import runner
-from linpodx.errors import Denied, EngineError, InvalidInput, NotFound
+from linpodx.errors import EXIT_USAGE, Conflict, EngineError, InvalidInput, NotFound, NotManaged
 from linpodx.paths import audit_dir, containers_dir
 from linpodx.podman import engine, probe
 from linpodx.profile.model import Network, Profile, Resources
@@ -202,7 +202,7 @@ def test_create_failure_removes_nothing(fake: FakeEngine) -> None:
     fake.fail["create"] = EngineError(
         "podman create failed", stderr='Error: the container name "agent-1" is already in use'
     )
-    with pytest.raises(EngineError):
+    with pytest.raises(Conflict):  # the kind of error a taken name is, from podman too
         containers.run(REQ)
     # The name belongs to another container: it must not be touched.
     assert "remove" not in fake.names()
@@ -325,7 +325,7 @@ def test_exec_is_audited_with_argv(fake: FakeEngine, cli: Any) -> None:
 
 def test_exec_needs_a_command(fake: FakeEngine, cli: Any) -> None:
     res = cli("exec", "agent-1")
-    assert res.exit_code == 3
+    assert res.exit_code == EXIT_USAGE
     assert "hint:" in res.stderr
 
 
@@ -415,7 +415,7 @@ def test_guarded_run_with_a_taken_name_leaves_the_other_guard_alone(
     fake.present.add("agent-1")  # another linpodx container already has the name
     containers.spec_dir("agent-1").mkdir(parents=True)  # ... and its files
     spec = containers.make_spec(REQ, guarded_ref())
-    with pytest.raises(EngineError) as ei:
+    with pytest.raises(Conflict) as ei:
         containers.create_and_start(spec, guarded_ref())
     assert "already in use" in ei.value.message
     # The hint works for a container linpodx did not make too (`linpodx rm` refuses those).
@@ -434,7 +434,7 @@ def test_guarded_run_with_a_name_taken_outside_linpodx_cleans_only_its_own_files
     fake.present.add("agent-1")
     fake.fail["create"] = EngineError("podman create failed", stderr="name is already in use")
     spec = containers.make_spec(REQ, guarded_ref())
-    with pytest.raises(EngineError):
+    with pytest.raises(Conflict):
         containers.create_and_start(spec, guarded_ref())
     assert guard.calls == ["prepare", "detach"]
     assert "remove" not in fake.names()
@@ -515,7 +515,7 @@ def test_start_refuses_a_labelled_container_that_its_run_did_not_create(
     fake.present.add("agent-1")
     fake.calls.clear()
     records = len(admin_records())
-    with pytest.raises(Denied) as ei:
+    with pytest.raises(NotManaged) as ei:
         containers.start("agent-1")
     assert "is not the one linpodx created under that name" in ei.value.message
     assert "podman rm agent-1" in (ei.value.hint or "")
@@ -672,7 +672,7 @@ def test_the_loser_of_two_runs_of_one_name_leaves_the_winners_files_alone(
     assert not t.is_alive()
     assert {p.name: p.read_bytes() for p in st.dir.iterdir()} == files
     [err] = failed
-    assert isinstance(err, EngineError) and "already in use" in err.message
+    assert isinstance(err, Conflict) and "already in use" in err.message
     assert "create" not in fake.names()  # refused before podman was asked
 
 
@@ -734,7 +734,7 @@ def test_a_guarded_run_records_a_guard_failure_and_a_taken_name(
     # The taken name: refused before anything of the other container's is touched.
     containers.spec_dir("agent-1").mkdir(parents=True)
     fake.present.add("agent-1")
-    with pytest.raises(EngineError):
+    with pytest.raises(Conflict):
         containers.create_and_start(spec, guarded_ref())
     assert [(r["step"], r["reason"].split(":")[0], r["container"]) for r in failed_records()] == [
         ("egress_guard", "egress guard failed", "removed"),
@@ -1059,7 +1059,7 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
     assert res.stdout.splitlines()[1].split() == ["agent-2", "net", "3", "running", "healthy"]
     assert "agent-2 was renamed outside linpodx (linpodx created it as agent-1)" in res.stderr
     assert "podman rename agent-2 agent-1" in res.stderr
-    [listed] = json.loads(cli("ps", "--json").stdout)["result"]
+    [listed] = json.loads(cli("ps", "--json").stdout)["result"]["containers"]
     assert listed["egress"] == "healthy" and listed["renamed_from"] == "agent-1"
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from linpodx.approvals import store
 from linpodx.cli.main import main
-from linpodx.errors import EXIT_AUDIT, EXIT_BUG, EXIT_INVALID, EXIT_USAGE
+from linpodx.errors import EXIT_AUDIT, EXIT_BUG, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_USAGE
 
 
 def test_a_state_dir_that_is_a_file_is_an_error_with_a_hint(
@@ -256,7 +256,7 @@ def test_a_terminal_that_is_not_utf8_still_gets_the_output(
             timeout=60,
         )
         assert b"internal error" not in res.stderr, (argv, res.stderr)
-        assert res.returncode in (0, EXIT_INVALID), (argv, res.returncode, res.stderr)
+        assert res.returncode in (0, EXIT_NOT_FOUND), (argv, res.returncode, res.stderr)
         if is_json:
             json.loads(res.stdout.decode("ascii"))
         else:

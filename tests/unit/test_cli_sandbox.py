@@ -13,6 +13,7 @@ from ruamel.yaml import YAML
 
 from linpodx import paths
 from linpodx.audit.chain import admin_chain, read_records
+from linpodx.errors import EXIT_NOT_FOUND
 from tests.conftest import CliResult, run_linpodx
 from tests.unit.test_profile_store import rm_killed_after_its_record
 
@@ -203,7 +204,7 @@ def test_apply_json_and_modified_profile(cli: Cli, demo: Path, tmp_path: Path) -
 
 def test_apply_missing_file(cli: Cli, tmp_path: Path) -> None:
     r = cli("sandbox", "apply", "--profile", str(tmp_path / "nope.yml"), "--json")
-    assert r.exit_code == 3
+    assert r.exit_code == EXIT_NOT_FOUND
     doc = one_json(r.stdout)
     assert "not found" in doc["error"]["message"]
     assert nothing_stored()

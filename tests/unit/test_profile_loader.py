@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from linpodx import paths
-from linpodx.errors import ProfileError
+from linpodx.errors import NotFound, ProfileError
 from linpodx.profile import loader
 from linpodx.profile.loader import MAX_BYTES, load_file, load_text, profile_from_dict, schemapass
 from linpodx.profile.model import Decision, McpSettings, Profile, Resources
@@ -838,7 +838,7 @@ def test_not_a_regular_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as exc:
         load_file(fifo)  # must not block waiting for a writer
     assert "not a regular file" in exc.value.message
-    with pytest.raises(ProfileError) as exc:
+    with pytest.raises(NotFound) as exc:
         load_file(tmp_path / "missing.yml")
     assert "not found" in exc.value.message
 

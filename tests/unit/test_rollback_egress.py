@@ -178,8 +178,12 @@ def test_rollback_keeps_the_reapplied_allowlist(podman: Podman, running: bool) -
     from linpodx.snapshot import rollback
 
     _given_the_reapplied_policy(podman, running=running)
+    before = podman.by_name[NAME]["Id"]
     out = rollback.rollback(NAME, "s1")
     assert out["rolled_back"] is True
+    # Whole ids and a number, as `run --json` and `ps --json` give them.
+    assert out["container_id"] == podman.by_name[NAME]["Id"] and out["previous_id"] == before
+    assert out["revision"] == 21
     pol = _policy()
     assert pol is not None, "the recreated container has no egress policy at all"
     assert (pol["revision"], pol["allowlist"]) == (72, ["other.test"])

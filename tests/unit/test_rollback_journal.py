@@ -309,7 +309,8 @@ def test_ps_names_containers_whose_rollback_was_interrupted(  # type: ignore[no-
     journal.write(_journal(pid=pid, pid_start=start, step="rename"))
     journal.write(_journal(name="agent-2"))  # this process's own: not interrupted
     r = cli("ps", "--all", "--json")
-    assert r.exit_code == 0 and json.loads(r.stdout)["result"] == []  # stdout: the envelope
+    # stdout: the envelope
+    assert r.exit_code == 0 and json.loads(r.stdout)["result"] == {"containers": []}
     assert r.stderr == ("a rollback of agent-1 to s1 was interrupted at step rename; run "
                         "`linpodx snapshot recover agent-1`\n")
 

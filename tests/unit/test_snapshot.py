@@ -259,9 +259,9 @@ def test_cli_rollback_unknown_label_is_not_found(cli) -> None:  # type: ignore[n
 
 def test_cli_list_empty(cli) -> None:  # type: ignore[no-untyped-def]
     r = cli("snapshot", "list")
-    assert r.exit_code == 0 and r.stdout.strip() == "no snapshots"
+    assert r.exit_code == 0 and r.stdout == "" and r.stderr.strip() == "no snapshots"
     r = cli("snapshot", "list", "--json")
-    assert json.loads(r.stdout)["result"] == []
+    assert json.loads(r.stdout)["result"] == {"snapshots": []}
 
 
 def test_restore_swap_and_undo_on_plain_dirs(tmp_path: Path) -> None:
@@ -912,7 +912,7 @@ def test_cli_list_shows_the_good_snapshots_beside_a_damaged_one(  # type: ignore
     assert r.stderr.count("warning: snapshot agent --label ") == 3
     assert "hint: remove the snapshot with `linpodx snapshot rm agent --label forged`" in r.stderr
     r = cli("snapshot", "list", "--json")
-    rows = {row["label"]: row for row in json.loads(r.stdout)["result"]}
+    rows = {row["label"]: row for row in json.loads(r.stdout)["result"]["snapshots"]}
     assert rows["good"]["state"] == "ok" and rows["gone"]["state"] == "image missing"
     for label in ("broken", "forged", "junk"):
         assert rows[label]["error"] and rows[label]["hint"], rows[label]

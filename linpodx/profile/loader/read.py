@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from linpodx.errors import ProfileError
+from linpodx.errors import NotFound, ProfileError
 from linpodx.profile.loader.problems import Collector, Problem
 
 MAX_BYTES = 1024 * 1024
@@ -21,7 +21,8 @@ def read_profile_text(path: Path, display: str | None = None) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ProfileError(
+        # A missing file is "not found" like a missing profile or container (exit 4).
+        raise NotFound(
             f"profile file not found: {name}", "check the path (relative paths are from here)"
         ) from None
     except OSError as exc:
