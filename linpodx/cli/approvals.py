@@ -323,7 +323,7 @@ def decide(
         raise UsageError(
             f"`linpodx {decision}` needs a terminal on stdin", NON_INTERACTIVE_HINT
         )
-    in_use = say_state_dir(approvals_too=False)
+    in_use = str(state_dir())
     try:
         pending = approvals.load(approval_id)
     except NotFound as exc:
@@ -357,6 +357,9 @@ def decide(
             f"approval {approval_id} is already {approvals.status(approval_id)}",
             "another answer (or the timeout) came first",
         )
+    # Named once answered; a refusal is `error:` first, and names the state dir when it
+    # matters (`approval not found … (searched the state dir …)`).
+    say_state_dir(approvals_too=False)
     return {
         "approval_id": approval_id,
         "decision": "approved" if decision == approvals.APPROVE else "denied",

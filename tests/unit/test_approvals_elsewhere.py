@@ -108,12 +108,11 @@ def test_approve_of_an_unknown_id_names_the_state_dir_and_where_approvals_wait(
     res = cli("approve", "--non-interactive", "apr_01KB0000000000000000000000")
     assert res.exit_code == 4
     lines = res.stderr.splitlines()
-    assert lines[0] == f"state dir: {other}"
-    assert lines[1] == (
+    assert lines[0] == (
         f"error: approval not found: apr_01KB0000000000000000000000 (searched the state dir "
         f"{other.resolve()})"
     )
-    assert lines[2] == (
+    assert lines[1] == (
         f"hint: approvals wait in another state dir: 1 pending in {default} "
         f"(LINPODX_STATE_DIR={default} linpodx events --filter approval)"
     )
@@ -201,3 +200,10 @@ def test_notes_are_written_only_under_an_override_into_an_existing_default(
     monkeypatch.setenv("LINPODX_STATE_DIR", str(other))
     pending()  # the default is not there: not made for a note
     assert not default.exists()
+
+
+def test_approve_names_its_state_dir_once_answered(cli: Any) -> None:
+    p = pending()
+    res = cli("approve", "--non-interactive", p.approval_id)
+    assert res.exit_code == 0 and res.stderr == f"state dir: {state_dir()}\n"
+    assert f"approval_id: {p.approval_id}" in res.stdout
