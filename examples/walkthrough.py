@@ -436,7 +436,7 @@ class Listener:
     def _loop(self) -> None:
         while not self.stop.is_set():
             try:
-                self.child.expect(r"approve\? \[y/N\]: ", timeout=0.5)
+                self.child.expect(r"approve\? \[y/N(?:/s)?\]: ", timeout=0.5)
             except pexpect.TIMEOUT:
                 continue
             except pexpect.EOF:
@@ -566,11 +566,11 @@ def step_mcp(demo: Demo) -> None:
     )
     log = transcript["listener"]
     demo.check(
-        "write_file prompts in terminal 2 (→ PROMPT, every argument, approve? [y/N]:)",
+        "write_file prompts in terminal 2 (→ PROMPT, every argument, approve? [y/N/s]:)",
         re.search(r"\[\d\d:\d\d:\d\d\] sess_\S+ tools/call write_file → PROMPT", log) is not None
         and 'arguments.path: "notes.md"' in log
         and "arguments.content: " in log
-        and "approve? [y/N]:" in log,
+        and "approve? [y/N/s]:" in log,
         log[-300:],
     )
     demo.check(

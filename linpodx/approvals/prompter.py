@@ -20,7 +20,9 @@ from linpodx.output import safe_lines
 
 
 class Prompter:
-    """Asks `approve? [y/N]:` on the listener's own terminal and records the answer.
+    """Asks `approve? [y/N]:` on the listener's own terminal and records the answer;
+    `approve? [y/N/s]:` when the request can be approved for the session (`s`: this call and
+    later ones of its session that the same rule decides for the same tool).
 
     `render` turns an event into the lines a person reads (the CLI's; the prompter shows the
     request from its file in that form).
@@ -101,7 +103,7 @@ class Prompter:
             self._say(f"approval: {shown} already {st}")
             return
         self._flush_typeahead()
-        self.out.write("approve? [y/N]: ")
+        self.out.write("approve? [y/N/s]: " if pending.grantable else "approve? [y/N]: ")
         self.out.flush()
         line = self._readline(pending.expires, lambda: self._status(approval_id) != "pending")
         if line is None:
@@ -112,10 +114,23 @@ class Prompter:
             else:
                 self._say(f"\napproval: {shown} expired (denied after the window)")
             return
-        decision = approvals.APPROVE if line.strip().lower() in ("y", "yes") else approvals.DENY
+        word = line.strip().lower()
+        # `s` where it was not offered is no answer the person was given: a deny, like any other.
+        session = pending.grantable and word in ("s", "session")
+        decision = approvals.APPROVE if word in ("y", "yes") or session else approvals.DENY
+        scope = approvals.SCOPE_SESSION if session else approvals.SCOPE_CALL
         reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
-        if approvals.answer(approval_id, pending.digest, decision, reason):
+        if session:
+            reason += " for the session"
+        try:
+            written = approvals.answer(approval_id, pending.digest, decision, reason, scope=scope)
+        except LinpodxError as exc:
+            self._say(f"approval: {shown}: {exc.message}")
+            return
+        if written:
             word = "APPROVED" if decision == approvals.APPROVE else "DENIED"
+            if session:
+                word += " FOR THE SESSION"
             self._say(f"approval: {shown} → {word}")
         else:
             self._say(f"approval: {shown} already decided ({approvals.status(approval_id)})")

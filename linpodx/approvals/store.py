@@ -13,6 +13,13 @@ Layout, one directory per approval `apr_<ULID>/`:
   `answer.json` exist? One that exists but is damaged is therefore a deny, at once.
 - `consumed`: created exclusively by the bridge when it acts on the answer (used once).
 
+An approving answer has a `scope`: `call` (this call only) or `session` (this call, and the
+bridge makes a session grant for later calls like it: `linpodx.mcp.grants`). An answer without
+one is `call` (older writers); an answer with any other scope is damaged, so a deny: a reader
+never guesses what an approval it does not understand meant. An older bridge ignores the key and
+approves the one call, which is less than was asked, never more. `request.json` says whether
+the bridge would make a grant for it (`grantable`); the listener offers `s` only then.
+
 Anyone running as the same user can write these files; that user can also drive the agent, so
 the files are not a security boundary against them. They guard against the *agent* (which cannot
 reach the host's state dir) and against mistakes: stale answers, replays, double use.
@@ -38,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import canonical, fsutil, ids
+from linpodx.approvals import seen
 from linpodx.audit.core import encode_data
 from linpodx.errors import InvalidInput, NotFound
 from linpodx.output import safe_text
@@ -63,6 +71,10 @@ POLL_SECONDS = 0.05
 
 APPROVE = "approve"
 DENY = "deny"
+
+SCOPE_CALL = "call"
+SCOPE_SESSION = "session"
+SCOPES = (SCOPE_CALL, SCOPE_SESSION)
 
 
 def _now() -> float:
@@ -299,6 +311,9 @@ class PendingRequest:
     """Each key of the params, cut on its own (`display_fields`)."""
     fields_more: int = 0
     """Keys not in `fields` (FIELDS_MAX): `linpodx approvals show` prints them."""
+    grantable: bool = False
+    """Whether an approval for the session would make a grant (`mcp.grants.refusal`): the
+    rule itself says prompt and no rate limit was passed. Absent (older writers): False."""
     reason: str = ""
     """Why a person is asked: the gate's reason (the rule, or its rate exceeded)."""
 
@@ -316,6 +331,7 @@ class PendingRequest:
             "expires_unix": self.expires,
             "fields": [f.to_list() for f in self.fields],
             "fields_more": self.fields_more,
+            "grantable": self.grantable,
             "reason": self.reason,
         }
 
@@ -333,6 +349,7 @@ class PendingRequest:
                 expires=_unix_time(d["expires_unix"]),
                 fields=_fields(d.get("fields", [])),
                 fields_more=_count(d.get("fields_more", 0)),
+                grantable=d.get("grantable", False) is True,
                 reason=str(d.get("reason", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -386,11 +403,28 @@ class Answer:
     at: str
     unreadable: bool = False
     """The file is there but is no answer (damaged): a deny that `reason` explains."""
+    scope: str = SCOPE_CALL
+    """`call`, or `session` for an approval that also grants later calls like it."""
+
+    @property
+    def for_session(self) -> bool:
+        """An approval for the session (a deny has no scope)."""
+        return self.decision == APPROVE and self.scope == SCOPE_SESSION and not self.unreadable
 
 
 def _unreadable_answer(approval_id: str, why: str) -> Answer:
     return Answer(approval_id, "", DENY, f"the answer file is unreadable ({why})", {}, "", True)
 
+
+ELSEWHERE_HINT = (
+    "a bridge started with another LINPODX_STATE_DIR, or as another user (root through sudo, "
+    "or you when this runs as root), keeps its approvals in that state dir: answer there"
+)
+
+NOT_GRANTABLE_HINT = (
+    "only a call whose rule says `prompt` can be approved for the session (not one that "
+    "prompts because a rate limit was passed); approve this call alone"
+)
 
 DAMAGED_HINT = (
     "its files under the state dir's approvals/ are damaged; nobody can approve it, so the "
@@ -427,6 +461,8 @@ def create(
     timeout_seconds: float,
     first: tuple[str, ...] = (),
     reason: str = "",
+    *,
+    grantable: bool = False,
 ) -> PendingRequest:
     """Record a pending approval for `request` (atomic write) and return it; `first` are the
     arguments the rule matched on (shown first), `reason` why a person is asked."""
@@ -447,6 +483,7 @@ def create(
         expires=created + timeout_seconds,
         fields=tuple(fields),
         fields_more=more,
+        grantable=grantable,
         reason=_capped(reason),
     )
     d = _dir(pending.approval_id)
@@ -456,6 +493,8 @@ def create(
     fsutil.atomic_write(
         d / "request.json", json.dumps(pending.to_dict(), ensure_ascii=False).encode()
     )
+    # Under a LINPODX_STATE_DIR, a person listening with the default state dir is told.
+    seen.remember(str(approvals_dir().parent))
     return pending
 
 
@@ -513,8 +552,10 @@ def load(approval_id: str) -> PendingRequest:
         ) from None
     if data is None:
         raise NotFound(
-            f"approval not found: {shown_id(approval_id)}",
-            "list pending ones with `linpodx events --filter approval --no-follow`",
+            f"approval not found: {shown_id(approval_id)} "
+            f"(searched the state dir {safe_text(str(approvals_dir().parent), 300)})",
+            "list pending ones with `linpodx events --filter approval --no-follow`; "
+            + ELSEWHERE_HINT,
         )
     return PendingRequest.from_dict(data)
 
@@ -567,6 +608,10 @@ def read_answer(approval_id: str) -> Answer | None:
         return _unreadable_answer(approval_id, str(exc))
     if d is None:
         return None
+    scope = d.get("scope", SCOPE_CALL)
+    if scope not in SCOPES:
+        # Written by something newer or damaged: what it approves cannot be told (fail closed).
+        return _unreadable_answer(approval_id, "unknown scope")
     try:
         return Answer(
             approval_id=str(d["approval_id"]),
@@ -575,17 +620,29 @@ def read_answer(approval_id: str) -> Answer | None:
             reason=str(d.get("reason", "")),
             by=dict(d.get("by") or {}),
             at=str(d.get("at", "")),
+            scope=str(scope),
         )
     except (ValueError, KeyError, TypeError):
         return _unreadable_answer(approval_id, "malformed")
 
 
 def answer(
-    approval_id: str, digest: str, decision: str, reason: str = "", by: dict[str, Any] | None = None
+    approval_id: str,
+    digest: str,
+    decision: str,
+    reason: str = "",
+    by: dict[str, Any] | None = None,
+    *,
+    scope: str = SCOPE_CALL,
 ) -> bool:
-    """Write the answer for `approval_id`, bound to `digest`. True if ours was the first."""
+    """Write the answer for `approval_id`, bound to `digest`. True if ours was the first.
+
+    `scope=SCOPE_SESSION` approves for the session; only an approval of a `grantable`
+    request may have it (InvalidInput otherwise, nothing written)."""
     if decision not in (APPROVE, DENY):
         raise InvalidInput(f"unknown decision: {decision}")
+    if scope not in SCOPES or (scope == SCOPE_SESSION and decision != APPROVE):
+        raise InvalidInput(f"unknown scope for {decision}: {safe_text(scope, 40)}")
     doc = {
         "approval_id": approval_id,
         "digest": digest,
@@ -594,8 +651,15 @@ def answer(
         "by": by if by is not None else who(),
         "at": _iso(_now()),
     }
+    if scope != SCOPE_CALL:
+        doc["scope"] = scope
     d = _dir(approval_id)
     pending = load(approval_id)
+    if scope == SCOPE_SESSION and not pending.grantable:
+        raise InvalidInput(
+            f"approval {shown_id(approval_id)} cannot be approved for the session",
+            NOT_GRANTABLE_HINT,
+        )
     if decision == APPROVE and _now() >= pending.expires:
         # The window is over: an approval now would act on a request the bridge gave up on.
         return False

@@ -19,6 +19,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
+from linpodx.approvals import elsewhere
 from linpodx.approvals import store as approvals
 from linpodx.approvals.prompter import Prompter
 from linpodx.cli.common import JsonOpt, new_app, run_command
@@ -26,12 +27,15 @@ from linpodx.errors import (
     EXIT_INTERRUPTED,
     CommandFailed,
     Conflict,
+    InvalidInput,
     LinpodxError,
+    NotFound,
     UsageError,
 )
 from linpodx.events import EVENT_TYPES
 from linpodx.events.reader import EventFile
 from linpodx.output import safe_text
+from linpodx.paths import state_dir
 
 POLL_SECONDS = 0.1
 FIELD_CAP = 200
@@ -170,9 +174,23 @@ def render(event: dict[str, Any]) -> list[str]:
         raw_by = event.get("by")
         by: dict[str, Any] = raw_by if isinstance(raw_by, dict) else {}
         who = "linpodx" if by.get("bridge") else f"{_s(by.get('user'))}@{_s(by.get('tty'))}"
-        return [
-            f"{head} {_s(event.get('approval_id'))} → {_s(event.get('decision')).upper()} "
+        scope = " FOR THE SESSION" if event.get("scope") == "session" else ""
+        lines = [
+            f"{head} {_s(event.get('approval_id'))} → {_s(event.get('decision')).upper()}{scope} "
             f"({_s(event.get('reason'))}; by {who})"
+        ]
+        if event.get("grant_refused"):
+            lines.append(f"  no session grant: {_s(event.get('grant_refused'))}")
+        return lines
+    if etype == "approval.granted":
+        what = " ".join(
+            x
+            for x in (_s(event.get("method")), _s(event.get("tool")) if event.get("tool") else "")
+            if x
+        )
+        return [
+            f"{head} {_s(event.get('grant_id'))} {what} → GRANTED FOR THE SESSION "
+            f"(rule {_s(event.get('rule'))}; {_s(event.get('approval_id'))})"
         ]
     if etype == "mcp.decision":
         what = " ".join(
@@ -209,6 +227,7 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
     since_t = parse_since(since) if since is not None else None
     out = sys.stdout
     wants_approvals = not filters or any(f in ("approval", "approval.pending") for f in filters)
+    say_state_dir(wants_approvals)
     interactive = not json_mode and not no_follow and wants_approvals and sys.stdin.isatty()
     prompter = Prompter(sys.stdin, out, render) if interactive else None
     reader = EventFile()
@@ -234,6 +253,19 @@ def events_cmd(filters: list[str], since: str | None, json_mode: bool, no_follow
         return
     except BrokenPipeError:
         return
+
+
+def say_state_dir(approvals_too: bool = True) -> str:
+    """Name the state dir in use on stderr (once per command: a listener that sees nothing is
+    most often listening to another one), and, for approvals, the other state dirs of this
+    person where approvals wait (`approvals.elsewhere`)."""
+    in_use = str(state_dir())
+    lines = [f"state dir: {safe_text(in_use, 300)}"]
+    if approvals_too:
+        lines += elsewhere.notes(in_use)
+    sys.stderr.write("".join(x + "\n" for x in lines))
+    sys.stderr.flush()
+    return in_use
 
 
 def _show_waiting(out: TextIO, json_mode: bool, prompter: Prompter | None) -> None:
@@ -277,8 +309,11 @@ NON_INTERACTIVE_HINT = (
 )
 
 
-def decide(approval_id: str, decision: str, non_interactive: bool = False) -> dict[str, Any]:
+def decide(
+    approval_id: str, decision: str, non_interactive: bool = False, for_session: bool = False
+) -> dict[str, Any]:
     """`linpodx approve|deny ID`: answer one pending approval (first answer wins).
+    `for_session` (`approve --for-session`): approve this call and make a session grant.
 
     Without a terminal on stdin it needs `--non-interactive`: the MCP client is a process of
     the same user, and one with a shell tool that learnt an id could otherwise approve its own
@@ -288,21 +323,43 @@ def decide(approval_id: str, decision: str, non_interactive: bool = False) -> di
         raise UsageError(
             f"`linpodx {decision}` needs a terminal on stdin", NON_INTERACTIVE_HINT
         )
-    pending = approvals.load(approval_id)
+    in_use = str(state_dir())
+    try:
+        pending = approvals.load(approval_id)
+    except NotFound as exc:
+        found = elsewhere.pending_elsewhere(in_use)
+        if not found:
+            raise
+        where = "; ".join(
+            f"{e.pending} pending in {safe_text(e.state_dir, 300)} ({safe_text(e.command, 400)})"
+            for e in found
+        )
+        raise NotFound(exc.message, f"approvals wait in another state dir: {where}") from None
     st = approvals.status(approval_id)
     if st != "pending":
         raise Conflict(
             f"approval {approval_id} is already {st}", "only pending approvals can be answered"
         )
+    if for_session and not pending.grantable:
+        raise InvalidInput(
+            f"approval {approvals.shown_id(approval_id)} cannot be approved for the session",
+            approvals.NOT_GRANTABLE_HINT,
+        )
     reason = "approved by a person" if decision == approvals.APPROVE else "denied by a person"
+    if for_session:
+        reason += " for the session"
     if not interactive:
         reason += " (non-interactive)"
     by = {**approvals.who(), "interactive": interactive}
-    if not approvals.answer(approval_id, pending.digest, decision, reason, by=by):
+    scope = approvals.SCOPE_SESSION if for_session else approvals.SCOPE_CALL
+    if not approvals.answer(approval_id, pending.digest, decision, reason, by=by, scope=scope):
         raise Conflict(
             f"approval {approval_id} is already {approvals.status(approval_id)}",
             "another answer (or the timeout) came first",
         )
+    # Named once answered; a refusal is `error:` first, and names the state dir when it
+    # matters (`approval not found … (searched the state dir …)`).
+    say_state_dir(approvals_too=False)
     return {
         "approval_id": approval_id,
         "decision": "approved" if decision == approvals.APPROVE else "denied",
@@ -310,6 +367,7 @@ def decide(approval_id: str, decision: str, non_interactive: bool = False) -> di
         "method": safe_text(pending.method, FIELD_CAP),
         "tool": safe_text(pending.tool, FIELD_CAP) if pending.tool else None,
         "digest": safe_text(pending.digest, FIELD_CAP),
+        "scope": scope,
         "interactive": interactive,
     }
 
@@ -402,12 +460,20 @@ def register(app: typer.Typer) -> None:
         approval_id: Annotated[str, typer.Argument(help="apr_… id (see `linpodx events`).")],
         json_mode: JsonOpt = False,
         non_interactive: NonInteractiveOpt = False,
+        for_session: Annotated[
+            bool,
+            typer.Option(
+                "--for-session",
+                help="Also pass later calls of this session that the same rule decides for "
+                "the same tool (until the session ends).",
+            ),
+        ] = False,
     ) -> None:
         """Approve one pending MCP request (from a terminal, or with --non-interactive)."""
         run_command(
             "approve",
             json_mode,
-            lambda: decide(approval_id, approvals.APPROVE, non_interactive),
+            lambda: decide(approval_id, approvals.APPROVE, non_interactive, for_session),
         )
 
     @app.command("deny")

@@ -24,6 +24,7 @@ from linpodx.paths import FILE_MODE, ensure_dir, events_file
 EVENT_TYPES = (
     "approval.pending",
     "approval.decided",
+    "approval.granted",
     "mcp.decision",
     "container.start",
     "container.stop",

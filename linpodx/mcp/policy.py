@@ -103,6 +103,9 @@ class Decision:
     reason: str
     matched: tuple[str, ...] = ()
     """The arguments the rule matched on (shown first to a person asked to approve)."""
+    rate_limited: bool = False
+    """True when the decision is `prompt` because the rule's `rate:` was passed: a session
+    grant (`mcp.grants`) never lifts that."""
 
     @property
     def allowed(self) -> bool:
@@ -220,6 +223,7 @@ class SessionPolicy:
             f"{_describe(index, self.rules[index])}: rate {rate.text} exceeded "
             f"({rate.count} auto-allowed in the last {rate.seconds}s): prompt",
             decision.matched,
+            rate_limited=True,
         )
 
 

@@ -218,7 +218,7 @@ def expect_prompt(t2: pexpect.spawn, tool: str, marker: str) -> str:
     t2.expect(r"((?:  [^\r\n]*\r\n)+)approval_id: apr_[0-9A-Z]{26}\r\n")
     shown = t2.match.group(1)
     assert marker in shown and f'  name: "{tool}"\r\n' in shown
-    t2.expect_exact("approve? [y/N]: ")
+    t2.expect_exact("approve? [y/N/s]: ")
     return str(sid)
 
 

@@ -64,7 +64,7 @@ def test_two_listeners_first_answer_wins(tmp_path: Path, unique_name: str) -> No
             # Shown escaped on one line, never interpreted by the terminal.
             assert b"y\\ny\\napprove? [y/N]: y\\n\\u001b[31mM-TTY-1" in shown
             assert b"\x1b" not in shown
-            child.expect_exact(b"approve? [y/N]: ")
+            child.expect_exact(b"approve? [y/N/s]: ")
         ev = wait_pending()
         time.sleep(1.0)
         assert approvals.status(ev["approval_id"]) == "pending"  # nothing answered it yet
@@ -79,7 +79,7 @@ def test_two_listeners_first_answer_wins(tmp_path: Path, unique_name: str) -> No
         s.send(write_call(2, "M-TTY-DENIED"))
         for child in (a, b):
             child.expect(PROMPT_LINE)
-            child.expect_exact(b"approve? [y/N]: ")
+            child.expect_exact(b"approve? [y/N/s]: ")
         b.sendline(b"n")
         b.expect(rb"DENIED")
         assert s.recv_id(2)["result"]["isError"] is True
@@ -108,7 +108,7 @@ def test_approve_and_deny_commands(tmp_path: Path, unique_name: str) -> None:
         assert "decision: approved" in ok.stdout
         assert s.recv_id(1)["result"]["content"][0]["text"].startswith("wrote")
         again = linpodx("deny", "--non-interactive", ev["approval_id"], check=False)
-        assert again.returncode == 1 and "already approved" in again.stderr
+        assert again.returncode == 9 and "already approved" in again.stderr
 
         s.send(write_call(2, "M-CMD-DENIED"))
         ev2 = wait_pending(seen)
@@ -128,7 +128,7 @@ def test_approve_and_deny_commands(tmp_path: Path, unique_name: str) -> None:
         assert s.close() == 0
         assert approvals.status(ev3["approval_id"]) == "denied"
         late = linpodx("approve", "--non-interactive", ev3["approval_id"], check=False)
-        assert late.returncode == 1 and "already denied" in late.stderr
+        assert late.returncode == 9 and "already denied" in late.stderr
     finally:
         s.kill()
     log = server_log(unique_name)

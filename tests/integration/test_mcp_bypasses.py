@@ -138,7 +138,7 @@ def test_the_approver_sees_meta_and_every_argument(tmp_path: Path, unique_name: 
             }
         )
         child.expect(rb"tools/call write_file \xe2\x86\x92 PROMPT\r\n")
-        child.expect_exact(b"approve? [y/N]: ")
+        child.expect_exact(b"approve? [y/N/s]: ")
         shown = child.before.decode()
         assert '  name: "write_file"' in shown
         assert '  arguments.path: "/home/agent/.bashrc"' in shown

@@ -16,7 +16,7 @@ from linpodx.audit.core import MAX_LINE
 from linpodx.cli import approvals as cli_approvals
 from linpodx.errors import EXIT_CONFLICT, UsageError
 from linpodx.events import reader as event_reader
-from linpodx.paths import events_file
+from linpodx.paths import events_file, state_dir
 
 REQ = {
     "jsonrpc": "2.0",
@@ -24,6 +24,11 @@ REQ = {
     "method": "tools/call",
     "params": {"name": "write_file", "arguments": {"path": "a", "content": "b"}},
 }
+
+
+def state_line() -> str:
+    """What `events`, `approve` and `deny` say first on stderr."""
+    return f"state dir: {state_dir()}\n"
 
 
 def pending(timeout: float = 30) -> store.PendingRequest:
@@ -207,7 +212,7 @@ def test_damaged_lines_are_skipped_and_json_output_stays_json(cli: Any) -> None:
     for args in (("--json",), ()):
         res = cli("events", "--no-follow", *args)
         assert res.exit_code == 0, res.stderr
-        assert res.stderr == ""
+        assert res.stderr == state_line()  # the state dir named, the damage not
         if args:
             shown = [json.loads(x, parse_constant=no_constant) for x in res.stdout.splitlines()]
             assert [e["type"] for e in shown] == ["x.float", "good.event"]
@@ -358,14 +363,14 @@ def test_ctrl_c_cuts_a_listing_short_with_an_error(
     interrupted_after_one_event(monkeypatch)
     res = cli("events", "--no-follow")
     assert res.exit_code == 130
-    assert res.stderr == "error: interrupted\n"
+    assert res.stderr == state_line() + "error: interrupted\n"
     assert "first.event" in res.stdout
 
 
 def test_ctrl_c_stops_a_follower_quietly(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     interrupted_after_one_event(monkeypatch)
     res = cli("events")
-    assert res.exit_code == 0 and res.stderr == ""
+    assert res.exit_code == 0 and res.stderr == state_line()
     assert "first.event" in res.stdout
 
 
@@ -512,7 +517,10 @@ def test_an_unknown_filter_is_refused_with_the_valid_types(cli: Any) -> None:
     """`--filter aproval` matched nothing and turned the approval prompter off, silently."""
     res = cli("events", "--filter", "aproval", "--no-follow")
     assert res.exit_code == 2 and "unknown event type for --filter: aproval" in res.stderr
-    assert "hint: use one of: approval, approval.decided, approval.pending," in res.stderr
+    assert (
+        "hint: use one of: approval, approval.decided, approval.granted, approval.pending,"
+        in res.stderr
+    )
     res = cli("events", "--filter", "aproval", "--no-follow", "--json")
     doc = json.loads(res.stdout)
     assert res.exit_code == 2 and "approval.pending" in doc["error"]["hint"]

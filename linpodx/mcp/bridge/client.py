@@ -9,7 +9,7 @@ from typing import Any
 
 from linpodx.approvals import store as approvals
 from linpodx.errors import AuditError, LinpodxError
-from linpodx.mcp import jsonrpc, policy
+from linpodx.mcp import grants, jsonrpc, policy
 from linpodx.mcp.bridge.drops import Drops
 from linpodx.mcp.bridge.state import (
     APPROVALS_MAX,
@@ -137,6 +137,8 @@ class ClientSide(Drops):
                 then=lambda: self.send_client(answer),
             )
             return
+        # A prompt that a session grant covers passes, naming the grant (`mcp.grants`).
+        decision, grant_id = self.grants.apply(decision, msg.method, msg.tool_name)
         if decision.action is Action.PROMPT and waiting >= APPROVALS_MAX:
             decision = policy.Decision(
                 Action.DENY,
@@ -186,6 +188,8 @@ class ClientSide(Drops):
             "reason": decision.reason,
             **self._args_fields(msg),
         }
+        if grant_id is not None:
+            record["grant"] = grant_id
         if msg.method == "tools/call" and msg.tool_name is None:
             name = (msg.params or {}).get("name")
             record["tool_type"] = "missing" if name is None else type(name).__name__
@@ -369,6 +373,8 @@ class ClientSide(Drops):
                 timeout_seconds=self.settings.approval_timeout_seconds,
                 first=decision.matched,
                 reason=decision.reason,
+                grantable=grants.refusal(self.rules, decision, msg.method, msg.tool_name)
+                is None,
             )
         except (OSError, LinpodxError) as exc:
             self._deny(msg, f"the approval request could not be recorded ({exc})")
@@ -400,7 +406,7 @@ class ClientSide(Drops):
         )
         t = threading.Thread(
             target=self._await_approval,
-            args=(msg, pending),
+            args=(msg, pending, decision),
             name=f"approval-{pending.approval_id}",
             daemon=True,
         )
@@ -415,7 +421,9 @@ class ClientSide(Drops):
                 return entry.cancelled
             return f"session ended ({self.closing})" if self.closing else None
 
-    def _await_approval(self, msg: Message, pending: approvals.PendingRequest) -> None:
+    def _await_approval(
+        self, msg: Message, pending: approvals.PendingRequest, rule: policy.Decision
+    ) -> None:
         key = msg.id_key
         try:
             outcome = approvals.wait(pending, cancelled=lambda: self._stop_reason(key))
@@ -429,6 +437,7 @@ class ClientSide(Drops):
             )
         by = outcome.answer.by if outcome.answer is not None else {}
         decision = "approve" if outcome.approved else "deny"
+        grant, scope = self._session_grant(msg, pending, rule, outcome)
         try:
             self._audit(
                 "approval.decided",
@@ -441,6 +450,7 @@ class ClientSide(Drops):
                     "decision": decision,
                     "reason": outcome.reason,
                     "by": by,
+                    **scope,
                 },
             )
         except AuditError as exc:
@@ -458,7 +468,10 @@ class ClientSide(Drops):
             decision=decision,
             reason=outcome.reason,
             by=by,
+            **scope,
         )
+        if grant is not None and outcome.approved:
+            self._record_grant(grant, by)
         with self._lock:
             entry = self.inflight.get(key) if key is not None else None
             cancelled = entry is not None and entry.cancelled is not None
@@ -473,3 +486,38 @@ class ClientSide(Drops):
             self._forward(msg)
         else:
             self._deny(msg, f"not approved: {outcome.reason}")
+
+    # ---- session grants (`mcp.grants`) ----------------------------------------------------
+
+    def _session_grant(
+        self,
+        msg: Message,
+        pending: approvals.PendingRequest,
+        rule: policy.Decision,
+        outcome: approvals.Outcome,
+    ) -> tuple[grants.Grant | None, dict[str, Any]]:
+        """For an approval answered "for the session": the grant to make (not yet in force)
+        and what `approval.decided` says of it; a grant that may not be made is said, and the
+        call is approved alone."""
+        if not (outcome.approved and outcome.answer is not None and outcome.answer.for_session):
+            return None, {}
+        try:
+            grant = self.grants.make(
+                rule, msg.method or "", msg.tool_name, pending.approval_id
+            )
+        except ValueError as exc:
+            return None, {"scope": "session", "grant": None, "grant_refused": str(exc)}
+        return grant, {"scope": "session", "grant": grant.grant_id}
+
+    def _record_grant(self, grant: grants.Grant, by: dict[str, Any]) -> None:
+        """Record the grant, then put it in force: no call passes under a grant whose record
+        is not in the chain. Unrecorded, there is no grant (its own call was approved and
+        recorded already, and goes on alone)."""
+        data = {**grants.record(grant, short), "by": by}
+        try:
+            self._audit("mcp.grant", data)
+        except AuditError as exc:
+            self._unrecorded(exc)
+            return
+        if self.grants.add(grant):
+            self._event("approval.granted", session=self.session_id, **data)

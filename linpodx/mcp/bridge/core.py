@@ -17,6 +17,7 @@ from linpodx.mcp import bounds, jsonrpc, policy
 from linpodx.mcp.bridge.lanes import Lane, Notices
 from linpodx.mcp.bridge.state import Appender, InFlight, Stats, Writer
 from linpodx.mcp.framing import Frame
+from linpodx.mcp.grants import GrantBook
 from linpodx.mcp.jsonrpc import IdKey
 from linpodx.output import safe_text
 from linpodx.profile.model import Decision as Action
@@ -43,6 +44,7 @@ class BridgeCore:
     ) -> None:
         self.profile = profile
         self.rules = profile.mcp_policy
+        self.grants = GrantBook(session_id, self.rules)  # session grants (`mcp.grants`)
         # The rules with this session's rate counters (`policy.SessionPolicy`).
         self.policy = policy.SessionPolicy(profile.mcp_policy, clock)
         self.settings = profile.mcp
@@ -295,6 +297,7 @@ class BridgeCore:
 
     def shutdown(self, reason: str, wait_seconds: float = 5.0) -> None:
         """Deny every pending approval (their waits end with `session ended`), then return."""
+        self.grants.close()  # a grant ends with its session
         with self._lock:
             self.closing = reason
             waiters = list(self._waiters)
