@@ -359,6 +359,11 @@ class ClientSide(Drops):
     def _prompt(self, msg: Message) -> None:
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
+        # A person sees the call from here on: its decision record is on disk first.
+        failed = self.durable()
+        if failed is not None:
+            self._deny(msg, f"the audit log could not record this call ({failed.message})")
+            return
         try:
             pending = approvals.create(
                 self.session_id,

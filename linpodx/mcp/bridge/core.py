@@ -13,7 +13,7 @@ from typing import Any
 
 from linpodx import events
 from linpodx.errors import AuditError
-from linpodx.mcp import bounds, jsonrpc
+from linpodx.mcp import auditlog, bounds, jsonrpc
 from linpodx.mcp.bridge.lanes import Lane, Notices
 from linpodx.mcp.bridge.state import Appender, InFlight, Stats, Writer
 from linpodx.mcp.framing import Frame
@@ -95,16 +95,18 @@ class BridgeCore:
     def _audit(self, type_: str, data: Mapping[str, Any], durable: bool = True) -> None:
         """Append to the session chain (raises AuditError: the caller must not act).
 
-        `durable=False` is for outcome records only: with a chain that can defer (see
-        `mcp.auditlog`), the record is written now and fsync'd with the next one.
-        No lock here: the chain serializes appends itself, and concurrent callers must reach
-        it together for group commit to batch them.
+        With a chain that can (see `mcp.auditlog`), a decision record (`durable`) is written
+        now and fsync'd in the background, and `send_client` waits for that fsync before
+        anything reaches the client; an outcome record (`durable=False`) is written now and
+        fsync'd with a later one. No lock here: the chain serializes appends itself, and
+        concurrent callers must reach it together for group commit to batch them.
         """
         over = self._over_size()
         if over is not None:
             raise over
-        deferred = None if durable else getattr(self.chain, "append_deferred", None)
-        rec = self.chain.append(type_, data) if deferred is None else deferred(type_, data)
+        name = "append_written" if durable else "append_deferred"
+        append = getattr(self.chain, name, None) or self.chain.append
+        rec = append(type_, data)
         with self._lock:
             self.records += 1
             self.last_record = rec
@@ -121,8 +123,8 @@ class BridgeCore:
         """Record `data`, then run `ok` (or `fail` if it could not be recorded).
 
         Synchronous without lanes; with lanes the record is queued now and the action runs in
-        the lane's thread once the record is durable (only written, for `durable=False`), in
-        arrival order.
+        the lane's thread once the record is written, in arrival order (what reaches the client
+        waits in `send_client` for the decision records' fsync).
         """
 
         def failed(exc: AuditError) -> None:
@@ -147,7 +149,8 @@ class BridgeCore:
         if over is not None:
             failed(over)
             return
-        ticket = self.chain.submit(type_, data, durable)  # type: ignore[attr-defined]
+        mode = auditlog.WRITTEN if durable else auditlog.DEFERRED
+        ticket = self.chain.submit(type_, data, mode)  # type: ignore[attr-defined]
         with self._lock:
             self.records += 1
         target.put(ticket, ok, failed)
@@ -235,14 +238,48 @@ class BridgeCore:
         else:
             self._notices.put_now(data)
 
-    def send_client(self, obj: Any) -> None:
-        """Write one message to the client (stdout carries protocol messages only)."""
+    def send_client(self, obj: Any, from_server: bool = False) -> None:
+        """Write one message to the client (stdout carries protocol messages only), once every
+        decision record written so far is fsync'd (`durable`): whatever the client sees, the
+        server's answer or linpodx's own, follows a decision that is on disk. If that cannot
+        be made so, what came from the server (`from_server`) is withheld: an answer becomes an
+        error, anything else is dropped; linpodx's own refusals still go (the safe direction)."""
+        failed = self.durable()
+        if failed is not None and from_server:
+            obj = self._withheld(obj, failed)
+            if obj is None:
+                return
         data = jsonrpc.serialize(obj)
         with self._client_lock:
             try:
                 self._to_client(data)
             except OSError as exc:
                 self._log(f"bridge: client output closed: {exc}")
+
+    def durable(self) -> AuditError | None:
+        """Wait until every decision record written so far is fsync'd; the error if the chain
+        failed (said once on stderr), None when they are on disk."""
+        barrier = getattr(self.chain, "decisions_durable", None)
+        if barrier is None:
+            return None  # (a chain whose every append is durable)
+        try:
+            barrier()
+        except AuditError as exc:
+            self._unrecorded(exc)
+            return exc
+        return None
+
+    def _withheld(self, obj: Any, exc: AuditError) -> Any:
+        """What the client gets instead of a message from the server that follows a decision
+        record that is not durable: an error for an answer (the call is over for the client),
+        nothing for anything else (None)."""
+        if not isinstance(obj, dict) or "method" in obj or "id" not in obj:
+            return None
+        return jsonrpc.error_response(
+            obj["id"],
+            jsonrpc.DENIED_BY_POLICY,
+            f"linpodx could not make its audit record durable ({exc.message}); result withheld",
+        )
 
     def answer_server(self, obj: Any) -> None:
         """Answer one of the server's own requests (a refusal, a denial) without waiting on the
