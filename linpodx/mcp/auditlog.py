@@ -79,6 +79,8 @@ class _Item:
     """The write generation that carried this record (durable once a sync covers it)."""
     record: Any = None
     error: AuditError | None = None
+    wake: bool = True
+    """A WRITTEN record wakes the sync thread (False: its caller syncs after acting)."""
 
 
 class GroupCommitChain:
@@ -123,10 +125,14 @@ class GroupCommitChain:
         """Record one event durably (possibly with others in one fsync), or raise AuditError."""
         return self.wait(self.submit(type, data))
 
-    def append_written(self, type: str, data: Mapping[str, Any]) -> Any:
+    def append_written(self, type: str, data: Mapping[str, Any], wake: bool = True) -> Any:
         """Write one decision record now; its fsync starts at once in the sync thread, and
-        `decisions_durable` waits for it (see the module's durability rule)."""
-        return self.wait(self.submit(type, data, WRITTEN))
+        `decisions_durable` waits for it (see the module's durability rule). `wake=False`: the
+        caller calls `decisions_durable` itself right after acting (the bridge's reader, for a
+        lone call: the fsync then overlaps the server's work with no thread woken for it)."""
+        item = self.submit(type, data, WRITTEN)
+        item.wake = wake
+        return self.wait(item)
 
     def append_deferred(self, type: str, data: Mapping[str, Any]) -> Any:
         """Write one outcome record now and fsync it later (see the module's durability rule)."""
@@ -226,13 +232,15 @@ class GroupCommitChain:
             self._written_size = self._size
             if durable_upto is not None:
                 self._synced_size = max(self._synced_size or 0, durable_upto)
-            decided = False
+            decided = wake = False
             for b in batch:
                 b.written = True
                 b.gen = self._gen
-                decided = decided or (b.mode == WRITTEN and b.error is None)
+                if b.mode == WRITTEN and b.error is None:
+                    decided, wake = True, wake or b.wake
             if decided:
                 self._decided_gen = self._gen
+            if wake:
                 self._wake_syncer()
             self._cv.notify_all()
 

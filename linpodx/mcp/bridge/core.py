@@ -5,6 +5,7 @@ the events, the fence that ends a direction, and the closing counters."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
@@ -92,21 +93,27 @@ class BridgeCore:
 
     # ---- plumbing -------------------------------------------------------------------------
 
-    def _audit(self, type_: str, data: Mapping[str, Any], durable: bool = True) -> None:
+    def _audit(
+        self, type_: str, data: Mapping[str, Any], durable: bool = True, wake: bool = True
+    ) -> None:
         """Append to the session chain (raises AuditError: the caller must not act).
 
         With a chain that can (see `mcp.auditlog`), a decision record (`durable`) is written
         now and fsync'd in the background, and `send_client` waits for that fsync before
         anything reaches the client; an outcome record (`durable=False`) is written now and
-        fsync'd with a later one. No lock here: the chain serializes appends itself, and
+        fsync'd with a later one (`wake=False`: the caller makes the decision durable itself
+        after acting, see `_then`). No lock here: the chain serializes appends itself, and
         concurrent callers must reach it together for group commit to batch them.
         """
         over = self._over_size()
         if over is not None:
             raise over
-        name = "append_written" if durable else "append_deferred"
-        append = getattr(self.chain, name, None) or self.chain.append
-        rec = append(type_, data)
+        written = getattr(self.chain, "append_written", None)
+        if durable and written is not None:
+            rec = written(type_, data, wake)
+        else:
+            deferred = None if durable else getattr(self.chain, "append_deferred", None)
+            rec = (deferred or self.chain.append)(type_, data)
         with self._lock:
             self.records += 1
             self.last_record = rec
@@ -139,11 +146,20 @@ class BridgeCore:
             target = None
         if target is None:
             try:
-                self._audit(type_, data, durable)
+                self._audit(type_, data, durable, wake=False)
             except AuditError as exc:
                 failed(exc)
                 return
             ok()
+            if durable:
+                # The fsync of the record, now that its action is done (the request is with
+                # the server, which works meanwhile): no thread hand-off for a lone call. An
+                # answer that comes first waits for it in `send_client`; a failure is said
+                # there (what reaches the client is withheld).
+                with contextlib.suppress(AuditError):
+                    barrier = getattr(self.chain, "decisions_durable", None)
+                    if barrier is not None:
+                        barrier()
             return
         over = self._over_size()
         if over is not None:
