@@ -47,7 +47,6 @@ import contextlib
 import fcntl
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +104,7 @@ class GroupCommitChain:
         self._synced_size: int | None = None  # the file's size when that sync started
         self._decided_gen = 0  # the last generation that carried a decision record (WRITTEN)
         self._deferred_gen = 0  # the last generation that carried a deferred record
-        self._dirty_since = 0.0  # when the oldest deferred record not yet durable was written
+        self._syncer_idle = False  # the sync thread waits with no deadline
         self._flusher: threading.Thread | None = None  # the sync thread
         self._closed = False
         self.failure: AuditError | None = None
@@ -291,7 +290,7 @@ class GroupCommitChain:
 
     def _wake_syncer(self) -> None:
         """Make sure the sync thread runs and looks again (a decision was written, or a
-        deferred record's deadline was set)."""
+        deferred record came while it was idle)."""
         if self._flusher is None:
             self._flusher = threading.Thread(target=self._sync_loop, name="audit-sync", daemon=True)
             self._flusher.start()
@@ -299,35 +298,34 @@ class GroupCommitChain:
             self._flush_cv.notify()
 
     def _defer(self, gen: int) -> None:
-        """Generation `gen` carries a deferred record: a sync must come within `flush_delay`."""
-        fresh = self._deferred_gen <= self._synced_gen
-        if fresh:
-            self._dirty_since = time.monotonic()  # the oldest one not yet durable
+        """Generation `gen` carries a deferred record: a sync must come within `flush_delay`.
+        A sync thread that ticks (see `_sync_loop`) finds it by itself: only an idle one is
+        woken (a wake-up per answer would cost a thread switch per call)."""
         self._deferred_gen = max(self._deferred_gen, gen)
-        if fresh:
-            # A sync thread already waiting for a deadline will look again then: only a new
-            # deadline wakes it (a wake-up per answer would cost a thread switch per call).
+        if self._flusher is None or self._syncer_idle:
             self._wake_syncer()
 
     def _sync_loop(self) -> None:
-        """The sync thread: fsyncs every decision record as soon as it is written (so the
-        fsync overlaps the server's work), and deferred records nobody else's fsync covered
-        within `flush_delay`."""
+        """The sync thread: fsyncs every decision record written by a caller that does not
+        sync it itself, as soon as it is written (so the fsync overlaps the server's work), and
+        deferred records nobody else's fsync covered: it looks every `flush_delay / 2` while
+        they keep coming, so none waits longer than `flush_delay`, and sleeps until woken once
+        a look finds nothing to do."""
+        tick = self.flush_delay / 2
         with self._cv:
             while not self._closed:
-                if self.failure is not None:
-                    self._flush_cv.wait()
-                    continue
-                if self._decided_gen > self._synced_gen:
+                if self.failure is None and self._decided_gen > self._synced_gen:
                     self._sync_through(self._decided_gen)
                     continue
-                if self._deferred_gen <= self._synced_gen:
+                if self.failure is not None or self._deferred_gen <= self._synced_gen:
+                    self._syncer_idle = True
                     self._flush_cv.wait()
+                    self._syncer_idle = False
                     continue
-                left = self._dirty_since + self.flush_delay - time.monotonic()
-                if left > 0:
-                    self._flush_cv.wait(left)
+                self._flush_cv.wait(tick)
+                if self._closed or self._decided_gen > self._synced_gen:
                     continue
+                # Deferred records older than a tick that no decision's fsync covered.
                 self._sync_through(self._deferred_gen)
 
     # ---- one batch ------------------------------------------------------------------------

@@ -104,9 +104,7 @@ class ClientSide(Drops):
             return
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
-        decision = policy.refusal(msg.kind, msg.method, msg.params) or policy.evaluate(
-            self.rules, msg.method, msg.tool_name
-        )
+        decision = self._decide(msg, msg.method)
         if msg.kind == "notification":
             self._client_notification(msg, decision)
             return
@@ -211,6 +209,16 @@ class ClientSide(Drops):
             self._deny(msg, f"the audit log could not record this call ({exc.message})")
 
         self._then("client", "mcp.request", record, act, unrecorded)
+
+    def _decide(self, msg: Message, method: str) -> policy.Decision:
+        """The gate's decision for one request or notification from the client, before it is
+        recorded: what no rule may see (`policy.refusal`), then the profile's rules, first
+        match wins. The one place a decision is made: checks that refine it (argument
+        matchers, rate limits, grants for the session) belong here, each a call into its own
+        module."""
+        return policy.refusal(msg.kind, method, msg.params) or policy.evaluate(
+            self.rules, method, msg.tool_name
+        )
 
     def _forward(self, msg: Message) -> None:
         key = msg.id_key
