@@ -166,12 +166,18 @@ class GroupCommitChain:
             raise item.error
         return item.record
 
-    def decisions_durable(self) -> None:
-        """Return once every decision record written so far is fsync'd (the sync thread's
-        fsync, usually under way already); raise AuditError if the chain failed. Called
-        before anything reaches the client."""
+    @property
+    def decided_gen(self) -> int:
+        """The write generation of the last decision record written (for `decisions_durable`)."""
+        return self._decided_gen
+
+    def decisions_durable(self, upto: int | None = None) -> None:
+        """Return once every decision record written so far (or up to generation `upto`, a
+        `decided_gen` read earlier) is fsync'd (the sync thread's fsync, usually under way
+        already); raise AuditError if the chain failed. Called before anything reaches the
+        client."""
         with self._cv:
-            target = self._decided_gen
+            target = self._decided_gen if upto is None else min(upto, self._decided_gen)
             if self._synced_gen >= target and self.failure is None:
                 return  # (the usual case once the fsync overlapped the server's work)
             self._sync_through(target)

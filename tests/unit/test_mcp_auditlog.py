@@ -422,3 +422,28 @@ def test_a_failed_fsync_withholds_the_answer_and_fails_the_session_closed(
     g.close()
     # What the failed fsync covered is cut off: the log still verifies.
     assert audit_chain.verify_file(g.path, GENESIS).ok
+
+
+def test_an_answer_waits_for_its_own_calls_record_not_for_later_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Call 7's record is on disk; call 8's fsync is still running when 7's answer comes:
+    the answer goes out at once (waiting for every later decision's fsync cost one fsync per
+    answer with many calls in flight)."""
+    g = GroupCommitChain(audit_chain.session_chain("sess_own", GENESIS), flush_delay=3600)
+    bridge, to_server, to_client, _forwarded = _echo_bridge("sess_own", g)
+    g.append("session.start", {})
+    _feed(bridge.on_client_frame, CALL).join(10)  # forwarded, its record fsync'd
+    sync = BlockingSync()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", sync)
+    later = _feed(bridge.on_client_frame, {**CALL, "id": 8})
+    assert sync.started.wait(10) and [m["id"] for m in to_server] == [7, 8]
+    _feed(bridge.on_server_frame, ANSWER).join(10)
+    assert [m["id"] for m in to_client] == [7], "7's answer waited for 8's fsync"
+    assert not sync.release.is_set()
+    sync.release.set()
+    later.join(10)
+    _feed(bridge.on_server_frame, {**ANSWER, "id": 8}).join(10)
+    assert [m["id"] for m in to_client] == [7, 8]
+    bridge.drain()
+    g.close()

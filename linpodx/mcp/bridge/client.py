@@ -227,6 +227,8 @@ class ClientSide(Drops):
             if entry is not None:
                 entry.forwarded = True
                 entry.started = self._clock()
+                # Its decision record is written: the answer waits for the fsync up to here.
+                entry.gen = getattr(self.chain, "decided_gen", None)
             self.stats.forwarded += 1
         self.send_server(msg.raw)
 

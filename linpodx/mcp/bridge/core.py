@@ -254,13 +254,15 @@ class BridgeCore:
         else:
             self._notices.put_now(data)
 
-    def send_client(self, obj: Any, from_server: bool = False) -> None:
+    def send_client(self, obj: Any, from_server: bool = False, upto: int | None = None) -> None:
         """Write one message to the client (stdout carries protocol messages only), once every
         decision record written so far is fsync'd (`durable`): whatever the client sees, the
         server's answer or linpodx's own, follows a decision that is on disk. If that cannot
         be made so, what came from the server (`from_server`) is withheld: an answer becomes an
-        error, anything else is dropped; linpodx's own refusals still go (the safe direction)."""
-        failed = self.durable()
+        error, anything else is dropped; linpodx's own refusals still go (the safe direction).
+        `upto`: only the decisions up to that generation (an answer: its request's, see
+        `InFlight.gen`), so an answer does not wait for the fsync of calls made after it."""
+        failed = self.durable(upto)
         if failed is not None and from_server:
             obj = self._withheld(obj, failed)
             if obj is None:
@@ -272,14 +274,15 @@ class BridgeCore:
             except OSError as exc:
                 self._log(f"bridge: client output closed: {exc}")
 
-    def durable(self) -> AuditError | None:
-        """Wait until every decision record written so far is fsync'd; the error if the chain
-        failed (said once on stderr), None when they are on disk."""
+    def durable(self, upto: int | None = None) -> AuditError | None:
+        """Wait until every decision record written so far (up to generation `upto`) is
+        fsync'd; the error if the chain failed (said once on stderr), None when they are on
+        disk."""
         barrier = getattr(self.chain, "decisions_durable", None)
         if barrier is None:
             return None  # (a chain whose every append is durable)
         try:
-            barrier()
+            barrier(upto)
         except AuditError as exc:
             self._unrecorded(exc)
             return exc

@@ -237,7 +237,7 @@ class ServerSide(Drops):
         def deliver() -> None:
             with self._lock:
                 self.stats.responses += 1
-            self.send_client(msg.raw, from_server=True)
+            self.send_client(msg.raw, from_server=True, upto=entry.gen)
 
         def withhold(exc: AuditError) -> None:
             # Not recorded => not delivered; the client learns why.
