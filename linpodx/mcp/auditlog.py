@@ -14,9 +14,9 @@ Durability rule (docs/mcp.md says the same, with its crash analysis):
   kernel holds it). The bridge acts on it (forwards the request to the server) only after it
   returns, and denies when it raises. The sync thread starts an fsync covering it at once, so
   the fsync overlaps the server's own work; `decisions_durable()` waits until every decision
-  record written so far is fsync'd, and the bridge calls it before anything reaches the client
-  (the server's answer, anything the server sends, linpodx's own answers): nobody sees an
-  effect whose decision record is not on disk.
+  record written so far (or up to the answered call's, `upto`) is fsync'd, and the bridge
+  calls it before anything reaches the client (the server's answer, anything the server
+  sends, linpodx's own answers): nobody sees an effect whose decision record is not on disk.
 - `append` returns only once its record is written *and* fsync'd (`session.close`, and any
   caller that needs the record on disk before it returns).
 - `append_deferred` returns once its record is written to the log file, before its fsync. Only
