@@ -25,9 +25,9 @@ import contextlib
 import errno
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from linpodx.audit import core
 from linpodx.audit.core import DOMAIN, HINT_VERIFY, HINT_WRITE, MAX_LINE, ZERO_HASH
@@ -61,10 +61,12 @@ __all__ = [  # the chain API, wherever each part lives
     "DOMAIN", "HINT_NOT_A_LOG", "HINT_VERIFY", "LOCK_WAIT", "MAX_LINE", "READ_CHUNK",
     "RESERVE_BYTES", "RESERVE_FILE", "ZERO_HASH", "BadRecord", "Chain", "NotALog",
     "OverlongLine", "Record", "RecordScan", "VerifyReport", "admin_chain", "anchor_session",
-    "append_stopping", "check_line", "check_regular", "fd_lines", "first_record", "iter_lines",
-    "keep_reserve", "open_log", "open_session", "parse_line", "read_records", "record_hash",
-    "session_chain", "session_path", "torn_problem", "torn_reason", "verify_file",
+    "append_stopping", "check_line", "check_regular", "fd_lines", "first_record", "in_reserve",
+    "iter_lines", "keep_reserve", "open_log", "open_session", "parse_line", "read_records",
+    "record_hash", "session_chain", "session_path", "torn_problem", "torn_reason", "verify_file",
 ]  # fmt: skip
+
+T = TypeVar("T")
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
@@ -179,31 +181,42 @@ def append_stopping(type: str, data: Mapping[str, Any]) -> str | None:
     that is gone, not at all: the step goes ahead either way. Returns what to tell the person
     (None when the record went in as any other). AuditError for anything but a full disk."""
     chain = admin_chain()
+    _, warning = in_reserve(lambda: chain.append(type, data), type, "the step went ahead")
+    return warning
+
+
+def in_reserve(append: Callable[[], T], what: str, went_ahead: str) -> tuple[T | None, str | None]:
+    """`append()` for a record of the safe direction (a stop, an rm, the end of an MCP
+    session); on a full state dir, again in the space of the reserve (`RESERVE_BYTES`), and if
+    even that is gone, not at all. (its result or None; what to tell the person, None when
+    the record went in as any other). `went_ahead` says what happened without the record.
+    AuditError for anything but a full disk."""
     try:
-        chain.append(type, data)
-        return None
+        return append(), None
     except AuditError as exc:
         if not _no_space(exc):
             raise
-    reserve = chain.path.parent / RESERVE_FILE
+    reserve = Path(admin_log()).parent / RESERVE_FILE
     released = False
     with contextlib.suppress(FileNotFoundError):
         os.unlink(reserve)
         released = True
-    where = str(chain.path.parent.parent)
+    where = str(reserve.parent.parent)
     if released:
         try:
-            chain.append(type, data)
-            return (f"warning: the state dir {where} is full: the {type} record was written in "
-                    "the space linpodx keeps for stop and rm; free space there (nothing else "
-                    "can be recorded, so nothing can be started or run until then)")
+            done = append()
+            return done, (
+                f"warning: the state dir {where} is full: the {what} record was written in "
+                "the space linpodx keeps for stop and rm; free space there (nothing else "
+                "can be recorded, so nothing can be started or run until then)")
         except AuditError as exc:
             if not _no_space(exc):
                 raise
-    return (f"warning: the state dir {where} is full: the {type} record could not be written "
-            "(No space left on device), and the step went ahead anyway (stopping and removing "
-            "are the safe direction); free space there: nothing else can be recorded, so "
-            "nothing can be started or run until then")
+    return None, (
+        f"warning: the state dir {where} is full: the {what} record could not be written "
+        f"(No space left on device), and {went_ahead} anyway (stopping and removing "
+        "are the safe direction); free space there: nothing else can be recorded, so "
+        "nothing can be started or run until then")
 
 
 def admin_chain() -> Chain:

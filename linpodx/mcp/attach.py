@@ -44,6 +44,8 @@ EXIT_TERMINATED = 143
 """128 + SIGTERM (also for SIGHUP): how a shell reports a process ended by SIGTERM."""
 INTERNAL_ERROR = "internal error"
 """How a session-ending bug in a reader thread starts its reason (exit status EXIT_BUG)."""
+AUDIT_FAILED = "the session's audit log could not be made durable (fsync failed)"
+"""The reason of a session ended by a failed fsync of its log (exit status EXIT_FAILURE)."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,9 @@ def _session(
             "rules": len(profile.mcp_policy),
         },
     )
+    # There was room for the session's first records: put back the space kept for the records
+    # of the safe direction (its closing record among them) if a full disk had taken it.
+    audit_chain.keep_reserve()
     say(f"mcp_session_id: {session_id}")
     say("bridge: host stdio <-> container stdio")
     say(f"policy: {len(profile.mcp_policy)} rules loaded")
@@ -231,6 +236,9 @@ def _session(
 
     # One open file and group commit for the session's records (see mcp.auditlog).
     group = GroupCommitChain(chain)
+    # A failed fsync: what it covered may be lost, so nothing more is forwarded or answered
+    # (the chain refuses every record) and the session ends, closed.
+    group.on_failure = lambda _exc: ending.finish(AUDIT_FAILED)
     bridge = Bridge(
         profile=profile,
         session_id=session_id,
@@ -276,10 +284,15 @@ def _session(
         code, killed = _wind_down(
             bridge, server, ending.reason, server_reader, stderr_relay, target, session_id, say
         )
-        exit_code = _exit_code(ending, bridge, code, say)
+        exit_code = _exit_code(ending, bridge, code, say, group.failure)
         summary = bridge.summary()
         summary["server_killed"] = killed  # processes linpodx had to kill (None: could not)
-        _close(group, audit_chain, session_id, ending.reason, code, summary, bridge)
+        if group.failure is not None:
+            summary["audit_failure"] = group.failure.message
+        # A chain that failed refuses every record: the closing one goes in through the plain
+        # chain (it reads the file's real tail, cut back to what was known durable), if it can.
+        _close(group, audit_chain, session_id, ending.reason, code, summary,
+               fallback=chain if group.failure is not None else None)
         closed = True  # (_close says itself when it could not record)
     finally:
         # Whatever happened above: every record written (deferred outcomes too) is made durable
@@ -496,12 +509,25 @@ def _wind_down(
     return code, killed
 
 
-def _exit_code(ending: Ending, bridge: Bridge, code: int | None, say: Callable[[str], None]) -> int:
+def _exit_code(
+    ending: Ending,
+    bridge: Bridge,
+    code: int | None,
+    say: Callable[[str], None],
+    failure: LinpodxError | None = None,
+) -> int:
     """linpodx's exit status for a session that ended as `ending` says, saying why on stderr
     where that is an error; otherwise the server's."""
     reason = ending.reason
     if ending.signal_name is not None:
         return ending.signal_exit()
+    if reason == AUDIT_FAILED:
+        say(f"error: the session ended: {reason}: {failure.message if failure else ''}")
+        say(
+            "hint: nothing was forwarded or answered after the failure; check the disk under "
+            "the state dir (dmesg, df -h) before starting another session"
+        )
+        return EXIT_FAILURE
     if bridge.bound_hit is not None and reason == bridge.bound_hit:
         say(f"error: the session ended: {reason}")
         say(
@@ -617,15 +643,41 @@ def _close(
     reason: str,
     code: int | None,
     summary: dict[str, Any],
-    bridge: Bridge | None = None,
+    fallback: Any = None,
 ) -> None:
-    """Closing record in the session chain, then its anchor in the admin chain."""
+    """Closing record in the session chain, then its anchor in the admin chain. The end of a
+    session is the safe direction: on a full state dir both go in the space kept for it
+    (`audit.chain.in_reserve`), and if even that is gone the session still ends, said on
+    stderr. `fallback`: the chain to write the closing record to if `chain` refuses it."""
+    data = {"reason": reason, "server_exit": code, **summary}
+
+    def closing() -> Any:
+        try:
+            return chain.append("session.close", data)
+        except LinpodxError:
+            if fallback is None:
+                raise
+            return fallback.append("session.close", data)
+
+    in_reserve = getattr(audit_chain, "in_reserve", None)
+    went_ahead = "the session ended"
     try:
-        rec = chain.append("session.close", {"reason": reason, "server_exit": code, **summary})
-        events = rec.seq + 1
+        if in_reserve is None:
+            rec, warning = closing(), None
+        else:
+            rec, warning = in_reserve(closing, "session.close", went_ahead)
         anchor = getattr(audit_chain, "anchor_session", None)
-        if anchor is not None:
-            anchor(session_id, rec.hash, events)
+        if rec is not None and anchor is not None:
+            if in_reserve is None:
+                anchor(session_id, rec.hash, rec.seq + 1)
+            else:
+                _, later = in_reserve(
+                    lambda: anchor(session_id, rec.hash, rec.seq + 1), "session.close anchor",
+                    went_ahead,
+                )
+                warning = warning or later
+        if warning is not None:
+            sys.stderr.write(safe_lines(warning) + "\n")
     except LinpodxError as exc:
         sys.stderr.write(
             safe_lines(

@@ -7,24 +7,31 @@ thread at a time *syncs* (one `fsync` covering everything written before it star
 written while an fsync runs are covered together by the next one; a lone caller pays one write
 and one fsync and no thread hand-off.
 
-Durability rule (docs/mcp.md says the same):
+Durability rule (docs/mcp.md says the same, with its crash analysis):
 
-- `append` returns only once its record is written *and* fsync'd. Every decision goes through
-  it (requests in both directions, notifications, approvals, refusals, drops, session start and
-  close): the bridge acts only after it returns and denies when it raises.
+- A *decision* record (requests in both directions, notifications, approvals, refusals, drops)
+  goes through `append_written`, which returns once the record is written (`write(2)` done: the
+  kernel holds it). The bridge acts on it (forwards the request to the server) only after it
+  returns, and denies when it raises. The sync thread starts an fsync covering it at once, so
+  the fsync overlaps the server's own work; `decisions_durable()` waits until every decision
+  record written so far (or up to the answered call's, `upto`) is fsync'd, and the bridge
+  calls it before anything reaches the client (the server's answer, anything the server
+  sends, linpodx's own answers): nobody sees an effect whose decision record is not on disk.
+- `append` returns only once its record is written *and* fsync'd (`session.close`, and any
+  caller that needs the record on disk before it returns).
 - `append_deferred` returns once its record is written to the log file, before its fsync. Only
   outcome records (`mcp.response`: status and duration of an answered request) use it: the
   answer is passed on after the write. The record is then in the kernel's page cache, so it
   survives the bridge being killed, even with SIGKILL; it is made durable by the next fsync of
-  the file: the next decision's, or the flusher thread's at most `FLUSH_DELAY` seconds later,
+  the file: the next decision's, or the sync thread's at most `FLUSH_DELAY` seconds later,
   and always by `flush`/`close`, which every exit path of `mcp attach` runs. Only a crash of the
-  whole machine before it reached the disk can lose it (never a decision record), and then the
-  session also lacks its `session.close` record and its admin-chain anchor, which
-  `audit verify --session` reports.
+  whole machine before it reached the disk can lose it, and then the session also lacks its
+  `session.close` record and its admin-chain anchor, which `audit verify --session` reports.
 - A failed fsync may have lost anything it should have covered (Linux reports a writeback error
   once, later fsyncs succeed). The chain is then *failed*: the part not known to be durable is
   cut off (best effort), every waiting and later append raises AuditError (so the bridge denies
-  every call from then on) and `failure` says why. Nothing is dropped without a trace.
+  every call from then on, and withholds every answer), `failure` says why and `on_failure` is
+  told (the session ends). Nothing is dropped without a trace.
 
 The file stays open for the whole session and the chain's tail (seq, hash, ts, size) is kept in
 memory, so an append does not re-read the file. Each batch is written by the chain's one writer
@@ -40,8 +47,7 @@ import contextlib
 import fcntl
 import os
 import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,17 +59,27 @@ from linpodx.errors import AuditError
 FLUSH_DELAY = 0.05
 """Seconds a deferred record may wait for its fsync (if no decision record comes first)."""
 
+SYNCED = "synced"
+"""`wait` returns once the record is written and fsync'd (`append`)."""
+WRITTEN = "written"
+"""A decision record: `wait` returns once it is written; its fsync starts at once, and
+`decisions_durable` waits for it (`append_written`)."""
+DEFERRED = "deferred"
+"""An outcome record: `wait` returns once it is written; fsync'd within FLUSH_DELAY."""
+
 
 @dataclass
 class _Item:
     type: str
     data: Mapping[str, Any]
-    durable: bool = True
+    mode: str = SYNCED
     written: bool = False
     gen: int = 0
     """The write generation that carried this record (durable once a sync covers it)."""
     record: Any = None
     error: AuditError | None = None
+    wake: bool = True
+    """A WRITTEN record wakes the sync thread (False: its caller syncs after acting)."""
 
 
 class GroupCommitChain:
@@ -75,8 +91,7 @@ class GroupCommitChain:
         self.flush_delay = FLUSH_DELAY if flush_delay is None else flush_delay
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)  # writers and syncers wait here
-        self._flush_cv = threading.Condition(self._lock)  # the flusher waits here
-        self._flusher_idle = False  # the flusher waits with no deadline
+        self._flush_cv = threading.Condition(self._lock)  # the sync thread waits here
         self._queue: list[_Item] = []
         self._writing = False
         self._syncing = False
@@ -87,11 +102,14 @@ class GroupCommitChain:
         self._gen = 0  # write generations done
         self._synced_gen = 0  # every generation up to this one is durable
         self._synced_size: int | None = None  # the file's size when that sync started
+        self._decided_gen = 0  # the last generation that carried a decision record (WRITTEN)
         self._deferred_gen = 0  # the last generation that carried a deferred record
-        self._dirty_since = 0.0  # when the oldest deferred record not yet durable was written
-        self._flusher: threading.Thread | None = None
+        self._syncer_idle = False  # the sync thread waits with no deadline
+        self._flusher: threading.Thread | None = None  # the sync thread
         self._closed = False
         self.failure: AuditError | None = None
+        self.on_failure: Callable[[AuditError], None] | None = None
+        """Told once when the chain fails (with the lock held: it must only note it)."""
         self.batches = 0
         self.records = 0
         self.syncs = 0
@@ -106,36 +124,65 @@ class GroupCommitChain:
         """Record one event durably (possibly with others in one fsync), or raise AuditError."""
         return self.wait(self.submit(type, data))
 
+    def append_written(self, type: str, data: Mapping[str, Any], wake: bool = True) -> Any:
+        """Write one decision record now; its fsync starts at once in the sync thread, and
+        `decisions_durable` waits for it (see the module's durability rule). `wake=False`: the
+        caller calls `decisions_durable` itself right after acting (the bridge's reader, for a
+        lone call: the fsync then overlaps the server's work with no thread woken for it)."""
+        item = self.submit(type, data, WRITTEN)
+        item.wake = wake
+        return self.wait(item)
+
     def append_deferred(self, type: str, data: Mapping[str, Any]) -> Any:
         """Write one outcome record now and fsync it later (see the module's durability rule)."""
-        return self.wait(self.submit(type, data, durable=False))
+        return self.wait(self.submit(type, data, DEFERRED))
 
-    def submit(self, type: str, data: Mapping[str, Any], durable: bool = True) -> _Item:
-        """Queue a record without waiting; `wait(ticket)` returns once it is on disk (written
-        and fsync'd; only written for `durable=False`)."""
-        item = _Item(type, data, durable)
+    def submit(self, type: str, data: Mapping[str, Any], mode: str = SYNCED) -> _Item:
+        """Queue a record without waiting; `wait(ticket)` returns once it is written and, for
+        `SYNCED`, fsync'd."""
+        item = _Item(type, data, mode)
         with self._cv:
             self._queue.append(item)
         return item
 
     def wait(self, item: _Item) -> Any:
-        """Block until `item` is written (writing the queue ourselves if nobody is) and, unless
-        deferred, durable (syncing ourselves if nobody is); its Record, or raise AuditError."""
+        """Block until `item` is written (writing the queue ourselves if nobody is) and, for
+        `SYNCED`, durable (syncing ourselves if nobody is); its Record, or raise AuditError."""
         with self._cv:
             while not item.written:
                 if self._writing:
                     self._cv.wait()
                 else:
                     self._write_queue()
-            if item.error is None and item.durable:
+            if item.error is None and self.failure is not None:
+                item.error = self.failure  # (written into a chain that failed meanwhile)
+            if item.error is None and item.mode == SYNCED:
                 self._sync_through(item.gen)
                 if self._synced_gen < item.gen:
                     item.error = self.failure
-            elif item.error is None and self._synced_gen < item.gen:
+            elif item.error is None and item.mode == DEFERRED and self._synced_gen < item.gen:
                 self._defer(item.gen)
         if item.error is not None:
             raise item.error
         return item.record
+
+    @property
+    def decided_gen(self) -> int:
+        """The write generation of the last decision record written (for `decisions_durable`)."""
+        return self._decided_gen
+
+    def decisions_durable(self, upto: int | None = None) -> None:
+        """Return once every decision record written so far (or up to generation `upto`, a
+        `decided_gen` read earlier) is fsync'd (the sync thread's fsync, usually under way
+        already); raise AuditError if the chain failed. Called before anything reaches the
+        client."""
+        with self._cv:
+            target = self._decided_gen if upto is None else min(upto, self._decided_gen)
+            if self._synced_gen >= target and self.failure is None:
+                return  # (the usual case once the fsync overlapped the server's work)
+            self._sync_through(target)
+            if self.failure is not None:
+                raise self.failure
 
     def flush(self) -> None:
         """Make every record written so far durable; raise AuditError if that failed."""
@@ -190,9 +237,16 @@ class GroupCommitChain:
             self._written_size = self._size
             if durable_upto is not None:
                 self._synced_size = max(self._synced_size or 0, durable_upto)
+            decided = wake = False
             for b in batch:
                 b.written = True
                 b.gen = self._gen
+                if b.mode == WRITTEN and b.error is None:
+                    decided, wake = True, wake or b.wake
+            if decided:
+                self._decided_gen = self._gen
+            if wake:
+                self._wake_syncer()
             self._cv.notify_all()
 
     def _sync_through(self, gen: int) -> None:
@@ -237,35 +291,47 @@ class GroupCommitChain:
                 os.ftruncate(self._fd, self._synced_size)
                 os.fsync(self._fd)
         self._tail = None
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
 
-    def _defer(self, gen: int) -> None:
-        """Generation `gen` carries a deferred record: a sync must come within `flush_delay`."""
-        if self._deferred_gen <= self._synced_gen:
-            self._dirty_since = time.monotonic()  # the oldest one not yet durable
-        self._deferred_gen = max(self._deferred_gen, gen)
+    def _wake_syncer(self) -> None:
+        """Make sure the sync thread runs and looks again (a decision was written, or a
+        deferred record came while it was idle)."""
         if self._flusher is None:
-            self._flusher = threading.Thread(
-                target=self._flush_loop, name="audit-flush", daemon=True
-            )
+            self._flusher = threading.Thread(target=self._sync_loop, name="audit-sync", daemon=True)
             self._flusher.start()
-        elif self._flusher_idle:
-            # A flusher already waiting for a deadline will look again then: only wake an idle
-            # one (a wake-up per answer would cost a thread switch per call).
+        else:
             self._flush_cv.notify()
 
-    def _flush_loop(self) -> None:
-        """The flusher: syncs deferred records nobody else's fsync covered in time."""
+    def _defer(self, gen: int) -> None:
+        """Generation `gen` carries a deferred record: a sync must come within `flush_delay`.
+        A sync thread that ticks (see `_sync_loop`) finds it by itself: only an idle one is
+        woken (a wake-up per answer would cost a thread switch per call)."""
+        self._deferred_gen = max(self._deferred_gen, gen)
+        if self._flusher is None or self._syncer_idle:
+            self._wake_syncer()
+
+    def _sync_loop(self) -> None:
+        """The sync thread: fsyncs every decision record written by a caller that does not
+        sync it itself, as soon as it is written (so the fsync overlaps the server's work), and
+        deferred records nobody else's fsync covered: it looks every `flush_delay / 2` while
+        they keep coming, so none waits longer than `flush_delay`, and sleeps until woken once
+        a look finds nothing to do."""
+        tick = self.flush_delay / 2
         with self._cv:
             while not self._closed:
+                if self.failure is None and self._decided_gen > self._synced_gen:
+                    self._sync_through(self._decided_gen)
+                    continue
                 if self.failure is not None or self._deferred_gen <= self._synced_gen:
-                    self._flusher_idle = True
+                    self._syncer_idle = True
                     self._flush_cv.wait()
-                    self._flusher_idle = False
+                    self._syncer_idle = False
                     continue
-                left = self._dirty_since + self.flush_delay - time.monotonic()
-                if left > 0:
-                    self._flush_cv.wait(left)
+                self._flush_cv.wait(tick)
+                if self._closed or self._decided_gen > self._synced_gen:
                     continue
+                # Deferred records older than a tick that no decision's fsync covered.
                 self._sync_through(self._deferred_gen)
 
     # ---- one batch ------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from linpodx.audit import chain as audit_chain
 from linpodx.profile.model import McpSettings
 from tests.conftest import DEBIAN_IMAGE
+from tests.integration.test_bounds import fill, small_state  # noqa: F401 - a fixture
 from tests.servers.harness import (
     TEST_PROFILE,
     RawSession,
@@ -251,3 +252,42 @@ def test_a_storm_of_bogus_cancellations_is_neither_forwarded_nor_recorded_one_by
     ]
     held = sum(r.data["count"] for r in records if r.type == "mcp.suppressed")
     assert held + len(drops) == storm
+
+
+def test_a_full_state_dir_ends_the_session_and_its_close_goes_in_the_reserve(
+    small_state: Path,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    unique_name: str,
+) -> None:
+    """Issue 25 #6 for MCP: a state dir filled to the last byte during a session (as a
+    flooding session log would). Calls are refused (nothing unrecorded is forwarded), the end
+    of the session still ends the server and the bridge, and its `session.close` (with the
+    admin chain's anchor) is written in the space kept for the safe direction, said on
+    stderr; once space is back the session verifies."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE)
+    assert (small_state / "audit" / ".reserve").stat().st_size > 0
+    s = RawSession(unique_name)
+    try:
+        s.handshake()
+        sid = s.session_id()
+        assert "result" in s.request(1, "ping")
+        fill(small_state)
+        # The log's last page may still take a few records: until it is full, pings pass.
+        for i in range(2, 200):
+            resp = s.request(i, "ping")
+            if "error" in resp:
+                break
+        assert "could not record" in json.dumps(resp), resp
+        code = s.close(60)
+    finally:
+        s.kill()
+    err = s.stderr.decode()
+    assert code == 0, err[-2000:]
+    assert "is full: the session.close record was written in the space linpodx keeps" in err, err
+    assert f"session {sid} ended" in err
+    assert "could not close the session's audit chain" not in err
+    records = audit_chain.read_records(audit_chain.session_path(sid))
+    assert records[-1].type == "session.close", [r.type for r in records[-3:]]
+    (small_state / "filler").unlink()
+    verify = linpodx("audit", "verify", "--session", sid, check=False)
+    assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -455,3 +455,46 @@ def _read_all(fd: int) -> bytes:
         out.extend(chunk)
     os.close(fd)
     return bytes(out)
+
+
+def test_a_failed_fsync_ends_the_session_closed_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first fsync of a call's record fails (once, as Linux reports a writeback error):
+    the client gets an error instead of the answer, the session ends by itself with exit
+    status 1, `error:` and `hint:` on stderr, and `session.close` still goes in (through
+    the plain chain, onto what was known durable), naming the failure."""
+    fake_podman(monkeypatch)
+    real = os.fsync
+    failed: list[int] = []
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if not failed and "/sessions/" in path and b'"mcp.request"' in open(path, "rb").read():
+            failed.append(fd)
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", fsync)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    os.write(in_w, b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')  # stdin stays open
+    said: list[str] = []
+    try:
+        code = attach_mod.attach("c", ["server"], stdin_fd=in_r, stdout_fd=out_w, log=said.append)
+    finally:
+        for fd in (in_r, in_w, out_w):
+            os.close(fd)
+        with os.fdopen(out_r, "rb") as out:
+            got = [json.loads(line) for line in out]
+    assert failed, "the fsync of the call's record never ran"
+    assert code == 1
+    assert [m["id"] for m in got] == [1] and "result" not in got[0], got
+    assert "result withheld" in got[0]["error"]["message"]
+    text = "\n".join(said)
+    assert "error: the session ended: the session's audit log could not be made durable" in text
+    assert "\nhint: " in text and "Traceback" not in capsys.readouterr().err
+    records = _session_records(said)
+    assert records[-1].type == "session.close"
+    assert "fsync failed" in records[-1].data["audit_failure"]
+    assert "mcp.request" not in [r.type for r in records]  # cut off: not known durable

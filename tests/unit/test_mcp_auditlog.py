@@ -306,3 +306,144 @@ def test_foreign_append_between_batches_does_not_fork_the_chain() -> None:
     assert report.events == 4
     seqs = [json.loads(line)["seq"] for line in ch.path.read_bytes().splitlines()]
     assert seqs == [0, 1, 2, 3]
+
+
+class BlockingSync:
+    """Stands in for os.fsync: each call waits until `release` is set (a slow disk), and says
+    when it started."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.real = os.fsync
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.fail = fail
+
+    def __call__(self, fd: int) -> None:
+        self.started.set()
+        assert self.release.wait(30), "the test never released the fsync"
+        if self.fail:
+            self.fail = False  # once, as Linux reports a writeback error
+            raise OSError(5, "Input/output error")
+        self.real(fd)
+
+
+def _echo_bridge(
+    sid: str, g: GroupCommitChain
+) -> tuple[Bridge, list[dict[str, Any]], list[dict[str, Any]], threading.Event]:
+    """A pipelined bridge with an auto-allowed `echo`; (it, what the server got, what the
+    client got, set when the server got something)."""
+    to_server: list[dict[str, Any]] = []
+    to_client: list[dict[str, Any]] = []
+    forwarded = threading.Event()
+
+    def server(data: bytes) -> None:
+        to_server.append(json.loads(data))
+        forwarded.set()
+
+    profile = Profile(name="p", mcp_policy=(McpRule("tools/call", A.AUTO_ALLOW, "echo"),))
+    bridge = Bridge(
+        profile=profile,
+        session_id=sid,
+        chain=g,
+        to_client=lambda data: to_client.append(json.loads(data)),
+        to_server=server,
+        emit=lambda *_a, **_k: None,
+        pipeline=True,
+    )
+    return bridge, to_server, to_client, forwarded
+
+
+def _feed(handler: Any, msg: dict[str, Any]) -> threading.Thread:
+    t = threading.Thread(target=handler, args=(Line(json.dumps(msg).encode()),), daemon=True)
+    t.start()
+    return t
+
+
+CALL = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "echo"}}
+ANSWER = {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "hi"}]}}
+
+
+def test_a_request_is_forwarded_once_written_and_its_answer_waits_for_the_fsync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The durability rule: the decision record is written (in the file) when the request
+    reaches the server, while its fsync is still running; the server's answer is held until
+    that fsync ends, then delivered."""
+    g = GroupCommitChain(audit_chain.session_chain("sess_overlap", GENESIS), flush_delay=3600)
+    bridge, to_server, to_client, forwarded = _echo_bridge("sess_overlap", g)
+    g.append("session.start", {})  # (a new log's first write also syncs its directory)
+    sync = BlockingSync()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", sync)
+    reader = _feed(bridge.on_client_frame, CALL)
+    assert forwarded.wait(10), "the request was not forwarded while its fsync ran"
+    assert sync.started.is_set() and not sync.release.is_set()
+    assert to_server[0]["id"] == 7
+    written = [r.type for r in audit_chain.read_records(g.path)]
+    assert written == ["session.start", "mcp.request"]
+    answering = _feed(bridge.on_server_frame, ANSWER)
+    answering.join(0.5)
+    assert to_client == [], "the answer reached the client before its call's record was durable"
+    sync.release.set()
+    answering.join(10)
+    reader.join(10)
+    assert [m.get("id") for m in to_client] == [7] and "result" in to_client[0]
+    bridge.drain()
+    g.close()
+    assert audit_chain.verify_file(g.path, GENESIS).events == 3
+
+
+def test_a_failed_fsync_withholds_the_answer_and_fails_the_session_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The request went to the server once written; its fsync fails: the client gets an error
+    instead of the server's answer, the chain tells its owner (the session ends), and no
+    later call is forwarded."""
+    g = GroupCommitChain(audit_chain.session_chain("sess_eio2", GENESIS), flush_delay=3600)
+    told: list[AuditError] = []
+    g.on_failure = told.append
+    bridge, to_server, to_client, forwarded = _echo_bridge("sess_eio2", g)
+    g.append("session.start", {})
+    sync = BlockingSync(fail=True)
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", sync)
+    reader = _feed(bridge.on_client_frame, CALL)
+    assert forwarded.wait(10)
+    answering = _feed(bridge.on_server_frame, ANSWER)
+    sync.release.set()
+    answering.join(10)
+    reader.join(10)
+    assert len(told) == 1 and "fsync failed" in told[0].message
+    [got] = to_client
+    assert got["id"] == 7 and "result" not in got and "result withheld" in got["error"]["message"]
+    later = {**CALL, "id": 8}
+    _feed(bridge.on_client_frame, later).join(10)
+    assert [m["id"] for m in to_server] == [7]  # nothing more forwarded
+    assert to_client[-1]["id"] == 8 and to_client[-1]["result"]["isError"] is True
+    bridge.drain()
+    g.close()
+    # What the failed fsync covered is cut off: the log still verifies.
+    assert audit_chain.verify_file(g.path, GENESIS).ok
+
+
+def test_an_answer_waits_for_its_own_calls_record_not_for_later_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Call 7's record is on disk; call 8's fsync is still running when 7's answer comes:
+    the answer goes out at once (waiting for every later decision's fsync cost one fsync per
+    answer with many calls in flight)."""
+    g = GroupCommitChain(audit_chain.session_chain("sess_own", GENESIS), flush_delay=3600)
+    bridge, to_server, to_client, _forwarded = _echo_bridge("sess_own", g)
+    g.append("session.start", {})
+    _feed(bridge.on_client_frame, CALL).join(10)  # forwarded, its record fsync'd
+    sync = BlockingSync()
+    monkeypatch.setattr("linpodx.mcp.auditlog.os.fsync", sync)
+    later = _feed(bridge.on_client_frame, {**CALL, "id": 8})
+    assert sync.started.wait(10) and [m["id"] for m in to_server] == [7, 8]
+    _feed(bridge.on_server_frame, ANSWER).join(10)
+    assert [m["id"] for m in to_client] == [7], "7's answer waited for 8's fsync"
+    assert not sync.release.is_set()
+    sync.release.set()
+    later.join(10)
+    _feed(bridge.on_server_frame, {**ANSWER, "id": 8}).join(10)
+    assert [m["id"] for m in to_client] == [7, 8]
+    bridge.drain()
+    g.close()

@@ -2,11 +2,12 @@
 
 `Bridge` owns no file descriptors and spawns no process: it gets frames (from `framing`) and
 writes bytes through two callables, which keeps it testable in-process and lets `attach` own the
-`podman exec` child. Per frame it parses strictly, decides (policy engine or approval), records
-the decision in the session chain (written and fsync'd), and only then forwards the
-re-serialized message or answers. An answer's outcome record (`mcp.response`) is written before
-the answer is passed on and fsync'd with the next record: the durability rule is spelled out in
-`mcp.auditlog`.
+`podman exec` child. Per frame it parses strictly, decides (policy engine or approval), writes
+the decision's record to the session chain, and only then forwards the re-serialized message
+or answers; nothing reaches the client before the decision records written so far are
+fsync'd (`BridgeCore.send_client`). An answer's outcome record (`mcp.response`) is written
+before the answer is passed on and fsync'd with a later one: the durability rule is spelled
+out in `mcp.auditlog`.
 
 Threads: one reader per direction calls `on_client_frame` / `on_server_frame`; each `prompt`
 decision waits in its own thread so other traffic (and other approvals) keep flowing. Shared

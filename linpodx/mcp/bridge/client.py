@@ -104,9 +104,7 @@ class ClientSide(Drops):
             return
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
-        decision = policy.refusal(msg.kind, msg.method, msg.params) or self.policy.decide(
-            msg.method, msg.tool_name, msg.params
-        )
+        decision = self._decide(msg, msg.method)
         if msg.kind == "notification":
             self._client_notification(msg, decision)
             return
@@ -216,6 +214,16 @@ class ClientSide(Drops):
 
         self._then("client", "mcp.request", record, act, unrecorded)
 
+    def _decide(self, msg: Message, method: str) -> policy.Decision:
+        """The gate's decision for one request or notification from the client, before it is
+        recorded: what no rule may see (`policy.refusal`), then the profile's rules, first
+        match wins. The one place a decision is made: checks that refine it (argument
+        matchers, rate limits, grants for the session) belong here, each a call into its own
+        module."""
+        return policy.refusal(msg.kind, method, msg.params) or self.policy.decide(
+            method, msg.tool_name, msg.params
+        )
+
     def _forward(self, msg: Message) -> None:
         key = msg.id_key
         with self._lock:
@@ -223,6 +231,8 @@ class ClientSide(Drops):
             if entry is not None:
                 entry.forwarded = True
                 entry.started = self._clock()
+                # Its decision record is written: the answer waits for the fsync up to here.
+                entry.gen = getattr(self.chain, "decided_gen", None)
             self.stats.forwarded += 1
         self.send_server(msg.raw)
 
@@ -362,6 +372,11 @@ class ClientSide(Drops):
 
     def _prompt(self, msg: Message, decision: policy.Decision) -> None:
         if msg.method is None:  # parse() guarantees a method for requests/notifications
+            return
+        # A person sees the call from here on: its decision record is on disk first.
+        failed = self.durable()
+        if failed is not None:
+            self._deny(msg, f"the audit log could not record this call ({failed.message})")
             return
         try:
             pending = approvals.create(

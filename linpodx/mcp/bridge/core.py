@@ -5,6 +5,7 @@ the events, the fence that ends a direction, and the closing counters."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 from linpodx import events
 from linpodx.errors import AuditError
-from linpodx.mcp import bounds, jsonrpc, policy
+from linpodx.mcp import auditlog, bounds, jsonrpc, policy
 from linpodx.mcp.bridge.lanes import Lane, Notices
 from linpodx.mcp.bridge.state import Appender, InFlight, Stats, Writer
 from linpodx.mcp.framing import Frame
@@ -96,19 +97,27 @@ class BridgeCore:
 
     # ---- plumbing -------------------------------------------------------------------------
 
-    def _audit(self, type_: str, data: Mapping[str, Any], durable: bool = True) -> None:
+    def _audit(
+        self, type_: str, data: Mapping[str, Any], durable: bool = True, wake: bool = True
+    ) -> None:
         """Append to the session chain (raises AuditError: the caller must not act).
 
-        `durable=False` is for outcome records only: with a chain that can defer (see
-        `mcp.auditlog`), the record is written now and fsync'd with the next one.
-        No lock here: the chain serializes appends itself, and concurrent callers must reach
-        it together for group commit to batch them.
+        With a chain that can (see `mcp.auditlog`), a decision record (`durable`) is written
+        now and fsync'd in the background, and `send_client` waits for that fsync before
+        anything reaches the client; an outcome record (`durable=False`) is written now and
+        fsync'd with a later one (`wake=False`: the caller makes the decision durable itself
+        after acting, see `_then`). No lock here: the chain serializes appends itself, and
+        concurrent callers must reach it together for group commit to batch them.
         """
         over = self._over_size()
         if over is not None:
             raise over
-        deferred = None if durable else getattr(self.chain, "append_deferred", None)
-        rec = self.chain.append(type_, data) if deferred is None else deferred(type_, data)
+        written = getattr(self.chain, "append_written", None)
+        if durable and written is not None:
+            rec = written(type_, data, wake)
+        else:
+            deferred = None if durable else getattr(self.chain, "append_deferred", None)
+            rec = (deferred or self.chain.append)(type_, data)
         with self._lock:
             self.records += 1
             self.last_record = rec
@@ -125,8 +134,8 @@ class BridgeCore:
         """Record `data`, then run `ok` (or `fail` if it could not be recorded).
 
         Synchronous without lanes; with lanes the record is queued now and the action runs in
-        the lane's thread once the record is durable (only written, for `durable=False`), in
-        arrival order.
+        the lane's thread once the record is written, in arrival order (what reaches the client
+        waits in `send_client` for the decision records' fsync).
         """
 
         def failed(exc: AuditError) -> None:
@@ -141,17 +150,27 @@ class BridgeCore:
             target = None
         if target is None:
             try:
-                self._audit(type_, data, durable)
+                self._audit(type_, data, durable, wake=False)
             except AuditError as exc:
                 failed(exc)
                 return
             ok()
+            if durable:
+                # The fsync of the record, now that its action is done (the request is with
+                # the server, which works meanwhile): no thread hand-off for a lone call. An
+                # answer that comes first waits for it in `send_client`; a failure is said
+                # there (what reaches the client is withheld).
+                with contextlib.suppress(AuditError):
+                    barrier = getattr(self.chain, "decisions_durable", None)
+                    if barrier is not None:
+                        barrier()
             return
         over = self._over_size()
         if over is not None:
             failed(over)
             return
-        ticket = self.chain.submit(type_, data, durable)  # type: ignore[attr-defined]
+        mode = auditlog.WRITTEN if durable else auditlog.DEFERRED
+        ticket = self.chain.submit(type_, data, mode)  # type: ignore[attr-defined]
         with self._lock:
             self.records += 1
         target.put(ticket, ok, failed)
@@ -239,14 +258,51 @@ class BridgeCore:
         else:
             self._notices.put_now(data)
 
-    def send_client(self, obj: Any) -> None:
-        """Write one message to the client (stdout carries protocol messages only)."""
+    def send_client(self, obj: Any, from_server: bool = False, upto: int | None = None) -> None:
+        """Write one message to the client (stdout carries protocol messages only), once every
+        decision record written so far is fsync'd (`durable`): whatever the client sees, the
+        server's answer or linpodx's own, follows a decision that is on disk. If that cannot
+        be made so, what came from the server (`from_server`) is withheld: an answer becomes an
+        error, anything else is dropped; linpodx's own refusals still go (the safe direction).
+        `upto`: only the decisions up to that generation (an answer: its request's, see
+        `InFlight.gen`), so an answer does not wait for the fsync of calls made after it."""
+        failed = self.durable(upto)
+        if failed is not None and from_server:
+            obj = self._withheld(obj, failed)
+            if obj is None:
+                return
         data = jsonrpc.serialize(obj)
         with self._client_lock:
             try:
                 self._to_client(data)
             except OSError as exc:
                 self._log(f"bridge: client output closed: {exc}")
+
+    def durable(self, upto: int | None = None) -> AuditError | None:
+        """Wait until every decision record written so far (up to generation `upto`) is
+        fsync'd; the error if the chain failed (said once on stderr), None when they are on
+        disk."""
+        barrier = getattr(self.chain, "decisions_durable", None)
+        if barrier is None:
+            return None  # (a chain whose every append is durable)
+        try:
+            barrier(upto)
+        except AuditError as exc:
+            self._unrecorded(exc)
+            return exc
+        return None
+
+    def _withheld(self, obj: Any, exc: AuditError) -> Any:
+        """What the client gets instead of a message from the server that follows a decision
+        record that is not durable: an error for an answer (the call is over for the client),
+        nothing for anything else (None)."""
+        if not isinstance(obj, dict) or "method" in obj or "id" not in obj:
+            return None
+        return jsonrpc.error_response(
+            obj["id"],
+            jsonrpc.DENIED_BY_POLICY,
+            f"linpodx could not make its audit record durable ({exc.message}); result withheld",
+        )
 
     def answer_server(self, obj: Any) -> None:
         """Answer one of the server's own requests (a refusal, a denial) without waiting on the

@@ -1,5 +1,5 @@
 """The bridge's two writer threads: a `Lane` per direction runs "record, then act" steps in
-arrival order once each record is durable (group commit), and `Notices` writes the
+arrival order once each record is written (group commit), and `Notices` writes the
 `mcp.decision` events off the call's path."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ class Lane:
     """Runs "record, then act" steps of one direction in arrival order, off the reader thread.
 
     The reader submits each record at once and goes on parsing; this thread waits for each
-    record to be durable (only written, for an outcome record) and then performs its action.
-    Records of many in-flight messages thus share one fsync (group commit), and no action ever
-    runs before its record is on disk.
+    record to be written and then performs its action (what reaches the client also waits for
+    the fsync, in `send_client`). Records of many in-flight messages thus share one write and
+    one fsync (group commit), and no action ever runs before its record is written.
     """
 
     def __init__(self, chain: Any, name: str, log: Callable[[str], None]) -> None:

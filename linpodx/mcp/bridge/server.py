@@ -107,7 +107,7 @@ class ServerSide(Drops):
             if decision.allowed:
                 # Progress/log/list-changed traffic is frequent and carries no decision: it is
                 # forwarded without a record each (the session's records stay about calls).
-                self.send_client(msg.raw)
+                self.send_client(msg.raw, from_server=True)
                 if msg.method == "notifications/cancelled":
                     # The server gave up on one of its requests: a conformant client never
                     # answers it, and its slot would be taken for good (INFLIGHT_MAX). A late
@@ -184,7 +184,7 @@ class ServerSide(Drops):
                 decision=record["decision"],
             )
             if allowed:
-                self.send_client(msg.raw)
+                self.send_client(msg.raw, from_server=True)
             else:
                 refuse(str(record["reason"]))
 
@@ -237,7 +237,7 @@ class ServerSide(Drops):
         def deliver() -> None:
             with self._lock:
                 self.stats.responses += 1
-            self.send_client(msg.raw)
+            self.send_client(msg.raw, from_server=True, upto=entry.gen)
 
         def withhold(exc: AuditError) -> None:
             # Not recorded => not delivered; the client learns why.

@@ -56,6 +56,9 @@ class InFlight:
     forwarded: bool = False
     approval_id: str | None = None
     cancelled: str | None = None
+    gen: int | None = None
+    """The chain's `decided_gen` when the request was forwarded: its answer waits for the
+    fsync up to there (None: for every decision written so far)."""
 
 
 @dataclass
