@@ -40,6 +40,46 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--detach", "-d", help="Start in the background.")
         ] = False,
         rm: Annotated[bool, typer.Option("--rm", help="Remove it when its command exits.")] = False,
+        pull: Annotated[
+            str | None,
+            typer.Option(
+                "--pull",
+                metavar="POLICY",
+                help="Pull the image: missing (default; LINPODX_PULL changes it), never, "
+                "always or newer.",
+                show_default=False,
+            ),
+        ] = None,
+        env: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--env",
+                "-e",
+                metavar="KEY[=VALUE]",
+                help="Set a variable in the container (KEY alone: this environment's value). "
+                "Values are never stored, audited or put on podman's command line.",
+                show_default=False,
+            ),
+        ] = None,
+        env_file: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--env-file",
+                metavar="FILE",
+                help="Read variables from FILE (KEY=VALUE lines, as podman's --env-file).",
+                show_default=False,
+            ),
+        ] = None,
+        secret: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--secret",
+                metavar="NAME[,type=env][,target=T]",
+                help="Give the container a podman secret (`podman secret create`): a file in "
+                "/run/secrets, or with type=env a variable.",
+                show_default=False,
+            ),
+        ] = None,
         json_mode: JsonOpt = False,
     ) -> None:
         """Run IMAGE in a hardened container under a profile: `linpodx run --image I -- CMD…`."""
@@ -55,6 +95,10 @@ def register(app: typer.Typer) -> None:
             tty=tty,
             detach=detach,
             rm=rm,
+            pull=pull,
+            env=tuple(env or ()),
+            env_files=tuple(env_file or ()),
+            secrets=tuple(secret or ()),
         )
         raise typer.Exit(runcmd.execute(req, json_mode))
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-_VALUE_OPTIONS = {"--image": "image", "--profile": "profile", "--name": "name"}
+_VALUE_OPTIONS = {"--image": "image", "--profile": "profile", "--name": "name", "--pull": "pull"}
 _FLAGS = {
     "--interactive": "interactive",
     "-i": "interactive",
@@ -77,6 +77,7 @@ def parse_fields(args: Sequence[str]) -> dict[str, Any] | None:
         "image": values["image"],
         "name": values.get("name"),
         "profile": values.get("profile"),
+        "pull": values.get("pull"),
         "command": command,
         "interactive": "interactive" in flags,
         "tty": "tty" in flags,

@@ -92,6 +92,15 @@ def run(fields: dict[str, Any], announce: Announce) -> int | None:
     and return the exit status; None, with nothing done, if the full path must run it."""
     if not fields["rm"] or fields["tty"] or fields["detach"] or fields["profile"] is None:
         return None
+    try:
+        pull = runline.pull_policy(fields.get("pull"))
+    except LinpodxError:
+        return None  # the full path refuses it with the same words
+    if runline.create_pull(pull) != pull:
+        # `always`/`newer`: linpodx pulls first, with podman's progress on stderr (the full
+        # path). With `missing`, podman's run pulls an image it does not have by itself.
+        return None
+    fields = {**fields, "pull": pull}
     plan = plans.load(fields["profile"])
     podman = proc.which("podman")
     if plan is None or podman is None:
@@ -186,6 +195,7 @@ def _locked(
             mount_gate=mountpin.gate_path(where) if pins else None,
             resolv_conf=resolv,
             pidfile=pidfile,
+            pull=runline.create_pull(fields["pull"]),
             rm=True,
             interactive=fields["interactive"],
             tty=False,
@@ -270,6 +280,7 @@ def _go_on(
         tty=False,
         detach=False,
         rm=True,
+        pull=fields["pull"],
     )
     global finished
     what, failed = failure
