@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("run")
     def run_cmd(
-        image: Annotated[str, typer.Option("--image", help="Image in this user's store.")],
+        image: Annotated[
+            str, typer.Option("--image", help="Image to run (pulled if missing: see --pull).")
+        ],
         command: Annotated[
             list[str] | None,
             typer.Argument(help="Command and arguments, after `--`.", show_default=False),
