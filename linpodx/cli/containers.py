@@ -112,37 +112,9 @@ def register(app: typer.Typer) -> None:
         json_mode: JsonOpt = False,
     ) -> None:
         """List linpodx containers: name, profile, revision, state, egress."""
-        from linpodx import containers
+        from linpodx.cli import pscmd
 
-        def render(rows: list[dict[str, Any]]) -> None:
-            from linpodx.output import safe_text
-
-            cols = ("name", "profile", "revision", "state", "egress")
-            widths = {c: max([len(c)] + [len(safe_text(str(r[c]))) for r in rows]) for c in cols}
-            typer.echo("  ".join(c.upper().ljust(widths[c]) for c in cols).rstrip())
-            for r in rows:
-                typer.echo(
-                    "  ".join(safe_text(str(r[c])).ljust(widths[c]) for c in cols).rstrip()
-                )
-
-        def listing() -> list[dict[str, Any]]:
-            from linpodx.output import note, safe_text
-            from linpodx.snapshot import journal
-
-            rows = containers.ps(all_states)
-            for line in journal.interrupted_notes():
-                note(safe_text(line))
-            for r in rows:
-                if "renamed_from" in r:
-                    note(
-                        f"note: {safe_text(r['name'])} was renamed outside linpodx (linpodx "
-                        f"created it as {safe_text(r['renamed_from'])}); run `podman rename "
-                        f"{safe_text(r['name'])} {safe_text(r['renamed_from'])}` before linpodx "
-                        "commands act on it"
-                    )
-            return rows
-
-        run_command("ps", json_mode, listing, render)
+        raise typer.Exit(pscmd.execute(all_states, json_mode))
 
     @app.command("start")
     def start_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:

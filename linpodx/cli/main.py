@@ -211,6 +211,11 @@ def _main(args: list[str]) -> int | LinpodxError:
     if args == ["--version"]:
         version_cmd()  # without building the app: as quick as `podman --version`
         return 0
+    if args in ([], ["-h"], ["--help"], ["help"]) and not os.environ.get("_LINPODX_COMPLETE"):
+        text = _stored_root_help()
+        if text is not None:
+            sys.stdout.write(text)
+            return 0
     # SIGTERM and SIGHUP unwind like Ctrl-C (see `Terminated`); commands that wait on a child
     # or serve a session put their own handlers in place meanwhile and restore these.
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -232,6 +237,13 @@ def _main(args: list[str]) -> int | LinpodxError:
                     from linpodx.cli import runcmd
 
                     return runcmd.execute(runcmd.request(fields))
+            if command == "ps":
+                # typer costs more than `podman ps` itself: plain forms skip it (`pscmd`).
+                from linpodx.cli import pscmd
+
+                plain = pscmd.parse(args[1:])
+                if plain is not None:
+                    return pscmd.execute(*plain)
             if command == "help" and "--man" not in args and not _asks_help(args[1:]):
                 # `linpodx help sandbox apply` is `linpodx sandbox apply --help`.
                 args = [*args[1:], "--help"]
@@ -264,6 +276,24 @@ def _main(args: list[str]) -> int | LinpodxError:
     except Exception as exc:
         return _click_failure(exc)
     return rv if isinstance(rv, int) else 0
+
+
+def _stored_root_help() -> str | None:
+    """`linpodx --help` as typer would print it, rendered in advance (`roothelp.txt`, made by
+    `python -m linpodx.cli.surface`; tests/unit/test_cli_surface.py holds it current): typer and
+    every command module cost ~0.3 s to import, `podman --help` takes ~0.03 s. None where it
+    would not be what typer prints: a terminal narrower than the text was rendered for."""
+    try:
+        columns = int(os.environ.get("COLUMNS") or 0) or os.get_terminal_size(1).columns
+    except (OSError, ValueError):
+        columns = 80  # not a terminal: click renders 80 wide too
+    if columns < 80:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(__file__), "roothelp.txt"), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _asks_help(args: list[str]) -> bool:

@@ -17,6 +17,7 @@ typer ≥0.29 vendors its own copy of click (`typer._click`), older releases use
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
@@ -242,6 +243,38 @@ def man_page(root: Any, version: str) -> str:
     return "\n".join(out)
 
 
+ROOT_HELP_WIDTH = 80
+"""The terminal width `roothelp.txt` is rendered for (click's widest: it wraps at 78)."""
+
+
+def root_help_text(root: Any) -> str:
+    """`linpodx --help` as click prints it on a terminal at least ROOT_HELP_WIDTH wide (or
+    into a pipe)."""
+    settings = {**(root.context_settings or {}), "terminal_width": ROOT_HELP_WIDTH}
+    ctx = type(root).context_class(root, info_name=PROG, **settings)
+    return str(root.get_help(ctx)) + "\n"
+
+
+def refresh(repo: Path | None = None) -> list[Path]:
+    """Write the generated files from the help text: linpodx/cli/roothelp.txt and
+    docs/man/linpodx.1 (in a source checkout). `python -m linpodx.cli.surface` runs it."""
+    from linpodx import __version__
+    from linpodx.cli import main
+
+    root = main.command_tree(None)
+    here = Path(__file__).resolve().parent
+    repo = repo or here.parents[1]
+    done = []
+    for path, text in (
+        (here / "roothelp.txt", root_help_text(root)),
+        (repo / "docs" / "man" / "linpodx.1", man_page(root, __version__)),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        done.append(path)
+    return done
+
+
 def completion_script(shell: str) -> str:
     """The script that makes `shell` complete linpodx's commands and options."""
     from typer._completion_shared import get_completion_script
@@ -313,3 +346,8 @@ def register(app: typer.Typer) -> None:
         """Print the shell completion script for bash, zsh or fish (`source <(linpodx
         completion bash)`, or save it where the shell loads completions from)."""
         main.completion_cmd(shell)
+
+
+if __name__ == "__main__":
+    for written in refresh():
+        print(written)

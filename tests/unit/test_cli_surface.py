@@ -120,3 +120,31 @@ def test_the_man_page_is_current(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_man_page_escapes_roff() -> None:
     assert surface._roff(".TH x\n'y -z \\ …") == "\\&.TH x \\&'y \\-z \\e \\[u2026]"
+
+
+ROOT_HELP = ROOT / "linpodx" / "cli" / "roothelp.txt"
+
+
+def test_the_stored_root_help_is_what_typer_prints(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = ROOT_HELP.read_text()
+    assert stored == surface.root_help_text(cli_main.command_tree(None)), (
+        "linpodx/cli/roothelp.txt is out of date: run `python -m linpodx.cli.surface`"
+    )
+    monkeypatch.setenv("COLUMNS", "80")
+    for args in ([], ["-h"], ["--help"], ["help"]):
+        assert run(capsys, *args) == (0, stored, "")
+    # typer's own rendering, the stored text left aside: the same.
+    monkeypatch.setattr(cli_main, "_stored_root_help", lambda: None)
+    for args in ([], ["--help"]):
+        assert run(capsys, *args) == (0, stored, "")
+
+
+def test_a_narrow_terminal_gets_typers_own_wrapping(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    rc, out, _ = run(capsys, "--help")
+    assert rc == 0 and out != ROOT_HELP.read_text()
+    assert max(len(line) for line in out.splitlines()) <= 60

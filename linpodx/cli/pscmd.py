@@ -1,0 +1,77 @@
+"""`linpodx ps`'s body, for typer's command and for the plain forms `linpodx.cli.main` parses
+itself (`parse`): `ps`, `ps -a`/`--all`, `ps --json`.
+
+typer costs ~0.3 s before a command runs (its import, and a pydantic adapter built for every
+parameter), more than `podman ps` itself takes; `linpodx ps` is what people and scripts run
+to see what is running, so its plain forms skip typer (bench/bench_cli.py: at most 2x
+`podman ps --filter label=…`). Anything else (`--help`, an unknown option) goes through typer,
+which stays the one place for help and usage errors. One body, so both parsers list alike.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from linpodx.errors import CommandFailed, LinpodxError
+from linpodx.output import envelope, note, print_json, safe_text
+
+COLUMNS = ("name", "profile", "revision", "state", "egress")
+_FLAGS = {"-a": "all", "--all": "all", "--json": "json"}
+
+
+def parse(args: Sequence[str]) -> tuple[bool, bool] | None:
+    """(all states, JSON) for `ps ARGS…` (ARGS after the word `ps`), or None to let typer
+    parse it."""
+    seen: set[str] = set()
+    for arg in args:
+        what = _FLAGS.get(arg)
+        if what is None or what in seen:
+            return None
+        seen.add(what)
+    return "all" in seen, "json" in seen
+
+
+def listing(all_states: bool) -> list[dict[str, Any]]:
+    """The rows, with notes on stderr about interrupted rollbacks and renamed containers."""
+    from linpodx import containers
+    from linpodx.snapshot import journal
+
+    rows = containers.ps(all_states)
+    for line in journal.interrupted_notes():
+        note(safe_text(line))
+    for r in rows:
+        if "renamed_from" in r:
+            note(
+                f"note: {safe_text(r['name'])} was renamed outside linpodx (linpodx "
+                f"created it as {safe_text(r['renamed_from'])}); run `podman rename "
+                f"{safe_text(r['name'])} {safe_text(r['renamed_from'])}` before linpodx "
+                "commands act on it"
+            )
+    return rows
+
+
+def render(rows: list[dict[str, Any]]) -> None:
+    """The table: one line per container, control characters escaped."""
+    widths = {c: max([len(c)] + [len(safe_text(str(r[c]))) for r in rows]) for c in COLUMNS}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in COLUMNS).rstrip()]
+    lines += [
+        "  ".join(safe_text(str(r[c])).ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+
+
+def execute(all_states: bool, json_mode: bool) -> int:
+    """List, then print the table or the `--json` envelope; a failure leaves as
+    CommandFailed (printed by `linpodx.cli.main`'s one error boundary)."""
+    try:
+        rows = listing(all_states)
+    except LinpodxError as err:
+        raise CommandFailed("ps", json_mode, err) from None
+    if json_mode:
+        print_json(envelope("ps", rows))
+    else:
+        render(rows)
+    return 0
