@@ -33,14 +33,32 @@ def parse(args: Sequence[str]) -> tuple[bool, bool] | None:
     return "all" in seen, "json" in seen
 
 
+def _rollbacks_journaled() -> bool:
+    """Whether any rollback journal is there for `journal.interrupted_notes` to read (the
+    snapshot modules cost more to import than the rest of `ps`; almost always there is none)."""
+    import os
+
+    from linpodx import paths
+
+    where = os.path.dirname(paths.rollback_journal("x"))
+    try:
+        return any(n.endswith(".json") for n in os.listdir(where))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: the journal's reader says why
+
+
 def listing(all_states: bool) -> list[dict[str, Any]]:
     """The rows, with notes on stderr about interrupted rollbacks and renamed containers."""
     from linpodx import containers
-    from linpodx.snapshot import journal
 
     rows = containers.ps(all_states)
-    for line in journal.interrupted_notes():
-        note(safe_text(line))
+    if _rollbacks_journaled():
+        from linpodx.snapshot import journal
+
+        for line in journal.interrupted_notes():
+            note(safe_text(line))
     for r in rows:
         if "renamed_from" in r:
             note(
