@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from linpodx import paths
+from linpodx import containers, paths
 from tests.conftest import BUSYBOX_IMAGE, run_linpodx
 
 pytestmark = pytest.mark.podman
@@ -85,6 +85,11 @@ def test_a_container_gets_its_values_and_nothing_else_keeps_them(
     assert spec["secrets"] == [f"{secret_name},type=env,target=GH_TOKEN"]
     audit = (state / "audit" / "admin.jsonl").read_text()
     assert '"env_keys"' in audit and secret_name in audit
+    # podman keeps the values (its own `inspect` shows them); linpodx's does not.
+    info = containers.inspect(unique_name)
+    env = info["Config"]["Env"]
+    assert f"API_KEY={containers.manage.REDACTED}" in env and "HOME=/home/agent" in env
+    assert not [v for v in VALUES if v in json.dumps(info)]
     assert run_linpodx("rm", "-f", unique_name).returncode == 0
 
 
