@@ -62,6 +62,9 @@ def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.delenv("LINPODX_STATE_DIR", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
+    # `run` pulls a missing image by default: tests never reach a registry (a test of a
+    # missing image would ask docker.io). Tests of `--pull` give it explicitly.
+    monkeypatch.setenv("LINPODX_PULL", "never")
     return home
 
 

@@ -37,6 +37,8 @@ def new_app(help_text: str) -> typer.Typer:
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
         add_completion=False,
+        # `-h` as well as `--help`, on every command (click passes it down to subcommands).
+        context_settings={"help_option_names": ["-h", "--help"]},
     )
 
 

@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("run")
     def run_cmd(
-        image: Annotated[str, typer.Option("--image", help="Image in this user's store.")],
+        image: Annotated[
+            str, typer.Option("--image", help="Image to run (pulled if missing: see --pull).")
+        ],
         command: Annotated[
             list[str] | None,
             typer.Argument(help="Command and arguments, after `--`.", show_default=False),
@@ -40,6 +42,46 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--detach", "-d", help="Start in the background.")
         ] = False,
         rm: Annotated[bool, typer.Option("--rm", help="Remove it when its command exits.")] = False,
+        pull: Annotated[
+            str | None,
+            typer.Option(
+                "--pull",
+                metavar="POLICY",
+                help="Pull the image: missing (default; LINPODX_PULL changes it), never, "
+                "always or newer.",
+                show_default=False,
+            ),
+        ] = None,
+        env: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--env",
+                "-e",
+                metavar="KEY[=VALUE]",
+                help="Set a variable in the container (KEY alone: this environment's value). "
+                "Values are never stored, audited or put on podman's command line.",
+                show_default=False,
+            ),
+        ] = None,
+        env_file: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--env-file",
+                metavar="FILE",
+                help="Read variables from FILE (KEY=VALUE lines, as podman's --env-file).",
+                show_default=False,
+            ),
+        ] = None,
+        secret: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--secret",
+                metavar="NAME[,type=env][,target=T]",
+                help="Give the container a podman secret (`podman secret create`): a file in "
+                "/run/secrets, or with type=env a variable.",
+                show_default=False,
+            ),
+        ] = None,
         json_mode: JsonOpt = False,
     ) -> None:
         """Run IMAGE in a hardened container under a profile: `linpodx run --image I -- CMD…`."""
@@ -55,6 +97,10 @@ def register(app: typer.Typer) -> None:
             tty=tty,
             detach=detach,
             rm=rm,
+            pull=pull,
+            env=tuple(env or ()),
+            env_files=tuple(env_file or ()),
+            secrets=tuple(secret or ()),
         )
         raise typer.Exit(runcmd.execute(req, json_mode))
 
@@ -67,41 +113,9 @@ def register(app: typer.Typer) -> None:
         json_mode: JsonOpt = False,
     ) -> None:
         """List linpodx containers: name, profile, revision, state, egress."""
-        from linpodx import containers
+        from linpodx.cli import pscmd
 
-        def render(result: dict[str, Any]) -> None:
-            from linpodx.output import print_lines, safe_text
-
-            rows = result["containers"]
-            if quiet:
-                # Names, not podman's short ids: every linpodx command takes a name.
-                print_lines(r["name"] for r in rows)
-                return
-            cols = ("name", "profile", "revision", "state", "egress")
-            cells = [{c: safe_text("-" if r[c] is None else str(r[c])) for c in cols} for r in rows]
-            widths = {c: max([len(c)] + [len(row[c]) for row in cells]) for c in cols}
-            typer.echo("  ".join(c.upper().ljust(widths[c]) for c in cols).rstrip())
-            for row in cells:
-                typer.echo("  ".join(row[c].ljust(widths[c]) for c in cols).rstrip())
-
-        def listing() -> dict[str, Any]:
-            from linpodx.output import note, safe_text
-            from linpodx.snapshot import journal
-
-            rows = containers.ps(all_states)
-            for line in journal.interrupted_notes():
-                note(safe_text(line))
-            for r in rows:
-                if "renamed_from" in r:
-                    note(
-                        f"note: {safe_text(r['name'])} was renamed outside linpodx (linpodx "
-                        f"created it as {safe_text(r['renamed_from'])}); run `podman rename "
-                        f"{safe_text(r['name'])} {safe_text(r['renamed_from'])}` before linpodx "
-                        "commands act on it"
-                    )
-            return {"containers": rows}
-
-        run_command("ps", json_mode, listing, render)
+        raise typer.Exit(pscmd.execute(all_states, json_mode, quiet))
 
     @app.command("start")
     def start_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:

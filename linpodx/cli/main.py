@@ -17,6 +17,7 @@ from linpodx.errors import (
     CommandFailed,
     LinpodxError,
     Terminated,
+    UsageError,
     raise_terminated,
     terminated_error,
 )
@@ -32,6 +33,7 @@ from linpodx.output import (
 TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
     import typer
 
@@ -55,12 +57,34 @@ _TOP_LEVEL = {
 
 
 def version_cmd() -> None:
-    """Print the linpodx version."""
+    """Print the linpodx version (also `linpodx --version`)."""
     print(f"linpodx {__version__}")
 
 
-def _root() -> None:
-    pass
+def help_cmd(words: list[str] | None = None, man: bool = False) -> int:
+    """Show the help of a command (`linpodx help sandbox apply`), or with --man the man page."""
+    if man:
+        from linpodx.cli import surface
+
+        sys.stdout.write(surface.man_page(command_tree(None), __version__))
+        return 0
+    rc = _main([*(words or []), "--help"])
+    return rc.exit_code if isinstance(rc, LinpodxError) else rc
+
+
+def completion_cmd(shell: str) -> None:
+    """Print the shell completion script for bash, zsh or fish (e.g. `source <(linpodx
+    completion bash)`, or save it where the shell loads completions from)."""
+    from linpodx.cli import surface
+
+    if shell not in surface.SHELLS:
+        raise UsageError(
+            f"no completion for shell {shell!r}", f"use one of {', '.join(surface.SHELLS)}"
+        )
+    sys.stdout.write(surface.completion_script(shell).rstrip("\n") + "\n")
+
+
+_CONVENTIONS = ("version", "help", "completion")
 
 
 def build_app(command: str | None = None) -> typer.Typer:
@@ -71,11 +95,8 @@ def build_app(command: str | None = None) -> typer.Typer:
     from linpodx.cli.common import new_app
 
     app = new_app(HELP)
-    # A callback keeps typer in group mode even when only one command is registered (otherwise
-    # `linpodx version` would be parsed as `version` being an argument of the sole command).
-    app.callback()(_root)
     known = (
-        command == "version"
+        command in _CONVENTIONS
         or command in _GROUPS
         or any(command in names for names in _TOP_LEVEL.values())
     )
@@ -85,17 +106,20 @@ def build_app(command: str | None = None) -> typer.Typer:
     for name, module in _GROUPS.items():
         if not known or command == name:
             app.add_typer(importlib.import_module(module).app, name=name)
-    app.command("version")(version_cmd)
+    from linpodx.cli import surface
+
+    surface.register(app)  # `--version`, `version`, `help`, `completion`: last in the list
     return app
 
 
-def _kind(exc: BaseException) -> set[str]:
-    """Names in the exception's class hierarchy.
+def command_tree(command: str | None) -> Any:
+    """The click command of `build_app(command)`, with linpodx's help conventions
+    (`surface.tidy`)."""
+    import typer
 
-    typer ≥0.29 vendors its own copy of click (`typer._click`) while older releases use click
-    itself; matching by class name handles both without importing a private module.
-    """
-    return {cls.__name__ for cls in type(exc).__mro__}
+    from linpodx.cli import surface
+
+    return surface.tidy(typer.main.get_command(build_app(command)))
 
 
 # OSError numbers that say something about the machine (space, permissions, what a path is),
@@ -202,6 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: list[str]) -> int | LinpodxError:
     """`main` without the `--json` last resort; a failure is returned as the error it is."""
     command = args[0] if args and not args[0].startswith("-") else None
+    if args == ["--version"]:
+        version_cmd()  # without building the app: as quick as `podman --version`
+        return 0
+    if args in ([], ["-h"], ["--help"], ["help"]) and not os.environ.get("_LINPODX_COMPLETE"):
+        text = _stored_root_help()
+        if text is not None:
+            sys.stdout.write(text)
+            return 0
     # SIGTERM and SIGHUP unwind like Ctrl-C (see `Terminated`); commands that wait on a child
     # or serve a session put their own handlers in place meanwhile and restore these.
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -223,8 +255,22 @@ def _main(args: list[str]) -> int | LinpodxError:
                     from linpodx.cli import runcmd
 
                     return runcmd.execute(runcmd.request(fields))
-            app = build_app(command)
-            rv = app(args=args, prog_name="linpodx", standalone_mode=False)
+            if command == "ps":
+                # typer costs more than `podman ps` itself: plain forms skip it (`pscmd`).
+                from linpodx.cli import pscmd
+
+                plain = pscmd.parse(args[1:])
+                if plain is not None:
+                    return pscmd.execute(*plain)
+            if command == "help" and "--man" not in args and not _asks_help(args[1:]):
+                # `linpodx help sandbox apply` is `linpodx sandbox apply --help`.
+                args = [*args[1:], "--help"]
+                command = args[0] if not args[0].startswith("-") else None
+            if os.environ.get("_LINPODX_COMPLETE"):
+                from linpodx.cli import surface
+
+                surface.init_completion()  # then click answers the shell and exits
+            rv = command_tree(command).main(args=args, prog_name="linpodx", standalone_mode=False)
         except CommandFailed as failed:
             # Inside the outer `try`: printing it can fail as the command's own output can.
             return _report(failed)
@@ -246,36 +292,63 @@ def _main(args: list[str]) -> int | LinpodxError:
             print_error(err)
         return err
     except Exception as exc:
-        kind = _kind(exc)
-        if "NoArgsIsHelpError" in kind:
-            # A group called without a subcommand: its help is what the person wants to see.
-            ctx = getattr(exc, "ctx", None)
-            sys.stdout.write((ctx.get_help() if ctx is not None else str(exc)) + "\n")
-            return 0
-        if "UsageError" in kind:
-            ctx = getattr(exc, "ctx", None)
-            cmd = ctx.command_path if ctx is not None else "linpodx"
-            usage = LinpodxError(
-                exc.format_message(),  # type: ignore[attr-defined]
-                f"run `{cmd} --help` for usage",
-                exit_code=EXIT_USAGE,
-            )
-            print_error(usage)
-            return usage
-        if "Exit" in kind:
-            return int(getattr(exc, "exit_code", 0))
-        if "Abort" in kind:
-            sys.stderr.write("error: aborted\n")
-            return EXIT_INTERRUPTED
-        if "ClickException" in kind:
-            click_err = LinpodxError(
-                exc.format_message(),  # type: ignore[attr-defined]
-                exit_code=int(getattr(exc, "exit_code", 1)),
-            )
-            print_error(click_err)
-            return click_err
-        return _bug(exc)
+        return _click_failure(exc)
     return rv if isinstance(rv, int) else 0
+
+
+def _stored_root_help() -> str | None:
+    """`linpodx --help` as typer would print it, rendered in advance (`roothelp.txt`, made by
+    `python -m linpodx.cli.surface`; tests/unit/test_cli_surface.py holds it current): typer and
+    every command module cost ~0.3 s to import, `podman --help` takes ~0.03 s. None where it
+    would not be what typer prints: a terminal narrower than the text was rendered for."""
+    try:
+        columns = int(os.environ.get("COLUMNS") or 0) or os.get_terminal_size(1).columns
+    except (OSError, ValueError):
+        columns = 80  # not a terminal: click renders 80 wide too
+    if columns < 80:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(__file__), "roothelp.txt"), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _asks_help(args: list[str]) -> bool:
+    return any(a in ("-h", "--help") for a in (args[: args.index("--")] if "--" in args else args))
+
+
+def _click_failure(exc: Exception) -> int | LinpodxError:
+    """What click's own exceptions mean for linpodx (anything else is a bug)."""
+    import typer
+
+    from linpodx.cli import surface
+
+    click = surface.click_exceptions()
+    if isinstance(exc, click.NoArgsIsHelpError):
+        # A group called without a subcommand: its help is what the person wants to see.
+        ctx = getattr(exc, "ctx", None)
+        sys.stdout.write((ctx.get_help() if ctx is not None else str(exc)) + "\n")
+        return 0
+    if isinstance(exc, click.UsageError):
+        ctx = exc.ctx
+        cmd = ctx.command_path if ctx is not None else "linpodx"
+        message = exc.format_message()
+        if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
+            message = surface.bad_value(exc) or message
+        usage = LinpodxError(message, f"run `{cmd} --help` for usage", exit_code=EXIT_USAGE)
+        print_error(usage)
+        return usage
+    if isinstance(exc, (typer.Exit, getattr(click, "Exit", typer.Exit))):
+        return int(getattr(exc, "exit_code", 0))
+    if isinstance(exc, (typer.Abort, getattr(click, "Abort", typer.Abort))):
+        sys.stderr.write("error: aborted\n")
+        return EXIT_INTERRUPTED
+    if isinstance(exc, click.ClickException):
+        click_err = LinpodxError(exc.format_message(), exit_code=int(exc.exit_code))
+        print_error(click_err)
+        return click_err
+    return _bug(exc)
 
 
 def _report(failed: CommandFailed) -> int:

@@ -30,6 +30,7 @@ def request(fields: PlainRun) -> RunRequest:
         image=fields.image,
         name=fields.name,
         profile=fields.profile,
+        pull=fields.pull,
         command=fields.command,
         interactive=fields.interactive,
         tty=fields.tty,

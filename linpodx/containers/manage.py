@@ -336,9 +336,39 @@ def ps(all_states: bool) -> list[dict[str, Any]]:
     return rows
 
 
+REDACTED = "(set by run -e/--env-file/--secret; not shown)"
+
+
+def _secret_variable(secret: str) -> str:
+    """The variable a `NAME,type=env[,target=VAR]` secret sets (VAR, else NAME)."""
+    name, _, options = secret.partition(",")
+    for option in options.split(","):
+        if option.startswith("target="):
+            return option[len("target=") :]
+    return name
+
+
 def inspect(name: str) -> dict[str, Any]:
-    """`podman inspect` of a linpodx container (refuses others)."""
-    return managed_info(name)
+    """`podman inspect` of a linpodx container (refuses others), without the values of the
+    run's own variables (`run -e`/`--env-file`: their names are in the run spec), which podman
+    keeps and shows as it shows the profile's, nor of `--secret …,type=env` variables."""
+    info = managed_info(name)
+    keys: set[str] | None
+    try:
+        spec = load_spec(name)
+        keys = {str(k) for k in spec.get("env_keys") or ()}
+        # podman shows a `type=env` secret's value there too (podman 4.3 does).
+        keys |= {_secret_variable(str(s)) for s in spec.get("secrets") or () if ",type=env" in s}
+    except LinpodxError:
+        keys = None  # which variables were the run's cannot be told: no value is shown
+    env = (info.get("Config") or {}).get("Env")
+    if isinstance(env, list) and keys != set():
+        shown = []
+        for entry in env:
+            key = str(entry).partition("=")[0]
+            shown.append(f"{key}={REDACTED}" if keys is None or key in keys else entry)
+        info["Config"]["Env"] = shown
+    return info
 
 
 def logs(name: str, follow: bool) -> int:

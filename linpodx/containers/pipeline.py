@@ -25,9 +25,17 @@ from pathlib import Path
 from linpodx import events, namelock
 from linpodx.containers import bringup, request
 from linpodx.containers.bringup import bring_up, cleanup, pin_mounts
-from linpodx.containers.plan import fields, make_spec, needs_guard, one_call, run_record
+from linpodx.containers.plan import (
+    fields,
+    make_spec,
+    needs_guard,
+    one_call,
+    run_env,
+    run_record,
+)
 from linpodx.containers.record import Outcome, emit, recorded
 from linpodx.containers.request import Announce, ContainerInfo, RunRequest
+from linpodx.containers.runenv import RunEnv, env_fd
 from linpodx.containers.runner import podman
 from linpodx.containers.state import (
     forget,
@@ -53,7 +61,7 @@ from linpodx.podman.argv import (
     build_run_argv,
     profile_flags,
 )
-from linpodx.proc import Child
+from linpodx.proc import Child, lending
 from linpodx.profile.model import BUILTIN_ID, ProfileRef
 
 
@@ -77,15 +85,17 @@ def save_plan(ref: ProfileRef) -> None:
         )
 
 
-def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -> ContainerInfo:
+def create_and_start(
+    spec: CreateSpec, ref: ProfileRef, *, start: bool = True, env: RunEnv | None = None
+) -> ContainerInfo:
     """Create a hardened container for `spec` and start it (or leave it ready for an attached
     start when `start` is False). Audited first; nothing is left behind on failure. The name's
-    lock is held throughout (`lock_name`)."""
+    lock is held throughout (`lock_name`). `env`: the run's own variables (`runenv`)."""
     with (
         lock_name(spec.name),
         recorded("container.run", spec.name, run_record(spec, ref)) as outcome,
     ):
-        info = _create(spec, ref, start=start, outcome=outcome)
+        info = _create(spec, ref, start=start, outcome=outcome, env=env or RunEnv())
     if spec.rm:
         # Such a container's state dir goes with it (`rm_cleanup_flags`), but its hook cannot
         # take the name's lock, so the lock file stays: remove those of earlier ones here.
@@ -93,7 +103,9 @@ def create_and_start(spec: CreateSpec, ref: ProfileRef, *, start: bool = True) -
     return info
 
 
-def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome) -> ContainerInfo:
+def _create(
+    spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome, env: RunEnv
+) -> ContainerInfo:
     """The body of a created run (detached, or attached by the caller): `podman create`, the
     run spec, `$HOME`, then the bring-up (`bringup.bring_up`, without its start if attached)."""
     guarded = needs_guard(ref)
@@ -122,10 +134,16 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
                 bringup.egress_guard().detach(spec.name)
             raise
         spec = CreateSpec(**{**fields(spec), "resolv_conf": str(resolv)})
-    argv = build_create_argv(spec)
     outcome.step = "podman_create"
     try:
-        container_id = podman().create(argv)
+        # The run's own values reach podman through a memory file lent to this one create,
+        # never on its argv (`linpodx.containers.runenv`).
+        with env_fd(env) as fd:
+            if fd is not None:
+                spec = CreateSpec(**{**fields(spec), "env_file": f"/dev/fd/{fd}"})
+            argv = build_create_argv(spec)
+            with lending(*(() if fd is None else (fd,))):
+                container_id = podman().create(argv)
     except BaseException as exc:
         if guarded:
             with contextlib.suppress(Exception):
@@ -174,28 +192,34 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
 def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
     """`linpodx run`: resolve the profile, build the spec, create and (unless it will be attached)
     start. The caller runs `attached_start` for foreground runs."""
-    spec, ref = _planned(req)
-    info = create_and_start(spec, ref, start=req.detach)
+    spec, ref, env = _planned(req)
+    info = create_and_start(spec, ref, start=req.detach, env=env)
     return info, spec
 
 
-def _planned(req: RunRequest) -> tuple[CreateSpec, ProfileRef]:
-    """The plan of a full-path run: its revision, its CreateSpec on this host, and no rollback
-    of the name under way (all before anything is recorded)."""
+def _planned(req: RunRequest) -> tuple[CreateSpec, ProfileRef, RunEnv]:
+    """The plan of a full-path run: its revision, its own environment, its CreateSpec on this
+    host, no rollback of the name under way, then the image pulled if `--pull` says so (all
+    before the run is recorded; a pull is recorded on its own, `images.ensure`)."""
+    from linpodx.containers import images
+    from linpodx.podman.runline import pull_policy
+
     ref = request.resolve_profile(req.profile)
-    spec = make_spec(req, ref)
+    env = run_env(req, ref)
+    spec = make_spec(req, ref, env=env)
     refuse_if_rolling_back(spec.name)
-    return spec, ref
+    images.ensure(spec.image, pull_policy(req.pull))
+    return spec, ref, env
 
 
 def run_foreground(req: RunRequest, announce: Announce) -> int:
     """`linpodx run` without --detach: create, `announce` the container, run it attached to this
     terminal and return its exit status. --rm runs without a TTY take one `podman run`
     (`one_call`); the others create, announce, then `podman start --attach`."""
-    spec, ref = _planned(req)
+    spec, ref, env = _planned(req)
     if one_call(spec):
         return _run_once(spec, ref, announce)
-    info = create_and_start(spec, ref, start=False)
+    info = create_and_start(spec, ref, start=False, env=env)
     # The mounts were checked and pinned by create_and_start (`bring_up`) just now, and the
     # gate left open for this start (its hook closes it; closed here too, whatever happened).
     mounts = mountpin.flags_of(str(spec_dir(info.name)))

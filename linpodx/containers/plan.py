@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from linpodx.containers.request import RunRequest
+from linpodx.containers.runenv import RunEnv
 from linpodx.errors import (
     InvalidInput,
 )
@@ -18,7 +19,7 @@ from linpodx.podman.argv import (
     CreateSpec,
     HostLimits,
 )
-from linpodx.podman.runline import validate_image, validate_name
+from linpodx.podman.runline import create_pull, pull_policy, validate_image, validate_name
 from linpodx.profile import hostpaths
 from linpodx.profile.model import ProfileRef
 
@@ -61,13 +62,32 @@ def unapplied_limits(ref: ProfileRef) -> list[str]:
     )
 
 
-def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = None) -> CreateSpec:
+def run_env(req: RunRequest, ref: ProfileRef) -> RunEnv:
+    """The run's `-e`/`--env-file`/`--secret` (`linpodx.containers.runenv`), checked against
+    what the profile sets."""
+    from linpodx.containers import runenv
+    from linpodx.profile import HOME_DIR
+
+    reserved = {"HOME": f"linpodx (HOME={HOME_DIR})"}
+    reserved.update({k: f"profile {ref.name}" for k in ref.profile.env})
+    return runenv.resolve(req.env, req.env_files, req.secrets, reserved=reserved)
+
+
+def make_spec(
+    req: RunRequest,
+    ref: ProfileRef,
+    *,
+    resolv_conf: str | None = None,
+    env: RunEnv | None = None,
+) -> CreateSpec:
     """The CreateSpec for a run request under a profile revision on this host; the profile's
-    mount sources are checked again (`check_mount_sources`)."""
+    mount sources are checked again (`check_mount_sources`). `env`: the run's own environment
+    (`run_env`); only its names and secret names reach the spec."""
     # An explicit empty --name is a mistake, not a request for a generated name.
     name = f"linpodx-{secrets.token_hex(4)}" if req.name is None else req.name
     validate_name(name)
     validate_image(req.image)
+    pull = create_pull(pull_policy(req.pull))
     check_mount_sources(ref)
     unapplied_limits(ref)
     if req.tty and not req.interactive and not req.detach:
@@ -88,12 +108,16 @@ def make_spec(req: RunRequest, ref: ProfileRef, *, resolv_conf: str | None = Non
         rootless=probe.rootless(),
         resolv_conf=resolv_conf,
         host=host_limits(),
+        pull=pull,
+        env_keys=env.keys if env is not None else (),
+        secrets=env.secrets if env is not None else (),
     )
 
 
 def run_record(spec: CreateSpec, ref: ProfileRef) -> dict[str, Any]:
-    """The `container.run` audit record of a new container."""
-    return runplan.run_record(
+    """The `container.run` audit record of a new container: with the names of the run's own
+    variables and secrets, never their values."""
+    record = runplan.run_record(
         name=spec.name,
         image=spec.image,
         profile=ref.name,
@@ -108,6 +132,13 @@ def run_record(spec: CreateSpec, ref: ProfileRef) -> dict[str, Any]:
             ref.profile.to_dict()["resources"], spec.host.cgroup_limits
         ),
     )
+    if spec.env_keys:
+        record["env_keys"] = list(spec.env_keys)
+    if spec.secrets:
+        # `NAME[,type=…][,target=…]`: names and where podman puts them, never a value; a
+        # rollback gives the new container the same secrets (`spec_from_record`).
+        record["secrets"] = list(spec.secrets)
+    return record
 
 
 def fields(spec: CreateSpec) -> dict[str, Any]:
@@ -118,8 +149,10 @@ def one_call(spec: CreateSpec) -> bool:
     """Whether a foreground run can be one `podman run`: a --rm container (its `$HOME` is a
     tmpfs, nothing to create first) without a TTY (the id is printed while podman already
     runs; on a terminal in raw mode it would not be a clean line). An egress guard is attached
-    by an OCI hook inside that one call (see `pipeline._run_once`)."""
-    return spec.rm and not spec.tty
+    by an OCI hook inside that one call (see `pipeline._run_once`). Not with the run's own
+    variables: their memory file is lent to a `podman create` only, never to a `podman run`,
+    whose conmon would keep it open for the container's life (`proc.lending`)."""
+    return spec.rm and not spec.tty and not spec.env_keys
 
 
 def spec_from_record(
@@ -146,7 +179,22 @@ def spec_from_record(
         rootless=probe.rootless(),
         resolv_conf=doc.get("resolv_conf"),
         host=host_limits(),
+        secrets=_recorded_secrets(doc),
     )
+
+
+def _recorded_secrets(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The podman secrets a recorded container was given, checked again (a run spec is a file
+    in the state dir: nothing in it reaches podman's parser unchecked)."""
+    from linpodx.containers.runenv import parse_secret
+
+    recorded = doc.get("secrets") or []
+    if not isinstance(recorded, list) or not all(isinstance(s, str) for s in recorded):
+        raise InvalidInput(
+            "the run spec's secrets are not a list of strings",
+            "the run spec is damaged; remove the container with `linpodx rm`",
+        )
+    return tuple(parse_secret(s) for s in recorded)
 
 
 def _hostname(name: str) -> str:

@@ -4,7 +4,7 @@ the profile revision it runs under (`resolve_profile`, `profile_by_id`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from linpodx.podman.argv import (
@@ -29,6 +29,14 @@ class RunRequest:
     tty: bool = False
     detach: bool = False
     rm: bool = False
+    pull: str | None = None
+    """`--pull` (None: `LINPODX_PULL`, else `missing`; see `runline.pull_policy`)."""
+    env: tuple[str, ...] = field(default=(), repr=False)
+    """`-e KEY[=VALUE]` as given: values never go further than `linpodx.containers.runenv`."""
+    env_files: tuple[str, ...] = ()
+    """`--env-file FILE`s, read by `linpodx.containers.runenv`."""
+    secrets: tuple[str, ...] = ()
+    """`--secret NAME[,type=mount|env][,target=T]` as given (podman secret names)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-_VALUE_OPTIONS = {"--image": "image", "--profile": "profile", "--name": "name"}
+_VALUE_OPTIONS = {"--image": "image", "--profile": "profile", "--name": "name", "--pull": "pull"}
 _FLAGS = {
     "--interactive": "interactive",
     "-i": "interactive",
@@ -45,11 +45,14 @@ class PlainRun:
     not changed once made. A slotted class, not a dataclass: importing dataclasses would cost
     the fast path its budget (linpodx/fastpath/__init__.py)."""
 
-    __slots__ = ("command", "detach", "image", "interactive", "name", "profile", "rm", "tty")
+    __slots__ = (
+        "command", "detach", "image", "interactive", "name", "profile", "pull", "rm", "tty",
+    )  # fmt: skip
 
     image: str
     name: str | None
     profile: str | None
+    pull: str | None
     command: tuple[str, ...]
     interactive: bool
     tty: bool
@@ -62,6 +65,7 @@ class PlainRun:
         image: str,
         name: str | None,
         profile: str | None,
+        pull: str | None,
         command: tuple[str, ...],
         interactive: bool,
         tty: bool,
@@ -69,13 +73,19 @@ class PlainRun:
         rm: bool,
     ) -> None:
         for field, value in (
-            ("image", image), ("name", name), ("profile", profile), ("command", command),
+            ("image", image), ("name", name), ("profile", profile), ("pull", pull),
+            ("command", command),
             ("interactive", interactive), ("tty", tty), ("detach", detach), ("rm", rm),
         ):  # fmt: skip
             object.__setattr__(self, field, value)
 
     def __setattr__(self, field: str, value: object) -> None:
         raise AttributeError(f"PlainRun is frozen: {field} cannot be set")
+
+    def replace(self, *, pull: str | None) -> PlainRun:
+        """This run with its `--pull` policy settled (the fast path normalises it)."""
+        kept = {f: getattr(self, f) for f in self.__slots__ if f != "pull"}
+        return PlainRun(pull=pull, **kept)
 
     def __repr__(self) -> str:
         return "PlainRun(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__slots__) + ")"
@@ -118,6 +128,7 @@ def parse_fields(args: Sequence[str]) -> PlainRun | None:
         image=values["image"],
         name=values.get("name"),
         profile=values.get("profile"),
+        pull=values.get("pull"),
         command=command,
         interactive="interactive" in flags,
         tty="tty" in flags,

@@ -122,7 +122,17 @@ def run(fields: PlainRun, announce: Announce) -> int | None:
     nothing done, if the full path must run it."""
     if not fields.rm or fields.tty or fields.detach or fields.profile is None:
         return None
-    plan = plans.load(fields.profile)
+    try:
+        pull = runline.pull_policy(fields.pull)
+    except LinpodxError:
+        return None  # the full path refuses it with the same words
+    if runline.create_pull(pull) != pull:
+        # `always`/`newer`: linpodx pulls first, with podman's progress on stderr (the full
+        # path). With `missing`, podman's run pulls an image it does not have by itself.
+        return None
+    profile = fields.profile
+    fields = fields.replace(pull=pull)
+    plan = plans.load(profile)
     podman = proc.which("podman")
     if plan is None or podman is None:
         return None
@@ -206,6 +216,7 @@ def _locked(
             mount_gate=mountpin.gate_path(where) if pins else None,
             resolv_conf=resolv,
             pidfile=pidfile,
+            pull=fields.pull or runline.PULL_DEFAULT,  # settled by `run`: never or missing
             rm=True,
             interactive=fields.interactive,
             tty=False,
@@ -283,6 +294,7 @@ def _go_on(
         tty=False,
         detach=False,
         rm=True,
+        pull=fields.pull,
     )
     global finished
     what, failed = failure

@@ -64,7 +64,7 @@ class CreateSpec:
     audit_hash: str
     """The audit hash of that revision (labels record it)."""
     image: str
-    """Image reference; must already be in this user's store (`--pull=never`)."""
+    """Image reference."""
     name: str
     """Container name (also its hostname)."""
     command: tuple[str, ...] = ()
@@ -81,6 +81,16 @@ class CreateSpec:
     """Host facts (hard limits, cgroup support)."""
     hostname: str | None = None
     """Hostname inside; defaults to `name` (rollback creates under a temp name, same hostname)."""
+    pull: str = "never"
+    """podman's `--pull` (`runline.create_pull`): `never` unless the run asked for a pull,
+    which linpodx has then done before (`linpodx.containers.images`). Rollback never pulls."""
+    env_keys: tuple[str, ...] = ()
+    """Names of the run's own variables (`run -e`/`--env-file`); their values are in no spec,
+    only in the memory file `env_file` names (`linpodx.containers.runenv`)."""
+    env_file: str | None = None
+    """`/dev/fd/N` of the memory file podman reads those values from, while it runs."""
+    secrets: tuple[str, ...] = ()
+    """podman `--secret` values of the run (secret names and targets: never a secret's value)."""
 
 def labels(spec: CreateSpec) -> tuple[tuple[str, str], ...]:
     """The labels every linpodx container carries."""
@@ -105,6 +115,9 @@ def build_create_argv(spec: CreateSpec) -> tuple[str, ...]:
             mount_gate=gate,
             resolv_conf=spec.resolv_conf,
             pidfile=pidfile,
+            pull=spec.pull,
+            env_file=spec.env_file,
+            secrets=spec.secrets,
             rm=spec.rm,
             interactive=spec.interactive,
             tty=spec.tty,

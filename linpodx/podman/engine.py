@@ -42,7 +42,8 @@ def classify_hint(stderr: str, default: str | None = None) -> str | None:
     low = stderr.lower()
     if "image not known" in low or "no such image" in low or "unable to find" in low:
         return (
-            "the image is not in this user's image store (`podman images`); import or pull it "
+            "the image is not in this user's image store (`podman images`); pull it (`linpodx "
+            "run --pull=missing`, the default unless LINPODX_PULL says otherwise) or import it "
             "first (rootless users have their own store)"
         )
     if "already in use" in low:

@@ -162,8 +162,6 @@ def profile_flags(
     # A private IPC namespace (rootful podman's default is "shareable").
     argv.append("--ipc=private")
     argv.append("--systemd=false")
-    # Images come only from this user's store: a missing image is an error, never a pull.
-    argv.append("--pull=never")
     argv.append("--read-only=false")
     if rootless:
         # The person's uid is the agent's uid: files written to writable mounts stay theirs.

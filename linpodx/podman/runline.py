@@ -9,6 +9,7 @@ and only what the `json` module imports anyway (`re`): this module is on the fas
 
 from __future__ import annotations
 
+import os
 import re
 
 from linpodx.errors import InvalidInput
@@ -21,6 +22,11 @@ INIT_PIDFILE = "init.pid"
 init pid there, so the guard's pid needs no `podman inspect`."""
 HOME_TMPFS_SIZE = "512m"
 """Size bound of the tmpfs `$HOME` of `--rm` containers (counted against the memory limit)."""
+
+PULL_POLICIES = ("missing", "never", "always", "newer")
+"""`linpodx run --pull`'s values, podman's own."""
+PULL_DEFAULT = "missing"
+"""As podman's; `LINPODX_PULL` changes it (the test suite and air-gapped hosts set `never`)."""
 
 # podman's own rule for container names, capped so the name also fits as a hostname.
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")
@@ -47,6 +53,28 @@ def validate_image(image: str) -> str:
             "give an image like localhost/NAME:TAG (see `podman images`)",
         )
     return image
+
+
+def pull_policy(policy: str | None) -> str:
+    """The pull policy of a run: `policy` (`--pull`), else `LINPODX_PULL`, else `missing`;
+    InvalidInput for anything but podman's four."""
+    if policy is None:
+        policy = os.environ.get("LINPODX_PULL") or PULL_DEFAULT
+        where = "LINPODX_PULL"
+    else:
+        where = "--pull"
+    if policy not in PULL_POLICIES:
+        raise InvalidInput(
+            f"invalid {where} value: {policy!r}", f"use one of {', '.join(PULL_POLICIES)}"
+        )
+    return policy
+
+
+def create_pull(policy: str) -> str:
+    """The `--pull` podman's create (or one-call run) gets for a run's policy: `never` stays
+    `never`; any other pull was done before, by linpodx (`linpodx.containers.images`), with
+    podman's progress on stderr, so create only pulls again if the image went away since."""
+    return "never" if policy == "never" else "missing"
 
 
 def hostname_for(name: str) -> str:
@@ -80,17 +108,31 @@ def tail(
     mount_gate: str | None,
     resolv_conf: str | None,
     pidfile: str | None,
+    pull: str,
+    env_file: str | None = None,
+    secrets: tuple[str, ...] = (),
     rm: bool,
     interactive: bool,
     tty: bool,
     image: str,
     command: tuple[str, ...],
 ) -> list[str]:
-    """What follows the profile's flags: the mount gate (`linpodx.podman.mountpin`, for a
+    """What follows the profile's flags: podman's `--pull` (`create_pull` of the run's
+    policy), the run's own environment (`env_file`: a `/dev/fd/N` path podman reads the
+    `-e`/`--env-file` values from, never the values themselves: see
+    `linpodx.containers.runenv`) and podman secrets (`secrets`: `--secret` values, names and
+    targets only), the mount gate (`linpodx.podman.mountpin`, for a
     profile with mounts), the guard's resolv.conf and pid file, the `--rm` container's tmpfs
     `$HOME`, the terminal flags, the image and the command."""
     validate_image(image)
-    argv: list[str] = []
+    if pull not in ("never", "missing"):
+        raise InvalidInput(f"invalid pull for podman create: {pull!r}", "use never or missing")
+    argv: list[str] = [f"--pull={pull}"]
+    if env_file is not None:
+        if not env_file.startswith("/dev/fd/") or not env_file[8:].isdigit():
+            raise InvalidInput(f"invalid env file for podman: {env_file!r}", "a bug in linpodx")
+        argv.append(f"--env-file={env_file}")
+    argv.extend(f"--secret={s}" for s in secrets)
     if mount_gate is not None:
         argv.append(mount_arg(mount_gate, GATE_DEST, True))
     if resolv_conf is not None:

@@ -15,7 +15,7 @@ from linpodx.podman.argv import (
     clamp_limit,
     limit_notes,
 )
-from linpodx.podman.runline import hostname_for
+from linpodx.podman.runline import create_pull, hostname_for, pull_policy
 from linpodx.profile.model import Mount, Profile, Resources, default_profile
 
 SECCOMP = "/state/seccomp/0123.json"
@@ -59,7 +59,6 @@ DEFAULT_ROOTFUL = (
     "--http-proxy=false",
     "--ipc=private",
     "--systemd=false",
-    "--pull=never",
     "--read-only=false",
     "--init",
     "--ulimit=nofile=1024:1024",
@@ -72,6 +71,7 @@ DEFAULT_ROOTFUL = (
     "--cpus=2",
     "--env=HOME=/home/agent",
     "--workdir=/home/agent",
+    "--pull=never",
     "localhost/linpodx-test/busybox:latest",
 )
 
@@ -117,7 +117,6 @@ def test_rootless_cgroup_v1_interactive_rm_with_command() -> None:
         "--http-proxy=false",
         "--ipc=private",
         "--systemd=false",
-        "--pull=never",
         "--read-only=false",
         "--userns=keep-id",
         "--ulimit=nofile=1024:1024",
@@ -126,6 +125,7 @@ def test_rootless_cgroup_v1_interactive_rm_with_command() -> None:
         "--log-opt=max-size=64m",
         "--env=HOME=/home/agent",
         "--workdir=/home/agent",
+        "--pull=never",
         "--mount=type=tmpfs,destination=/home/agent,tmpfs-mode=0700,tmpfs-size=512m,chown=true",
         "--rm",
         "--interactive",
@@ -176,7 +176,6 @@ def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
         "--http-proxy=false",
         "--ipc=private",
         "--systemd=false",
-        "--pull=never",
         "--read-only=false",
         "--init",
         # nofile 50000 is above the host's hard 20000: clamped, never passed through.
@@ -194,6 +193,7 @@ def test_profile_mounts_env_caps_limits_and_resolv_conf() -> None:
         "--workdir=/workspace",
         "--mount=type=bind,source=/srv/src,destination=/workspace,ro=true,bind-propagation=rprivate",
         "--mount=type=bind,source=/srv/out,destination=/out,ro=false,bind-propagation=rprivate",
+        "--pull=never",
         # The mount gate (linpodx.podman.mountpin): only linpodx's own starts find it open.
         f"--mount=type=bind,source={gate},destination=/run/linpodx/mount-gate,ro=true,"
         "bind-propagation=rprivate",
@@ -308,3 +308,47 @@ def test_limits_the_host_cannot_apply_are_refused_unless_best_effort() -> None:
     for p in (limited, best):
         argv = build_create_argv(spec(profile=p))
         assert "--memory=64m" in argv and "--pids-limit=64" in argv and "--cpus=2" in argv
+
+
+@pytest.mark.parametrize(
+    ("policy", "flag"),
+    [("never", "--pull=never"), ("missing", "--pull=missing"), ("always", "--pull=missing"),
+     ("newer", "--pull=missing")],
+)  # fmt: skip
+def test_pull_policy_reaches_podman_as_its_create_form(policy: str, flag: str) -> None:
+    # linpodx pulls first for always/newer (`containers.images`); create then only pulls an
+    # image removed in between, never a second time.
+    argv = build_create_argv(spec(pull=create_pull(pull_policy(policy))))
+    assert [a for a in argv if a.startswith("--pull")] == [flag]
+
+
+def test_pull_policy_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LINPODX_PULL", raising=False)
+    assert pull_policy(None) == "missing"
+    monkeypatch.setenv("LINPODX_PULL", "never")
+    assert pull_policy(None) == "never"
+    assert pull_policy("always") == "always"  # --pull wins over the environment
+    monkeypatch.setenv("LINPODX_PULL", "sometimes")
+    with pytest.raises(InvalidInput, match="LINPODX_PULL"):
+        pull_policy(None)
+    with pytest.raises(InvalidInput, match="--pull"):
+        pull_policy("--privileged")
+
+
+def test_run_env_goes_by_memory_file_and_secrets_by_name() -> None:
+    argv = build_create_argv(
+        spec(
+            env_keys=("API_KEY",),
+            env_file="/dev/fd/7",
+            secrets=("gh-token,type=env,target=GH_TOKEN", "cert"),
+        )
+    )
+    assert argv[-5:] == (
+        "--pull=never",
+        "--env-file=/dev/fd/7",
+        "--secret=gh-token,type=env,target=GH_TOKEN",
+        "--secret=cert",
+        "localhost/linpodx-test/busybox:latest",
+    )
+    with pytest.raises(InvalidInput):
+        build_create_argv(spec(env_file="/tmp/values"))  # only a descriptor, never a file

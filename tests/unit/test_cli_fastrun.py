@@ -34,6 +34,8 @@ ACCEPTED = [
     ["--detach", "--interactive", "--tty", "--image", "img:1", "--"],
     ["-dit", "--image", "img:1", "--profile=p", "--", "ls", "--", "-l"],
     ["--image", "img=1"],
+    ["--rm", "--pull", "never", "--image", "img:1", "--", "true"],
+    ["--pull=always", "--image", "img:1"],
 ]
 
 REJECTED = [
@@ -50,6 +52,10 @@ REJECTED = [
     ["-x", "--image", "img:1"],
     ["--name", "a", "--", "true"],  # no image
     ["--im", "img:1"],
+    ["-e", "K=V", "--image", "img:1"],  # the run's own variables: typer, then the full path
+    ["--env-file", "f", "--image", "img:1"],
+    ["--secret", "s", "--image", "img:1"],
+    ["--pull", "never", "--pull", "never", "--image", "img:1"],
 ]
 
 

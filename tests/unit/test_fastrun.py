@@ -113,6 +113,7 @@ def raw_fields(**kw: Any) -> dict[str, Any]:
         "image": "localhost/img:1",
         "name": "agent-1",
         "profile": "fast",
+        "pull": None,
         "command": ("sh", "-c", "echo hi"),
         "interactive": False,
         "tty": False,
