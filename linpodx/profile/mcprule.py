@@ -226,7 +226,14 @@ def _emit_regex(prog: _Program, items: Any) -> None:
             # Lazy or greedy makes no difference to whether the whole value matches.
             lo, hi, sub = arg
             for _ in range(lo):
+                before = len(prog.code)
                 _emit_regex(prog, sub)
+                if len(prog.code) == before:
+                    # A body that emits nothing (`(?:){4000000000}`): its copies add nothing
+                    # either, and counting them out would hang the loader. Every other copy
+                    # emits a step, so MAX_PROGRAM bounds the loop.
+                    break
+
             def body(sub: Any = sub) -> None:
                 _emit_regex(prog, sub)
 

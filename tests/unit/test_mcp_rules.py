@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,27 @@ def test_regex_time_is_bounded() -> None:
     assert time.monotonic() - t < 2.0
     assert not m.matches("a" * (MAX_SUBJECT + 1) + "x")  # past the bound: no match at all
     assert m.matches("aaax")
+
+
+def test_a_repeat_of_nothing_does_not_hang_the_loader() -> None:
+    # `(?:){N}` emits no step, so MAX_PROGRAM never stopped the loop that wrote N copies: a
+    # profile with N = 4e9 hung `sandbox validate` (and apply) for hours.
+    def too_slow(_sig: int, _frame: Any) -> None:
+        raise TimeoutError("compiling a repeat of nothing did not finish in 5 s")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(5)
+    try:
+        p = load_text(
+            "name: a\nmcp_policy:\n  - method: tools/call\n"
+            "    arguments: {n: {regex: '(?:){4000000000}a((?:){99999}){99999}'}}\n"
+            "    decision: deny\n"
+        )
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    (_name, m), = p.mcp_policy[0].arguments
+    assert m.matches("a") and not m.matches("") and not m.matches("aa")
 
 
 # ---- equals, one_of ---------------------------------------------------------------------------
