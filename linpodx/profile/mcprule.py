@@ -326,6 +326,29 @@ def json_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _kind(v: Any) -> str:
+    """A JSON value's type as a server compares it: 1 and 1.0 are both numbers."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "number"
+    return type(v).__name__
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` are the same number or hold the same numbers where `json_equal`
+    tells an int from a float (`1` and `1.0`, `{"n": 1}` and `{"n": 1.0}`)."""
+    if _kind(a) != _kind(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_number(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_number(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 # ---- the profile's values ----------------------------------------------------------------
 
 
@@ -342,14 +365,23 @@ class Matcher:
         return self.judge(arg) is True
 
     def judge(self, arg: Any) -> bool | None:
-        """True or False, or None where a glob or regex cannot judge `arg`: no string, NUL in
-        it, longer than MAX_SUBJECT, or (a glob) a path that climbs above its root. The gate
-        reads None as a non-match for an `auto_allow` rule and as a match for a stricter one,
-        so that such a value never slips past a `deny` into a later, looser rule."""
-        if self.kind == "equals":
-            return json_equal(self.value, arg)
-        if self.kind == "one_of":
-            return any(json_equal(v, arg) for v in self.value)
+        """True or False, or None where the matcher cannot judge `arg`: for a glob or regex no
+        string, NUL in it, longer than MAX_SUBJECT, or (a glob) a path that climbs above its
+        root; for `equals` and `one_of` a value of another JSON type than every value named,
+        or the same number written otherwise (1.0 for 1). The gate reads None as a non-match
+        for an `auto_allow` rule and as a match for a stricter one, so that such a value never
+        slips past a `deny` into a later, looser rule."""
+        if self.kind in ("equals", "one_of"):
+            values = self.value if self.kind == "one_of" else (self.value,)
+            if any(json_equal(v, arg) for v in values):
+                return True
+            # Where a server may read `arg` as one of the values, this cannot say it is not:
+            # 1.0 is the number 1 to a Python or JavaScript server, and a value of a type none
+            # of the values has (`["rm"]` for "rm") may be coerced. Exact types still decide
+            # an allow; they no longer let a call past a deny.
+            if any(_same_number(v, arg) for v in values):
+                return None
+            return None if _kind(arg) not in {_kind(v) for v in values} else False
         if not isinstance(arg, str) or len(arg) > MAX_SUBJECT or "\0" in arg:
             return None
         if self.kind == "glob":

@@ -528,6 +528,34 @@ def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None
         assert policy.evaluate(allow, "tools/call", "w", params("w", path=odd)).action is A.DENY
 
 
+def test_a_number_or_type_equals_cannot_tell_apart_never_slips_past_a_deny() -> None:
+    # Profiles hold integers; a client sends 1.0 (valid JSON, forwarded as 1.0) and a Python
+    # or JavaScript server reads the number 1. `["rm"]` is "rm" to a server that compares
+    # loosely. Both went past the deny to the catch-all auto_allow.
+    rules = (
+        McpRule("tools/call", A.DENY, "w", arguments=(("level", Matcher("equals", 1)),)),
+        McpRule("tools/call", A.DENY, "w", arguments=(("cmd", Matcher("one_of", ("rm", "dd"))),)),
+        McpRule("tools/call", A.DENY, "w", arguments=(("opt", Matcher("equals", {"n": 2})),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "w"),
+    )
+
+    def rule(**args: Any) -> int | None:
+        return policy.evaluate(rules, "tools/call", "w", params("w", **args)).rule_index
+
+    assert rule(level=1) == 0 and rule(level=1.0) == 0 and rule(level=True) == 0
+    assert rule(level="1") == 0 and rule(level=[1]) == 0
+    assert rule(level=2) == 3 and rule(level=0.5) == 3  # a number, another one: not denied
+    assert rule(cmd="rm") == 1 and rule(cmd=["rm"]) == 1 and rule(cmd={"0": "rm"}) == 1
+    assert rule(cmd="ls") == 3  # a string, another one
+    assert rule(opt={"n": 2.0}) == 2 and rule(opt={"n": 3}) == 3
+    # Under an allow rule the exact type still decides: 1.0 is not allowed by `equals: 1`.
+    one = Matcher("equals", 1)
+    allow = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("level", one),)),)
+    for odd in (1.0, True, "1", [1]):
+        assert policy.evaluate(allow, "tools/call", "w", params("w", level=odd)).action is A.DENY
+    assert policy.evaluate(allow, "tools/call", "w", params("w", level=1)).allowed
+
+
 def test_approvals_show_says_why(cli: Any) -> None:
     reason = "rule 1 (tools/call run_tests): rate 3/min exceeded (3 auto-allowed in the last 60s)"
     req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params("run_tests")}
