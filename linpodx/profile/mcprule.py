@@ -367,10 +367,11 @@ class Matcher:
     def judge(self, arg: Any) -> bool | None:
         """True or False, or None where the matcher cannot judge `arg`: for a glob or regex no
         string, NUL in it, longer than MAX_SUBJECT, or (a glob) a path that climbs above its
-        root; for `equals` and `one_of` a value of another JSON type than every value named,
-        or the same number written otherwise (1.0 for 1). The gate reads None as a non-match
-        for an `auto_allow` rule and as a match for a stricter one, so that such a value never
-        slips past a `deny` into a later, looser rule."""
+        root or is relative where the glob is absolute (or the reverse); for `equals` and
+        `one_of` a value of another JSON type than every value named, or the same number
+        written otherwise (1.0 for 1). The gate reads None as a non-match for an `auto_allow`
+        rule and as a match for a stricter one, so that such a value never slips past a `deny`
+        into a later, looser rule."""
         if self.kind in ("equals", "one_of"):
             values = self.value if self.kind == "one_of" else (self.value,)
             if any(json_equal(v, arg) for v in values):
@@ -386,7 +387,12 @@ class Matcher:
             return None
         if self.kind == "glob":
             path = normalize_path(arg)
-            return None if path is None else compile_glob(self.value).fullmatch(path)
+            if path is None or path.startswith("/") != self.value.startswith("/"):
+                # A relative path (`.ssh/id_rsa`, `~/.ssh`, `file:///etc`) against an
+                # absolute glob, or the reverse: what it names depends on the server's working
+                # directory and its reading of `~` and URLs, which the gate cannot see.
+                return None
+            return compile_glob(self.value).fullmatch(path)
         return compile_regex(self.value).fullmatch(arg)
 
     def to_dict(self) -> dict[str, Any]:

@@ -556,6 +556,27 @@ def test_a_number_or_type_equals_cannot_tell_apart_never_slips_past_a_deny() -> 
     assert policy.evaluate(allow, "tools/call", "w", params("w", level=1)).allowed
 
 
+def test_a_relative_path_never_slips_past_an_absolute_deny() -> None:
+    # The server resolves `.ssh/id_rsa` against its working directory (here the home the deny
+    # rule names), `~` against its home; the gate cannot: they went to the catch-all allow.
+    rules = (
+        McpRule("tools/call", A.DENY, "r", arguments=(("path", Matcher("glob", "/root/**")),)),
+        McpRule("tools/call", A.DENY, "r", arguments=(("file", Matcher("glob", "secret/*")),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "r"),
+    )
+
+    def rule(**args: Any) -> int | None:
+        return policy.evaluate(rules, "tools/call", "r", params("r", **args)).rule_index
+
+    for odd in (".ssh/id_rsa", "~/.ssh/id_rsa", "file:///root/.ssh/id_rsa", "x/../.ssh"):
+        assert rule(path=odd) == 0, odd
+    assert rule(path="/work/a") == 2 and rule(path="/root/x") == 0
+    assert rule(file="/work/secret/a") == 1  # absolute against a relative glob: the same
+    assert rule(file="secret/a") == 1 and rule(file="public/a") == 2
+    # Under an allow rule a relative path is no match for an absolute glob (as before).
+    assert not WORK.matches("work/a") and WORK.judge("a") is None
+
+
 def test_approvals_show_says_why(cli: Any) -> None:
     reason = "rule 1 (tools/call run_tests): rate 3/min exceeded (3 auto-allowed in the last 60s)"
     req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params("run_tests")}
