@@ -127,6 +127,14 @@ def _matches(rule: McpRule, method: str, tool_name: str | None, params: Any) -> 
             # `arguments` that are there but no object cannot be judged (see below).
             return args is not None and not lenient
         for name, matcher in rule.arguments:
+            folded = name.casefold()
+            if any(k != name and k.casefold() == folded for k in args):
+                # `Path` or `PATH` beside (or instead of) `path`: Go's encoding/json binds
+                # keys to fields case-insensitively, the last one winning, so the server may
+                # read a value the gate did not judge. Unjudgeable, as below.
+                if lenient:
+                    return False
+                continue
             if name not in args:
                 return False
             verdict = matcher.judge(args[name])

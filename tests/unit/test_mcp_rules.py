@@ -577,6 +577,28 @@ def test_a_relative_path_never_slips_past_an_absolute_deny() -> None:
     assert not WORK.matches("work/a") and WORK.judge("a") is None
 
 
+def test_an_argument_spelled_in_another_case_is_not_judged_as_absent() -> None:
+    # A Go server (encoding/json) fills its `Path` field from `path`, `Path` or `PATH`, the
+    # last key winning; the gate looked up `path` only, so both calls below reached the allow.
+    rules = (
+        McpRule("tools/call", A.DENY, "r", arguments=(("path", Matcher("glob", "/etc/**")),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "r", arguments=(("path", WORK),)),
+        McpRule("tools/call", A.PROMPT, "r"),
+    )
+
+    def rule(args: dict[str, Any]) -> int | None:
+        return policy.evaluate(rules, "tools/call", "r", {"name": "r", "arguments": args})
+
+    assert rule({"path": "/work/a"}).rule_index == 1
+    assert rule({"path": "/work/a", "PATH": "/etc/shadow"}).rule_index == 0
+    assert rule({"Path": "/etc/shadow"}).rule_index == 0
+    assert rule({"\u017fecret": 1, "path": "/work/a"}).rule_index == 1  # other names: as before
+    # Under the allow rule alone such a call is no match.
+    allow = rules[1:]
+    d = policy.evaluate(allow, "tools/call", "r", params("r", path="/work/a", PATH="/work/b"))
+    assert d.rule_index == 1
+
+
 def test_approvals_show_says_why(cli: Any) -> None:
     reason = "rule 1 (tools/call run_tests): rate 3/min exceeded (3 auto-allowed in the last 60s)"
     req = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params("run_tests")}
