@@ -131,19 +131,24 @@ def _literal(c: str) -> _Test:
 
 @lru_cache(maxsize=256)
 def compile_glob(pattern: str) -> _Program:
-    """`**` is any run of characters, `/` included (`a/**/b` also matches `a/b`); `*` and `?`
-    are any run of characters and any one character within one path segment. Everything
-    else is itself (the loader refuses `[ ] { } \\`, so no character means two things)."""
+    """`**` is any run of characters, `/` included (`a/**/b` also matches `a/b`, `**/b` also
+    `b`); `*` and `?` are any run of characters and any one character within one path
+    segment. Everything else is itself (the loader refuses `[ ] { } \\`, so no character
+    means two things)."""
     prog = _Program()
     i = 0
+
+    def segments() -> None:
+        _loop(prog, lambda: prog.emit(_CHAR, _any))
+        prog.emit(_CHAR, _literal("/"))
+
     while i < len(pattern):
-        if pattern.startswith("/**/", i):
+        if i == 0 and pattern.startswith("**/"):
+            # `**/.ssh/**` also takes `.ssh/id_rsa`, as `a/**/b` takes `a/b`.
+            _optional(prog, segments)
+            i += 3
+        elif pattern.startswith("/**/", i):
             prog.emit(_CHAR, _literal("/"))
-
-            def segments() -> None:
-                _loop(prog, lambda: prog.emit(_CHAR, _any))
-                prog.emit(_CHAR, _literal("/"))
-
             _optional(prog, segments)
             i += 4
         elif pattern.startswith("**", i):
@@ -387,10 +392,14 @@ class Matcher:
             return None
         if self.kind == "glob":
             path = normalize_path(arg)
-            if path is None or path.startswith("/") != self.value.startswith("/"):
+            if path is None:
+                return None
+            rooted = self.value.startswith("/")
+            if not self.value.startswith("**") and path.startswith("/") != rooted:
                 # A relative path (`.ssh/id_rsa`, `~/.ssh`, `file:///etc`) against an
                 # absolute glob, or the reverse: what it names depends on the server's working
-                # directory and its reading of `~` and URLs, which the gate cannot see.
+                # directory and its reading of `~` and URLs, which the gate cannot see. (A
+                # glob that starts with `**` takes both.)
                 return None
             return compile_glob(self.value).fullmatch(path)
         return compile_regex(self.value).fullmatch(arg)

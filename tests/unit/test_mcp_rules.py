@@ -575,6 +575,10 @@ def test_a_relative_path_never_slips_past_an_absolute_deny() -> None:
     assert rule(file="secret/a") == 1 and rule(file="public/a") == 2
     # Under an allow rule a relative path is no match for an absolute glob (as before).
     assert not WORK.matches("work/a") and WORK.judge("a") is None
+    # A glob that starts with `**` takes relative and absolute paths alike.
+    keys = Matcher("glob", "**/.ssh/**")
+    assert keys.matches("/root/.ssh/id_rsa") and keys.matches(".ssh/id_rsa")
+    assert keys.judge("/work/a") is False and keys.judge("a") is False
 
 
 def test_an_argument_spelled_in_another_case_is_not_judged_as_absent() -> None:
