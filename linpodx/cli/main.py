@@ -31,7 +31,7 @@ from linpodx.output import (
 
 TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import typer
 
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if json_mode and rc != 0 and envelopes_printed() == printed and name != "mcp attach":
         doc = envelope(name, error=err or LinpodxError(f"exit status {rc}", exit_code=rc))
         # `events --json` prints one object per line; everything else pretty documents.
-        print_json(doc, compact=name == "events")
+        _unless_reader_gone(lambda: print_json(doc, compact=name == "events"))
     return rc
 
 
@@ -286,11 +286,22 @@ def _report(failed: CommandFailed) -> int:
     printed inside the command before it came to this boundary); the interpreter's last flush
     then goes to /dev/null rather than into a traceback. Any other OSError is the boundary's.
     """
-    try:
+
+    def show() -> None:
         if failed.json_mode:
             # `events --json` prints one object per line; everything else pretty documents.
             print_json(envelope(failed.name, error=failed.error), compact=failed.name == "events")
         print_error(failed.error)
+
+    _unless_reader_gone(show)
+    return failed.error.exit_code
+
+
+def _unless_reader_gone(write: Callable[[], None]) -> None:
+    """`write()`; stdout whose reader went away ends the command quietly with status 1 (see
+    `_report`), whichever boundary was printing the failure."""
+    try:
+        write()
     except OSError as exc:
         if exc.errno != errno.EPIPE:
             raise
@@ -298,7 +309,6 @@ def _report(failed: CommandFailed) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
-    return failed.error.exit_code
 
 
 def _bug(exc: Exception) -> LinpodxError:
