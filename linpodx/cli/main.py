@@ -177,6 +177,23 @@ def format_as_json(args: list[str]) -> list[str]:
     return out + args[end:]
 
 
+def _format_left(args: list[str]) -> LinpodxError | None:
+    """A `--format` that `format_as_json` left (not `json`): click would call the option
+    unknown, though the README and every command's help name it."""
+    end = args.index("--") if "--" in args else len(args)
+    for i, arg in enumerate(args[:end]):
+        if arg == "--format" or arg.startswith("--format="):
+            value = arg.partition("=")[2] if "=" in arg else " ".join(args[i + 1 : i + 2])
+            value = "" if value.startswith("-") else value
+            return LinpodxError(
+                f"--format takes only json here (got {value!r})" if value else
+                "--format needs a value: json",
+                "use `--format json` (or `--json`); podman's Go templates are not supported",
+                exit_code=EXIT_USAGE,
+            )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code. Expected failures never print a traceback.
 
@@ -187,7 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_mode = "--json" in (args[: args.index("--")] if "--" in args else args)
     err: LinpodxError | None = None
     printed = envelopes_printed()
-    rc = _main(args)
+    left = None if _command_name(args) == "sandbox show" else _format_left(args)
+    if left is not None:
+        print_error(left)
+    rc = _main(args) if left is None else left
     if isinstance(rc, LinpodxError):
         err, rc = rc, rc.exit_code
     name = _command_name(args)
