@@ -32,7 +32,7 @@ from linpodx.output import (
 
 TYPE_CHECKING = False  # the fast path's budget: linpodx/fastpath/__init__.py
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     import typer
@@ -201,6 +201,23 @@ def format_as_json(args: list[str]) -> list[str]:
     return out + args[end:]
 
 
+def _format_left(args: list[str]) -> LinpodxError | None:
+    """A `--format` that `format_as_json` left (not `json`): click would call the option
+    unknown, though the README and every command's help name it."""
+    end = args.index("--") if "--" in args else len(args)
+    for i, arg in enumerate(args[:end]):
+        if arg == "--format" or arg.startswith("--format="):
+            value = arg.partition("=")[2] if "=" in arg else " ".join(args[i + 1 : i + 2])
+            value = "" if value.startswith("-") else value
+            return LinpodxError(
+                f"--format takes only json here (got {value!r})" if value else
+                "--format needs a value: json",
+                "use `--format json` (or `--json`); podman's Go templates are not supported",
+                exit_code=EXIT_USAGE,
+            )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code. Expected failures never print a traceback.
 
@@ -211,7 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_mode = "--json" in (args[: args.index("--")] if "--" in args else args)
     err: LinpodxError | None = None
     printed = envelopes_printed()
-    rc = _main(args)
+    left = None if _command_name(args) == "sandbox show" else _format_left(args)
+    if left is not None:
+        print_error(left)
+    rc = _main(args) if left is None else left
     if isinstance(rc, LinpodxError):
         err, rc = rc, rc.exit_code
     name = _command_name(args)
@@ -219,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if json_mode and rc != 0 and envelopes_printed() == printed and name != "mcp attach":
         doc = envelope(name, error=err or LinpodxError(f"exit status {rc}", exit_code=rc))
         # `events --json` prints one object per line; everything else pretty documents.
-        print_json(doc, compact=name == "events")
+        _unless_reader_gone(lambda: print_json(doc, compact=name == "events"))
     return rc
 
 
@@ -359,11 +379,22 @@ def _report(failed: CommandFailed) -> int:
     printed inside the command before it came to this boundary); the interpreter's last flush
     then goes to /dev/null rather than into a traceback. Any other OSError is the boundary's.
     """
-    try:
+
+    def show() -> None:
         if failed.json_mode:
             # `events --json` prints one object per line; everything else pretty documents.
             print_json(envelope(failed.name, error=failed.error), compact=failed.name == "events")
         print_error(failed.error)
+
+    _unless_reader_gone(show)
+    return failed.error.exit_code
+
+
+def _unless_reader_gone(write: Callable[[], None]) -> None:
+    """`write()`; stdout whose reader went away ends the command quietly with status 1 (see
+    `_report`), whichever boundary was printing the failure."""
+    try:
+        write()
     except OSError as exc:
         if exc.errno != errno.EPIPE:
             raise
@@ -371,7 +402,6 @@ def _report(failed: CommandFailed) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
-    return failed.error.exit_code
 
 
 def _bug(exc: Exception) -> LinpodxError:

@@ -130,6 +130,14 @@ def _matches(rule: McpRule, method: str, tool_name: str | None, params: Any) -> 
             # `arguments` that are there but no object cannot be judged (see below).
             return args is not None and not lenient
         for name, matcher in rule.arguments:
+            folded = name.casefold()
+            if any(k != name and k.casefold() == folded for k in args):
+                # `Path` or `PATH` beside (or instead of) `path`: Go's encoding/json binds
+                # keys to fields case-insensitively, the last one winning, so the server may
+                # read a value the gate did not judge. Unjudgeable, as below.
+                if lenient:
+                    return False
+                continue
             if name not in args:
                 return False
             verdict = matcher.judge(args[name])
@@ -154,13 +162,28 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
     - a request-only method sent as a notification (`kind` is `notification`);
     - a `tools/call` whose `params.name` is not a string: the rules compare names exactly and
       a name that is no string matches no named rule, so a catch-all would decide it, while a
-      server may read `["run_shell"]` as `run_shell`.
+      server may read `["run_shell"]` as `run_shell`;
+    - a `tools/call` whose params hold `name`, `arguments` or `_meta` in another case (`Name`,
+      `ARGUMENTS`): a server that binds keys case-insensitively may read those instead.
     """
     if kind == "notification" and method in REQUEST_METHODS:
         return Decision(Action.DENY, None, f"{method} is a request and was sent without an id")
     if method == "tools/call" and not isinstance((params or {}).get("name"), str):
         return Decision(Action.DENY, None, "tools/call without a string params.name")
+    if method == "tools/call" and params and any(
+        k not in _CALL_KEYS and k.casefold() in _CALL_KEYS for k in params
+    ):
+        # `Name` beside `name` (or `Arguments` for `arguments`): Go's encoding/json fills its
+        # `Name` field from either key, the last one winning, so the server would run another
+        # tool, or read other arguments, than the rules saw.
+        return Decision(
+            Action.DENY, None, "tools/call with name, arguments or _meta in another case"
+        )
     return None
+
+
+_CALL_KEYS = frozenset({"name", "arguments", "_meta"})
+"""The keys of a `tools/call`'s params that MCP defines (see `refusal`)."""
 
 
 def evaluate(

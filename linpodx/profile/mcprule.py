@@ -131,19 +131,24 @@ def _literal(c: str) -> _Test:
 
 @lru_cache(maxsize=256)
 def compile_glob(pattern: str) -> _Program:
-    """`**` is any run of characters, `/` included (`a/**/b` also matches `a/b`); `*` and `?`
-    are any run of characters and any one character within one path segment. Everything
-    else is itself (the loader refuses `[ ] { } \\`, so no character means two things)."""
+    """`**` is any run of characters, `/` included (`a/**/b` also matches `a/b`, `**/b` also
+    `b`); `*` and `?` are any run of characters and any one character within one path
+    segment. Everything else is itself (the loader refuses `[ ] { } \\`, so no character
+    means two things)."""
     prog = _Program()
     i = 0
+
+    def segments() -> None:
+        _loop(prog, lambda: prog.emit(_CHAR, _any))
+        prog.emit(_CHAR, _literal("/"))
+
     while i < len(pattern):
-        if pattern.startswith("/**/", i):
+        if i == 0 and pattern.startswith("**/"):
+            # `**/.ssh/**` also takes `.ssh/id_rsa`, as `a/**/b` takes `a/b`.
+            _optional(prog, segments)
+            i += 3
+        elif pattern.startswith("/**/", i):
             prog.emit(_CHAR, _literal("/"))
-
-            def segments() -> None:
-                _loop(prog, lambda: prog.emit(_CHAR, _any))
-                prog.emit(_CHAR, _literal("/"))
-
             _optional(prog, segments)
             i += 4
         elif pattern.startswith("**", i):
@@ -226,7 +231,14 @@ def _emit_regex(prog: _Program, items: Any) -> None:
             # Lazy or greedy makes no difference to whether the whole value matches.
             lo, hi, sub = arg
             for _ in range(lo):
+                before = len(prog.code)
                 _emit_regex(prog, sub)
+                if len(prog.code) == before:
+                    # A body that emits nothing (`(?:){4000000000}`): its copies add nothing
+                    # either, and counting them out would hang the loader. Every other copy
+                    # emits a step, so MAX_PROGRAM bounds the loop.
+                    break
+
             def body(sub: Any = sub) -> None:
                 _emit_regex(prog, sub)
 
@@ -319,6 +331,29 @@ def json_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _kind(v: Any) -> str:
+    """A JSON value's type as a server compares it: 1 and 1.0 are both numbers."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "number"
+    return type(v).__name__
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` are the same number or hold the same numbers where `json_equal`
+    tells an int from a float (`1` and `1.0`, `{"n": 1}` and `{"n": 1.0}`)."""
+    if _kind(a) != _kind(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_number(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_number(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 # ---- the profile's values ----------------------------------------------------------------
 
 
@@ -335,19 +370,38 @@ class Matcher:
         return self.judge(arg) is True
 
     def judge(self, arg: Any) -> bool | None:
-        """True or False, or None where a glob or regex cannot judge `arg`: no string, NUL in
-        it, longer than MAX_SUBJECT, or (a glob) a path that climbs above its root. The gate
-        reads None as a non-match for an `auto_allow` rule and as a match for a stricter one,
-        so that such a value never slips past a `deny` into a later, looser rule."""
-        if self.kind == "equals":
-            return json_equal(self.value, arg)
-        if self.kind == "one_of":
-            return any(json_equal(v, arg) for v in self.value)
+        """True or False, or None where the matcher cannot judge `arg`: for a glob or regex no
+        string, NUL in it, longer than MAX_SUBJECT, or (a glob) a path that climbs above its
+        root or is relative where the glob is absolute (or the reverse); for `equals` and
+        `one_of` a value of another JSON type than every value named, or the same number
+        written otherwise (1.0 for 1). The gate reads None as a non-match for an `auto_allow`
+        rule and as a match for a stricter one, so that such a value never slips past a `deny`
+        into a later, looser rule."""
+        if self.kind in ("equals", "one_of"):
+            values = self.value if self.kind == "one_of" else (self.value,)
+            if any(json_equal(v, arg) for v in values):
+                return True
+            # Where a server may read `arg` as one of the values, this cannot say it is not:
+            # 1.0 is the number 1 to a Python or JavaScript server, and a value of a type none
+            # of the values has (`["rm"]` for "rm") may be coerced. Exact types still decide
+            # an allow; they no longer let a call past a deny.
+            if any(_same_number(v, arg) for v in values):
+                return None
+            return None if _kind(arg) not in {_kind(v) for v in values} else False
         if not isinstance(arg, str) or len(arg) > MAX_SUBJECT or "\0" in arg:
             return None
         if self.kind == "glob":
             path = normalize_path(arg)
-            return None if path is None else compile_glob(self.value).fullmatch(path)
+            if path is None:
+                return None
+            rooted = self.value.startswith("/")
+            if not self.value.startswith("**") and path.startswith("/") != rooted:
+                # A relative path (`.ssh/id_rsa`, `~/.ssh`, `file:///etc`) against an
+                # absolute glob, or the reverse: what it names depends on the server's working
+                # directory and its reading of `~` and URLs, which the gate cannot see. (A
+                # glob that starts with `**` takes both.)
+                return None
+            return compile_glob(self.value).fullmatch(path)
         return compile_regex(self.value).fullmatch(arg)
 
     def to_dict(self) -> dict[str, Any]:

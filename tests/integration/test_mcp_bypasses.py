@@ -80,6 +80,31 @@ def test_a_tool_name_that_is_no_string_is_refused(tmp_path: Path, unique_name: s
     assert all(d["decision"] == "deny" and d["rule"] is None for d in denied[:4])
 
 
+def test_name_in_another_case_is_refused(tmp_path: Path, unique_name: str) -> None:
+    """`{"name": "echo", "Name": "run_shell"}`: the catch-all allowed `echo`, while a Go server
+    (keys bound case-insensitively, last wins) would run `run_shell`."""
+    start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, profile_text=CATCH_ALL_PROFILE)
+    s = RawSession(unique_name)
+    try:
+        s.handshake()
+        odd = [
+            {"name": "echo", "Name": "run_shell", "arguments": {"cmd": "M-CASE-1"}},
+            {"name": "echo", "arguments": {"text": "x"}, "ARGUMENTS": {"cmd": "M-CASE-2"}},
+        ]
+        for i, params in enumerate(odd, start=1):
+            resp = s.request(i, "tools/call", params)
+            assert resp["result"]["isError"] is True, resp
+            assert "in another case" in resp["result"]["content"][0]["text"]
+        ok = s.request(9, "tools/call", {"name": "echo", "arguments": {"text": "M-CASE-OK"}})
+        assert ok["result"]["content"][0]["text"] == "echo:M-CASE-OK"
+        assert s.close() == 0, s.stderr[-3000:]
+    finally:
+        s.kill()
+    log = server_log(unique_name)
+    assert b"M-CASE-OK" in log
+    assert not re.search(rb"M-CASE-[0-9]", log), log[-2000:]
+
+
 def test_a_request_sent_as_a_notification_is_dropped(tmp_path: Path, unique_name: str) -> None:
     """#2: a tools/call without an id reached the server when its rule auto-allowed."""
     start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, profile_text=CATCH_ALL_PROFILE)

@@ -166,10 +166,21 @@ def test_odd_values_do_not_slip_past_a_deny_rule(tmp_path: Path, unique_name: st
             "../../etc/passwd",
             ["/etc/passwd"],
             {"p": "/etc/passwd"},
+            "etc/passwd",  # relative: /etc/passwd to a server whose working directory is /
+            "~/../etc/passwd",
+            "file:///etc/passwd",
         ]
         for i, path in enumerate(odd, start=1):
             resp = write(s, i, path, f"M-ODD-{i}")
             assert resp["result"]["isError"] is True, (path, resp)
+            assert "rule 0 (tools/call write_file path~glob): deny" in text(resp)
+        # The name in another case (a Go server binds `PATH` to its `Path` field).
+        for i, args in enumerate(
+            [{"PATH": "/etc/passwd"}, {"path": "/tmp/ok", "Path": "/etc/passwd"}], start=50
+        ):
+            params = {"name": "write_file", "arguments": {**args, "content": f"M-ODD-{i}"}}
+            resp = s.request(i, "tools/call", params)
+            assert resp["result"]["isError"] is True, (args, resp)
             assert "rule 0 (tools/call write_file path~glob): deny" in text(resp)
         assert "wrote" in text(write(s, 99, "/tmp/ok", "M-ODD-OK"))
         assert s.close() == 0, s.stderr[-3000:]

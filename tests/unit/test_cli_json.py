@@ -96,7 +96,27 @@ def test_format_as_json_leaves_the_command_and_sandbox_show_alone() -> None:
     assert format_as_json(["sandbox", "show", "p", "--format", "json"]) == [
         "sandbox", "show", "p", "--format", "json"
     ]  # fmt: skip
-    assert format_as_json(["ps", "--format"]) == ["ps", "--format"]  # typer says what is wrong
+    assert format_as_json(["ps", "--format"]) == ["ps", "--format"]  # said below
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["ps", "--format", "table"], "--format takes only json here (got 'table')"),
+        (["ps", "--format={{.Names}}"], "--format takes only json here (got '{{.Names}}')"),
+        (["snapshot", "list", "--format"], "--format needs a value: json"),
+    ],
+)
+def test_a_format_other_than_json_is_said_as_such(
+    fake: FakeEngine, cli: Any, argv: list[str], said: str
+) -> None:
+    # click called the option unknown ("No such option: --format"), though help names it.
+    res = cli(*argv)
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.startswith(f"error: {said}\nhint: use `--format json`")
+    assert cli("sandbox", "show", "x", "--format", "toml").exit_code == 2  # its own option
+    res = cli(*argv, "--json")
+    assert res.exit_code == 2 and json.loads(res.stdout)["error"]["message"] == said
 
 
 def _apply(cli: Any, tmp_path: Path, name: str) -> dict[str, Any]:

@@ -334,8 +334,9 @@ class _ReaderGone:
 @pytest.mark.parametrize(
     "argv",
     [["sandbox", "validate", "missing.yaml", "--json"], ["events", "--no-follow", "--json",
-                                                          "--since", "bogus"]],
-    ids=["envelope", "events-line"],
+                                                          "--since", "bogus"],
+     ["version", "--json"], ["sandbox", "nosuch", "--json"]],
+    ids=["envelope", "events-line", "usage-envelope", "usage-envelope-group"],
 )
 def test_a_failure_whose_reader_went_away_ends_quietly_with_status_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -349,4 +350,9 @@ def test_a_failure_whose_reader_went_away_ends_quietly_with_status_1(
     with pytest.raises(SystemExit) as ended:
         main(argv)
     assert ended.value.code == 1
-    assert capsys.readouterr().err == ""
+    err = capsys.readouterr().err
+    if argv[0] == "version" or argv[1] == "nosuch":
+        # A usage error is said on stderr before main's last-resort envelope is printed.
+        assert err.startswith("error: No such ") and "Traceback" not in err
+    else:
+        assert err == ""

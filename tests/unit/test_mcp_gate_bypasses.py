@@ -102,6 +102,32 @@ def test_a_list_as_tool_name_never_reaches_the_catch_all() -> None:
     assert rec["reason"] == "tools/call without a string params.name"
 
 
+def test_name_or_arguments_in_another_case_never_reach_the_server() -> None:
+    # A Go server (encoding/json) fills its `Name` field from `name` or `Name`, the last one
+    # winning: the gate saw `echo` (the catch-all allowed it) and the server ran `run_shell`.
+    # `Arguments` alone: the gate saw no arguments, the server read these.
+    g = Gate()
+    odd = [
+        {"name": "echo", "Name": "run_shell", "arguments": {"cmd": "M1"}},
+        {"name": "echo", "NAME": "run_shell"},
+        {"name": "echo", "Arguments": {"cmd": "M2"}},
+        {"name": "echo", "arguments": {}, "_META": {"progressToken": 1}},
+    ]
+    for i, params in enumerate(odd, start=1):
+        g.c({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params})
+    assert g.server == []
+    assert [c["result"]["isError"] for c in g.client] == [True] * len(odd)
+    recs = [d for t, d in g.chain.records if t == "mcp.request"]
+    assert {r["reason"] for r in recs} == {
+        "tools/call with name, arguments or _meta in another case"
+    }
+    # Other keys, and the MCP keys as MCP spells them, are what they were.
+    ok = {"name": "echo", "arguments": {"Name": "x"}, "_meta": {}, "nAmEx": 1}
+    assert policy.refusal("request", "tools/call", ok) is None
+    g.c({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": ok})
+    assert [m["params"]["name"] for m in g.server] == ["echo"]
+
+
 # ---- 2: a request sent as a notification ------------------------------------------------------
 
 

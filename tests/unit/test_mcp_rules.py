@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,27 @@ def test_regex_time_is_bounded() -> None:
     assert time.monotonic() - t < 2.0
     assert not m.matches("a" * (MAX_SUBJECT + 1) + "x")  # past the bound: no match at all
     assert m.matches("aaax")
+
+
+def test_a_repeat_of_nothing_does_not_hang_the_loader() -> None:
+    # `(?:){N}` emits no step, so MAX_PROGRAM never stopped the loop that wrote N copies: a
+    # profile with N = 4e9 hung `sandbox validate` (and apply) for hours.
+    def too_slow(_sig: int, _frame: Any) -> None:
+        raise TimeoutError("compiling a repeat of nothing did not finish in 5 s")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(5)
+    try:
+        p = load_text(
+            "name: a\nmcp_policy:\n  - method: tools/call\n"
+            "    arguments: {n: {regex: '(?:){4000000000}a((?:){99999}){99999}'}}\n"
+            "    decision: deny\n"
+        )
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    (_name, m), = p.mcp_policy[0].arguments
+    assert m.matches("a") and not m.matches("") and not m.matches("aa")
 
 
 # ---- equals, one_of ---------------------------------------------------------------------------
@@ -504,6 +526,81 @@ def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None
     allow = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("path", WORK),)),)
     for odd in ("/work/a\0", "/work/../../work/a", ["/work/a"], 7):
         assert policy.evaluate(allow, "tools/call", "w", params("w", path=odd)).action is A.DENY
+
+
+def test_a_number_or_type_equals_cannot_tell_apart_never_slips_past_a_deny() -> None:
+    # Profiles hold integers; a client sends 1.0 (valid JSON, forwarded as 1.0) and a Python
+    # or JavaScript server reads the number 1. `["rm"]` is "rm" to a server that compares
+    # loosely. Both went past the deny to the catch-all auto_allow.
+    rules = (
+        McpRule("tools/call", A.DENY, "w", arguments=(("level", Matcher("equals", 1)),)),
+        McpRule("tools/call", A.DENY, "w", arguments=(("cmd", Matcher("one_of", ("rm", "dd"))),)),
+        McpRule("tools/call", A.DENY, "w", arguments=(("opt", Matcher("equals", {"n": 2})),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "w"),
+    )
+
+    def rule(**args: Any) -> int | None:
+        return policy.evaluate(rules, "tools/call", "w", params("w", **args)).rule_index
+
+    assert rule(level=1) == 0 and rule(level=1.0) == 0 and rule(level=True) == 0
+    assert rule(level="1") == 0 and rule(level=[1]) == 0
+    assert rule(level=2) == 3 and rule(level=0.5) == 3  # a number, another one: not denied
+    assert rule(cmd="rm") == 1 and rule(cmd=["rm"]) == 1 and rule(cmd={"0": "rm"}) == 1
+    assert rule(cmd="ls") == 3  # a string, another one
+    assert rule(opt={"n": 2.0}) == 2 and rule(opt={"n": 3}) == 3
+    # Under an allow rule the exact type still decides: 1.0 is not allowed by `equals: 1`.
+    one = Matcher("equals", 1)
+    allow = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("level", one),)),)
+    for odd in (1.0, True, "1", [1]):
+        assert policy.evaluate(allow, "tools/call", "w", params("w", level=odd)).action is A.DENY
+    assert policy.evaluate(allow, "tools/call", "w", params("w", level=1)).allowed
+
+
+def test_a_relative_path_never_slips_past_an_absolute_deny() -> None:
+    # The server resolves `.ssh/id_rsa` against its working directory (here the home the deny
+    # rule names), `~` against its home; the gate cannot: they went to the catch-all allow.
+    rules = (
+        McpRule("tools/call", A.DENY, "r", arguments=(("path", Matcher("glob", "/root/**")),)),
+        McpRule("tools/call", A.DENY, "r", arguments=(("file", Matcher("glob", "secret/*")),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "r"),
+    )
+
+    def rule(**args: Any) -> int | None:
+        return policy.evaluate(rules, "tools/call", "r", params("r", **args)).rule_index
+
+    for odd in (".ssh/id_rsa", "~/.ssh/id_rsa", "file:///root/.ssh/id_rsa", "x/../.ssh"):
+        assert rule(path=odd) == 0, odd
+    assert rule(path="/work/a") == 2 and rule(path="/root/x") == 0
+    assert rule(file="/work/secret/a") == 1  # absolute against a relative glob: the same
+    assert rule(file="secret/a") == 1 and rule(file="public/a") == 2
+    # Under an allow rule a relative path is no match for an absolute glob (as before).
+    assert not WORK.matches("work/a") and WORK.judge("a") is None
+    # A glob that starts with `**` takes relative and absolute paths alike.
+    keys = Matcher("glob", "**/.ssh/**")
+    assert keys.matches("/root/.ssh/id_rsa") and keys.matches(".ssh/id_rsa")
+    assert keys.judge("/work/a") is False and keys.judge("a") is False
+
+
+def test_an_argument_spelled_in_another_case_is_not_judged_as_absent() -> None:
+    # A Go server (encoding/json) fills its `Path` field from `path`, `Path` or `PATH`, the
+    # last key winning; the gate looked up `path` only, so both calls below reached the allow.
+    rules = (
+        McpRule("tools/call", A.DENY, "r", arguments=(("path", Matcher("glob", "/etc/**")),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "r", arguments=(("path", WORK),)),
+        McpRule("tools/call", A.PROMPT, "r"),
+    )
+
+    def rule(args: dict[str, Any]) -> int | None:
+        return policy.evaluate(rules, "tools/call", "r", {"name": "r", "arguments": args})
+
+    assert rule({"path": "/work/a"}).rule_index == 1
+    assert rule({"path": "/work/a", "PATH": "/etc/shadow"}).rule_index == 0
+    assert rule({"Path": "/etc/shadow"}).rule_index == 0
+    assert rule({"\u017fecret": 1, "path": "/work/a"}).rule_index == 1  # other names: as before
+    # Under the allow rule alone such a call is no match.
+    allow = rules[1:]
+    d = policy.evaluate(allow, "tools/call", "r", params("r", path="/work/a", PATH="/work/b"))
+    assert d.rule_index == 1
 
 
 def test_approvals_show_says_why(cli: Any) -> None:
