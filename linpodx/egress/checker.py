@@ -25,6 +25,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import resource
 import socket
 import struct
 import threading
@@ -50,6 +51,22 @@ DEFAULT_MAX_NEW_PER_SECOND = 100
 THREAD_STACK = 256 * 1024
 """Each open connection holds two threads; their stacks need little (the default is 8 MiB
 of address space each)."""
+
+FILES_PER_CONNECTION = 6
+"""Descriptors the guard holds for one relayed connection: both legs, a splice pipe each way."""
+FILES_KEPT = 256
+"""Descriptors kept for the rest of the guard (the resolver's sockets, records, nft)."""
+
+
+def connection_room() -> int:
+    """How many connections the guard's file limit lets the checker hold while the resolver
+    and the records keep descriptors of their own: past it, accept(), the resolver's upstream
+    sockets and the audit appends would fail instead (the bound is then this, said so)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(0, (soft - FILES_KEPT) // FILES_PER_CONNECTION)
+
 
 Denied = Callable[[str, str, str], None]
 """(what was tried, e.g. `evil.test:443`, destination address, reason)"""
@@ -248,6 +265,7 @@ class Checker:
         self._waiting = 0
         """Acceptor threads in (or on their way to) accept()."""
         self._failed = threading.Event()
+        self._room = connection_room()
         self.stats = {"accepted": 0, "refused": 0}
 
     ACCEPTORS_MIN = 4
@@ -333,6 +351,9 @@ class Checker:
                     raise Refusal(
                         f"{addr}:{port}", f"more than {bounds.max_connections} connections open"
                     )
+                if self._open >= self._room:
+                    raise Refusal(f"{addr}:{port}", f"more than {self._room} connections open "
+                                  "(all the guard's file limit allows)")  # fmt: skip
                 if self._rate.rate != bounds.max_new_per_second:
                     self._rate = _Rate(bounds.max_new_per_second)
                 if not self._rate.take():
