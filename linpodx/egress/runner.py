@@ -245,9 +245,9 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
 def _more_files() -> None:
     """The soft file limit up to the hard one (no privilege needed): the checker holds six
     descriptors per connection, and a guard started from a login's shell (soft 1024) ran out
-    at ~170 held connections, far below `max_connections`; its accept(), the resolver's
-    sockets and its records then failed. What the limit still cannot hold, the checker
-    refuses (`checker.connection_room`)."""
+    at ~170 held connections, far below `max_connections` (the next one was closed without
+    a record, descriptors being what accept(), the resolver and the records need too). What
+    the limit still cannot hold, the checker refuses (`checker.connection_room`)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         try:

@@ -232,10 +232,11 @@ def test_the_checker_holds_its_own_bound_of_connections_and_dns_goes_on(
 ) -> None:
     """The checker's bound (`max_connections`, 512) is what limits connections held open, not
     the guard's file descriptors: each held connection costs the guard six (both legs, a
-    splice pipe each way), and a rootless guard inherited the login's soft nofile (1024 here),
-    so ~170 held connections made its accept(), the resolver's sockets and its records fail
-    while `linpodx ps` said healthy. Held under the bound, they all work, and so does DNS.
-    The guard starts under a login's usual soft limit (1024; this test runner's is higher)."""
+    splice pipe each way), and a guard started from a login's shell had its soft nofile (1024),
+    so past ~170 held connections the next one was closed without a record while `linpodx
+    ps` said healthy (rootless, `podman unshare` raises the limit; rootful, nothing did).
+    Held under the bound, they all work, and so does DNS. The guard starts under a login's
+    usual soft limit (1024; this test runner's is higher)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
     try:
