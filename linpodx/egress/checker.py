@@ -322,8 +322,17 @@ class Checker:
                 if more:
                     self._waiting += 1
             if more:
-                threading.Thread(target=self._accepting, args=(stop,), name="checker",
-                                 daemon=True).start()  # fmt: skip
+                try:
+                    threading.Thread(target=self._accepting, args=(stop,), name="checker",
+                                     daemon=True).start()  # fmt: skip
+                except RuntimeError:
+                    # No thread to be had (the guard at its process or memory limit): this
+                    # one still handles the connection it took and waits again after, and is
+                    # not counted twice; ending here left the connection unanswered and, two
+                    # such later, no acceptor at all behind a guard that looked healthy.
+                    log.warning("the connection checker could not start another acceptor")
+                    with self._lock:
+                        self._waiting -= 1
             try:
                 self._one(conn)
             except Exception:

@@ -3,10 +3,14 @@ tests/integration/test_egress_names.py and test_egress_attacks.py)."""
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from linpodx.egress.checker import (
     FILES_KEPT,
@@ -47,3 +51,78 @@ def test_the_connections_held_stay_within_the_guards_file_limit() -> None:
         assert connection_room() == 0
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class _NoNewThreads:
+    """`threading` for the checker, where a thread can no longer be started (a guard at its
+    process or memory limit): `start` raises as CPython's does."""
+
+    def __init__(self) -> None:
+        self.Event = threading.Event
+        self.Lock = threading.Lock
+        self.Condition = threading.Condition
+        self.stack_size = threading.stack_size
+        self.refuse = False
+        self.started = 0
+        outer = self
+
+        class Thread(threading.Thread):
+            def start(self) -> None:
+                if outer.refuse:
+                    raise RuntimeError("can't start new thread")
+                super().start()
+                outer.started += 1
+
+        self.Thread = Thread
+
+
+def test_an_acceptor_that_cannot_start_another_still_handles_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An acceptor that takes a connection starts another when few are left waiting; when that
+    start failed, the acceptor ended with the connection it had taken unhandled, still counted
+    as waiting: two such and no acceptor was left, every new connection hung in the backlog
+    and the guard looked healthy."""
+    from linpodx.egress import checker as checker_mod
+
+    if os.geteuid() != 0:
+        pytest.skip("joining a netns (its own) needs CAP_SYS_ADMIN")
+    fake = _NoNewThreads()
+    monkeypatch.setattr(checker_mod, "threading", fake)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    allow = Allowlist.from_entries(["a.test"])
+    checker = Checker(listener, "/proc/self/ns/net", lambda: allow, Leases(), lambda *_: None)
+    handled: list[socket.socket] = []
+    release = threading.Event()
+
+    def hold(conn: socket.socket) -> None:  # the connection's work, held until released
+        handled.append(conn)
+        release.wait(10)
+        conn.close()
+
+    monkeypatch.setattr(checker, "_one", hold)
+    stop = threading.Event()
+    serving = threading.Thread(target=checker.serve, args=(stop,), daemon=True)
+    serving.start()
+    clients = []
+    try:
+        deadline = time.monotonic() + 5
+        while fake.started < Checker.ACCEPTORS_MIN and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # (into accept())
+        fake.refuse = True
+        for n in range(1, 5):
+            clients.append(socket.create_connection(listener.getsockname()))
+            deadline = time.monotonic() + 5
+            while len(handled) < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert len(handled) == 4
+    finally:
+        release.set()
+        stop.set()
+        serving.join(5)
+        for c in clients:
+            c.close()
+        listener.close()
