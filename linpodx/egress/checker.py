@@ -164,13 +164,22 @@ class _Pool:
         self._idle = 0
 
     def submit(self, fn: Callable[..., None], *args: object) -> None:
+        task = (fn, args)
         with self._lock:
-            self._tasks.append((fn, args))
+            self._tasks.append(task)
             if self._idle > 0:
                 self._idle -= 1
                 self._ready.notify()
                 return
-        threading.Thread(target=self._work, name="checker", daemon=True).start()
+        try:
+            threading.Thread(target=self._work, name="checker", daemon=True).start()
+        except RuntimeError:
+            # The caller fails (its connection ends, its sockets close): the task must not
+            # stay queued for the next thread, which would run it on that connection's
+            # sockets, closed or (in the moment before) being torn down under it.
+            with self._lock, contextlib.suppress(ValueError):
+                self._tasks.remove(task)
+            raise
 
     def _work(self) -> None:
         from linpodx.egress.netns import CLONE_NEWNET, setns

@@ -126,3 +126,32 @@ def test_an_acceptor_that_cannot_start_another_still_handles_its_connection(
         for c in clients:
             c.close()
         listener.close()
+
+
+def test_a_task_whose_thread_could_not_start_is_not_run_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool queued a task, then failed to start a thread for it: the connection it was for
+    ended (its sockets closed), yet the task stayed queued, and the next thread started ran
+    it, on that connection's sockets."""
+    from linpodx.egress import checker as checker_mod
+
+    if os.geteuid() != 0:
+        pytest.skip("joining a netns (its own) needs CAP_SYS_ADMIN")
+    fake = _NoNewThreads()
+    monkeypatch.setattr(checker_mod, "threading", fake)
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        pool = checker_mod._Pool(fd)
+        ran: list[str] = []
+        done = threading.Event()
+        fake.refuse = True
+        with pytest.raises(RuntimeError):
+            pool.submit(ran.append, "stale")
+        fake.refuse = False
+        pool.submit(lambda: (ran.append("fresh"), done.set()))
+        assert done.wait(5)
+        time.sleep(0.1)
+        assert ran == ["fresh"]
+    finally:
+        os.close(fd)
