@@ -532,6 +532,10 @@ class Checker:
             # Both legs without Nagle (the onward one has it off from its start): a relay's
             # small writes (a TLS handshake message, a short answer) go on at once.
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        held = b""
+        if http is not None and http.unjudged:
+            # A next request's head begun in the first bytes: it goes on once judged.
+            first, held = first[: len(first) - http.unjudged], first[len(first) - http.unjudged :]
         if first:
             onward.sendall(first)
         if http is not None and http.upgraded:
@@ -549,7 +553,8 @@ class Checker:
         # client's next request goes to a pool thread: waking one for the answer put a
         # thread's wake-up on every request's path.
         self._both_ways(
-            lambda: self._pump_http(conn, onward, http, addr, port), lambda: _pump(onward, conn)
+            lambda: self._pump_http(conn, onward, http, addr, port, held),
+            lambda: _pump(onward, conn),
         )
 
     def _both_ways(self, elsewhere: Callable[[], None], here: Callable[[], None]) -> None:
@@ -582,12 +587,15 @@ class Checker:
         http: inspect.HttpRequests,
         addr: IPAddress,
         port: int,
+        held: bytes = b"",
     ) -> None:
         """Client to server on an /http connection: every request's Host is judged before its
-        bytes go on; a refused one ends the connection (both ways)."""
+        bytes go on, none of a head's bytes go on before it is complete (`held`: those of
+        one begun); a refused one ends the connection (both ways)."""
         while True:
             data = conn.recv(262144)
             if not data:
+                # What is held is a head the client never ended: it goes nowhere.
                 with contextlib.suppress(OSError):
                     onward.shutdown(socket.SHUT_WR)
                 return
@@ -601,7 +609,11 @@ class Checker:
             except Refusal:
                 _reset(onward)
                 raise
-            onward.sendall(data)
+            data = held + data
+            keep = http.unjudged
+            data, held = data[: len(data) - keep], data[len(data) - keep :]
+            if data:
+                onward.sendall(data)
 
 
 def _switched(onward: socket.socket, conn: socket.socket) -> bool:
