@@ -138,9 +138,13 @@ def check_root(root: str, *, required: bool = False) -> str:
             f"linpodx's state dir {root} belongs to {_owner(st.st_uid)}, not to you "
             f"({_owner(euid)}); its mode is {mode:04o}; refusing to use it"
         )
+    # The directories above first: once nobody else can change them, `real` (no links left
+    # in it) names the directory just looked at. Tightened by that name, not by `root`: a
+    # link re-pointed since the look (at /etc, say, for root) would be followed.
+    _check_ancestors(real, euid)
     if mode & 0o077:
         try:
-            os.chmod(root, DIR_MODE)
+            os.chmod(real, DIR_MODE)
         except OSError as exc:
             if mode & 0o022:
                 raise _unsafe(
@@ -148,7 +152,6 @@ def check_root(root: str, *, required: bool = False) -> str:
                     f"could not be made 0700: {exc.strerror or exc}",
                     f"run `chmod 0700 {root}`, or use another state dir (LINPODX_STATE_DIR)",
                 ) from None
-    _check_ancestors(real, euid)
     _checked[(root, euid)] = real
     return real
 

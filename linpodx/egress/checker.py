@@ -25,6 +25,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import resource
 import socket
 import struct
 import threading
@@ -50,6 +51,22 @@ DEFAULT_MAX_NEW_PER_SECOND = 100
 THREAD_STACK = 256 * 1024
 """Each open connection holds two threads; their stacks need little (the default is 8 MiB
 of address space each)."""
+
+FILES_PER_CONNECTION = 6
+"""Descriptors the guard holds for one relayed connection: both legs, a splice pipe each way."""
+FILES_KEPT = 256
+"""Descriptors kept for the rest of the guard (the resolver's sockets, records, nft)."""
+
+
+def connection_room() -> int:
+    """How many connections the guard's file limit lets the checker hold while the resolver
+    and the records keep descriptors of their own: past it, accept(), the resolver's upstream
+    sockets and the audit appends would fail instead (the bound is then this, said so)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(0, (soft - FILES_KEPT) // FILES_PER_CONNECTION)
+
 
 Denied = Callable[[str, str, str], None]
 """(what was tried, e.g. `evil.test:443`, destination address, reason)"""
@@ -147,13 +164,22 @@ class _Pool:
         self._idle = 0
 
     def submit(self, fn: Callable[..., None], *args: object) -> None:
+        task = (fn, args)
         with self._lock:
-            self._tasks.append((fn, args))
+            self._tasks.append(task)
             if self._idle > 0:
                 self._idle -= 1
                 self._ready.notify()
                 return
-        threading.Thread(target=self._work, name="checker", daemon=True).start()
+        try:
+            threading.Thread(target=self._work, name="checker", daemon=True).start()
+        except RuntimeError:
+            # The caller fails (its connection ends, its sockets close): the task must not
+            # stay queued for the next thread, which would run it on that connection's
+            # sockets, closed or (in the moment before) being torn down under it.
+            with self._lock, contextlib.suppress(ValueError):
+                self._tasks.remove(task)
+            raise
 
     def _work(self) -> None:
         from linpodx.egress.netns import CLONE_NEWNET, setns
@@ -248,6 +274,7 @@ class Checker:
         self._waiting = 0
         """Acceptor threads in (or on their way to) accept()."""
         self._failed = threading.Event()
+        self._room = connection_room()
         self.stats = {"accepted": 0, "refused": 0}
 
     ACCEPTORS_MIN = 4
@@ -304,8 +331,17 @@ class Checker:
                 if more:
                     self._waiting += 1
             if more:
-                threading.Thread(target=self._accepting, args=(stop,), name="checker",
-                                 daemon=True).start()  # fmt: skip
+                try:
+                    threading.Thread(target=self._accepting, args=(stop,), name="checker",
+                                     daemon=True).start()  # fmt: skip
+                except RuntimeError:
+                    # No thread to be had (the guard at its process or memory limit): this
+                    # one still handles the connection it took and waits again after, and is
+                    # not counted twice; ending here left the connection unanswered and, two
+                    # such later, no acceptor at all behind a guard that looked healthy.
+                    log.warning("the connection checker could not start another acceptor")
+                    with self._lock:
+                        self._waiting -= 1
             try:
                 self._one(conn)
             except Exception:
@@ -333,6 +369,9 @@ class Checker:
                     raise Refusal(
                         f"{addr}:{port}", f"more than {bounds.max_connections} connections open"
                     )
+                if self._open >= self._room:
+                    raise Refusal(f"{addr}:{port}", f"more than {self._room} connections open "
+                                  "(all the guard's file limit allows)")  # fmt: skip
                 if self._rate.rate != bounds.max_new_per_second:
                     self._rate = _Rate(bounds.max_new_per_second)
                 if not self._rate.take():
@@ -493,6 +532,10 @@ class Checker:
             # Both legs without Nagle (the onward one has it off from its start): a relay's
             # small writes (a TLS handshake message, a short answer) go on at once.
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        held = b""
+        if http is not None and http.unjudged:
+            # A next request's head begun in the first bytes: it goes on once judged.
+            first, held = first[: len(first) - http.unjudged], first[len(first) - http.unjudged :]
         if first:
             onward.sendall(first)
         if http is not None and http.upgraded:
@@ -510,7 +553,8 @@ class Checker:
         # client's next request goes to a pool thread: waking one for the answer put a
         # thread's wake-up on every request's path.
         self._both_ways(
-            lambda: self._pump_http(conn, onward, http, addr, port), lambda: _pump(onward, conn)
+            lambda: self._pump_http(conn, onward, http, addr, port, held),
+            lambda: _pump(onward, conn),
         )
 
     def _both_ways(self, elsewhere: Callable[[], None], here: Callable[[], None]) -> None:
@@ -543,12 +587,15 @@ class Checker:
         http: inspect.HttpRequests,
         addr: IPAddress,
         port: int,
+        held: bytes = b"",
     ) -> None:
         """Client to server on an /http connection: every request's Host is judged before its
-        bytes go on; a refused one ends the connection (both ways)."""
+        bytes go on, none of a head's bytes go on before it is complete (`held`: those of
+        one begun); a refused one ends the connection (both ways)."""
         while True:
             data = conn.recv(262144)
             if not data:
+                # What is held is a head the client never ended: it goes nowhere.
                 with contextlib.suppress(OSError):
                     onward.shutdown(socket.SHUT_WR)
                 return
@@ -562,7 +609,11 @@ class Checker:
             except Refusal:
                 _reset(onward)
                 raise
-            onward.sendall(data)
+            data = held + data
+            keep = http.unjudged
+            data, held = data[: len(data) - keep], data[len(data) - keep :]
+            if data:
+                onward.sendall(data)
 
 
 def _switched(onward: socket.socket, conn: socket.socket) -> bool:

@@ -225,6 +225,14 @@ class HttpRequests:
         """A request asked to switch protocols (WebSocket): what follows is not HTTP."""
         self.requests = 0
 
+    @property
+    def unjudged(self) -> int:
+        """How many of the last bytes fed belong to a request head not complete yet (its Host
+        not known): they must not go on until it is. A server may take the end of input as
+        the end of a head (Python's http.server does), so bytes passed on early are a
+        request the client can complete by half-closing."""
+        return len(self._pending) if self._in_head else 0
+
     def feed(self, data: bytes) -> list[str]:
         h11 = self._h11
         hosts: list[str] = []

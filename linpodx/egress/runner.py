@@ -18,6 +18,7 @@ import ipaddress
 import json
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -193,6 +194,7 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     st = EgressState(name)
+    _more_files()
     # Before the pid comes (podman is still creating the container): nothing here needs it.
     host = current_host_addresses()
     netns.preload_nftables()
@@ -238,6 +240,21 @@ def run_guard(name: str, control: socket.socket, wait: float) -> int:
     recorder.flush()
     report.write(state="stopped", container=name, container_pid=pid)
     return 0
+
+
+def _more_files() -> None:
+    """The soft file limit up to the hard one (no privilege needed): the checker holds six
+    descriptors per connection, and a guard started from a login's shell (soft 1024) ran out
+    at ~170 held connections, far below `max_connections` (the next one was closed without
+    a record, descriptors being what accept(), the resolver and the records need too). What
+    the limit still cannot hold, the checker refuses (`checker.connection_room`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the guard's file limit from %s to %s: %s",
+                        soft, hard, exc)  # fmt: skip
 
 
 class _Wake:

@@ -202,3 +202,42 @@ def test_a_second_client_hello_naming_another_server_is_refused(
         f"egress denied: evilxxx.test:{p} to {HOST} (second ClientHello" in ln
         for ln in denied_events(container)
     ))
+
+
+UNENDED = r'''
+import socket, sys, time
+port, how = int(sys.argv[1]), sys.argv[2]
+s = socket.create_connection(("allowed.test", port), timeout=5)
+first = b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+evil = b"GET / HTTP/1.1\r\nHost: evil.test\r\n"  # no empty line: the head never ends
+if how == "later":
+    s.sendall(first)
+    time.sleep(0.5)
+    s.sendall(evil)
+else:  # with the first request, in the same bytes
+    s.sendall(first + evil)
+time.sleep(0.3)
+s.shutdown(socket.SHUT_WR)
+out = b""
+try:
+    while chunk := s.recv(4096):
+        out += chunk
+except OSError as e:
+    out += ("error:" + type(e).__name__).encode()
+print(out.decode(errors="replace"))
+'''
+
+
+@pytest.mark.parametrize("how", ["later", "together"])
+def test_a_request_head_never_ended_goes_nowhere_before_its_host_is_judged(
+    servers: Servers, container: str, names: Names, how: str
+) -> None:
+    """The bytes of a head not yet complete went on at once (its Host not judged yet); the
+    client then half-closed, and a server that takes end of input as the end of the head
+    (Python's http.server does) served the request for evil.test."""
+    p = names.http_port
+    _up(servers, container, names, (f"allowed.test:{p}/http",))
+    script = UNENDED.replace("'", "'\"'\"'")
+    out = sh(container, f"python3 -c '{script}' {p} {how}").stdout
+    assert "content-of-allowed.test" in out, out
+    assert "content-of-evil.test" not in out, out

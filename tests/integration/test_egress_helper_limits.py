@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import resource
 import socketserver
 import subprocess
 import threading
@@ -220,3 +221,44 @@ def test_the_defaults_are_applied(servers: Servers, container: str, holder: int)
                f"socket.gethostbyname('allowed.test'), {holder}), timeout=5); "
                "print(s.recv(16))\"")  # fmt: skip
     assert "held" in again.stdout, again
+
+
+HELD = 480
+"""Connections held in the checker's bound test (under its 512)."""
+
+
+def test_the_checker_holds_its_own_bound_of_connections_and_dns_goes_on(
+    servers: Servers, container: str, holder: int
+) -> None:
+    """The checker's bound (`max_connections`, 512) is what limits connections held open, not
+    the guard's file descriptors: each held connection costs the guard six (both legs, a
+    splice pipe each way), and a guard started from a login's shell had its soft nofile (1024),
+    so past ~170 held connections the next one was closed without a record while `linpodx
+    ps` said healthy (rootless, `podman unshare` raises the limit; rootful, nothing did).
+    Held under the bound, they all work, and so does DNS. The guard starts under a login's
+    usual soft limit (1024; this test runner's is higher)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+    try:
+        _up(servers, container, holder)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    argv = ["podman", "exec", "-i", container, "python3", "-c", FLOOD_CLIENT, str(holder),
+            str(HELD)]  # fmt: skip
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        line = p.stdout.readline().strip()
+        fresh = sh(container, "getent hosts other-name.allowed.test allowed.test")
+        again = sh(container, "python3 -c \"import socket; s=socket.create_connection(("
+                   f"socket.gethostbyname('allowed.test'), {holder}), timeout=5); "
+                   "print(s.recv(16))\"")  # fmt: skip
+        status = guard.status(container)
+    finally:
+        p.stdin.write("\n")
+        p.stdin.close()
+        p.wait(timeout=60)
+    assert line == f"held {HELD}", line
+    assert "allowed.test" in fresh.stdout, fresh
+    assert "held" in again.stdout, again
+    assert status == "healthy"

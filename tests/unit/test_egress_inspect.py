@@ -502,3 +502,16 @@ def test_checker_never_passes_an_http_request_a_server_routes_elsewhere() -> Non
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_bytes_of_a_head_not_complete_are_counted_as_unjudged() -> None:
+    """The checker holds them back until the head is complete (its Host judged)."""
+    from linpodx.egress.inspect import HttpRequests
+
+    http = HttpRequests()
+    first = b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+    begun = b"GET / HTTP/1.1\r\nHost: evil.test\r\n"
+    assert http.feed(first + begun) == ["allowed.test"]
+    assert http.unjudged == len(begun)
+    assert http.feed(b"X-A: 1\r\n") == [] and http.unjudged == len(begun) + 8
+    assert http.feed(b"\r\n") == ["evil.test"] and http.unjudged == 0

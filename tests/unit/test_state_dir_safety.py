@@ -369,3 +369,32 @@ def test_the_state_dir_is_resolved_once_per_process(
         paths.ensure_dir_str(str(d))
         paths.check_dir_str(str(d))
     assert resolved == []
+
+
+def test_a_link_re_pointed_during_the_check_never_has_its_new_target_tightened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check looks at the directory the link names, then tightens it; a link re-pointed in
+    between (at a directory of someone else's choosing: as root, /etc) must not have *that*
+    directory's mode changed. The race is made certain by re-pointing it on the check's stat."""
+    real, elsewhere = tmp_path / "real", tmp_path / "elsewhere"
+    for d in (real, elsewhere):
+        d.mkdir()
+        d.chmod(0o755)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("LINPODX_STATE_DIR", str(link))
+    plain_stat = os.stat
+
+    def re_pointing(p: object, *a: object, **kw: object) -> os.stat_result:
+        got = plain_stat(p, *a, **kw)  # type: ignore[arg-type]
+        if os.fspath(p) == str(real) and os.readlink(link) == str(real):  # type: ignore[arg-type]
+            link.unlink()
+            link.symlink_to(elsewhere)
+        return got
+
+    monkeypatch.setattr(os, "stat", re_pointing)
+    assert paths.state_dir() == real
+    monkeypatch.setattr(os, "stat", plain_stat)
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
+    assert stat.S_IMODE(real.stat().st_mode) == 0o700
