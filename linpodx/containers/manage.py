@@ -35,6 +35,7 @@ from linpodx.podman.argv import (
 )
 from linpodx.podman.runline import validate_name
 from linpodx.profile.model import ProfileRef
+from linpodx.suggest import add_to_hint
 
 
 def egress_status(name: str) -> str:
@@ -53,7 +54,11 @@ def managed_info(name: str) -> dict[str, Any]:
     # A rollback that was killed part-way may have renamed NAME aside or left it stopped, and
     # swapped half its workspace: nothing acts on it until `snapshot recover` put it back.
     refuse_if_rolling_back(name)
-    info = podman().inspect(name)
+    try:
+        info = podman().inspect(name)
+    except NotFound as err:
+        err.hint = add_to_hint(err.hint, name, managed_names())
+        raise
     if engine.labels_of(info).get(MANAGED_LABEL) != "1":
         raise Denied(
             f"container {name} is not managed by linpodx",
@@ -68,6 +73,15 @@ def managed_info(name: str) -> dict[str, Any]:
             "give the container's name (`linpodx ps --all` lists them)",
         )
     return info
+
+
+def managed_names() -> list[str]:
+    """The names of every linpodx container (for a did-you-mean; [] if podman cannot say)."""
+    try:
+        rows = podman().list_managed(True)
+    except LinpodxError:
+        return []
+    return [str(n) for r in rows for n in (r.get("Names") or [])[:1]]
 
 
 def _ref_for(name: str, info: dict[str, Any]) -> ProfileRef:
@@ -246,7 +260,8 @@ def _remove(name: str, force: bool) -> dict[str, Any]:
             )
     elif not spec_dir(name).exists():
         raise NotFound(
-            f"container not found: {name}", "list linpodx containers with `linpodx ps --all`"
+            f"container not found: {name}",
+            add_to_hint("list linpodx containers with `linpodx ps --all`", name, managed_names()),
         )
     audit_stopping("container.rm", {"name": name, "force": force, "present": present})
     if present:
