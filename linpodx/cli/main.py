@@ -50,6 +50,7 @@ _GROUPS = {
 _TOP_LEVEL = {
     "linpodx.cli.containers": ("run", "ps", "start", "stop", "rm", "logs", "exec", "doctor"),
     "linpodx.cli.approvals": ("events", "approve", "deny"),
+    "linpodx.cli.attach": ("attach",),
     "linpodx.cli.egress": ("_egress-guard",),
 }
 

@@ -121,12 +121,17 @@ def rm_cmd(
 def rollback_cmd(
     name: NameArg,
     to: Annotated[str, typer.Option("--to", help="Label of the snapshot to go back to.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Also when someone is attached to it (they are told).")
+    ] = False,
     json_mode: JsonOpt = False,
 ) -> None:
     """Recreate NAME from a snapshot and restore its writable mounts (all or nothing)."""
     from linpodx.snapshot import rollback
 
-    run_command("snapshot rollback", json_mode, lambda: rollback.rollback(name, to))
+    run_command(
+        "snapshot rollback", json_mode, lambda: rollback.rollback(name, to, force=force)
+    )
 
 
 @app.command("recover")

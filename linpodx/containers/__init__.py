@@ -24,6 +24,7 @@ from __future__ import annotations
 from linpodx.containers.bringup import pin_mounts
 from linpodx.containers.manage import (
     STOP_TIME_MAX,
+    attach,
     egress_status,
     exec_in,
     inspect,
@@ -76,7 +77,7 @@ from linpodx.profile.model import BUILTIN_ID, ProfileRef, builtin_ref
 
 __all__ = [
     "BUILTIN_ID", "MAX_SPEC_BYTES", "REASON_MAX", "SPEC_VERSION", "STOP_TIME_MAX", "Announce",
-    "ContainerInfo", "Outcome", "ProfileRef", "RunRequest", "attached_start", "audit",
+    "ContainerInfo", "Outcome", "ProfileRef", "RunRequest", "attach", "attached_start", "audit",
     "audit_stopping", "builtin_ref", "check_mount_sources", "create_and_start", "egress_status",
     "exec_in", "forget", "host_limits", "inspect", "load_spec", "lock_name", "logs",
     "make_spec", "managed_info", "managed_names", "needs_guard", "one_call", "pin_mounts",

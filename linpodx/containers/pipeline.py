@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from linpodx import events, namelock
-from linpodx.containers import bringup, request
+from linpodx.containers import bringup, request, sessions
 from linpodx.containers.bringup import bring_up, cleanup, pin_mounts
 from linpodx.containers.plan import fields, make_spec, needs_guard, one_call, run_record
 from linpodx.containers.record import Outcome, emit, recorded
@@ -471,7 +471,10 @@ def attached_start(
     so nothing is left half-created, and the run's outcome is recorded
     (`container.run.failed`, as when `podman start` fails for a detached run).
     """
-    with recorded("container.run", name, None, step="podman_start") as outcome:
+    with (
+        recorded("container.run", name, None, step="podman_start") as outcome,
+        sessions.attached(name, "run"),  # a rollback meanwhile sees this terminal, and says why
+    ):
         outcome.created = True
         rc = podman().run_inherited(
             engine.start_attach_argv(name, interactive, global_flags),
