@@ -77,8 +77,11 @@ def _start(what: str) -> Any:
     from rich.spinner import Spinner
     from rich.text import Text
 
+    from linpodx.output import safe_text
+
     console = Console(file=sys.stderr, highlight=False, markup=False, emoji=False)
-    spinner = Spinner("dots", text=Text(f" {what}", no_wrap=True, overflow="ellipsis"))
+    text = Text(f" {safe_text(what, 200)}", no_wrap=True, overflow="ellipsis")
+    spinner = Spinner("dots", text=text)
     live = Live(
         spinner, console=console, transient=True, refresh_per_second=8,
         redirect_stdout=False, redirect_stderr=False,

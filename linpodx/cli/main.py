@@ -168,6 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in (args[: args.index("--")] if "--" in args else args)
+    if json_mode or "linpodx.progress" in sys.modules:  # (not loaded on the fast path)
+        from linpodx import progress
+
+        progress.quiet(json_mode)  # one document on stdout, nothing extra on stderr either
     err: LinpodxError | None = None
     printed = envelopes_printed()
     rc = _main(args)

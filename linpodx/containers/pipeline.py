@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from linpodx import events, namelock
+from linpodx import events, namelock, progress
 from linpodx.containers import bringup, request, sessions
 from linpodx.containers.bringup import bring_up, cleanup, pin_mounts
 from linpodx.containers.plan import fields, make_spec, needs_guard, one_call, run_record
@@ -124,7 +124,8 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
     argv = build_create_argv(spec)
     outcome.step = "podman_create"
     try:
-        container_id = podman().create(argv)
+        with progress.waiting(_waiting_for(spec)):
+            container_id = podman().create(argv)
     except BaseException:
         if guarded:
             with contextlib.suppress(Exception):
@@ -163,6 +164,11 @@ def _create(spec: CreateSpec, ref: ProfileRef, *, start: bool, outcome: Outcome)
         "container.start", name=spec.name, profile=ref.name, revision=ref.revision, image=spec.image
     )
     return ContainerInfo(spec.name, container_id, state, ref.name, ref.revision, spec.image)
+
+
+def _waiting_for(spec: CreateSpec) -> str:
+    """What a person waiting for `podman create`/`run` of `spec` is told (`progress`)."""
+    return f"podman is creating {spec.name} from {spec.image} (the first use of an image is slow)"
 
 
 def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
@@ -395,10 +401,15 @@ def _relay(
     a failure, once everything is removed). `outcome` learns how far it got."""
     seen: list[str] = []
     at = outcome
+    # Until podman has made the container (the first use of an image can take many seconds);
+    # ended before anything is announced.
+    waiting = contextlib.ExitStack()
+    waiting.enter_context(progress.waiting(_waiting_for(spec)))
     if at.step in ("prepare", "state_dir"):
         at.step = "podman_run"
 
     def created(container_id: str, running: Callable[[], bool]) -> None:
+        waiting.close()
         seen.append(container_id)
         at.created = True
         if guarded:
@@ -426,7 +437,8 @@ def _relay(
             lock.release()
 
     try:
-        rc = podman().relay_announced(start(), cidfile, created)
+        with waiting:
+            rc = podman().relay_announced(start(), cidfile, created)
     except BaseException as exc:
         ours = cidfile.exists()  # podman created the container: remove it and its spec
         at.created = at.created or ours
