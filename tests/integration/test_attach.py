@@ -159,3 +159,46 @@ def test_rollback_of_an_attached_container_refuses_then_tells_the_terminal(
     # And getting back in works: the rolled-back container, with its own terminal.
     attach_and_detach(name, "back")
     assert podman("exec", name, "cat", "/ws/f.txt").stdout == "v1\n"
+
+
+class PodmanSays:
+    """A `saga.Faults` that fails the step named as podman fails: with its exit status and its
+    own words on stderr (what a Ctrl-C that reached `podman init` gives)."""
+
+    def __init__(self, step: str) -> None:
+        self.step = step
+
+    def at(self, point: str) -> None:
+        from linpodx.errors import EngineError
+
+        if point == self.step:
+            raise EngineError(
+                "podman init failed (exit 125)",
+                argv=("podman", "init", "x"),
+                returncode=125,
+                stderr="Error: preparing container: first line of podman's words\n"
+                "Error: interrupted: last line of podman's words\n",
+            )
+
+
+def test_a_rollback_that_podman_fails_shows_podmans_own_words(
+    cli: Cli, profile: str, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    from linpodx.snapshot import rollback
+
+    ok(cli("run", "-d", "--profile", profile, "--image", BUSYBOX_IMAGE, "--name", unique_name,
+           "--", "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"))  # fmt: skip
+    ok(cli("snapshot", "create", *HELD, unique_name, "--label", "s1", "--wait"))
+    monkeypatch.setattr(
+        rollback, "rollback", functools.partial(rollback.rollback, faults=PodmanSays("create"))
+    )
+    r = cli("snapshot", "rollback", unique_name, "--to", "s1")
+    assert r.exit_code == 5, r.stderr  # podman failed
+    assert "failed at step create: podman init failed (exit 125)" in r.stderr
+    assert "put back as they were" in r.stderr
+    # All of podman's words, not only the exit status (and not only its last line).
+    assert "  Error: preparing container: first line of podman's words" in r.stderr
+    assert "  Error: interrupted: last line of podman's words" in r.stderr
+    assert inspect(unique_name)["State"]["Status"] == "running"  # type: ignore[index]
