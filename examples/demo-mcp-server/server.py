@@ -9,9 +9,11 @@ container, never on the host:
 - `run_shell(cmd)`: run a shell command in $HOME and return its exit status and output.
 - `list_dir(path)`: the names in a directory.
 
-Paths are confined to the workspace roots (`DEMO_ROOTS`, colon-separated; default `/workspace`
-and the container's $HOME): relative paths start in $HOME, and a path that leaves the roots
-(`..`, an absolute path elsewhere, a symlink pointing out) is refused. The server trusts nothing
+Paths are confined to the workspace roots: the directories the container's profile mounts (its
+`mounts[].target`s, `/workspace` in the walk-through, whatever a profile names: read from
+/proc/self/mountinfo, as the container sees them) and the container's $HOME; `DEMO_ROOTS`
+(colon-separated) replaces them. Relative paths start in $HOME, and a path that leaves the
+roots (`..`, an absolute path elsewhere, a symlink pointing out) is refused. The server trusts nothing
 it is told about policy: the gate in front of it (linpodx's MCP bridge) decides which calls ever
 reach it.
 """
@@ -25,9 +27,49 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 HOME = os.path.expanduser("~")
-ROOTS = tuple(
-    os.path.realpath(r) for r in os.environ.get("DEMO_ROOTS", f"/workspace:{HOME}").split(":") if r
-)
+# Mount points that are the container engine's, not the profile's.
+SYSTEM_DIRS = ("/proc", "/sys", "/dev", "/etc", "/run")
+PSEUDO_FS = frozenset({"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2"})
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: space, tab, newline and backslash are written as octal escapes."""
+    for code in ("040", "011", "012", "134"):
+        field = field.replace("\\" + code, chr(int(code, 8)))
+    return field
+
+
+def mount_targets(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The directories mounted into this container from the host (its profile's mount
+    targets): not `/`, nothing under the engine's own dirs, not a fresh pseudo file system."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        head, _, tail = line.partition(" - ")
+        fields, fstype = head.split(), (tail.split() or [""])[0]
+        if len(fields) < 5:
+            continue
+        root, point = _unescape(fields[3]), _unescape(fields[4])
+        if point == "/" or any(point == d or point.startswith(d + "/") for d in SYSTEM_DIRS):
+            continue
+        if fstype in PSEUDO_FS and root == "/":
+            continue  # made here (a tmpfs $HOME), not a host directory
+        if os.path.isdir(point) and point not in found:
+            found.append(point)
+    return found
+
+
+def _roots() -> tuple[str, ...]:
+    given = os.environ.get("DEMO_ROOTS")
+    roots = given.split(":") if given is not None else [*mount_targets(), HOME]
+    return tuple(os.path.realpath(r) for r in roots if r)
+
+
+ROOTS = _roots()
 MAX_READ = 64 * 1024
 
 app = MCPServer("linpodx-demo-agent")

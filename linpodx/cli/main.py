@@ -52,6 +52,7 @@ _GROUPS = {
 _TOP_LEVEL = {
     "linpodx.cli.containers": ("run", "ps", "start", "stop", "rm", "logs", "exec", "doctor"),
     "linpodx.cli.approvals": ("events", "approve", "deny"),
+    "linpodx.cli.attach": ("attach",),
     "linpodx.cli.egress": ("_egress-guard",),
 }
 
@@ -226,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = format_as_json(list(sys.argv[1:] if argv is None else argv))
     json_mode = "--json" in (args[: args.index("--")] if "--" in args else args)
+    if json_mode or "linpodx.progress" in sys.modules:  # (not loaded on the fast path)
+        from linpodx import progress
+
+        progress.quiet(json_mode)  # one document on stdout, nothing extra on stderr either
     err: LinpodxError | None = None
     printed = envelopes_printed()
     left = None if _command_name(args) == "sandbox show" else _format_left(args)

@@ -42,7 +42,11 @@ def create_cmd(
                                    consistency=consistency)
         if not wait:
             return {"job_id": job.job_id, "status": job.status, "image": job.image}
-        done = service.wait(job.job_id)
+        from linpodx import progress
+
+        with progress.waiting(f"snapshot of {name} ({label}): committing its image and "
+                              "archiving its workspace"):
+            done = service.wait(job.job_id)
         view = service.job_view(done)
         if done.status != "succeeded":
             raise LinpodxError(
@@ -137,12 +141,20 @@ def rm_cmd(
 def rollback_cmd(
     name: NameArg,
     to: Annotated[str, typer.Option("--to", help="Label of the snapshot to go back to.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Also when someone is attached to it (they are told).")
+    ] = False,
     json_mode: JsonOpt = False,
 ) -> None:
     """Recreate NAME from a snapshot and restore its writable mounts (all or nothing)."""
+    from linpodx import progress
     from linpodx.snapshot import rollback
 
-    run_command("snapshot rollback", json_mode, lambda: rollback.rollback(name, to))
+    def fn() -> dict[str, Any]:
+        with progress.waiting(f"rolling {name} back to {to}"):
+            return rollback.rollback(name, to, force=force)
+
+    run_command("snapshot rollback", json_mode, fn)
 
 
 @app.command("recover")

@@ -24,11 +24,13 @@ from __future__ import annotations
 from linpodx.containers.bringup import pin_mounts
 from linpodx.containers.manage import (
     STOP_TIME_MAX,
+    attach,
     egress_status,
     exec_in,
     inspect,
     logs,
     managed_info,
+    managed_names,
     ps,
     remove,
     start,
@@ -75,10 +77,11 @@ from linpodx.profile.model import BUILTIN_ID, ProfileRef, builtin_ref
 
 __all__ = [
     "BUILTIN_ID", "MAX_SPEC_BYTES", "REASON_MAX", "SPEC_VERSION", "STOP_TIME_MAX", "Announce",
-    "ContainerInfo", "Outcome", "ProfileRef", "RunRequest", "attached_start", "audit",
+    "ContainerInfo", "Outcome", "ProfileRef", "RunRequest", "attach", "attached_start", "audit",
     "audit_stopping", "builtin_ref", "check_mount_sources", "create_and_start", "egress_status",
     "exec_in", "forget", "host_limits", "inspect", "load_spec", "lock_name", "logs",
-    "make_spec", "managed_info", "needs_guard", "one_call", "pin_mounts", "profile_by_id",
+    "make_spec", "managed_info", "managed_names", "needs_guard", "one_call", "pin_mounts",
+    "profile_by_id",
     "ps", "read_spec_bytes", "recorded", "refuse_if_rolling_back", "remove", "resolve_profile",
     "run", "run_foreground", "run_started", "save_plan", "save_spec", "spec_dir",
     "spec_from_record", "spec_path", "start", "stop", "unapplied_limits",

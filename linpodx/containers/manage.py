@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from linpodx.containers import bringup, record, request
+from linpodx.containers import bringup, record, request, sessions
 from linpodx.containers.bringup import bring_up, say
 from linpodx.containers.plan import check_mount_sources, needs_guard, unapplied_limits
 from linpodx.containers.record import audit_stopping, emit, recorded
@@ -35,6 +35,7 @@ from linpodx.podman.argv import (
 )
 from linpodx.podman.runline import validate_name
 from linpodx.profile.model import ProfileRef
+from linpodx.suggest import add_to_hint
 
 
 def egress_status(name: str) -> str:
@@ -53,7 +54,11 @@ def managed_info(name: str) -> dict[str, Any]:
     # A rollback that was killed part-way may have renamed NAME aside or left it stopped, and
     # swapped half its workspace: nothing acts on it until `snapshot recover` put it back.
     refuse_if_rolling_back(name)
-    info = podman().inspect(name)
+    try:
+        info = podman().inspect(name)
+    except NotFound as err:
+        err.hint = add_to_hint(err.hint, name, managed_names())
+        raise
     if engine.labels_of(info).get(MANAGED_LABEL) != "1":
         raise NotManaged(
             f"container {name} is not managed by linpodx",
@@ -68,6 +73,15 @@ def managed_info(name: str) -> dict[str, Any]:
             "give the container's name (`linpodx ps --all` lists them)",
         )
     return info
+
+
+def managed_names() -> list[str]:
+    """The names of every linpodx container (for a did-you-mean; [] if podman cannot say)."""
+    try:
+        rows = podman().list_managed(True)
+    except LinpodxError:
+        return []
+    return [str(n) for r in rows for n in (r.get("Names") or [])[:1]]
 
 
 def _ref_for(name: str, info: dict[str, Any]) -> ProfileRef:
@@ -246,7 +260,8 @@ def _remove(name: str, force: bool) -> dict[str, Any]:
             )
     elif not spec_dir(name).exists():
         raise NotFound(
-            f"container not found: {name}", "list linpodx containers with `linpodx ps --all`"
+            f"container not found: {name}",
+            add_to_hint("list linpodx containers with `linpodx ps --all`", name, managed_names()),
         )
     audit_stopping("container.rm", {"name": name, "force": force, "present": present})
     if present:
@@ -288,6 +303,37 @@ def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -
     )
     emit("container.exec", name=name, argv=list(command))
     return podman().run_inherited(engine.exec_argv(name, command, interactive, tty))
+
+
+def attach(
+    name: str, *, detach_keys: str | None = None, no_stdin: bool = False, sig_proxy: bool = True
+) -> int:
+    """`linpodx attach NAME`: this terminal to a running linpodx container's (audited first);
+    returns podman's status (the container's when it ends, 0 after a detach).
+
+    The name's lock is held for the checks, the record and the session marker (`sessions`),
+    not for the session: a rollback or stop of NAME then waits only for those, and finds this
+    session marked (a rollback that holds the lock is waited for, and this attaches to the
+    container it made)."""
+    with contextlib.ExitStack() as session:
+        with lock_name(name):
+            info = managed_info(name)
+            if engine.state(info) != "running":
+                raise InvalidInput(
+                    f"container {name} is not running",
+                    f"start it with `linpodx start {name}` (attach goes to a running container)",
+                )
+            argv = engine.attach_argv(
+                name, detach_keys=detach_keys, no_stdin=no_stdin, sig_proxy=sig_proxy
+            )
+            record.audit(
+                "container.attach",
+                {"name": name, "id": info.get("Id"), "no_stdin": no_stdin,
+                 "detach_keys": detach_keys, "sig_proxy": sig_proxy},
+            )  # fmt: skip
+            session.enter_context(sessions.attached(name, "attach"))
+        emit("container.attach", name=name)
+        return podman().run_inherited(argv)
 
 
 def _renamable(name: str) -> bool:

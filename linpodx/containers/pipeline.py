@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from linpodx import events, namelock
-from linpodx.containers import bringup, request
+from linpodx import events, namelock, progress
+from linpodx.containers import bringup, request, sessions
 from linpodx.containers.bringup import bring_up, cleanup, pin_mounts
 from linpodx.containers.plan import (
     fields,
@@ -142,7 +142,7 @@ def _create(
             if fd is not None:
                 spec = CreateSpec(**{**fields(spec), "env_file": f"/dev/fd/{fd}"})
             argv = build_create_argv(spec)
-            with lending(*(() if fd is None else (fd,))):
+            with lending(*(() if fd is None else (fd,))), progress.waiting(_waiting_for(spec)):
                 container_id = podman().create(argv)
     except BaseException as exc:
         if guarded:
@@ -187,6 +187,11 @@ def _create(
         "container.start", name=spec.name, profile=ref.name, revision=ref.revision, image=spec.image
     )
     return ContainerInfo(spec.name, container_id, state, ref.name, ref.revision, spec.image)
+
+
+def _waiting_for(spec: CreateSpec) -> str:
+    """What a person waiting for `podman create`/`run` of `spec` is told (`progress`)."""
+    return f"podman is creating {spec.name} from {spec.image} (the first use of an image is slow)"
 
 
 def run(req: RunRequest) -> tuple[ContainerInfo, CreateSpec]:
@@ -425,10 +430,15 @@ def _relay(
     a failure, once everything is removed). `outcome` learns how far it got."""
     seen: list[str] = []
     at = outcome
+    # Until podman has made the container (the first use of an image can take many seconds);
+    # ended before anything is announced.
+    waiting = contextlib.ExitStack()
+    waiting.enter_context(progress.waiting(_waiting_for(spec)))
     if at.step in ("prepare", "state_dir"):
         at.step = "podman_run"
 
     def created(container_id: str, running: Callable[[], bool]) -> None:
+        waiting.close()
         seen.append(container_id)
         at.created = True
         if guarded:
@@ -456,7 +466,8 @@ def _relay(
             lock.release()
 
     try:
-        rc = podman().relay_announced(start(), cidfile, created)
+        with waiting:
+            rc = podman().relay_announced(start(), cidfile, created)
     except BaseException as exc:
         ours = cidfile.exists()  # podman created the container: remove it and its spec
         at.created = at.created or ours
@@ -501,7 +512,10 @@ def attached_start(
     so nothing is left half-created, and the run's outcome is recorded
     (`container.run.failed`, as when `podman start` fails for a detached run).
     """
-    with recorded("container.run", name, None, step="podman_start") as outcome:
+    with (
+        recorded("container.run", name, None, step="podman_start") as outcome,
+        sessions.attached(name, "run"),  # a rollback meanwhile sees this terminal, and says why
+    ):
         outcome.created = True
         rc = podman().run_inherited(
             engine.start_attach_argv(name, interactive, global_flags),

@@ -30,6 +30,7 @@ EVENT_TYPES = (
     "container.stop",
     "container.rm",
     "container.exec",
+    "container.attach",
     "dns.denied",
     "dns.wildcard",
     "egress.denied",

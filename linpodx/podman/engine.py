@@ -131,6 +131,19 @@ def start_attach_argv(
     return tuple(argv)
 
 
+def attach_argv(
+    name: str, *, detach_keys: str | None, no_stdin: bool, sig_proxy: bool
+) -> tuple[str, ...]:
+    """argv of `podman attach` to NAME (the CLI runs it with inherited stdio)."""
+    argv = [podman_bin(), "attach"]
+    if detach_keys is not None:
+        argv.append(f"--detach-keys={detach_keys}")
+    if no_stdin:
+        argv.append("--no-stdin")
+    argv += [f"--sig-proxy={'true' if sig_proxy else 'false'}", name]
+    return tuple(argv)
+
+
 def stop(name: str, timeout: int = 10) -> None:
     """`podman stop -t TIMEOUT NAME`."""
     podman("stop", f"--time={timeout}", name, what="podman stop", timeout=timeout + 60)

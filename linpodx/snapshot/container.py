@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from linpodx.errors import NotManaged
+from linpodx.errors import NotFound, NotManaged
 from linpodx.snapshot import runner
+from linpodx.suggest import add_to_hint
 
 MANAGED_LABEL = "linpodx.managed"
 # The labels that tie a container to its profile revision: a rolled-back one keeps them all.
@@ -69,7 +70,13 @@ def labels_of(info: Mapping[str, Any]) -> dict[str, str]:
 
 def require_managed(name: str) -> dict[str, Any]:
     """Inspect `name` and refuse it unless linpodx manages it."""
-    info = inspect_container(name)
+    try:
+        info = inspect_container(name)
+    except NotFound as err:
+        from linpodx.containers import managed_names  # only on this error's path
+
+        err.hint = add_to_hint(err.hint, name, managed_names())
+        raise
     if labels_of(info).get(MANAGED_LABEL) != "1":
         raise NotManaged(
             f"{name} is not a linpodx container (label {MANAGED_LABEL}=1 missing)",

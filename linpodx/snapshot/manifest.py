@@ -10,7 +10,9 @@ from typing import Any
 from linpodx.canonical import CanonicalError, strict_loads
 from linpodx.errors import LinpodxError, NotFound
 from linpodx.fsutil import NotRegularFile, atomic_write, read_regular
-from linpodx.snapshot.names import snapshot_dir
+from linpodx.paths import snapshots_dir
+from linpodx.snapshot.names import container_root, snapshot_dir
+from linpodx.suggest import add_to_hint
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
@@ -60,10 +62,25 @@ def read_dir(directory: Path) -> dict[str, Any]:
 
 
 def not_found(name: str, label: str) -> NotFound:
-    return NotFound(
-        f"snapshot not found: {name}, label {label}",
-        f"list the snapshots of {name} with `linpodx snapshot list {name}`",
-    )
+    hint = f"list the snapshots of {name} with `linpodx snapshot list {name}`"
+    try:
+        # The labels of NAME's snapshots, or (none there) the containers that have any.
+        labels = _entries(container_root(name))
+        hint = (
+            add_to_hint(hint, label, labels)
+            if labels
+            else add_to_hint(hint, name, _entries(snapshots_dir()))
+        ) or hint
+    except OSError:
+        pass  # a did-you-mean only words the hint
+    return NotFound(f"snapshot not found: {name}, label {label}", hint)
+
+
+def _entries(directory: Path) -> list[str]:
+    """The names of the directories in `directory` ([] if there is none)."""
+    if not os.path.isdir(directory):
+        return []
+    return [e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith(".")]
 
 
 def read(name: str, label: str) -> dict[str, Any]:

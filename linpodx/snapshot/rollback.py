@@ -16,9 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import proc
+from linpodx.containers import sessions
 from linpodx.containers.manage import revision_of
-from linpodx.errors import EXIT_AUDIT, EngineError, InvalidInput, LinpodxError, NotFound
+from linpodx.errors import (
+    EXIT_AUDIT,
+    Conflict,
+    EngineError,
+    InvalidInput,
+    LinpodxError,
+    NotFound,
+)
 from linpodx.ids import new_ulid
+from linpodx.output import note
 from linpodx.podman import engine
 from linpodx.snapshot import egresskeep, journal, lifecycle, manifest, runner, workspace
 from linpodx.snapshot.container import (
@@ -102,6 +111,10 @@ def _drop_staging(r: _Rollback) -> None:
 
 def _stop(r: _Rollback) -> None:
     if r.jour.was_running:
+        # Each attached terminal (`rollback --force`) prints this when its session ends.
+        sessions.tell_all(r.name, f"{r.name} was stopped by `linpodx snapshot rollback "
+                          f"{r.name} --to {r.jour.label}` (from another terminal); once it is "
+                          f"done, get back in with `linpodx attach {r.name}`")
         with r.holding():
             lifecycle.stop(r.name, r.kept)
 
@@ -244,7 +257,7 @@ def _restart(r: _Rollback) -> None:
         try:
             lifecycle.start(r.name)  # not lending: its conmon lives as long as the container
         except LinpodxError as exc:
-            r.notes.append(f"{r.name} is back but could not be started again: {exc.message}; "
+            r.notes.append(f"{r.name} is back but could not be started again: {_said(exc)}; "
                            f"start it with `linpodx start {r.name}`")
     journal.clear(r.name)
 
@@ -289,7 +302,8 @@ def _remove_if_made_by(jour: journal.Journal) -> list[str]:
 
 
 def _said(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, LinpodxError) else str(exc)
+    # With podman's last words: "podman init failed (exit 125)" alone says little.
+    return _reason(exc)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,7 +345,9 @@ def _verify_snapshot(name: str, label: str) -> dict[str, Any]:
     return man
 
 
-def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, Any]:
+def rollback(
+    name: str, label: str, *, force: bool = False, faults: Faults = NO_FAULTS
+) -> dict[str, Any]:
     """Recreate container `name` from snapshot `label` and restore its workspace, safely.
 
     A rollback of `name` that was interrupted before (its journal is left) is recovered first.
@@ -343,8 +359,9 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
     (new container removed, workspace swapped back, original renamed back and started again if
     it was running) and the error says so. The journal (`linpodx.snapshot.journal`) names the
     step about to be taken, so a rollback killed outright is undone (or, once committed,
-    finished) by the next `snapshot rollback` or `snapshot recover` of `name`. `faults` is for
-    tests only (`saga.Faults`).
+    finished) by the next `snapshot rollback` or `snapshot recover` of `name`. A container
+    with an attached session (`sessions`) is refused unless `force` (then warned about, and
+    its terminals told). `faults` is for tests only (`saga.Faults`).
     """
     check_container_name(name)
     check_label(label)
@@ -352,6 +369,8 @@ def rollback(name: str, label: str, *, faults: Faults = NO_FAULTS) -> dict[str, 
         recovered = _recover_locked(name, lock_fd, faults)
         man = _verify_snapshot(name, label)
         orig = _check_rollback(name, label, man)
+        if orig.running:
+            _check_sessions(name, label, force)
         r = _begin(name, label, man, orig, lock_fd, faults)
         try:
             STEPS.run(r, r.at, faults)
@@ -421,6 +440,22 @@ def _check_rollback(name: str, label: str, man: dict[str, Any]) -> Container:
         workspace.check_restorable(entry)
     lifecycle.check_recreatable(name, orig.labels.get("linpodx.profile_id", ""))
     return orig
+
+
+def _check_sessions(name: str, label: str, force: bool) -> None:
+    """Refuse to stop a container someone is attached to, unless `force`; then say so."""
+    attached = sessions.live(name)
+    if not attached:
+        return
+    who = ", ".join(s.describe() for s in attached)
+    if not force:
+        raise Conflict(
+            f"{name} has an attached session ({who}): the rollback would stop it under them",
+            f"end or detach that session, or roll back with `linpodx snapshot rollback {name} "
+            f"--to {label} --force` (the attached terminal is told why, and how to get back "
+            "in); nothing was changed",
+        )
+    note(f"warning: {name} has an attached session ({who}); the rollback stops it (--force)")
 
 
 def _begin(
@@ -506,7 +541,7 @@ def _undo_failed(r: _Rollback, exc: BaseException) -> None:
     emit("snapshot.rollback", container=name, label=label, status="failed",
          rollback_id=rb_id, step=step, undone=not problems)
     if not problems:
-        raise LinpodxError(
+        failed = LinpodxError(
             f"rollback of {name} to {label} failed at step {step}: {reason}; the "
             "original container and workspace were put back as they were"
             + "".join(f"; {n}" for n in r.notes),
@@ -516,7 +551,8 @@ def _undo_failed(r: _Rollback, exc: BaseException) -> None:
                 else 130 if isinstance(exc, KeyboardInterrupt) else 1
             ),
             details={"step": step, "restored": True},
-        ) from None
+        )
+        raise _with_podmans_words(failed, exc) from None
     raise LinpodxError(
         f"rollback of {name} to {label} failed at step {step}: {reason}; undoing it "
         f"also failed: {'; '.join(problems)}",
@@ -545,6 +581,17 @@ def _check_egress(
             f"the new container's egress guard does not report revision {now['revision']}"
         )
     return egresskeep.summary(now)
+
+
+def _with_podmans_words(err: LinpodxError, exc: BaseException) -> LinpodxError:
+    """`err`, as an EngineError that shows what podman said (all of it, not only the last line
+    in the message) when a podman call failed the step; `err` itself otherwise."""
+    if not (isinstance(exc, EngineError) and exc.stderr.strip()):
+        return err
+    out = EngineError(err.message, err.hint, argv=exc.argv, returncode=exc.returncode,
+                      stderr=exc.stderr)
+    out.exit_code, out.details = err.exit_code, err.details
+    return out
 
 
 def _reason(exc: BaseException) -> str:
