@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = True,
     ) -> None:
-        """Attach to a running linpodx container's terminal (audited); detach with the keys."""
+        """Attach this terminal to a running linpodx container (audited; keys detach)."""
         from linpodx import containers
 
         try:

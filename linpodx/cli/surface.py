@@ -250,7 +250,9 @@ ROOT_HELP_WIDTH = 80
 def root_help_text(root: Any) -> str:
     """`linpodx --help` as click prints it on a terminal at least ROOT_HELP_WIDTH wide (or
     into a pipe)."""
-    settings = {**(root.context_settings or {}), "terminal_width": ROOT_HELP_WIDTH}
+    # click formats at min(columns, 80) - 2 (its HelpFormatter), but a terminal_width given in
+    # the context is used as it is: give it what click would compute.
+    settings = {**(root.context_settings or {}), "terminal_width": ROOT_HELP_WIDTH - 2}
     ctx = type(root).context_class(root, info_name=PROG, **settings)
     return str(root.get_help(ctx)) + "\n"
 
