@@ -216,7 +216,7 @@ def test_create_prints_job_id_at_once_then_job_status_succeeds(box: Box) -> None
     assert [m["target"] for m in man["mounts"]] == ["/ws"]
     assert man["profile_labels"]["linpodx.profile"] == box.profile
     listed = result(box.cli("snapshot", "list", box.name, "--json"))
-    assert [(x["label"], x["state"]) for x in listed] == [("before-refactor", "ok")]
+    assert [(x["label"], x["state"]) for x in listed["snapshots"]] == [("before-refactor", "ok")]
     # The container runs again after the commit (unpaused / continued).
     assert inspect(box.name)["State"]["Status"] == "running"  # type: ignore[index]
     assert "snapshot.create" in audit_types() and "snapshot.create" in event_types()
