@@ -142,7 +142,10 @@ def rollback_cmd(
     name: NameArg,
     to: Annotated[str, typer.Option("--to", help="Label of the snapshot to go back to.")],
     force: Annotated[
-        bool, typer.Option("--force", help="Also when someone is attached to it (they are told).")
+        bool,
+        typer.Option(
+            "--force", help="No warning when someone is attached to it (they are told anyway)."
+        ),
     ] = False,
     json_mode: JsonOpt = False,
 ) -> None:

@@ -20,7 +20,6 @@ from linpodx.containers import sessions
 from linpodx.containers.manage import revision_of
 from linpodx.errors import (
     EXIT_AUDIT,
-    Conflict,
     EngineError,
     InvalidInput,
     LinpodxError,
@@ -443,19 +442,18 @@ def _check_rollback(name: str, label: str, man: dict[str, Any]) -> Container:
 
 
 def _check_sessions(name: str, label: str, force: bool) -> None:
-    """Refuse to stop a container someone is attached to, unless `force`; then say so."""
+    """Warn before stopping a container someone is attached to (`run -it`, `attach`): the
+    rollback goes on, as the walk-through's own step 7 does under its `run -it` terminal, and
+    the attached terminal is told why it ended and how to get back in (`_stop`). `force`: no
+    warning (a script that knows)."""
     attached = sessions.live(name)
-    if not attached:
+    if not attached or force:
         return
     who = ", ".join(s.describe() for s in attached)
-    if not force:
-        raise Conflict(
-            f"{name} has an attached session ({who}): the rollback would stop it under them",
-            f"end or detach that session, or roll back with `linpodx snapshot rollback {name} "
-            f"--to {label} --force` (the attached terminal is told why, and how to get back "
-            "in); nothing was changed",
-        )
-    note(f"warning: {name} has an attached session ({who}); the rollback stops it (--force)")
+    note(
+        f"warning: {name} has an attached session ({who}); the rollback stops it (its terminal "
+        f"is told, and how to get back in: `linpodx attach {name}`)"
+    )
 
 
 def _begin(

@@ -1057,8 +1057,8 @@ def test_two_runs_of_one_name_at_once_leave_the_winners_guard_files_alone(
             ]
             said = [p.communicate(timeout=120) for p in runs]
             done = [(p.returncode, out, err) for p, (out, err) in zip(runs, said, strict=True)]
-            assert sorted(rc for rc, _, _ in done) == [0, 5], done
-            err = next(e for rc, _, e in done if rc == 5)
+            assert sorted(rc for rc, _, _ in done) == [0, 9], done
+            err = next(e for rc, _, e in done if rc == 9)
             assert "already in use" in err and "hint:" in err and "Traceback" not in err
             st = EgressState(name)
             assert "egress guard ready" in st.guard_log.read_text()
