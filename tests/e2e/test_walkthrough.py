@@ -20,6 +20,7 @@ import json
 import os
 import pwd
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -155,6 +156,12 @@ def kv(text: str, key: str) -> str:
     return m.group(1)
 
 
+def _as_a_terminal_would() -> None:
+    # A person's terminal delivers Ctrl-C: a suite started in the background (`cmd &` in a
+    # script ignores SIGINT, and children inherit that) must not make T2 deaf to it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(*args: str) -> pexpect.spawn:
     child = pexpect.spawn(
         sys.executable,
@@ -164,6 +171,7 @@ def spawn(*args: str) -> pexpect.spawn:
         timeout=90,
         echo=False,
         dimensions=(50, 250),
+        preexec_fn=_as_a_terminal_would,
     )
     return child
 
