@@ -32,7 +32,7 @@ MAX_SUBJECT = 4096
 """Longest string a glob or regex is matched against, in characters: a longer value is a
 non-match (the rule does not apply). With MAX_PROGRAM, one match visits at most about a
 million states: about a second of CPU for the worst pattern on a 2-core test machine (`.*`
-written 84 times, against 4,096 distinct characters), microseconds for `/work/**`."""
+written 84 times, against 4,096 distinct characters), microseconds for `/proj/**`."""
 MAX_ONE_OF = 64
 """Most values in a `one_of` list."""
 
@@ -446,7 +446,7 @@ def parse_matcher(raw: dict[str, Any]) -> tuple[Matcher | None, str | None, str 
     if kind == "glob":
         problem = glob_problem(value)
         if problem:
-            return None, problem, "e.g. `/work/**` (everything below /work) or `/work/*.py`"
+            return None, problem, "e.g. `/proj/**` (everything below /proj) or `/proj/*.py`"
         try:
             compile_glob(value)
         except PatternError as exc:

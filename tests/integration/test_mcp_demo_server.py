@@ -114,7 +114,7 @@ def test_demo_server_through_the_gate(tmp_path: Path, unique_name: str) -> None:
 def test_demo_server_serves_the_mount_targets_its_profile_names(
     tmp_path: Path, unique_name: str
 ) -> None:
-    """No DEMO_ROOTS: the roots are the profile's own mount targets (here `/work` and
+    """No DEMO_ROOTS: the roots are the profile's own mount targets (here `/proj` and
     `/data/in put`, not the walk-through's `/workspace`) and $HOME; the engine's mounts
     (/etc/hosts, /proc, …) are not roots."""
     project, other = tmp_path / "project", tmp_path / "other dir"
@@ -125,7 +125,7 @@ def test_demo_server_serves_the_mount_targets_its_profile_names(
         (d / "README.md").chmod(0o644)
     (tmp_path / "mounts.yml").write_text(
         PROFILE.replace("name: demo-test", "name: demo-mounts")
-        + f"mounts:\n  - {{source: {project}, target: /work}}\n"
+        + f"mounts:\n  - {{source: {project}, target: /proj}}\n"
         + f"  - {{source: '{other}', target: '/data/in put'}}\n"
     )
     store.apply(tmp_path / "mounts.yml")
@@ -140,14 +140,14 @@ def test_demo_server_serves_the_mount_targets_its_profile_names(
     s = RawSession(unique_name, command=["python3", "/tmp/demo.py"])
     try:
         s.handshake()
-        read = call(s, 1, "read_file", path="/work/README.md")
+        read = call(s, 1, "read_file", path="/proj/README.md")
         assert read["result"]["content"][0]["text"] == "hello-work\n"  # type: ignore[index]
         read = call(s, 2, "read_file", path="/data/in put/README.md")
         assert read["result"]["content"][0]["text"] == "hello-data\n"  # type: ignore[index]
         for i, bad in enumerate(("/etc/hosts", "/etc/passwd", "/workspace/README.md")):
             res = call(s, 10 + i, "read_file", path=bad)
             assert res["result"]["isError"] is True  # type: ignore[index]
-            assert "outside the workspace (/work, /data/in put, /home/agent)" in str(res)
+            assert "outside the workspace (/proj, /data/in put, /home/agent)" in str(res)
         assert s.close() == 0
     finally:
         s.kill()

@@ -25,7 +25,7 @@ mcp_policy:
   - method: tools/call
     tool_name: write_file
     arguments:
-      path: {{glob: "/work/**"}}
+      path: {{glob: "/proj/**"}}
       content: {{regex: "M-ARG-[A-Z0-9-]+"}}
     decision: auto_allow
   - method: tools/call
@@ -60,15 +60,15 @@ def test_argument_rule_forwards_only_matching_paths(tmp_path: Path, unique_name:
     try:
         s.handshake()
         sid = s.session_id()
-        assert text(write(s, 1, "/work/src/a.py", "M-ARG-OK-1")) == (
-            "wrote 10 bytes to /work/src/a.py"
+        assert text(write(s, 1, "/proj/src/a.py", "M-ARG-OK-1")) == (
+            "wrote 10 bytes to /proj/src/a.py"
         )
-        assert "wrote" in text(write(s, 2, "/work//src/./b.py", "M-ARG-OK-2"))
+        assert "wrote" in text(write(s, 2, "/proj//src/./b.py", "M-ARG-OK-2"))
         refused = [
-            (3, "/work/../etc/passwd"),
+            (3, "/proj/../etc/passwd"),
             (4, "/etc/passwd"),
-            (5, "/work/../../work/x"),
-            (6, ["/work/a"]),
+            (5, "/proj/../../proj/x"),
+            (6, ["/proj/a"]),
             (7, "/workshop/a"),
         ]
         for i, path in refused:
@@ -76,7 +76,7 @@ def test_argument_rule_forwards_only_matching_paths(tmp_path: Path, unique_name:
             assert resp["result"]["isError"] is True, resp
             assert "rule 2 (tools/call): deny" in text(resp)
         # The path matches but another named argument does not.
-        assert write(s, 8, "/work/a", "not the marker M-ARG-BAD-8")["result"]["isError"] is True
+        assert write(s, 8, "/proj/a", "not the marker M-ARG-BAD-8")["result"]["isError"] is True
         assert s.close() == 0, s.stderr[-3000:]
     finally:
         s.kill()
@@ -160,7 +160,7 @@ def test_odd_values_do_not_slip_past_a_deny_rule(tmp_path: Path, unique_name: st
         s.handshake()
         odd: list[Any] = [
             "/etc/passwd",
-            "/work/../etc/passwd",
+            "/proj/../etc/passwd",
             "//etc/./passwd",
             "/etc/passwd\u0000",
             "../../etc/passwd",

@@ -34,48 +34,48 @@ from linpodx.profile.model import McpRule, McpSettings, Profile
 @pytest.mark.parametrize(
     ("value", "norm"),
     [
-        ("/work/a", "/work/a"),
-        ("/work//a///b", "/work/a/b"),
-        ("/work/./a/.", "/work/a"),
-        ("/work/a/../b", "/work/b"),
-        ("//work", "/work"),
+        ("/proj/a", "/proj/a"),
+        ("/proj//a///b", "/proj/a/b"),
+        ("/proj/./a/.", "/proj/a"),
+        ("/proj/a/../b", "/proj/b"),
+        ("//proj", "/proj"),
         ("/", "/"),
         ("/..", None),
-        ("/work/../../etc", None),
+        ("/proj/../../etc", None),
         ("../x", None),
         ("a/../..", None),
         ("a/./b", "a/b"),
         ("", None),
-        ("/work/a\0", None),
+        ("/proj/a\0", None),
     ],
 )
 def test_normalize_path(value: str, norm: str | None) -> None:
     assert normalize_path(value) == norm
 
 
-WORK = Matcher("glob", "/work/**")
+WORK = Matcher("glob", "/proj/**")
 
 
 @pytest.mark.parametrize(
     ("value", "ok"),
     [
-        ("/work/a", True),
-        ("/work/a/b/c.py", True),
-        ("/work//a", True),
-        ("/work/./a", True),
-        ("/work/x/../a", True),
-        ("/work/../etc/passwd", False),  # normalized first: /etc/passwd
-        ("/work/a/../../etc/passwd", False),
-        ("/work/../../work/a", False),  # climbs above the root: never a match
-        ("/work", False),  # `/work/**` is what is below /work
+        ("/proj/a", True),
+        ("/proj/a/b/c.py", True),
+        ("/proj//a", True),
+        ("/proj/./a", True),
+        ("/proj/x/../a", True),
+        ("/proj/../etc/passwd", False),  # normalized first: /etc/passwd
+        ("/proj/a/../../etc/passwd", False),
+        ("/proj/../../proj/a", False),  # climbs above the root: never a match
+        ("/proj", False),  # `/proj/**` is what is below /proj
         ("/workshop/a", False),
         ("work/a", False),
-        ("/work/a\0/b", False),
+        ("/proj/a\0/b", False),
         (7, False),
         (None, False),
-        (["/work/a"], False),
-        ({"path": "/work/a"}, False),
-        ("/work/" + "a" * MAX_SUBJECT, False),  # longer than the bound
+        (["/proj/a"], False),
+        ({"path": "/proj/a"}, False),
+        ("/proj/" + "a" * MAX_SUBJECT, False),  # longer than the bound
     ],
 )
 def test_glob_double_star(value: Any, ok: bool) -> None:
@@ -83,22 +83,22 @@ def test_glob_double_star(value: Any, ok: bool) -> None:
 
 
 def test_single_star_and_question_mark_stay_in_one_segment() -> None:
-    py = Matcher("glob", "/work/*.py")
-    assert py.matches("/work/a.py") and py.matches("/work/.py")
-    assert not py.matches("/work/sub/a.py") and not py.matches("/work/a.pyc")
-    q = Matcher("glob", "/work/?.txt")
-    assert q.matches("/work/a.txt") and not q.matches("/work/ab.txt")
-    assert not q.matches("/work//.txt")  # `//` collapses: `/work/.txt` has no char for `?`
-    mid = Matcher("glob", "/work/**/test_*.py")
-    assert mid.matches("/work/test_a.py")  # `a/**/b` also matches `a/b`
-    assert mid.matches("/work/x/y/test_a.py")
-    assert not mid.matches("/work/x/y/test_a.py/z")
-    assert not mid.matches("/work/x/ytest_a.py")
+    py = Matcher("glob", "/proj/*.py")
+    assert py.matches("/proj/a.py") and py.matches("/proj/.py")
+    assert not py.matches("/proj/sub/a.py") and not py.matches("/proj/a.pyc")
+    q = Matcher("glob", "/proj/?.txt")
+    assert q.matches("/proj/a.txt") and not q.matches("/proj/ab.txt")
+    assert not q.matches("/proj//.txt")  # `//` collapses: `/proj/.txt` has no char for `?`
+    mid = Matcher("glob", "/proj/**/test_*.py")
+    assert mid.matches("/proj/test_a.py")  # `a/**/b` also matches `a/b`
+    assert mid.matches("/proj/x/y/test_a.py")
+    assert not mid.matches("/proj/x/y/test_a.py/z")
+    assert not mid.matches("/proj/x/ytest_a.py")
 
 
 def test_glob_is_not_fnmatch() -> None:
-    # fnmatch's `*` crosses `/`: `/work/*` would take `/work/a/b`.
-    assert not Matcher("glob", "/work/*").matches("/work/a/b")
+    # fnmatch's `*` crosses `/`: `/proj/*` would take `/proj/a/b`.
+    assert not Matcher("glob", "/proj/*").matches("/proj/a/b")
 
 
 # ---- regexes ----------------------------------------------------------------------------------
@@ -209,14 +209,14 @@ def params(tool: str, **args: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("p", "rule"),
     [
-        (params("read_file", path="/work/a", mode="r"), 0),
-        (params("read_file", path="/work/a", mode="r", extra=1), 0),  # others are not looked at
-        (params("read_file", path="/work/../etc/passwd", mode="r"), 1),
-        (params("read_file", path="/work/a"), 1),  # `mode` missing
-        (params("read_file", path="/work/a", mode=["r"]), 1),  # of the wrong type
-        (params("read_file", path=["/work/a"], mode="r"), 1),
-        (params("read_file", path="/work/a\0", mode="r"), 1),
-        ({"name": "read_file", "arguments": [["path", "/work/a"]]}, 1),  # not an object
+        (params("read_file", path="/proj/a", mode="r"), 0),
+        (params("read_file", path="/proj/a", mode="r", extra=1), 0),  # others are not looked at
+        (params("read_file", path="/proj/../etc/passwd", mode="r"), 1),
+        (params("read_file", path="/proj/a"), 1),  # `mode` missing
+        (params("read_file", path="/proj/a", mode=["r"]), 1),  # of the wrong type
+        (params("read_file", path=["/proj/a"], mode="r"), 1),
+        (params("read_file", path="/proj/a\0", mode="r"), 1),
+        ({"name": "read_file", "arguments": [["path", "/proj/a"]]}, 1),  # not an object
         ({"name": "read_file"}, 1),  # no arguments at all
     ],
 )
@@ -232,7 +232,7 @@ def test_rule_with_arguments_matches_only_when_every_one_does(p: Any, rule: int)
 
 def test_arguments_never_match_another_method() -> None:
     rules = (McpRule("*", A.AUTO_ALLOW, arguments=(("path", WORK),)), McpRule("*", A.DENY))
-    p = {"arguments": {"path": "/work/a"}}
+    p = {"arguments": {"path": "/proj/a"}}
     assert policy.evaluate(rules, "prompts/get", None, p).action is A.DENY
     assert policy.evaluate(rules, "tools/call", "x", p).action is A.AUTO_ALLOW
 
@@ -308,7 +308,7 @@ mcp_policy:
   - method: tools/call
     tool_name: read_file
     arguments:
-      path: {glob: "/work/**"}
+      path: {glob: "/proj/**"}
       mode: {one_of: [r, rb, 1, true, null]}
       size: {equals: {max: 10}}
       name: {regex: "[a-z]+"}
@@ -346,13 +346,13 @@ def problems(rule: str) -> list[str]:
 @pytest.mark.parametrize(
     ("rule", "where", "what"),
     [
-        ("    arguments: {path: {glob: /work/../x}}\n    decision: deny",
+        ("    arguments: {path: {glob: /proj/../x}}\n    decision: deny",
          "mcp_policy[0].arguments.path.glob", "normalized path"),
-        ("    arguments: {path: {glob: '/work/'}}\n    decision: deny",
+        ("    arguments: {path: {glob: '/proj/'}}\n    decision: deny",
          "mcp_policy[0].arguments.path.glob", "normalized path"),
-        ("    arguments: {path: {glob: '/work/[ab]'}}\n    decision: deny",
+        ("    arguments: {path: {glob: '/proj/[ab]'}}\n    decision: deny",
          "mcp_policy[0].arguments.path.glob", "no meaning in a glob"),
-        ("    arguments: {path: {regex: '^/work'}}\n    decision: deny",
+        ("    arguments: {path: {regex: '^/proj'}}\n    decision: deny",
          "mcp_policy[0].arguments.path.regex", "anchors"),
         ("    arguments: {path: {regex: '(a'}}\n    decision: deny",
          "mcp_policy[0].arguments.path.regex", "not a valid regular expression"),
@@ -364,7 +364,7 @@ def problems(rule: str) -> list[str]:
          "mcp_policy[0].arguments.path", "exactly one matcher"),
         ("    arguments: {path: {like: a}}\n    decision: deny",
          "mcp_policy[0].arguments.path.like", "unknown key"),
-        ("    arguments: {path: /work}\n    decision: deny",
+        ("    arguments: {path: /proj}\n    decision: deny",
          "mcp_policy[0].arguments.path", "expected a mapping"),
         ("    arguments: {}\n    decision: deny", "mcp_policy[0].arguments", "non-empty"),
         ("    arguments: {n: {equals: 1.5}}\n    decision: deny",
@@ -447,8 +447,8 @@ def send(b: Bridge, i: int, tool: str, **args: Any) -> None:
 def test_bridge_forwards_a_matching_call_and_prompts_past_the_rate() -> None:
     clock = Clock()
     b, chain, _client, server, events = bridge(clock)
-    send(b, 1, "read_file", path="/work/a.txt", mode="r")
-    send(b, 2, "read_file", path="/work/../etc/passwd", mode="r")
+    send(b, 1, "read_file", path="/proj/a.txt", mode="r")
+    send(b, 2, "read_file", path="/proj/../etc/passwd", mode="r")
     assert [m["id"] for m in server] == [1]
     for i in range(3, 6):
         send(b, i, "run_tests")
@@ -485,8 +485,8 @@ def test_prompt_shows_the_matched_arguments_first() -> None:
         emit=lambda t, **d: events.append((t, d)),
         clock=clock,
     )
-    send(b, 1, "w", a_content="x" * 50, z_path="/work/a")
-    send(b, 2, "w", a_content="x" * 50, z_path="/work/a")
+    send(b, 1, "w", a_content="x" * 50, z_path="/proj/a")
+    send(b, 2, "w", a_content="x" * 50, z_path="/proj/a")
     (ev,) = [d for t, d in events if t == "approval.pending"]
     keys = [f[0] for f in ev["fields"]]
     assert keys[:3] == ["name", "arguments.z_path", "arguments.a_content"], keys
@@ -512,10 +512,10 @@ def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None
         return d.action, d.rule_index
 
     assert decide(path="/etc/passwd") == (A.DENY, 0)
-    assert decide(path="/work/../etc/passwd") == (A.DENY, 0)
+    assert decide(path="/proj/../etc/passwd") == (A.DENY, 0)
     for odd in ("/etc/passwd\0", "../../etc/passwd", ["/etc/passwd"], 7, "/" + "e" * MAX_SUBJECT):
         assert decide(path=odd) == (A.DENY, 0), odd
-    assert decide(path="/work/a") == (A.AUTO_ALLOW, 2)
+    assert decide(path="/proj/a") == (A.AUTO_ALLOW, 2)
     assert decide(cmd=["rm", "-rf"]) == (A.PROMPT, 1)
     assert decide(cmd="rm -rf /") == (A.PROMPT, 1)
     assert decide(cmd="ls") == (A.AUTO_ALLOW, 2)
@@ -524,7 +524,7 @@ def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None
     assert policy.evaluate(rules, "tools/call", "w", odd_args).rule_index == 0
     # The same odd values under an allow rule: not allowed by it.
     allow = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("path", WORK),)),)
-    for odd in ("/work/a\0", "/work/../../work/a", ["/work/a"], 7):
+    for odd in ("/proj/a\0", "/proj/../../proj/a", ["/proj/a"], 7):
         assert policy.evaluate(allow, "tools/call", "w", params("w", path=odd)).action is A.DENY
 
 
@@ -570,15 +570,15 @@ def test_a_relative_path_never_slips_past_an_absolute_deny() -> None:
 
     for odd in (".ssh/id_rsa", "~/.ssh/id_rsa", "file:///root/.ssh/id_rsa", "x/../.ssh"):
         assert rule(path=odd) == 0, odd
-    assert rule(path="/work/a") == 2 and rule(path="/root/x") == 0
-    assert rule(file="/work/secret/a") == 1  # absolute against a relative glob: the same
+    assert rule(path="/proj/a") == 2 and rule(path="/root/x") == 0
+    assert rule(file="/proj/secret/a") == 1  # absolute against a relative glob: the same
     assert rule(file="secret/a") == 1 and rule(file="public/a") == 2
     # Under an allow rule a relative path is no match for an absolute glob (as before).
     assert not WORK.matches("work/a") and WORK.judge("a") is None
     # A glob that starts with `**` takes relative and absolute paths alike.
     keys = Matcher("glob", "**/.ssh/**")
     assert keys.matches("/root/.ssh/id_rsa") and keys.matches(".ssh/id_rsa")
-    assert keys.judge("/work/a") is False and keys.judge("a") is False
+    assert keys.judge("/proj/a") is False and keys.judge("a") is False
 
 
 def test_an_argument_spelled_in_another_case_is_not_judged_as_absent() -> None:
@@ -593,13 +593,13 @@ def test_an_argument_spelled_in_another_case_is_not_judged_as_absent() -> None:
     def rule(args: dict[str, Any]) -> int | None:
         return policy.evaluate(rules, "tools/call", "r", {"name": "r", "arguments": args})
 
-    assert rule({"path": "/work/a"}).rule_index == 1
-    assert rule({"path": "/work/a", "PATH": "/etc/shadow"}).rule_index == 0
+    assert rule({"path": "/proj/a"}).rule_index == 1
+    assert rule({"path": "/proj/a", "PATH": "/etc/shadow"}).rule_index == 0
     assert rule({"Path": "/etc/shadow"}).rule_index == 0
-    assert rule({"\u017fecret": 1, "path": "/work/a"}).rule_index == 1  # other names: as before
+    assert rule({"\u017fecret": 1, "path": "/proj/a"}).rule_index == 1  # other names: as before
     # Under the allow rule alone such a call is no match.
     allow = rules[1:]
-    d = policy.evaluate(allow, "tools/call", "r", params("r", path="/work/a", PATH="/work/b"))
+    d = policy.evaluate(allow, "tools/call", "r", params("r", path="/proj/a", PATH="/proj/b"))
     assert d.rule_index == 1
 
 
