@@ -64,6 +64,10 @@ def refusal(
         return f"rule {index} says {rules[index].decision.value}, not prompt"
     if decision.rate_limited:
         return "the call prompts because its rule's rate limit was passed"
+    if decision.unjudged:
+        # The rule matched only because it could not judge an argument (a path above its
+        # root, a non-string, `PATH` beside `path`): allowing that would allow what no rule did.
+        return "an argument of the call could not be judged against its rule"
     if not isinstance(method, str) or not (tool is None or isinstance(tool, str)):
         return "the call has no plain method and tool name"
     return None

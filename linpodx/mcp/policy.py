@@ -106,13 +106,19 @@ class Decision:
     rate_limited: bool = False
     """True when the decision is `prompt` because the rule's `rate:` was passed: a session
     grant (`mcp.grants`) never lifts that."""
+    unjudged: bool = False
+    """True when the rule (a `prompt` or `deny` one) matched only because an argument could not
+    be judged (not a string, a path above its root, `PATH` beside `path`): a session grant
+    never covers such a call, or it would allow a value no rule allowed."""
 
     @property
     def allowed(self) -> bool:
         return self.action is Action.AUTO_ALLOW
 
 
-def _matches(rule: McpRule, method: str, tool_name: str | None, params: Any) -> bool:
+def _matches(
+    rule: McpRule, method: str, tool_name: str | None, params: Any, lenient: bool | None = None
+) -> bool:
     if rule.method != "*" and rule.method != method:
         return False
     if rule.tool_name is not None and rule.tool_name != "*":
@@ -123,7 +129,8 @@ def _matches(rule: McpRule, method: str, tool_name: str | None, params: Any) -> 
         # Every named argument present and matching. A named argument that is missing (or
         # no `arguments` at all) matches no rule that names one: nothing is there to use.
         args = params.get("arguments") if isinstance(params, Mapping) else None
-        lenient = rule.decision is Action.AUTO_ALLOW
+        if lenient is None:
+            lenient = rule.decision is Action.AUTO_ALLOW
         if method != "tools/call":
             return False
         if not isinstance(args, Mapping):
@@ -170,8 +177,10 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
         return Decision(Action.DENY, None, f"{method} is a request and was sent without an id")
     if method == "tools/call" and not isinstance((params or {}).get("name"), str):
         return Decision(Action.DENY, None, "tools/call without a string params.name")
-    if method == "tools/call" and params and any(
-        k not in _CALL_KEYS and k.casefold() in _CALL_KEYS for k in params
+    if (
+        method == "tools/call"
+        and params
+        and any(k not in _CALL_KEYS and k.casefold() in _CALL_KEYS for k in params)
     ):
         # `Name` beside `name` (or `Arguments` for `arguments`): Go's encoding/json fills its
         # `Name` field from either key, the last one winning, so the server would run another
@@ -195,11 +204,15 @@ def evaluate(
         return Decision(Action.AUTO_ALLOW, None, "protocol housekeeping")
     for index, rule in enumerate(rules):
         if _matches(rule, method, tool_name, params):
+            unjudged = bool(rule.arguments) and not _matches(
+                rule, method, tool_name, params, lenient=True
+            )
             return Decision(
                 rule.decision,
                 index,
                 f"{_describe(index, rule)}: {rule.decision.value}",
                 tuple(name for name, _m in rule.arguments),
+                unjudged=unjudged,
             )
     return Decision(Action.DENY, None, "no rule matches (default deny)")
 
@@ -247,6 +260,7 @@ class SessionPolicy:
             f"({rate.count} auto-allowed in the last {rate.seconds}s): prompt",
             decision.matched,
             rate_limited=True,
+            unjudged=decision.unjudged,
         )
 
 

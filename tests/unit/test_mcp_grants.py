@@ -422,3 +422,38 @@ def test_a_prompt_past_a_real_rate_is_never_grantable_and_offers_no_s() -> None:
     with pytest.raises(InvalidInput):
         store.answer(p.approval_id, p.digest, store.APPROVE, scope=store.SCOPE_SESSION)
     bridge.shutdown("end")
+
+
+def test_a_grant_never_covers_an_argument_its_rule_could_not_judge() -> None:
+    """A prompt rule matches a value it cannot judge (so that value never slips past it into a
+    looser rule); a grant for that rule must not then allow such a value unseen: a path above
+    its root, a non-string, or `PATH` beside `path` (a Go server reads the last)."""
+    from linpodx.profile.mcprule import Matcher
+
+    rules = (
+        McpRule(
+            "tools/call", A.PROMPT, "write_file", arguments=(("path", Matcher("glob", "/tmp/**")),)
+        ),
+        McpRule("tools/call", A.DENY),
+    )
+    book = grants.GrantBook("sess_A", rules)
+
+    def call(args: dict[str, Any]) -> Decision:
+        return evaluate(
+            rules, "tools/call", "write_file", {"name": "write_file", "arguments": args}
+        )
+
+    first = call({"path": "/tmp/a"})
+    assert book.add(book.make(first, "tools/call", "write_file", "apr_X"))
+    assert book.apply(call({"path": "/tmp/b"}), "tools/call", "write_file")[1] is not None
+    for args in (
+        {"path": "/../etc/passwd"},
+        {"path": ["/etc/passwd"]},
+        {"path": "/tmp/a", "PATH": "/etc/passwd"},
+        {"path": "/tmp/a\0/../../etc/passwd"},
+    ):
+        d = call(args)
+        assert d.action is A.PROMPT and d.rule_index == 0, args  # still stopped by the rule
+        assert book.apply(d, "tools/call", "write_file") == (d, None), args
+        with pytest.raises(ValueError, match="judge"):
+            book.make(d, "tools/call", "write_file", "apr_Y")
