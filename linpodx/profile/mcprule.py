@@ -15,6 +15,7 @@ has no meaning for (anchors, look-arounds, back-references, inline flags) is ref
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -307,6 +308,23 @@ def normalize_path(value: str) -> str | None:
     return text or "."
 
 
+_PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def read_otherwise(value: str) -> bool:
+    """Whether a server could read `value` as another path than its POSIX form: it holds a
+    backslash (a separator on Windows, an escape to some parsers), a %XX escape (decoded by a
+    server that takes file: URIs), or a character whose compatibility form holds `.`, `/`, `\\`
+    or `%` (full-width dots, or the one-dot leader U+2024, which NFKC makes `.`). Linux reads each
+    literally, but the gate cannot know how the server reads it, so a glob does not judge it."""
+    if "\\" in value or _PERCENT_ESCAPE.search(value):
+        return True
+    return any(
+        ord(c) > 127 and any(x in unicodedata.normalize("NFKC", c) for x in "./\\%")
+        for c in value
+    )
+
+
 def glob_problem(pattern: str) -> str | None:
     """Why `pattern` is no glob the gate can match with, or None."""
     bad = sorted({c for c in pattern if c in "[]{}\\"})
@@ -392,7 +410,7 @@ class Matcher:
             return None
         if self.kind == "glob":
             path = normalize_path(arg)
-            if path is None:
+            if path is None or read_otherwise(arg):
                 return None
             rooted = self.value.startswith("/")
             if not self.value.startswith("**") and path.startswith("/") != rooted:

@@ -82,6 +82,27 @@ def test_glob_double_star(value: Any, ok: bool) -> None:
     assert WORK.matches(value) is ok
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "/proj/%2e%2e/etc/passwd",  # a server that decodes file: URIs reads /etc/passwd
+        "/proj/%2F..%2Fetc",
+        "/proj/..\\..\\etc",  # a backslash is a separator to some servers
+        "/proj/\uff0e\uff0e/etc",  # full-width dots: NFKC makes them `..`
+        "/proj/\u2024\u2024/etc",  # the one-dot leader, likewise
+        "/proj/a\uff0fb",  # a full-width slash
+    ],
+)
+def test_a_path_a_server_may_read_otherwise_is_not_judged(value: str) -> None:
+    assert WORK.judge(value) is None
+    assert not WORK.matches(value)
+
+
+def test_other_non_ascii_and_a_bare_percent_are_still_judged() -> None:
+    assert WORK.judge("/proj/caf\u00e9/\u6587\u4ef6.txt") is True
+    assert WORK.judge("/proj/100%.txt") is True
+
+
 def test_single_star_and_question_mark_stay_in_one_segment() -> None:
     py = Matcher("glob", "/proj/*.py")
     assert py.matches("/proj/a.py") and py.matches("/proj/.py")
