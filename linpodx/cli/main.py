@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
     import typer
 
-HELP = "Run an AI agent's CLI inside a rootless Podman sandbox. No daemon."
-
 # Command groups (typer sub-apps) and modules that add top-level commands, in help order.
 # They are imported only when their command is asked for: importing all of them costs several
 # hundred milliseconds (jsonschema, the MCP stack), which every `linpodx run` would pay.
@@ -93,9 +91,10 @@ def build_app(command: str | None = None) -> typer.Typer:
 
     An unknown or missing command loads everything, so help and "No such command" are complete.
     """
+    from linpodx.cli import surface
     from linpodx.cli.common import new_app
 
-    app = new_app(HELP)
+    app = new_app(surface.HELP)
     known = (
         command in _CONVENTIONS
         or command in _GROUPS
@@ -107,9 +106,8 @@ def build_app(command: str | None = None) -> typer.Typer:
     for name, module in _GROUPS.items():
         if not known or command == name:
             app.add_typer(importlib.import_module(module).app, name=name)
-    from linpodx.cli import surface
-
-    surface.register(app)  # `--version`, `version`, `help`, `completion`: last in the list
+    # `--version`, `version`, `help`, `completion`: last in the list
+    surface.register(app, version_cmd, help_cmd, completion_cmd)
     return app
 
 

@@ -149,12 +149,13 @@ def stop(name: str, timeout: int = 10) -> None:
     podman("stop", f"--time={timeout}", name, what="podman stop", timeout=timeout + 60)
 
 
-def remove(name: str, force: bool = False) -> None:
-    """`podman rm [-f] NAME`."""
+def remove(name: str, force: bool = False, *, check: bool = True) -> proc.Result:
+    """`podman rm [-f] NAME` (NAME: a name or an id); with `force` the container goes at once,
+    whatever runs in it. With `check=False` a failure is returned, not raised."""
     args = ["rm"]
     if force:
         args += ["--force", "--time=0"]
-    podman(*args, name, what="podman rm")
+    return podman(*args, name, what="podman rm", check=check)
 
 
 def remove_quietly(name: str) -> str | None:
@@ -526,11 +527,8 @@ def stream_chunks(argv: Sequence[str], sink: Any) -> int:
 # The verbs of snapshots and rollback (`linpodx.snapshot`): images, commits, pauses, mounts and
 # the container look-ups they need. They run `podman` by name (PATH), take no hint from
 # `classify_hint` and keep their own messages, exactly as the snapshot code wrote them before
-# they moved here. `inspect` and `remove` above are near-twins of `container_info` and
-# `remove_container_id` for the run paths, kept apart because what the user sees differs: the
-# run paths resolve podman first (its own "podman not found"), take classify_hint's hints and
-# point at `linpodx ps --all`; the snapshot verbs keep the words snapshot commands have always
-# said (merging them changed the hints a test pins).
+# they moved here. Looking a container up and removing one are the run paths' `inspect` and
+# `remove` above (one verb each: the snapshot code needs no words of its own for them).
 
 SNAP_PODMAN = "podman"
 
@@ -542,25 +540,6 @@ def _snap(*args: str, **kw: Any) -> proc.Result:
 def _inspect_failed(res: proc.Result, hint: str | None = None) -> EngineError:
     return EngineError("podman container inspect failed", hint, argv=res.argv,
                        returncode=res.returncode, stderr=res.stderr)
-
-
-def container_info(ref: str) -> dict[str, Any]:
-    """`podman container inspect REF` of one container; NotFound if it does not exist."""
-    res = _snap("container", "inspect", ref, check=False, what="podman container inspect")
-    if res.returncode != 0:
-        if "no such container" in res.stderr.lower():
-            raise NotFound(
-                f"container not found: {ref}",
-                "list linpodx containers with `linpodx ps`",
-            )
-        raise _inspect_failed(res, "check podman with `linpodx doctor`")
-    try:
-        data = json.loads(res.stdout)
-    except ValueError as exc:
-        raise EngineError(f"podman inspect printed something that is not JSON: {exc}") from None
-    if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
-        raise EngineError("podman inspect did not describe exactly one container")
-    return data[0]
 
 
 def other_containers_info(own_id: str) -> list[dict[str, Any]]:
@@ -648,11 +627,6 @@ def umount_rootfs(cid: str) -> None:
 def rename_container(ref: str, new: str, *, check: bool = True) -> proc.Result:
     """`podman rename REF NEW` (REF: id or name)."""
     return _snap("rename", ref, new, check=check, what="podman rename")
-
-
-def remove_container_id(cid: str, *, check: bool = True) -> proc.Result:
-    """`podman rm --force --time 0 ID`: the container goes at once, whatever runs in it."""
-    return _snap("rm", "--force", "--time", "0", cid, check=check, what="podman rm")
 
 
 def unshare_argv(argv: Sequence[str]) -> list[str]:

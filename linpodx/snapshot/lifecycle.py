@@ -121,5 +121,5 @@ def remove_new(name: str, container_id: str) -> None:
     try:
         containers.remove(name, force=True)
     except LinpodxError:
-        engine.remove_container_id(container_id)
+        engine.remove(container_id, force=True)
         detach_guard(name)

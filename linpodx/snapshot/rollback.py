@@ -266,7 +266,7 @@ def _finish(r: _Rollback) -> list[str]:
     and the moved-aside copies, as the rollback would have."""
     jour = r.jour
     problems: list[str] = []
-    res = engine.remove_container_id(jour.orig_id, check=False)
+    res = engine.remove(jour.orig_id, force=True, check=False)
     if res.returncode != 0 and "no such container" not in res.stderr.lower():
         problems.append(f"could not remove the original container {jour.aside}: "
                         f"{res.stderr.strip()}")
@@ -510,7 +510,7 @@ def _clean_up_committed(r: _Rollback) -> list[str]:
     garbage, not a half-done rollback (named, returned): the journal goes either way."""
     leftovers = []
     with r.holding():
-        res = engine.remove_container_id(r.jour.orig_id, check=False)
+        res = engine.remove(r.jour.orig_id, force=True, check=False)
     if res.returncode != 0:
         leftovers.append(f"old container {r.jour.aside}")
     for restore in r.restores:

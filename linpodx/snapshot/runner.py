@@ -48,7 +48,7 @@ class _Real:
     """The host itself."""
 
     def inspect_container(self, ref: str) -> dict[str, Any]:
-        return engine.container_info(ref)
+        return engine.inspect(ref)
 
     def image_id(self, ref: str) -> str | None:
         return engine.image_id(ref)
