@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
 import typer
 
+from linpodx.cli.common import JsonOpt
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -322,7 +324,10 @@ def register(app: typer.Typer) -> None:
     # A callback keeps typer in group mode even when only one command is registered (otherwise
     # `linpodx version` would be parsed as `version` being an argument of the sole command).
     app.callback()(_root)
-    app.command("version")(main.version_cmd)
+    @app.command("version")
+    def version_command(json_mode: JsonOpt = False) -> None:
+        """Print the linpodx version (also `linpodx --version`)."""
+        main.version_cmd(json_mode)
 
     @app.command("help")
     def help_command(
