@@ -55,9 +55,16 @@ _TOP_LEVEL = {
 }
 
 
-def version_cmd() -> None:
-    """Print the linpodx version (also `linpodx --version`)."""
-    print(f"linpodx {__version__}")
+def version_cmd(json_mode: bool = False) -> None:
+    """Print the linpodx version (also `linpodx --version`); with --json, one JSON document."""
+    if not json_mode:
+        print(f"linpodx {__version__}")
+        return
+    import platform
+
+    print_json(
+        envelope("version", {"version": __version__, "python": platform.python_version()})
+    )
 
 
 def help_cmd(words: list[str] | None = None, man: bool = False) -> int:

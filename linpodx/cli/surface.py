@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
 import typer
 
+from linpodx.cli.common import JsonOpt
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -293,7 +295,7 @@ def init_completion() -> None:
 
 def register(
     app: typer.Typer,
-    version_cmd: Callable[[], None],
+    version_cmd: Callable[[bool], None],
     help_cmd: Callable[[list[str] | None, bool], int],
     completion_cmd: Callable[[str], None],
 ) -> None:
@@ -302,7 +304,7 @@ def register(
 
     def show_version(value: bool) -> None:
         if value:
-            version_cmd()
+            version_cmd(False)
             raise typer.Exit(0)
 
     # The option as a default, not in `Annotated`: annotations are strings read in this
@@ -321,7 +323,11 @@ def register(
     # A callback keeps typer in group mode even when only one command is registered (otherwise
     # `linpodx version` would be parsed as `version` being an argument of the sole command).
     app.callback()(root)
-    app.command("version")(version_cmd)
+
+    @app.command("version")
+    def version_command(json_mode: JsonOpt = False) -> None:
+        """Print the linpodx version (also `linpodx --version`)."""
+        version_cmd(json_mode)
 
     @app.command("help")
     def help_command(

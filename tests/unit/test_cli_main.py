@@ -335,7 +335,7 @@ class _ReaderGone:
     "argv",
     [["sandbox", "validate", "missing.yaml", "--json"], ["events", "--no-follow", "--json",
                                                           "--since", "bogus"],
-     ["version", "--json"], ["sandbox", "nosuch", "--json"]],
+     ["completion", "--json"], ["sandbox", "nosuch", "--json"]],
     ids=["envelope", "events-line", "usage-envelope", "usage-envelope-group"],
 )
 def test_a_failure_whose_reader_went_away_ends_quietly_with_status_1(
@@ -351,7 +351,7 @@ def test_a_failure_whose_reader_went_away_ends_quietly_with_status_1(
         main(argv)
     assert ended.value.code == 1
     err = capsys.readouterr().err
-    if argv[0] == "version" or argv[1] == "nosuch":
+    if argv[0] == "completion" or argv[1] == "nosuch":
         # A usage error is said on stderr before main's last-resort envelope is printed.
         assert err.startswith("error: No such ") and "Traceback" not in err
     else:
