@@ -55,7 +55,7 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain data for `--json`."""
         return {
-            "path": self.path,
+            "log": self.path,
             "ok": self.ok,
             "events": self.events,
             "head": self.head,

@@ -58,7 +58,7 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
                     "entry: any name served on that address is reachable on that port)\n"
                 )
         return {
-            "profile": p.name,
+            "name": p.name,
             "status": "ok",
             "mounts": len(p.mounts),
             "egress": len(p.network.egress_dns_allowlist),
@@ -90,7 +90,7 @@ def validate_cmd(file: FileArg, json_mode: JsonOpt = False) -> None:
             "".join(
                 line + "\n"
                 for line in (
-                    kv_line("profile", r["profile"]),
+                    kv_line("profile", r["name"]),
                     kv_line("status", r["status"]),
                     kv_line("mounts", r["mounts"]),
                     kv_line("egress", _egress_summary(r)),

@@ -86,7 +86,7 @@ def test_validate_json(cli: Cli, demo: Path) -> None:
     doc = one_json(r.stdout)
     assert doc["ok"] is True and doc["command"] == "sandbox validate"
     assert doc["result"] == {
-        "profile": "agent-readonly",
+        "name": "agent-readonly",
         "status": "ok",
         "mounts": 1,
         "egress": 2,
@@ -462,3 +462,23 @@ def test_an_unchanged_apply_still_pushes_to_containers_left_behind(
     assert pushed == [(1, False), (1, True)]
     assert "egress_updated: agent-1" in res.stdout
     assert "unchanged (revision 1): nothing stored" in res.stderr
+
+
+def test_the_same_thing_has_the_same_key_in_every_command(cli: Cli, demo: Path) -> None:
+    """A profile's name is `name` in validate, apply and show (`profile` is show's whole
+    profile); the audit log's path is `log` in verify, show and seal."""
+    names = {}
+    for args in (("sandbox", "validate", str(demo)), ("sandbox", "apply", "--profile", str(demo)),
+                 ("sandbox", "show", "agent-readonly")):
+        r = cli(*args, "--json")
+        assert r.exit_code == 0, r.stderr
+        names[args[1]] = one_json(r.stdout)["result"]["name"]
+    assert set(names.values()) == {"agent-readonly"}
+    logs = {}
+    for args in (("audit", "verify"), ("audit", "show"), ("audit", "seal")):
+        r = cli(*args, "--json")
+        assert r.exit_code == 0, r.stderr
+        result = one_json(r.stdout)["result"]
+        assert "path" not in result
+        logs[args[1]] = result["log"]
+    assert len(set(logs.values())) == 1 and str(admin_chain().path) in logs.values()
