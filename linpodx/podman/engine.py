@@ -292,8 +292,9 @@ def run_inherited(argv: Sequence[str], stop: Callable[[], None] | None = None) -
     os.execvp so linpodx gets control back and can clean up a container that never started.
     While waiting, SIGINT is ignored here: in a TTY session Ctrl-C is a byte for the container,
     and otherwise podman (--sig-proxy) forwards it to the container; SIGTERM and SIGHUP are
-    passed on to podman (`spawn.hold_signals`), and `stop` (if given) ends the container should
-    it not end by itself after one. Either way linpodx must not die and leave things behind.
+    passed on to podman (`spawn.hold_signals`), and `stop` (if given, quiet) ends the container
+    should it not end by itself after one, or should podman end on it while the container runs.
+    Either way linpodx must not die and leave things behind.
     """
     import subprocess
 
@@ -318,6 +319,13 @@ def run_inherited(argv: Sequence[str], stop: Callable[[], None] | None = None) -
         for signum in early:
             started[0].send_signal(signum)
         rc = old.status(started[0].wait())
+        if rc != 0 and old.received and stop is not None:
+            # podman ended after a signal it was given, but a SIGTERM that lands before podman
+            # set up its signal proxy ends podman itself and leaves the container running
+            # (seen under load: exit 143, the container still `running`). Stop it here; a
+            # container that already ended makes this a no-op. (`stop` reports nothing: the
+            # run's own ending is what the person sees.)
+            stop()
     finally:
         spawn.restore_signals(old)
     # podman itself ended by a signal: report it as a shell does (not as Python's -N).

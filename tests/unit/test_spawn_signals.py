@@ -31,6 +31,34 @@ def test_run_inherited_reports_a_killed_podman_as_a_shell_does() -> None:
     assert engine.run_inherited([sys.executable, "-c", "raise SystemExit(4)"]) == 4
 
 
+def test_a_podman_the_forwarded_signal_ended_has_its_container_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM lands before podman set up its signal proxy: podman dies of it, and the
+    container it started runs on (seen in CI: exit 143, the container `running`). The run's
+    `stop` ends it."""
+    import subprocess
+
+    real = subprocess.Popen
+    stopped: list[bool] = []
+
+    def popen(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        child = real(argv, **kw)  # type: ignore[call-overload]
+        os.kill(os.getpid(), signal.SIGTERM)  # passed on to the child, which dies of it
+        return child  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    code = "import time; time.sleep(30)"
+    rc = engine.run_inherited([sys.executable, "-c", code], stop=lambda: stopped.append(True))
+    assert rc == 128 + signal.SIGTERM
+    assert stopped == [True]
+    # Without a signal, an ordinary failure stops nothing.
+    monkeypatch.undo()
+    assert engine.run_inherited([sys.executable, "-c", "raise SystemExit(4)"],
+                                stop=lambda: stopped.append(True)) == 4  # fmt: skip
+    assert stopped == [True]
+
+
 def test_a_signal_before_podman_exists_is_passed_on_once_it_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
