@@ -7,6 +7,9 @@ from typing import Any
 
 from linpodx.containers import bringup, record, request, sessions
 from linpodx.containers.bringup import bring_up, say
+from linpodx.containers.listing import egress_status as egress_status  # re-exported
+from linpodx.containers.listing import ps as ps  # re-exported: the package's API
+from linpodx.containers.listing import revision_of as revision_of  # re-exported
 from linpodx.containers.plan import check_mount_sources, needs_guard, unapplied_limits
 from linpodx.containers.record import audit_stopping, emit, recorded
 from linpodx.containers.request import ContainerInfo
@@ -18,7 +21,6 @@ from linpodx.containers.state import (
     remove_spec,
     renamed_from,
     spec_dir,
-    spec_path,
 )
 from linpodx.errors import (
     EngineError,
@@ -28,24 +30,10 @@ from linpodx.errors import (
     NotManaged,
     UsageError,
 )
-from linpodx.fsutil import present
 from linpodx.podman import engine
-from linpodx.podman.argv import (
-    MANAGED_LABEL,
-)
-from linpodx.podman.runline import validate_name
+from linpodx.podman.runline import MANAGED_LABEL, validate_name
 from linpodx.profile.model import ProfileRef
 from linpodx.suggest import add_to_hint
-
-
-def egress_status(name: str) -> str:
-    """The guard's view (`none`, `healthy`, `down`), or `unknown` if it cannot say."""
-    from linpodx.egress import guard
-
-    try:
-        return str(guard.status(name))
-    except Exception:
-        return "unknown"
 
 
 def managed_info(name: str) -> dict[str, Any]:
@@ -334,52 +322,6 @@ def attach(
             session.enter_context(sessions.attached(name, "attach"))
         emit("container.attach", name=name)
         return podman().run_inherited(argv)
-
-
-def _renamable(name: str) -> bool:
-    """A name linpodx could have given (`podman rename` takes longer ones, which have no state
-    dir of their own and must not make `ps` fail)."""
-    try:
-        validate_name(name)
-    except InvalidInput:
-        return False
-    return True
-
-
-def revision_of(label: object) -> int | None:
-    """The `linpodx.revision` label as the number it is (None if it is not one: anyone with
-    podman can set labels)."""
-    text = str(label or "")
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
-
-
-def ps(all_states: bool) -> list[dict[str, Any]]:
-    """Rows for `linpodx ps`: linpodx containers only."""
-    rows = []
-    for r in podman().list_managed(all_states):
-        names = r.get("Names") or []
-        name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
-        labels = r.get("Labels") or {}
-        row: dict[str, Any] = {
-            "name": name,
-            "container_id": str(r.get("Id", "")),
-            "profile": str(labels.get("linpodx.profile", "")),
-            # A number, as in `run --json` and `sandbox list`; None for a label that is not one.
-            "revision": revision_of(labels.get("linpodx.revision")),
-            "state": str(r.get("State", "")),
-            "egress": egress_status(name),
-            "image": str(r.get("Image", "")),
-        }
-        if row["egress"] == "none" and _renamable(name) and not present(spec_path(name)):
-            # Renamed with `podman rename`: its guard's state is under the name linpodx gave
-            # it, and "none" would hide a guard that runs (or one that is down).
-            was = renamed_from(str(r.get("Id", "")), name)
-            if was is not None:
-                row["egress"] = egress_status(was)
-                row["renamed_from"] = was
-        rows.append(row)
-    rows.sort(key=lambda x: x["name"])
-    return rows
 
 
 REDACTED = "(set by run -e/--env-file/--secret; not shown)"

@@ -267,7 +267,7 @@ def _go_on(
     # podman waits for: at a lower CPU priority (a filtered run took ~30 ms longer without).
     from linpodx.yielding import import_yielding
 
-    heavy = ("linpodx.containers", "linpodx.profile.store", "linpodx.podman.engine")
+    heavy = ("linpodx.containers.pipeline", "linpodx.profile.store", "linpodx.podman.engine")
     import_yielding((*heavy, "linpodx.egress.guard") if resolv else heavy)
     from pathlib import Path
 

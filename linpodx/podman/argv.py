@@ -29,7 +29,6 @@ from linpodx.podman.flags import clamp_limit
 from linpodx.profile.model import Profile
 
 LABEL_PREFIX = "linpodx."
-MANAGED_LABEL = "linpodx.managed"
 
 
 @dataclass(frozen=True)

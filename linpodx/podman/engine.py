@@ -18,7 +18,7 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EngineError, NotFound
 from linpodx.podman import spawn
-from linpodx.podman.argv import MANAGED_LABEL
+from linpodx.podman.runline import MANAGED_LABEL
 from linpodx.proc import Child
 from linpodx.profile import HOME_DIR
 

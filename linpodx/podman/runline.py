@@ -15,6 +15,10 @@ import re
 from linpodx.errors import InvalidInput
 from linpodx.profile import HOME_DIR
 
+MANAGED_LABEL = "linpodx.managed"
+"""The label every container linpodx made carries (`=1`); `podman ps` filters on it. Here, not
+in `argv`, so that listing (`linpodx ps`) loads no argv builder."""
+
 GATE_DEST = "/run/linpodx/mount-gate"
 """Where a container with mounts sees its mount gate (see `linpodx.podman.mountpin`)."""
 INIT_PIDFILE = "init.pid"

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpodx.errors import NotFound, NotManaged
+from linpodx.podman.runline import MANAGED_LABEL
 from linpodx.snapshot import runner
 from linpodx.suggest import add_to_hint
 
-MANAGED_LABEL = "linpodx.managed"
 # The labels that tie a container to its profile revision: a rolled-back one keeps them all.
 PROFILE_LABELS = (
     "linpodx.profile",

@@ -1052,7 +1052,7 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
     }
     monkeypatch.setattr(fake, "list_managed", lambda all_states: [row])
     monkeypatch.setattr(
-        containers.manage, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
+        containers.listing, "egress_status", lambda name: "healthy" if name == "agent-1" else "none"
     )
     res = cli("ps")
     assert res.exit_code == 0, res.stderr

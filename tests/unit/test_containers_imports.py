@@ -10,7 +10,8 @@ import sys
 
 def test_the_container_service_loads_no_snapshot_module() -> None:
     code = (
-        "import sys, linpodx.containers\n"
+        # The package loads its names on first use: load the service's modules themselves.
+        "import sys, linpodx.containers.pipeline, linpodx.containers.manage\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('linpodx.'))))"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -19,3 +20,23 @@ def test_the_container_service_loads_no_snapshot_module() -> None:
     assert "linpodx.containers.pipeline" in loaded
     assert not {m for m in loaded if m.startswith("linpodx.snapshot")}
     assert not {"linpodx.audit.chain", "linpodx.profile.store", "linpodx.egress.guard"} & loaded
+
+
+def test_ps_loads_the_listing_alone() -> None:
+    """`linpodx ps` (bench/bench_cli.py: <= 2x `podman ps`) loads the listing, not the run
+    pipeline, the plan, the CLI framework or the schema checker (~0.1 s of imports)."""
+    code = (
+        "import sys\n"
+        "from linpodx.cli import pscmd\n"
+        "import linpodx.containers\n"  # the package itself loads its names on first use
+        "from linpodx.containers import listing\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    loaded = set(res.stdout.split())
+    assert "linpodx.containers.listing" in loaded
+    heavy = {"linpodx.containers.pipeline", "linpodx.containers.plan", "linpodx.containers.state",
+             "linpodx.egress.guard", "linpodx.podman.argv", "linpodx.profile.model", "typer",
+             "rich", "jsonschema"}  # fmt: skip
+    assert not heavy & loaded, heavy & loaded
