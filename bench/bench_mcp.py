@@ -7,7 +7,7 @@ the bridge's own calls/s with durable audit, and its memory under a hostile 64 M
 Printed (one run, baselines measured in the same run; this script never fails on a target):
 1. round trip: the official SDK client calls the auto-allowed `echo` tool N times through the
    bridge and N times directly (`podman exec -i` to the same server in the same container),
-   alternating call by call; median per-call latency of each and their ratio (target <= 1.2).
+   alternating call by call; median per-call latency of each and their ratio (target <= 1.15).
    Two floors are measured in the same alternation, each a stdlib relay process in front of
    the same `podman exec -i` with no parsing, policy or chain at all: `bare` only copies
    lines, `fsync` also appends each request line to a file and fsyncs it before forwarding
