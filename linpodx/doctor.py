@@ -291,7 +291,7 @@ def check_container(r: Report, podman: str) -> None:
         r.add("container", OK, f"a hardened test container ran ({image})")
         return
     said = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
-    from linpodx.podman.engine import classify_hint
+    from linpodx.podman.hints import classify_hint
 
     r.add(
         "container",

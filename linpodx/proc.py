@@ -276,6 +276,39 @@ class Child:
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
+    def collect(self, timeout: float | None = DEFAULT_TIMEOUT) -> tuple[int, bytes, bytes]:
+        """Read both pipes to their end, then wait: (exit status, stdout, stderr), as `run`
+        captures them. Both are read as they come (a child that fills one pipe while linpodx
+        waits on the other would hang both). After `timeout` seconds the child is killed and
+        TimeoutError raised. The pipes are closed either way."""
+        import select  # a built-in module: nothing to load from disk
+
+        chunks: dict[int, list[bytes]] = {self.out_fd: [], self.err_fd: []}
+        poller = select.poll()
+        for fd in chunks:
+            poller.register(fd, select.POLLIN)
+        open_fds = set(chunks)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while open_fds:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self.kill()
+                    self.wait()
+                    raise TimeoutError(f"process {self.pid} still running after {timeout} s")
+                for fd, _event in poller.poll(None if left is None else left * 1000):
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        chunks[fd].append(chunk)
+                    else:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            rc = self.wait(left)
+        finally:
+            self.close()
+        return rc, b"".join(chunks[self.out_fd]), b"".join(chunks[self.err_fd])
+
     def close(self) -> None:
         """Close the read ends of the pipes."""
         for fd in (self.out_fd, self.err_fd):

@@ -51,10 +51,14 @@ def _rollbacks_journaled() -> bool:
 
 def listing(all_states: bool) -> list[dict[str, Any]]:
     """The rows, with notes on stderr about interrupted rollbacks and renamed containers."""
-    # `listing` alone, not the whole container service (~0.1 s of imports: plan, pipeline…).
+    from linpodx.containers import runner
+
+    # podman lists while the rest loads: `listing` alone, not the whole container service
+    # (~0.1 s of imports: plan, pipeline…).
+    listed = runner.start_listing(all_states)
     from linpodx.containers import listing
 
-    rows = listing.ps(all_states)
+    rows = listing.ps(all_states, listed)
     if _rollbacks_journaled():
         from linpodx.snapshot import journal
 

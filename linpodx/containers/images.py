@@ -21,6 +21,7 @@ from linpodx.containers.record import audit
 from linpodx.errors import EngineError
 from linpodx.output import note, safe_text
 from linpodx.podman import engine
+from linpodx.podman.hints import PODMAN_HINT
 
 
 def pull_needed(image: str, policy: str) -> bool:
@@ -50,7 +51,7 @@ def ensure(image: str, policy: str) -> None:
         child = proc.popen(argv, stdout=2)
     except OSError as exc:
         raise EngineError(
-            f"podman pull could not be started: {exc}", engine.PODMAN_HINT, argv=argv
+            f"podman pull could not be started: {exc}", PODMAN_HINT, argv=argv
         ) from None
     try:
         rc = child.wait()

@@ -5,9 +5,11 @@ listing takes. `linpodx.containers.manage` and the package re-export these."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from linpodx.containers.runner import podman
+from linpodx.containers.runner import start_listing
+from linpodx.egress import state as egress_state
 from linpodx.errors import InvalidInput
 from linpodx.fsutil import present
 from linpodx.paths import containers_dir
@@ -16,10 +18,8 @@ from linpodx.podman.runline import validate_name
 
 def egress_status(name: str) -> str:
     """The guard's view (`none`, `healthy`, `down`), or `unknown` if it cannot say."""
-    from linpodx.egress import guard
-
     try:
-        return str(guard.status(name))
+        return str(egress_state.status(name))
     except Exception:
         return "unknown"
 
@@ -41,10 +41,13 @@ def revision_of(label: object) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
-def ps(all_states: bool) -> list[dict[str, Any]]:
-    """Rows for `linpodx ps`: linpodx containers only."""
+def ps(
+    all_states: bool, listed: Callable[[], list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
+    """Rows for `linpodx ps`: linpodx containers only. `listed`: podman's listing, already
+    started (`runner.start_listing`)."""
     rows = []
-    for r in podman().list_managed(all_states):
+    for r in (listed or start_listing(all_states))():
         names = r.get("Names") or []
         name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
         labels = r.get("Labels") or {}

@@ -32,6 +32,7 @@ from linpodx.containers.plan import (
     one_call,
     run_env,
     run_record,
+    spec_doc,
 )
 from linpodx.containers.record import Outcome, emit, recorded
 from linpodx.containers.request import Announce, ContainerInfo, RunRequest
@@ -44,7 +45,6 @@ from linpodx.containers.state import (
     remove_spec,
     save_spec,
     spec_dir,
-    spec_doc,
 )
 from linpodx.errors import (
     Conflict,
@@ -61,6 +61,7 @@ from linpodx.podman.argv import (
     build_run_argv,
     profile_flags,
 )
+from linpodx.podman.hints import NAME_IN_USE_HINT
 from linpodx.proc import Child, lending
 from linpodx.profile.model import BUILTIN_ID, ProfileRef
 
@@ -119,7 +120,7 @@ def _create(
         if spec_dir(spec.name).exists() and podman().exists(spec.name):
             raise Conflict(
                 f"the container name {spec.name!r} is already in use",
-                engine.NAME_IN_USE_HINT,
+                NAME_IN_USE_HINT,
             )
     if gated:
         # podman create needs the gate to exist; `bring_up`'s start closes it again.
@@ -156,7 +157,7 @@ def _create(
         if isinstance(exc, EngineError) and "already in use" in exc.stderr.lower():
             # The same kind of error (and exit status) as the check above gives.
             raise Conflict(
-                f"the container name {spec.name!r} is already in use", engine.NAME_IN_USE_HINT
+                f"the container name {spec.name!r} is already in use", NAME_IN_USE_HINT
             ) from None
         raise
     outcome.created = True
@@ -314,7 +315,7 @@ def _one_call(
         # name first, so the other container's files are left as they are.
         raise Conflict(
             f"the container name {spec.name!r} is already in use",
-            engine.NAME_IN_USE_HINT,
+            NAME_IN_USE_HINT,
         )
     outcome.step = "mount_check"
     try:

@@ -10,6 +10,7 @@ from typing import Any
 
 from linpodx.containers.request import RunRequest
 from linpodx.containers.runenv import RunEnv
+from linpodx.containers.state import SPEC_VERSION
 from linpodx.errors import (
     InvalidInput,
 )
@@ -201,3 +202,17 @@ def _hostname(name: str) -> str:
     from linpodx.podman.runline import hostname_for
 
     return hostname_for(name)
+
+
+def spec_doc(
+    spec: CreateSpec, ref: ProfileRef, container_id: str, created_at: str
+) -> dict[str, Any]:
+    return {
+        "version": SPEC_VERSION,
+        **run_record(spec, ref),
+        "hostname": spec.hostname,
+        "container_id": container_id,
+        "rootless": spec.rootless,
+        "resolv_conf": spec.resolv_conf,
+        "created_at": created_at,
+    }

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from linpodx.podman import engine
-from linpodx.proc import Child
+from linpodx.podman import pslist
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from linpodx.proc import Child
 
 
 class Podman(Protocol):
@@ -47,12 +50,27 @@ class Podman(Protocol):
     def stream_chunks(self, argv: Sequence[str], sink: Any) -> int: ...
 
 
-_current: Podman = engine
+_current: Podman | None = None
+"""What `use` handed in; None: the real engine."""
 
 
 def podman() -> Podman:
     """The podman the service calls (the real engine unless `use` handed in another)."""
+    if _current is None:
+        from linpodx.podman import engine  # on first use: `start_listing` starts podman first
+
+        return engine
     return _current
+
+
+def start_listing(all_states: bool) -> Callable[[], list[dict[str, Any]]]:
+    """`podman ps` of linpodx's containers, started now; call the result for its rows. The
+    real podman starts before the engine module loads (`linpodx.podman.pslist`), so `linpodx
+    ps` loads the rest while podman lists; one that `use` handed in lists when asked."""
+    if _current is None:
+        return pslist.start(all_states).rows
+    other = _current
+    return lambda: other.list_managed(all_states)
 
 
 @contextlib.contextmanager

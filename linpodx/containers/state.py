@@ -13,7 +13,6 @@ from typing import Any
 
 from linpodx import namelock
 from linpodx.canonical import strict_loads
-from linpodx.containers.plan import run_record
 from linpodx.containers.runner import podman
 from linpodx.errors import (
     InvalidInput,
@@ -22,11 +21,7 @@ from linpodx.errors import (
 )
 from linpodx.fsutil import NotRegularFile, atomic_write, read_small
 from linpodx.paths import containers_dir, rollback_pending
-from linpodx.podman.argv import (
-    CreateSpec,
-)
 from linpodx.podman.runline import validate_name
-from linpodx.profile.model import ProfileRef
 
 SPEC_VERSION = 1
 """The run spec's format (`load_spec` refuses any other)."""
@@ -76,20 +71,6 @@ def renamed_from(container_id: str, name: str) -> str | None:
             if load_spec(entry).get("container_id") == container_id:
                 return entry
     return None
-
-
-def spec_doc(
-    spec: CreateSpec, ref: ProfileRef, container_id: str, created_at: str
-) -> dict[str, Any]:
-    return {
-        "version": SPEC_VERSION,
-        **run_record(spec, ref),
-        "hostname": spec.hostname,
-        "container_id": container_id,
-        "rootless": spec.rootless,
-        "resolv_conf": spec.resolv_conf,
-        "created_at": created_at,
-    }
 
 
 def save_spec(name: str, doc: dict[str, Any]) -> None:

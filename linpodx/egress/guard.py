@@ -31,13 +31,12 @@ from linpodx import namelock
 from linpodx.egress import launch as launcher
 from linpodx.egress import netns
 from linpodx.egress.launch import (
-    GUARD_MODULE,
     READY_TIMEOUT,
     RESOLV_CONF,
     guard_argv,
     launch,
 )
-from linpodx.egress.state import EgressState
+from linpodx.egress.state import EgressState, guard_alive, read_guard, read_json
 from linpodx.errors import AuditError, EngineError
 from linpodx.fsutil import NotRegularFile, atomic_write, read_small
 from linpodx.podman.flags import egress_policy
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from linpodx.profile.store import StoredProfile
 
 UPDATE_TIMEOUT = 5.0
-GUARD_COMMAND = "_egress-guard"
 
 
 
@@ -78,7 +76,7 @@ def _write_policy(st: EgressState, stored: StoredProfile, *, force: bool = False
     st.ensure()
     doc = policy_doc(stored)
     if not force:
-        cur = _read_json(st.policy_file)
+        cur = read_json(st.policy_file)
         if (
             isinstance(cur, dict)
             and cur.get("profile") == doc["profile"]
@@ -220,50 +218,6 @@ def hook_release(name: str, answer: str, running: Callable[[], bool]) -> None:
         return
 
 
-_MAX_STATE_BYTES = 4 << 20
-"""Bound on the guard's JSON files we read back (the policy file is its allowlist)."""
-
-
-def _read_json(path: Path) -> Any:
-    """The JSON in one of the guard's files, None if it is missing or not what we wrote. Read
-    without following a link or blocking on a FIFO (`fsutil.read_regular`): a FIFO there must
-    not hang `sandbox apply` or a start."""
-    try:
-        raw = read_small(path, _MAX_STATE_BYTES)
-        return json.loads(raw) if raw is not None else None
-    except (OSError, ValueError, NotRegularFile):
-        return None
-
-
-def _read_guard(st: EgressState) -> dict[str, Any] | None:
-    data = _read_json(st.guard_file)
-    return data if isinstance(data, dict) else None
-
-
-def policy_revision(name: str) -> int | None:
-    """The policy revision container `name`'s guard reports it enforces (guard.json), None if
-    it reports none."""
-    info = _read_guard(EgressState(name))
-    rev = info.get("policy_revision") if info is not None else None
-    return rev if isinstance(rev, int) and not isinstance(rev, bool) else None
-
-
-def _guard_alive(info: dict[str, Any], name: str) -> bool:
-    """The recorded guard pid is alive and really is this container's guard."""
-    pid = info.get("guard_pid")
-    if not isinstance(pid, int):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat_line.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    is_guard = GUARD_MODULE.encode() in cmdline or GUARD_COMMAND.encode() in cmdline
-    return is_guard and name.encode() in cmdline
-
-
 _LOG_TAIL_BYTES = 64 << 10
 
 
@@ -300,8 +254,8 @@ def attach(name: str, pid: int, stored: StoredProfile) -> None:
         )
     st = EgressState(name)
     prepare(name, stored)
-    old = _read_guard(st)
-    if old is not None and _guard_alive(old, name):
+    old = read_guard(st)
+    if old is not None and guard_alive(old, name):
         _stop_guard(old)
     with contextlib.suppress(FileNotFoundError):
         st.guard_file.unlink()
@@ -339,7 +293,7 @@ def _await_ready(name: str, pid: int, st: EgressState, ctl: socket.socket) -> No
                 ended = not ctl.recv(4096)
             except OSError:
                 ended = True
-        info = _read_guard(st)
+        info = read_guard(st)
         if info is None:
             continue
         state = info.get("state")
@@ -368,7 +322,7 @@ def _await_ready(name: str, pid: int, st: EgressState, ctl: socket.socket) -> No
                 f"and the guard log {st.guard_log.name} in the container's state dir",
                 stderr=_log_tail(st.guard_log),
             )
-    info = _read_guard(st)
+    info = read_guard(st)
     if info is not None:
         _stop_guard(info)
     why = "ended before it was ready"
@@ -397,27 +351,12 @@ def _stop_guard(info: dict[str, Any], timeout: float = 5.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def status(name: str) -> str:
-    """`none` (no egress for this container), `healthy` (guard up, container running) or
-    `down` (egress configured but no working guard: the container has no network)."""
-    st = EgressState(name)
-    if not st.policy_file.exists():
-        return "none"
-    info = _read_guard(st)
-    if info is None or info.get("state") != "ready" or not _guard_alive(info, name):
-        return "down"
-    cpid = info.get("container_pid")
-    if not isinstance(cpid, int) or not Path(f"/proc/{cpid}").exists():
-        return "down"
-    return "healthy"
-
-
 def detach(name: str) -> None:
     """Stop the guard of `name` if one runs (or waits for its pid) and forget its files."""
     launcher.forget_launch(name)
     st = EgressState(name)
-    info = _read_guard(st)
-    if info is not None and _guard_alive(info, name):
+    info = read_guard(st)
+    if info is not None and guard_alive(info, name):
         _stop_guard(info)
     shutil.rmtree(st.dir, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -434,7 +373,7 @@ def _containers_of(profile: str) -> list[str]:
     for d in sorted(base.iterdir()):
         if d.name.startswith("."):
             continue  # .locks and the like, not containers
-        doc = _read_json(EgressState(d.name).policy_file)
+        doc = read_json(EgressState(d.name).policy_file)
         if isinstance(doc, dict) and doc.get("profile") == profile:
             out.append(d.name)
     return out
@@ -475,11 +414,11 @@ def update_profile(stored: StoredProfile, *, only_stale: bool = False) -> list[s
 def _stale(name: str, stored: StoredProfile) -> bool:
     """Container `name`'s policy file, or its running guard, is not at `stored`'s revision."""
     st = EgressState(name)
-    cur = _read_json(st.policy_file)
+    cur = read_json(st.policy_file)
     if not isinstance(cur, dict) or cur.get("revision") != int(stored.revision):
         return True
-    info = _read_guard(st)
-    if info is None or info.get("state") != "ready" or not _guard_alive(info, name):
+    info = read_guard(st)
+    if info is None or info.get("state") != "ready" or not guard_alive(info, name):
         return False  # no guard runs: the file is what its next start takes
     return bool(info.get("policy_revision") != int(stored.revision))
 
@@ -489,8 +428,8 @@ def _push_one(name: str, stored: StoredProfile) -> str:
     "updated" once the guard took it, "stopped" if no guard runs (the file waits for the next
     start), "failed" if the guard did not take it in time."""
     st = EgressState(name)
-    info = _read_guard(st)
-    running = info is not None and info.get("state") == "ready" and _guard_alive(info, name)
+    info = read_guard(st)
+    running = info is not None and info.get("state") == "ready" and guard_alive(info, name)
     # An empty allowlist is enforced too: every name denied, every set entry flushed;
     # the next `linpodx start` creates the container without any network.
     try:
@@ -522,7 +461,7 @@ def _push_one(name: str, stored: StoredProfile) -> str:
         os.kill(int(info["guard_pid"]), signal.SIGHUP)
     deadline = time.monotonic() + UPDATE_TIMEOUT
     while time.monotonic() < deadline:
-        now = _read_guard(st)
+        now = read_guard(st)
         if now is not None and now.get("policy_revision") == int(stored.revision):
             return "updated"
         time.sleep(0.05)

@@ -38,6 +38,8 @@ WAIT_TIMEOUT = 300.0
 """How long a launched guard waits for its container's pid before it ends by itself."""
 CONTROL_FD = 3
 GUARD_MODULE = "linpodx.egress.guardproc"
+GUARD_COMMAND = "_egress-guard"
+"""The hidden CLI command that runs a guard (`linpodx.cli.egress`)."""
 HOOK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook.sh")
 HOOK_SHELL = "/bin/sh"
 HOOK_FILE = "linpodx-egress.json"

@@ -1,20 +1,33 @@
-"""Where one container's egress files live (under the container's state dir)."""
+"""Where one container's egress files live (under the container's state dir), and what the
+guard's own file says about it (`status`): `linpodx ps` reads that for every row, and it must
+not load the guard's machinery (netns, ctypes, locks) to do so (bench/bench_cli.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
 from pathlib import Path
+from typing import Any
 
 from linpodx.egress import launch as names
+from linpodx.fsutil import NotRegularFile, read_small
 from linpodx.paths import containers_dir, ensure_dir
 from linpodx.podman.runline import INIT_PIDFILE
 
+MAX_STATE_BYTES = 4 << 20
+"""The most of a guard state file (policy.json, guard.json) that is read."""
 
-@dataclass(frozen=True)
+
 class EgressState:
-    """Paths of one container's egress guard files."""
+    """Paths of one container's egress guard files. (A plain class, not a dataclass:
+    `dataclasses` costs `linpodx ps` 4 ms of imports.)"""
 
-    name: str
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"EgressState({self.name!r})"
 
     @property
     def dir(self) -> Path:
@@ -77,3 +90,58 @@ class EgressState:
         """Rootful pasta: an empty file the keeper binds the container's netns onto, in a
         mount namespace only the keeper and pasta see."""
         return self.dir / names.PASTA_NETNS
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in one of the guard's files, None if it is missing or not what we wrote. Read
+    without following a link or blocking on a FIFO (`fsutil.read_small`): a FIFO there must
+    not hang `sandbox apply`, a start or `ps`."""
+    try:
+        raw = read_small(path, MAX_STATE_BYTES)
+        return json.loads(raw) if raw is not None else None
+    except (OSError, ValueError, NotRegularFile):
+        return None
+
+
+def read_guard(st: EgressState) -> dict[str, Any] | None:
+    data = read_json(st.guard_file)
+    return data if isinstance(data, dict) else None
+
+
+def guard_alive(info: dict[str, Any], name: str) -> bool:
+    """The recorded guard pid is alive and really is this container's guard."""
+    pid = info.get("guard_pid")
+    if not isinstance(pid, int):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat_line.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    is_guard = names.GUARD_MODULE.encode() in cmdline or names.GUARD_COMMAND.encode() in cmdline
+    return is_guard and name.encode() in cmdline
+
+
+def policy_revision(name: str) -> int | None:
+    """The policy revision container `name`'s guard reports it enforces (guard.json), None if
+    it reports none."""
+    info = read_guard(EgressState(name))
+    rev = info.get("policy_revision") if info is not None else None
+    return rev if isinstance(rev, int) and not isinstance(rev, bool) else None
+
+
+def status(name: str) -> str:
+    """`none` (no egress for this container), `healthy` (guard up, container running) or
+    `down` (egress configured but no working guard: the container has no network)."""
+    st = EgressState(name)
+    if not st.policy_file.exists():
+        return "none"
+    info = read_guard(st)
+    if info is None or info.get("state") != "ready" or not guard_alive(info, name):
+        return "down"
+    cpid = info.get("container_pid")
+    if not isinstance(cpid, int) or not Path(f"/proc/{cpid}").exists():
+        return "down"
+    return "healthy"

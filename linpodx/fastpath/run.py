@@ -273,7 +273,7 @@ def _go_on(
 
     from linpodx import containers
     from linpodx.errors import EngineError
-    from linpodx.podman.engine import PODMAN_HINT
+    from linpodx.podman.hints import PODMAN_HINT
 
     def start() -> proc.Child:
         what, failed = failure

@@ -17,49 +17,11 @@ from typing import Any
 
 from linpodx import proc
 from linpodx.errors import EngineError, NotFound
-from linpodx.podman import spawn
-from linpodx.podman.runline import MANAGED_LABEL
+from linpodx.podman import pslist, spawn
+from linpodx.podman.hints import PODMAN_HINT, classify_hint
+from linpodx.podman.hints import podman_bin as podman_bin  # a member of the Podman protocol
 from linpodx.proc import Child
 from linpodx.profile import HOME_DIR
-
-NAME_IN_USE_HINT = (
-    "choose another --name, or remove the old container "
-    "(`linpodx rm NAME` if linpodx made it, `podman rm NAME` otherwise)"
-)
-PODMAN_HINT = "install podman (4.3 or newer) and check it with `linpodx doctor`"
-
-
-def podman_bin() -> str:
-    """Full path of podman, or EngineError with an install hint."""
-    found = proc.which("podman")
-    if found is None:
-        raise EngineError("podman not found", PODMAN_HINT, argv=("podman",))
-    return found
-
-
-def classify_hint(stderr: str, default: str | None = None) -> str | None:
-    """A hint for the failures people hit most, recognised from podman's own message."""
-    low = stderr.lower()
-    if "image not known" in low or "no such image" in low or "unable to find" in low:
-        return (
-            "the image is not in this user's image store (`podman images`); pull it (`linpodx "
-            "run --pull=missing`, the default unless LINPODX_PULL says otherwise) or import it "
-            "first (rootless users have their own store)"
-        )
-    if "already in use" in low:
-        return NAME_IN_USE_HINT
-    if "no such container" in low:
-        return "list linpodx containers with `linpodx ps --all`"
-    if "cgroups in hybrid mode" in low or ("crun" in low and "cgroup" in low):
-        return 'set runtime = "runc" under [engine] in containers.conf (see `linpodx doctor`)'
-    if "setrlimit" in low or "rlimit" in low:
-        return (
-            "a ulimit exceeds the host's hard limit; lower resources.nofile/nproc "
-            "(`linpodx doctor`)"
-        )
-    if "/dev/net/tun" in low:
-        return "rootless networking needs a usable /dev/net/tun (`linpodx doctor`)"
-    return default
 
 
 def podman(
@@ -228,15 +190,7 @@ def labels_of(info: dict[str, Any]) -> dict[str, str]:
 
 def list_managed(all_states: bool) -> list[dict[str, Any]]:
     """`podman ps` rows of linpodx containers only (label linpodx.managed=1)."""
-    args = ["ps", "--format=json", f"--filter=label={MANAGED_LABEL}=1"]
-    if all_states:
-        args.append("--all")
-    res = podman(*args, what="podman ps")
-    try:
-        rows = json.loads(res.stdout or "[]")
-    except json.JSONDecodeError as exc:
-        raise EngineError("podman ps printed something that is not JSON", argv=res.argv) from exc
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    return pslist.start(all_states).rows()
 
 
 def image_exists(image: str) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx.egress.launch import policy_bytes
-from linpodx.egress.state import EgressState
+from linpodx.egress.state import EgressState, policy_revision
 from linpodx.errors import LinpodxError
 from linpodx.fsutil import NotRegularFile, atomic_write, read_regular
 
@@ -144,6 +144,4 @@ def summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
 def enforced_revision(name: str) -> int | None:
     """The policy revision container `name`'s running guard reports it enforces (guard.json),
     None if it reports none."""
-    from linpodx.egress import guard
-
-    return guard.policy_revision(name)
+    return policy_revision(name)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from linpodx.egress import guard, netns
+from linpodx.egress import netns
+from linpodx.egress import state as egress_state
 from linpodx.egress.state import EgressState
 from tests.integration.test_egress_live import (
     HOST,
@@ -143,7 +144,7 @@ def _up(servers: Servers, name: str, port: int, **network: int) -> int:
     st = dataclasses.replace(st, profile=dataclasses.replace(st.profile, network=net))
     create(name, st)
     bring_up(name, st)
-    assert guard.status(name) == "healthy"
+    assert egress_state.status(name) == "healthy"
     return _helper_pid(name)
 
 
@@ -189,7 +190,7 @@ def _check_flood(servers: Servers, container: str, holder: int) -> None:
     assert most <= FILES, (most, held)
     assert 20 <= held < FILES, (held, most)
     assert rss < 512 << 10, rss
-    assert guard.status(container) == "healthy"
+    assert egress_state.status(container) == "healthy"
     # Once the flood let go, connections work again.
     again = sh(container, "python3 -c \"import socket; s=socket.create_connection(("
                f"socket.gethostbyname('allowed.test'), {holder}), timeout=5); "
@@ -253,7 +254,7 @@ def test_the_checker_holds_its_own_bound_of_connections_and_dns_goes_on(
         again = sh(container, "python3 -c \"import socket; s=socket.create_connection(("
                    f"socket.gethostbyname('allowed.test'), {holder}), timeout=5); "
                    "print(s.recv(16))\"")  # fmt: skip
-        status = guard.status(container)
+        status = egress_state.status(container)
     finally:
         p.stdin.write("\n")
         p.stdin.close()

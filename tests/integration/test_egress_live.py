@@ -41,6 +41,7 @@ import dns.rrset
 import pytest
 
 from linpodx.egress import guard
+from linpodx.egress import state as egress_state
 from linpodx.egress.state import EgressState
 from linpodx.errors import EngineError
 from linpodx.fastpath import plan as runplan
@@ -345,7 +346,7 @@ def test_allowed_name_works_other_name_denied_at_once_and_recorded(
     st = stored(servers, ("allowed.test", "*.wild.test", "alias.test"))
     create(container, st)
     bring_up(container, st)
-    assert guard.status(container) == "healthy"
+    assert egress_state.status(container) == "healthy"
 
     ok = resolves(container, "allowed.test")
     assert ok.returncode == 0 and HOST in ok.stdout
@@ -556,7 +557,7 @@ def test_guard_lives_exactly_as_long_as_the_container_and_plain_start_has_no_net
     podman("stop", "-t", "0", container)
     assert wait_for(lambda: not Path(f"/proc/{gpid}").exists())
     assert wait_for(lambda: not Path(f"/proc/{hpid}").exists())
-    assert guard.status(container) == "down"
+    assert egress_state.status(container) == "down"
 
     # A plain `podman start` outside linpodx: only lo, no egress at all.
     podman("start", container)
@@ -569,7 +570,7 @@ def test_guard_lives_exactly_as_long_as_the_container_and_plain_start_has_no_net
     # Re-attaching (what `linpodx start` does) restores filtered egress.
     podman("stop", "-t", "0", container)
     bring_up(container, st)
-    assert guard.status(container) == "healthy"
+    assert egress_state.status(container) == "healthy"
     assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
     assert resolves(container, "denied.test").returncode != 0
 
@@ -689,7 +690,7 @@ def test_sighups_while_the_guard_starts_never_end_it(servers: Servers, container
         t.join(10)
     assert sent, "no SIGHUP was sent during the start-up"
     podman("start", container)
-    assert guard.status(container) == "healthy"
+    assert egress_state.status(container) == "healthy"
     assert curl(container, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
 
 
@@ -807,7 +808,7 @@ def test_attach_fails_closed_and_leaves_nothing_running(
     info = json.loads(EgressState(container).guard_file.read_text())
     assert info["state"] == "failed"
     assert wait_for(lambda: not Path(f"/proc/{info['guard_pid']}").exists())
-    assert guard.status(container) == "down"
+    assert egress_state.status(container) == "down"
     # Started anyway by hand: no network (the caller would have removed it).
     podman("start", container)
     assert links(container) == ["lo"]
@@ -821,7 +822,7 @@ def test_pasta_helper(servers: Servers, container: str, monkeypatch: pytest.Monk
     create(container, st)
     pid = bring_up(container, st)
     info = json.loads(EgressState(container).guard_file.read_text())
-    assert info["helper"] == "pasta" and guard.status(container) == "healthy"
+    assert info["helper"] == "pasta" and egress_state.status(container) == "healthy"
     before = reject_count(pid)
     assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
     assert curl(container, f"http://10.0.2.2:{servers.loopback_port}/").returncode != 0
@@ -901,14 +902,14 @@ def test_cli_run_ps_events_stop_start_rm(
 
         started = run_linpodx("start", name)
         assert started.returncode == 0, started.stderr
-        assert guard.status(name) == "healthy"
+        assert egress_state.status(name) == "healthy"
         assert curl(name, f"http://allowed.test:{servers.http_port}/").stdout == BODY.decode()
         gpid = json.loads(EgressState(name).guard_file.read_text())["guard_pid"]
     finally:
         removed = run_linpodx("rm", "-f", name)
     assert removed.returncode == 0, removed.stderr
     assert wait_for(lambda: not Path(f"/proc/{gpid}").exists())
-    assert guard.status(name) == "none"
+    assert egress_state.status(name) == "none"
 
 
 @pytest.mark.parametrize("helper", ["slirp4netns", "pasta"])
@@ -928,7 +929,7 @@ def test_killed_guard_takes_the_network_with_it(
         helpers.append(int(EgressState(container).pasta_pidfile.read_text()))
     os.kill(info["guard_pid"], 9)
     assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in helpers))
-    assert guard.status(container) == "down"
+    assert egress_state.status(container) == "down"
     assert wait_for(lambda: links(container) == ["lo"])
     assert curl(container, f"http://{HOST}:{servers.http_port}/").returncode != 0
 
@@ -1063,7 +1064,7 @@ def test_two_runs_of_one_name_at_once_leave_the_winners_guard_files_alone(
             st = EgressState(name)
             assert "egress guard ready" in st.guard_log.read_text()
             assert st.policy_file.exists() and st.guard_file.exists()
-            assert guard.status(name) == "healthy"
+            assert egress_state.status(name) == "healthy"
             allowed = curl(name, f"http://allowed.test:{servers.http_port}/")
             assert allowed.stdout == BODY.decode()
         finally:

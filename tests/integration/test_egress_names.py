@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from linpodx.egress import guard
+from linpodx.egress import state as egress_state
 from linpodx.egress.state import EgressState
 from tests.conftest import run_linpodx
 from tests.integration.test_egress_live import (
@@ -165,7 +165,7 @@ def _up(servers: Servers, container: str, names: Names, allow: tuple[str, ...]) 
     st = stored(servers, allow)
     create(container, st, extra=["-v", f"{names.ca}:/ca.pem:ro"])
     bring_up(container, st)
-    assert guard.status(container) == "healthy"
+    assert egress_state.status(container) == "healthy"
 
 
 def curl(container: str, url: str, *flags: str) -> subprocess.CompletedProcess[str]:

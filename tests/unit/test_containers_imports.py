@@ -4,8 +4,11 @@ it acts (the fast run path imports it while podman starts)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_the_container_service_loads_no_snapshot_module() -> None:
@@ -40,3 +43,28 @@ def test_ps_loads_the_listing_alone() -> None:
              "linpodx.egress.guard", "linpodx.podman.argv", "linpodx.profile.model", "typer",
              "rich", "jsonschema"}  # fmt: skip
     assert not heavy & loaded, heavy & loaded
+
+
+def test_ps_reads_each_guard_state_without_the_guard(tmp_path: Path) -> None:
+    """Each row's egress column reads the guard's own files (`egress.state`); the guard's
+    machinery (netns and ctypes, name locks) and `dataclasses` cost `ps` ~20 ms to import."""
+    egress = tmp_path / "containers" / "agent-1" / "egress"
+    egress.mkdir(parents=True)
+    (egress / "policy.json").write_text("{}")
+    (egress / "guard.json").write_text(json.dumps({"state": "ready", "guard_pid": 1}))
+    code = (
+        "import sys\n"
+        "from linpodx.containers import listing\n"
+        "print(listing.egress_status('agent-1'))\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    env = {**os.environ, "LINPODX_STATE_DIR": str(tmp_path)}
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    status, modules = res.stdout.splitlines()
+    assert status == "down"  # pid 1 is not this container's guard
+    heavy = {"linpodx.egress.guard", "linpodx.egress.netns", "linpodx.namelock", "ctypes",
+             "dataclasses"}  # fmt: skip
+    assert not heavy & set(modules.split()), heavy & set(modules.split())

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from linpodx.egress import guard
+from linpodx.egress import guard, launch
 from linpodx.egress.runner import await_order
 from linpodx.profile.model import Network, Profile
 
@@ -70,7 +70,7 @@ def _guards_of(name: str) -> list[int]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if guard.GUARD_MODULE.encode() in cmd and name.encode() in cmd:
+        if launch.GUARD_MODULE.encode() in cmd and name.encode() in cmd:
             out.append(int(d.name))
     return out
 

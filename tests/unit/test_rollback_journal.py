@@ -302,9 +302,13 @@ def test_mcp_attach_refuses_a_container_whose_rollback_was_interrupted(
 def test_ps_names_containers_whose_rollback_was_interrupted(  # type: ignore[no-untyped-def]
     cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from linpodx import containers
+    from linpodx.containers import runner
 
-    monkeypatch.setattr(containers, "ps", lambda all_states: [])
+    class NoContainers:
+        def list_managed(self, all_states: bool) -> list[dict[str, object]]:
+            return []
+
+    monkeypatch.setattr(runner, "_current", NoContainers())  # not the host's real podman
     pid, start = _dead_pid()
     journal.write(_journal(pid=pid, pid_start=start, step="rename"))
     journal.write(_journal(name="agent-2"))  # this process's own: not interrupted

@@ -277,7 +277,7 @@ def test_a_linked_or_oversized_run_spec_is_damage(state: Path, tmp_path: Path) -
 def test_a_fifo_for_an_egress_policy_does_not_hang(state: Path) -> None:
     """The probe's F6: every `sandbox apply` hung in `guard._containers_of`."""
     from linpodx.egress import guard, runner
-    from linpodx.egress.state import EgressState
+    from linpodx.egress.state import EgressState, read_guard
 
     st = EgressState("agent-1")
     st.ensure()
@@ -287,7 +287,7 @@ def test_a_fifo_for_an_egress_policy_does_not_hang(state: Path) -> None:
         runner.load_policy(st, frozenset())
     for f in (st.guard_file, st.init_pidfile):
         os.mkfifo(f, 0o600)
-    assert guard._read_guard(st) is None
+    assert read_guard(st) is None
     assert guard.init_pid("agent-1") is None
 
 
