@@ -308,6 +308,10 @@ def _main(args: list[str]) -> int | LinpodxError:
         print_error(exc)
         return exc
     except OSError as exc:
+        if exc.errno == errno.EPIPE and _stdout_reader_gone():
+            # `linpodx ps --json | head -1`: the command's own output met a closed pipe.
+            _silence_stdout()
+            return 1
         clean = environment_error(exc)
         if clean is None:
             return _bug(exc)
@@ -408,10 +412,29 @@ def _unless_reader_gone(write: Callable[[], None]) -> None:
     except OSError as exc:
         if exc.errno != errno.EPIPE:
             raise
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+        _silence_stdout()
         sys.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush then goes nowhere rather than
+    into a traceback."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _stdout_reader_gone() -> bool:
+    """stdout is a pipe nobody reads any more (an EPIPE from elsewhere, a pipe to a child,
+    stays the boundary's)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _fd, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _bug(exc: Exception) -> LinpodxError:

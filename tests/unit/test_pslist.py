@@ -99,3 +99,20 @@ def test_ps_starts_podman_before_the_listing_loads(tmp_path: Path) -> None:
     )
     assert res.stderr.strip().splitlines()[-1] == "0 [('ps', False)]", res.stderr
     assert json.loads(res.stdout)["result"] == {"containers": []}
+
+
+def test_a_reader_that_went_away_ends_ps_quietly(tmp_path: Path) -> None:
+    """`linpodx ps --json | head -1`: no traceback, no "internal error", status 1 (as a
+    failure's own report meets a closed pipe, `linpodx.cli.main._report`)."""
+    env = _stand_in(tmp_path, """echo '[{"Names": ["agent-1"], "State": "running"}]'""")
+    env["LINPODX_STATE_DIR"] = str(tmp_path / "state")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before linpodx writes
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "linpodx", "ps", "--json"],
+            env=env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (res.returncode, res.stderr) == (1, "")
