@@ -332,7 +332,7 @@ def _main(args: list[str]) -> int | LinpodxError:
 
 def _stored_root_help() -> str | None:
     """`linpodx --help` as typer would print it, rendered in advance (`roothelp.txt`, made by
-    `python -m linpodx.cli.surface`; tests/unit/test_cli_surface.py holds it current): typer and
+    `python -m linpodx.cli.docgen`; tests/unit/test_cli_surface.py holds it current): typer and
     every command module cost ~0.3 s to import, `podman --help` takes ~0.03 s. None where it
     would not be what typer prints: a terminal narrower than the text was rendered for."""
     try:

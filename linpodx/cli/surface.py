@@ -262,7 +262,7 @@ def root_help_text(root: Any) -> str:
 def refresh(root: Any, repo: Path | None = None) -> list[Path]:
     """Write the generated files from the help text of the command tree `root`:
     linpodx/cli/roothelp.txt and docs/man/linpodx.1 (in a source checkout).
-    `python -m linpodx.cli.surface` runs it."""
+    `python -m linpodx.cli.docgen` runs it."""
     from linpodx import __version__
 
     here = Path(__file__).resolve().parent
@@ -354,11 +354,3 @@ def register(
         completion bash)`, or save it where the shell loads completions from)."""
         completion_cmd(shell)
 
-
-if __name__ == "__main__":
-    # Run as a program, this file is `__main__`, not linpodx.cli.surface: the one place that
-    # reaches up to the CLI that is built on it (tests/unit/test_layers.py skips this block).
-    from linpodx.cli import main as _cli
-
-    for written in refresh(_cli.command_tree(None)):
-        print(written)

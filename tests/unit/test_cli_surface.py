@@ -130,7 +130,7 @@ def test_the_stored_root_help_is_what_typer_prints(
 ) -> None:
     stored = ROOT_HELP.read_text()
     assert stored == surface.root_help_text(cli_main.command_tree(None)), (
-        "linpodx/cli/roothelp.txt is out of date: run `python -m linpodx.cli.surface`"
+        "linpodx/cli/roothelp.txt is out of date: run `python -m linpodx.cli.docgen`"
     )
     monkeypatch.setenv("COLUMNS", "80")
     for args in ([], ["-h"], ["--help"], ["help"]):
