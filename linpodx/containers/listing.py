@@ -47,6 +47,7 @@ def ps(
     """Rows for `linpodx ps`: linpodx containers only. `listed`: podman's listing, already
     started (`runner.start_listing`)."""
     rows = []
+    owners: dict[str, list[str]] | None = None  # run specs by container id, read once
     for r in (listed or start_listing(all_states))():
         names = r.get("Names") or []
         name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
@@ -69,9 +70,11 @@ def ps(
         ):
             # Renamed with `podman rename`: its guard's state is under the name linpodx gave
             # it, and "none" would hide a guard that runs (or one that is down).
-            from linpodx.containers.state import renamed_from
+            from linpodx.containers.state import renamed_from, spec_owners
 
-            was = renamed_from(str(r.get("Id", "")), name)
+            if owners is None:
+                owners = spec_owners()
+            was = renamed_from(str(r.get("Id", "")), name, owners)
             if was is not None:
                 row["egress"] = egress_status(was)
                 row["renamed_from"] = was

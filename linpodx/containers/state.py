@@ -51,26 +51,37 @@ def spec_path(name: str) -> Path:
 
 
 RENAME_SCAN_MAX = 4096
-"""Run specs `renamed_from` reads at most (one per container linpodx keeps state for)."""
+"""Run specs `spec_owners` reads at most (one per container linpodx keeps state for)."""
 
 
-def renamed_from(container_id: str, name: str) -> str | None:
-    """The name whose run spec belongs to `container_id`, if it is not `name`: the container
-    was renamed with `podman rename`. Damaged or unreadable specs are skipped (this only
-    words an error better; it never acts)."""
-    if not container_id:
-        return None
+def spec_owners() -> dict[str, list[str]]:
+    """Container id -> the names whose run specs hold it (sorted), for the run specs linpodx
+    keeps (at most RENAME_SCAN_MAX read). Damaged or unreadable specs are skipped: this only
+    words an error or a note better; it never acts."""
+    owners: dict[str, list[str]] = {}
     try:
         entries = sorted(os.listdir(containers_dir()))[:RENAME_SCAN_MAX]
     except OSError:
-        return None
+        return owners
     for entry in entries:
-        if entry == name or entry.startswith("."):
+        if entry.startswith("."):
             continue
         with contextlib.suppress(LinpodxError, OSError, ValueError):
-            if load_spec(entry).get("container_id") == container_id:
-                return entry
-    return None
+            cid = load_spec(entry).get("container_id")
+            if isinstance(cid, str) and cid:
+                owners.setdefault(cid, []).append(entry)
+    return owners
+
+
+def renamed_from(
+    container_id: str, name: str, owners: dict[str, list[str]] | None = None
+) -> str | None:
+    """The name whose run spec belongs to `container_id`, if it is not `name`: the container
+    was renamed with `podman rename`. `owners`: `spec_owners()`, read once for many rows."""
+    if not container_id:
+        return None
+    found = (spec_owners() if owners is None else owners).get(container_id, [])
+    return next((entry for entry in found if entry != name), None)
 
 
 def save_spec(name: str, doc: dict[str, Any]) -> None:

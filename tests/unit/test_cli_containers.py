@@ -1063,6 +1063,30 @@ def test_ps_of_a_container_renamed_outside_linpodx_shows_its_guard(
     assert listed["egress"] == "healthy" and listed["renamed_from"] == "agent-1"
 
 
+def test_ps_reads_the_run_specs_once_for_all_rows_it_has_no_spec_for(
+    fake: FakeEngine, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Containers of another state dir have no spec here: each row looked through every
+    spec again (rows x specs reads, up to 4,096 specs each)."""
+    from linpodx.containers import state
+
+    containers.run(REQ)  # one spec: agent-1's
+    rows = [
+        {"Names": [f"other-{i}"], "Id": f"id{i}", "Labels": {}, "State": "running", "Image": "i"}
+        for i in range(5)
+    ]
+    monkeypatch.setattr(fake, "list_managed", lambda all_states: rows)
+    reads: list[str] = []
+    load = state.load_spec
+    monkeypatch.setattr(state, "load_spec", lambda name: reads.append(name) or load(name))
+    res = cli("ps")
+    assert res.exit_code == 0, res.stderr
+    assert [line.split()[0] for line in res.stdout.splitlines()[1:]] == [
+        f"other-{i}" for i in range(5)
+    ]
+    assert reads == ["agent-1"]
+
+
 def test_ps_lists_a_container_renamed_to_a_name_linpodx_would_not_give(
     fake: FakeEngine, cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
