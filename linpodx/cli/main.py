@@ -322,7 +322,7 @@ def _main(args: list[str]) -> int | LinpodxError:
             print_error(err)
         return err
     except Exception as exc:
-        return _click_failure(exc)
+        return _click_failure(exc, args)
     return rv if isinstance(rv, int) else 0
 
 
@@ -348,7 +348,7 @@ def _asks_help(args: list[str]) -> bool:
     return any(a in ("-h", "--help") for a in (args[: args.index("--")] if "--" in args else args))
 
 
-def _click_failure(exc: Exception) -> int | LinpodxError:
+def _click_failure(exc: Exception, args: list[str]) -> int | LinpodxError:
     """What click's own exceptions mean for linpodx (anything else is a bug)."""
     import typer
 
@@ -362,10 +362,13 @@ def _click_failure(exc: Exception) -> int | LinpodxError:
         return 0
     if isinstance(exc, click.UsageError):
         ctx = exc.ctx
-        cmd = ctx.command_path if ctx is not None else "linpodx"
+        # An option without its value (`audit show --limit`) comes without a context: the
+        # command is the one the words name, not linpodx itself.
+        name = _command_name(args)
+        cmd = ctx.command_path if ctx is not None else " ".join(dict.fromkeys(("linpodx", name)))
         message = exc.format_message()
         if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
-            message = surface.bad_value(exc) or message
+            message = surface.bad_value(exc)
         usage = LinpodxError(message, f"run `{cmd} --help` for usage", exit_code=EXIT_USAGE)
         print_error(usage)
         return usage

@@ -47,6 +47,17 @@ def test_run_profile_with_a_typo_suggests_the_applied_name(applied: Path, cli: A
     assert "hint: did you mean `agent-readonly`?" in res.stderr
 
 
+@pytest.mark.parametrize("command", ["show", "rm"])
+def test_sandbox_show_and_rm_with_a_typo_suggest_the_applied_name(
+    applied: Path, cli: Any, command: str
+) -> None:
+    res: CliResult = cli("sandbox", command, "agent-readonyl")
+    assert res.exit_code == 4 and res.stdout == ""
+    assert "error: profile not found: agent-readonyl" in res.stderr
+    assert "hint: did you mean `agent-readonly`?" in res.stderr
+    assert cli("sandbox", "show", "agent-readonly").exit_code == 0  # nothing was removed
+
+
 @pytest.mark.parametrize("how", ["relative", "absolute", "bare-yml-missing"])
 def test_run_profile_given_a_file_says_apply_it_first(
     applied: Path, cli: Any, how: str, monkeypatch: pytest.MonkeyPatch
