@@ -141,6 +141,18 @@ def _no_type(*_args: Any, **_kw: Any) -> None:
     return None
 
 
+def _bare_usage_name(param: Any) -> Callable[[], str]:
+    """An argument in the usage line as podman and man pages write it: `NAME` when required
+    (typer ≥0.29 writes `{NAME}`), `[NAME]` when not, `...` after one that repeats."""
+
+    def name() -> str:
+        shown = str(param.metavar or param.name).upper()
+        shown = shown if param.required else f"[{shown}]"
+        return shown + ("..." if param.nargs != 1 else "")
+
+    return name
+
+
 def _first_paragraph(text: str) -> str:
     return " ".join(text.strip().split("\n\n", 1)[0].split())
 
@@ -168,6 +180,8 @@ def tidy(command: Any) -> Any:
                     param.metavar = str(param.name).upper()
                 # An argument's help shows its type beside even a metavar: not ours.
                 param.display_type_rich = _no_type
+                if hasattr(param, "_usage_display_name"):
+                    param._usage_display_name = _bare_usage_name(param)
                 continue
             if param.metavar is None:
                 param.metavar = _metavar(param)
