@@ -151,3 +151,24 @@ def test_a_narrow_terminal_gets_typers_own_wrapping(
     rc, out, _ = run(capsys, "--help")
     assert rc == 0 and out != ROOT_HELP.read_text()
     assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_the_readme_names_the_commands_without_json_and_with_q() -> None:
+    """README.md's list of the commands that have no `--json`, and of those with `-q`, is
+    the command tree's."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = re.search(r"run's stdout is the container's\); (.*?) have no `--json`", readme)
+    assert said, "README.md no longer lists the commands without --json"
+    listed = set(re.findall(r"`([a-z][a-z ]*)`", said.group(1)))
+    without, quiet = set(), set()
+    for path, cmd in surface.walk(cli_main.command_tree(None)):
+        opts = {o for p in cmd.params for o in p.opts}
+        if len(path) > 1 and not getattr(cmd, "commands", None):
+            if "--json" not in opts:
+                without.add(" ".join(path[1:]))
+            if "-q" in opts:
+                quiet.add(" ".join(path[1:]))
+    assert listed == without
+    said_q = re.search(r"(`ps -q`.*?) print names", readme)
+    assert said_q
+    assert set(re.findall(r"`([a-z ]+?)(?: NAME)? -q`", said_q.group(1))) == quiet
