@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(
                 "--detach-keys",
+                metavar="KEYS",
                 help="Keys that detach and leave it running (podman's default: ctrl-p,ctrl-q; "
                 "empty: none).",
                 show_default=False,

@@ -27,6 +27,7 @@ def create_cmd(
         str,
         typer.Option(
             "--consistency",
+            metavar="MODE",
             help="How a running container is held still: `freeze` (the cgroup freezer; "
             "refused where there is none), `best-effort` (signals where there is no "
             "freezer), `stop` (stopped for the snapshot, started again after).",
@@ -140,7 +141,9 @@ def rm_cmd(
 @app.command("rollback")
 def rollback_cmd(
     name: NameArg,
-    to: Annotated[str, typer.Option("--to", help="Label of the snapshot to go back to.")],
+    to: Annotated[
+        str, typer.Option("--to", metavar="LABEL", help="Label of the snapshot to go back to.")
+    ],
     force: Annotated[
         bool,
         typer.Option(

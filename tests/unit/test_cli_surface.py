@@ -172,3 +172,26 @@ def test_the_readme_names_the_commands_without_json_and_with_q() -> None:
     said_q = re.search(r"(`ps -q`.*?) print names", readme)
     assert said_q
     assert set(re.findall(r"`([a-z ]+?)(?: NAME)? -q`", said_q.group(1))) == quiet
+
+
+# What a value is, as README.md and docs/ write it (`--to LABEL`, not typer's `--to TO`).
+METAVARS = {
+    ("snapshot", "rollback"): ("--to", "LABEL"),
+    ("snapshot", "create"): ("--consistency", "MODE"),
+    ("events",): ("--since", "TIME"),
+    ("audit", "verify"): ("--anchor", "SEQ:HASH"),
+    ("audit", "show"): ("--session", "ID"),
+    ("attach",): ("--detach-keys", "KEYS"),
+    ("mcp", "attach"): ("--container", "NAME"),
+}
+
+
+@pytest.mark.parametrize("path", list(METAVARS), ids=" ".join)
+def test_an_options_value_is_named_as_the_docs_name_it(
+    capsys: pytest.CaptureFixture[str], path: tuple[str, ...]
+) -> None:
+    option, metavar = METAVARS[path]
+    _rc, out, _ = run(capsys, *path, "--help")
+    assert re.search(rf"{option} {re.escape(metavar)}\s", out), out
+    if path == ("events",):
+        assert re.search(r"--filter TYPE\s", out), out
