@@ -13,7 +13,6 @@ from linpodx import __version__
 from linpodx.errors import (
     EXIT_BUG,
     EXIT_INTERRUPTED,
-    EXIT_USAGE,
     CommandFailed,
     LinpodxError,
     Terminated,
@@ -215,11 +214,10 @@ def _format_left(args: list[str]) -> LinpodxError | None:
         if arg == "--format" or arg.startswith("--format="):
             value = arg.partition("=")[2] if "=" in arg else " ".join(args[i + 1 : i + 2])
             value = "" if value.startswith("-") else value
-            return LinpodxError(
+            return UsageError(
                 f"--format takes only json here (got {value!r})" if value else
                 "--format needs a value: json",
                 "use `--format json` (or `--json`); podman's Go templates are not supported",
-                exit_code=EXIT_USAGE,
             )
     return None
 
@@ -369,7 +367,7 @@ def _click_failure(exc: Exception, args: list[str]) -> int | LinpodxError:
         message = exc.format_message()
         if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
             message = surface.bad_value(exc)
-        usage = LinpodxError(message, f"run `{cmd} --help` for usage", exit_code=EXIT_USAGE)
+        usage = UsageError(message, f"run `{cmd} --help` for usage")
         print_error(usage)
         return usage
     if isinstance(exc, (typer.Exit, getattr(click, "Exit", typer.Exit))):

@@ -254,6 +254,8 @@ def test_a_bad_value_gets_our_words_and_its_status(
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["error"]["exit_code"] == status, doc
     assert not THEIR_WORDS.search(doc["error"]["message"]), doc
+    # One name for one kind: a usage error is a UsageError whichever layer found it.
+    assert (doc["error"]["type"] == "UsageError") == (status == EXIT_USAGE), doc
 
 
 @pytest.mark.parametrize(
