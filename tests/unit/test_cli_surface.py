@@ -195,3 +195,10 @@ def test_an_options_value_is_named_as_the_docs_name_it(
     assert re.search(rf"{option} {re.escape(metavar)}\s", out), out
     if path == ("events",):
         assert re.search(r"--filter TYPE\s", out), out
+
+
+def test_stop_time_says_its_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    from linpodx.containers import STOP_TIME_MAX
+
+    _rc, out, _ = run(capsys, "stop", "--help")
+    assert f"(from 0 to {STOP_TIME_MAX})" in " ".join(out.split()), out
