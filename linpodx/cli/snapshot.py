@@ -92,7 +92,10 @@ def list_cmd(
             print_lines(str(r.get("label")) for r in rows)
             return
         if not rows:
-            note("no snapshots")
+            from linpodx.snapshot import manifest
+
+            like = manifest.containers_like(name) if name else ""
+            note(f"no snapshots of {safe_text(name or '')}; {like}" if like else "no snapshots")
             return
         header = ("CONTAINER", "LABEL", "CREATED", "STATE", "IMAGE")
         table = [header] + [
