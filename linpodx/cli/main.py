@@ -71,6 +71,13 @@ def help_cmd(words: list[str] | None = None, man: bool = False) -> int:
     if man:
         from linpodx.cli import surface
 
+        if words:
+            raise UsageError(
+                f"--man prints the whole man page and takes no command (got `{' '.join(words)}`)",
+                "run `linpodx help --man` alone (each command is a section of it), or "
+                f"`linpodx help {' '.join(words)}` for that command's help",
+            )
+
         sys.stdout.write(surface.man_page(command_tree(None), __version__))
         return 0
     rc = _main([*(words or []), "--help"])

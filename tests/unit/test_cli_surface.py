@@ -121,6 +121,13 @@ def test_the_man_page_is_current(capsys: pytest.CaptureFixture[str]) -> None:
             assert f".SS {' '.join(path)}\n".replace("-", "\\-") in out
 
 
+def test_man_with_a_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "help", "--man", "run")
+    assert rc == 2 and out == ""
+    assert err.startswith("error: --man prints the whole man page and takes no command (got `run`)")
+    assert "`linpodx help run`" in err
+
+
 def test_man_page_escapes_roff() -> None:
     assert surface._roff(".TH x\n'y -z \\ …") == "\\&.TH x \\&'y \\-z \\e \\[u2026]"
 
