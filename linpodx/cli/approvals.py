@@ -432,13 +432,16 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(
                 "--filter",
+                metavar="TYPE",
                 help="Event type or its first component (approval, mcp, container…); repeatable.",
             ),
         ] = None,
         since: Annotated[
             str | None,
             typer.Option(
-                "--since", help="Show events from this time (ISO 8601) or this long ago (10m, 2h)."
+                "--since",
+                metavar="TIME",
+                help="Show events from this time (ISO 8601) or this long ago (10m, 2h).",
             ),
         ] = None,
         json_mode: Annotated[

@@ -37,12 +37,15 @@ app = new_app("Verify, show and seal the hash-chained audit logs.")
 
 SessionOpt = Annotated[
     str | None,
-    typer.Option("--session", help="A session's chain (sess_…) instead of the admin chain."),
+    typer.Option(
+        "--session", metavar="ID", help="A session's chain (sess_…) instead of the admin chain."
+    ),
 ]
 AnchorOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--anchor",
+        metavar="SEQ:HASH",
         help="SEQ:HASH from `linpodx audit seal`: the chain must still hold that record "
         "(repeatable).",
     ),

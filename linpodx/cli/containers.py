@@ -131,7 +131,11 @@ def register(app: typer.Typer) -> None:
     @app.command("stop")
     def stop_cmd(
         name: NameArg,
-        time: Annotated[int, typer.Option("--time", "-t", help="Seconds before SIGKILL.")] = 10,
+        time: Annotated[
+            int,
+            # (the bounds are `containers.STOP_TIME_MAX`'s, checked there: not imported here)
+            typer.Option("--time", "-t", help="Seconds before SIGKILL (from 0 to 86400)."),
+        ] = 10,
         json_mode: JsonOpt = False,
     ) -> None:
         """Stop a linpodx container."""

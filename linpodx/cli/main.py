@@ -13,7 +13,6 @@ from linpodx import __version__
 from linpodx.errors import (
     EXIT_BUG,
     EXIT_INTERRUPTED,
-    EXIT_USAGE,
     CommandFailed,
     LinpodxError,
     Terminated,
@@ -71,6 +70,13 @@ def help_cmd(words: list[str] | None = None, man: bool = False) -> int:
     """Show the help of a command (`linpodx help sandbox apply`), or with --man the man page."""
     if man:
         from linpodx.cli import surface
+
+        if words:
+            raise UsageError(
+                f"--man prints the whole man page and takes no command (got `{' '.join(words)}`)",
+                "run `linpodx help --man` alone (each command is a section of it), or "
+                f"`linpodx help {' '.join(words)}` for that command's help",
+            )
 
         sys.stdout.write(surface.man_page(command_tree(None), __version__))
         return 0
@@ -215,11 +221,10 @@ def _format_left(args: list[str]) -> LinpodxError | None:
         if arg == "--format" or arg.startswith("--format="):
             value = arg.partition("=")[2] if "=" in arg else " ".join(args[i + 1 : i + 2])
             value = "" if value.startswith("-") else value
-            return LinpodxError(
+            return UsageError(
                 f"--format takes only json here (got {value!r})" if value else
                 "--format needs a value: json",
                 "use `--format json` (or `--json`); podman's Go templates are not supported",
-                exit_code=EXIT_USAGE,
             )
     return None
 
@@ -326,7 +331,7 @@ def _main(args: list[str]) -> int | LinpodxError:
             print_error(err)
         return err
     except Exception as exc:
-        return _click_failure(exc)
+        return _click_failure(exc, args)
     return rv if isinstance(rv, int) else 0
 
 
@@ -352,7 +357,7 @@ def _asks_help(args: list[str]) -> bool:
     return any(a in ("-h", "--help") for a in (args[: args.index("--")] if "--" in args else args))
 
 
-def _click_failure(exc: Exception) -> int | LinpodxError:
+def _click_failure(exc: Exception, args: list[str]) -> int | LinpodxError:
     """What click's own exceptions mean for linpodx (anything else is a bug)."""
     import typer
 
@@ -366,11 +371,14 @@ def _click_failure(exc: Exception) -> int | LinpodxError:
         return 0
     if isinstance(exc, click.UsageError):
         ctx = exc.ctx
-        cmd = ctx.command_path if ctx is not None else "linpodx"
+        # An option without its value (`audit show --limit`) comes without a context: the
+        # command is the one the words name, not linpodx itself.
+        name = _command_name(args)
+        cmd = ctx.command_path if ctx is not None else " ".join(dict.fromkeys(("linpodx", name)))
         message = exc.format_message()
         if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
-            message = surface.bad_value(exc) or message
-        usage = LinpodxError(message, f"run `{cmd} --help` for usage", exit_code=EXIT_USAGE)
+            message = surface.bad_value(exc)
+        usage = UsageError(message, f"run `{cmd} --help` for usage")
         print_error(usage)
         return usage
     if isinstance(exc, (typer.Exit, getattr(click, "Exit", typer.Exit))):

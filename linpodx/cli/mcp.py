@@ -17,7 +17,9 @@ app = new_app("Bridge MCP clients to servers running inside linpodx containers."
     context_settings={"allow_interspersed_args": False},
 )
 def attach_cmd(
-    container: Annotated[str, typer.Option("--container", "-c", help="Running linpodx container.")],
+    container: Annotated[
+        str, typer.Option("--container", "-c", metavar="NAME", help="Running linpodx container.")
+    ],
     command: Annotated[
         list[str], typer.Argument(help="Server command to run in the container (after --).")
     ],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,11 +14,12 @@ import typer
 from ruamel.yaml import YAML
 
 from linpodx.cli.common import JsonOpt, QuietOpt, new_app, run_command
-from linpodx.errors import LinpodxError, UsageError
+from linpodx.errors import LinpodxError, NotFound, UsageError
 from linpodx.ids import is_id
 from linpodx.output import hides_text, kv_line, note, print_lines, safe_text
 from linpodx.profile import store
 from linpodx.profile.loader import load_file
+from linpodx.suggest import add_to_hint
 
 app = new_app("Write, check and apply sandbox profiles (YAML).")
 
@@ -217,8 +220,19 @@ def list_cmd(quiet: QuietOpt = False, json_mode: JsonOpt = False) -> None:
     run_command("sandbox list", json_mode, run, render)
 
 
+def _by_name(name: str, fn: Callable[[str], Any]) -> Any:
+    """`fn(name)`; a profile it does not find gets a did-you-mean of the applied names (as
+    `run --profile` does)."""
+    try:
+        return fn(name)
+    except NotFound as err:
+        with contextlib.suppress(LinpodxError, OSError):  # the store's own damage: no advice
+            err.hint = add_to_hint(err.hint, name, (p.name for p in store.list_profiles()))
+        raise
+
+
 def _show_doc(name: str) -> dict[str, Any]:
-    sp = store.get_by_id(name) if is_id(name, "prof") else store.get(name)
+    sp = store.get_by_id(name) if is_id(name, "prof") else _by_name(name, store.get)
     return {
         "name": sp.name,
         "profile_id": sp.profile_id,
@@ -277,7 +291,7 @@ def rm_cmd(name: NameArg, json_mode: JsonOpt = False) -> None:
     id, so containers started under them keep working."""
 
     def run() -> dict[str, Any]:
-        r = store.remove(name)
+        r = _by_name(name, store.remove)
         return {
             "removed": r.name,
             "profile_id": r.profile_id,

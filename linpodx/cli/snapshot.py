@@ -27,6 +27,7 @@ def create_cmd(
         str,
         typer.Option(
             "--consistency",
+            metavar="MODE",
             help="How a running container is held still: `freeze` (the cgroup freezer; "
             "refused where there is none), `best-effort` (signals where there is no "
             "freezer), `stop` (stopped for the snapshot, started again after).",
@@ -91,7 +92,10 @@ def list_cmd(
             print_lines(str(r.get("label")) for r in rows)
             return
         if not rows:
-            note("no snapshots")
+            from linpodx.snapshot import manifest
+
+            like = manifest.containers_like(name) if name else ""
+            note(f"no snapshots of {safe_text(name or '')}; {like}" if like else "no snapshots")
             return
         header = ("CONTAINER", "LABEL", "CREATED", "STATE", "IMAGE")
         table = [header] + [
@@ -140,7 +144,9 @@ def rm_cmd(
 @app.command("rollback")
 def rollback_cmd(
     name: NameArg,
-    to: Annotated[str, typer.Option("--to", help="Label of the snapshot to go back to.")],
+    to: Annotated[
+        str, typer.Option("--to", metavar="LABEL", help="Label of the snapshot to go back to.")
+    ],
     force: Annotated[
         bool,
         typer.Option(

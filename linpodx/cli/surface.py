@@ -16,10 +16,13 @@ typer ≥0.29 vendors its own copy of click (`typer._click`), older releases use
 
 from __future__ import annotations
 
+import datetime
+import enum
 import re
+import uuid
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
+from types import ModuleType, UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
 
@@ -57,9 +60,20 @@ def _element(annotation: Any) -> Any:
     if origin is list:
         return _element(get_args(annotation)[0])
     args = [a for a in get_args(annotation) if a is not type(None)]
-    if origin is not None and len(args) == 1:
+    # Only a union is unwrapped: `Literal["a"]` has one argument too, and is the type itself.
+    if origin in (Union, UnionType) and len(args) == 1:
         return _element(args[0])
     return annotation
+
+
+def choices(param: Any) -> list[str] | None:
+    """The values an enum or `Literal` parameter takes, in declared order (None: not one)."""
+    element = _element(_annotation(param))
+    if isinstance(element, type) and issubclass(element, enum.Enum):
+        return [str(member.value) for member in element]
+    if get_origin(element) is Literal:
+        return [str(arg) for arg in get_args(element)]
+    return None
 
 
 def _range(param: Any) -> tuple[Any, Any]:
@@ -86,19 +100,27 @@ def range_words(param: Any) -> str | None:
     return None
 
 
-def _kind(param: Any) -> str | None:
-    """What one value must be, in words (None for free text)."""
-    from pathlib import Path
+# What one value of a type must be, in words (`_kind`); a subclass reads as its base.
+_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "true or false"),
+    (int, "a whole number"),
+    (float, "a number"),
+    (Path, "a path"),
+    (datetime.datetime, "a date and time like 2026-11-30T04:00:00"),
+    (datetime.date, "a date like 2026-11-30"),
+    (uuid.UUID, "a UUID"),
+)
 
+
+def _kind(param: Any) -> str | None:
+    """What one value must be, in words (None for free text, or a type without words here)."""
+    values = choices(param)
+    if values is not None:
+        return "one of " + ", ".join(values)
     element = _element(_annotation(param))
-    if element is bool:
-        return "true or false"
-    if element is int:
-        return "a whole number"
-    if element is float:
-        return "a number"
-    if isinstance(element, type) and issubclass(element, Path):
-        return "a path"
+    for cls, words in _KINDS:
+        if isinstance(element, type) and issubclass(element, cls):
+            return words
     return None
 
 
@@ -117,6 +139,18 @@ def _metavar(param: Any) -> str:
 
 def _no_type(*_args: Any, **_kw: Any) -> None:
     return None
+
+
+def _bare_usage_name(param: Any) -> Callable[[], str]:
+    """An argument in the usage line as podman and man pages write it: `NAME` when required
+    (typer ≥0.29 writes `{NAME}`), `[NAME]` when not, `...` after one that repeats."""
+
+    def name() -> str:
+        shown = str(param.metavar or param.name).upper()
+        shown = shown if param.required else f"[{shown}]"
+        return shown + ("..." if param.nargs != 1 else "")
+
+    return name
 
 
 def _first_paragraph(text: str) -> str:
@@ -146,9 +180,16 @@ def tidy(command: Any) -> Any:
                     param.metavar = str(param.name).upper()
                 # An argument's help shows its type beside even a metavar: not ours.
                 param.display_type_rich = _no_type
+                if hasattr(param, "_usage_display_name"):
+                    param._usage_display_name = _bare_usage_name(param)
                 continue
             if param.metavar is None:
                 param.metavar = _metavar(param)
+            values = choices(param)
+            if values is not None and "one of" not in (param.help or ""):
+                # typer's metavar would be the Python name; the values are what one types.
+                text = (param.help or "").rstrip().rstrip(".")
+                param.help = f"{text} (one of {', '.join(values)}).".lstrip()
             words = range_words(param)
             if words is not None:
                 # typer's `[1<=x<=…]`: in words instead (the bounds still apply: typer checks
@@ -159,19 +200,27 @@ def tidy(command: Any) -> Any:
     return command
 
 
-def bad_value(exc: Any) -> str | None:
-    """Our words for a BadParameter about a number, a flag's value or a path (None: keep
-    click's, which are not pydantic's for anything else)."""
+# What typer (pydantic) and click say about a value, which is never shown as it is.
+_THEIR_WORDS = re.compile(r"Input should|Value error|is not one of|Invalid value", re.IGNORECASE)
+
+
+def bad_value(exc: Any) -> str:
+    """Our words for any BadParameter: what the value must be, from the parameter's declared
+    type (a number, a path, one of an enum's or `Literal`'s values, …); for a type without
+    words here, or a callback's own BadParameter, its message unless it is pydantic's or
+    click's."""
     param = getattr(exc, "param", None)
+    said = str(getattr(exc, "message", "") or "").strip()
+    own = "" if not said or _THEIR_WORDS.search(said) else f": {said}"
     if param is None:
-        return None
-    kind = _kind(param)
-    if kind is None:
-        return None
+        return f"invalid value{own}"
     if param.param_type_name == "argument":
         what = str(param.metavar or param.name).upper()
     else:
         what = "/".join(sorted(param.opts, key=len, reverse=True))
+    kind = _kind(param)
+    if kind is None:
+        return f"invalid value for {what}{own}"
     words = range_words(param)
     return f"invalid value for {what}: expected {kind}{' ' + words if words else ''}"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from linpodx.errors import InvalidInput
+from linpodx.errors import InvalidInput, LinpodxError, UsageError
 from linpodx.profile import HOME_DIR
 
 MANAGED_LABEL = "linpodx.managed"
@@ -61,16 +61,16 @@ def validate_image(image: str) -> str:
 
 def pull_policy(policy: str | None) -> str:
     """The pull policy of a run: `policy` (`--pull`), else `LINPODX_PULL`, else `missing`;
-    InvalidInput for anything but podman's four."""
+    anything but podman's four is a usage error on the command line (as every other option
+    value outside its list), invalid input in the environment."""
+    error: type[LinpodxError]
     if policy is None:
         policy = os.environ.get("LINPODX_PULL") or PULL_DEFAULT
-        where = "LINPODX_PULL"
+        where, error = "LINPODX_PULL", InvalidInput
     else:
-        where = "--pull"
+        where, error = "--pull", UsageError
     if policy not in PULL_POLICIES:
-        raise InvalidInput(
-            f"invalid {where} value: {policy!r}", f"use one of {', '.join(PULL_POLICIES)}"
-        )
+        raise error(f"invalid {where} value: {policy!r}", f"use one of {', '.join(PULL_POLICIES)}")
     return policy
 
 

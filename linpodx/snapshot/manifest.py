@@ -76,6 +76,19 @@ def not_found(name: str, label: str) -> NotFound:
     return NotFound(f"snapshot not found: {name}, label {label}", hint)
 
 
+def containers_like(name: str) -> str:
+    """`did you mean `agent-1`?` when NAME has no snapshots and a container close to it has
+    ("" otherwise): for `snapshot list NAME`, which finds none."""
+    from linpodx.suggest import did_you_mean
+
+    try:
+        if _entries(container_root(name)):
+            return ""
+        return did_you_mean(name, _entries(snapshots_dir()))
+    except (OSError, LinpodxError):
+        return ""  # a did-you-mean only words a note
+
+
 def _entries(directory: Path) -> list[str]:
     """The names of the directories in `directory` ([] if there is none)."""
     if not os.path.isdir(directory):

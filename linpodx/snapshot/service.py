@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import fsutil, paths
-from linpodx.errors import EXIT_AUDIT, Conflict, EngineError, InvalidInput, LinpodxError
+from linpodx.errors import (
+    EXIT_AUDIT,
+    Conflict,
+    EngineError,
+    InvalidInput,
+    LinpodxError,
+    UsageError,
+)
 from linpodx.ids import new_ulid
 from linpodx.podman import engine
 from linpodx.snapshot import (
@@ -64,7 +71,7 @@ def start_create(
     check_container_name(name)
     check_label(label)
     if consistency not in freeze.CONSISTENCIES:
-        raise InvalidInput(f"unknown --consistency {consistency!r}",
+        raise UsageError(f"unknown --consistency {consistency!r}",
                            f"use one of {', '.join(freeze.CONSISTENCIES)}")
     journal.check_no_interrupted(name)
     info = require_managed(name)

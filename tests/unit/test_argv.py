@@ -7,7 +7,7 @@ import os
 import pytest
 
 from linpodx import paths
-from linpodx.errors import EngineError, InvalidInput
+from linpodx.errors import EngineError, InvalidInput, UsageError
 from linpodx.podman.argv import (
     CreateSpec,
     HostLimits,
@@ -331,7 +331,7 @@ def test_pull_policy_default_and_environment(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("LINPODX_PULL", "sometimes")
     with pytest.raises(InvalidInput, match="LINPODX_PULL"):
         pull_policy(None)
-    with pytest.raises(InvalidInput, match="--pull"):
+    with pytest.raises(UsageError, match="--pull"):
         pull_policy("--privileged")
 
 

@@ -105,10 +105,15 @@ CASES = [
     Case(EXIT_NOT_FOUND, ("run", "-d", "--profile", "nothere", "--image", "img")),
     Case(EXIT_NOT_FOUND, ("snapshot", "rollback", "agent-1", "--to", "nope")),
     Case(EXIT_NOT_FOUND, ("approvals", "show", "apr_01M8TAH0NGNB4ZQERGFRRY7KQZ")),
+    Case(EXIT_NOT_FOUND, ("snapshot", "job-status", "snap-01M8VF8HYVY5HEK8J8124M3AAH")),
+    Case(EXIT_NOT_FOUND, ("audit", "verify", "--session", "sess_nope")),
     # not managed by linpodx
     Case(EXIT_NOT_MANAGED, ("rm", "agent-1"), _unmanaged),
     Case(EXIT_NOT_MANAGED, ("stop", "agent-1"), _unmanaged),
     Case(EXIT_NOT_MANAGED, ("exec", "agent-1", "--", "true"), _unmanaged, json=False),
+    Case(EXIT_NOT_MANAGED, ("start", "agent-1"), _unmanaged),
+    Case(EXIT_NOT_MANAGED, ("logs", "agent-1"), _unmanaged, json=False),
+    Case(EXIT_NOT_MANAGED, ("attach", "agent-1"), _unmanaged, json=False),
     Case(
         EXIT_NOT_MANAGED, ("snapshot", "create", "agent-1", "--label", "l1"), _unmanaged_snapshot
     ),

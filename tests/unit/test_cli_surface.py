@@ -40,7 +40,10 @@ def test_help_of_every_command_has_no_python_types_and_h_is_help(
     rc, out, err = run(capsys, *path, "--help")
     assert rc == 0 and err == ""
     assert not PYTHON_TYPES.search(out), out
-    assert not re.search(r"[\w,]\.\.\.$", out, re.MULTILINE), out  # no description cut off
+    usage, _, body = out.partition("\n\n")
+    assert not re.search(r"[\w,]\.\.\.$", body, re.MULTILINE), out  # no description cut off
+    # A required argument reads `NAME` in the usage line, as in podman's (typer writes `{NAME}`).
+    assert not re.search(r"[{}]", usage), out
     assert run(capsys, *path, "-h") == (0, out, "")
     assert run(capsys, "help", *path) == (0, out, "")
 
@@ -118,6 +121,13 @@ def test_the_man_page_is_current(capsys: pytest.CaptureFixture[str]) -> None:
             assert f".SS {' '.join(path)}\n".replace("-", "\\-") in out
 
 
+def test_man_with_a_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "help", "--man", "run")
+    assert rc == 2 and out == ""
+    assert err.startswith("error: --man prints the whole man page and takes no command (got `run`)")
+    assert "`linpodx help run`" in err
+
+
 def test_man_page_escapes_roff() -> None:
     assert surface._roff(".TH x\n'y -z \\ …") == "\\&.TH x \\&'y \\-z \\e \\[u2026]"
 
@@ -148,3 +158,54 @@ def test_a_narrow_terminal_gets_typers_own_wrapping(
     rc, out, _ = run(capsys, "--help")
     assert rc == 0 and out != ROOT_HELP.read_text()
     assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_the_readme_names_the_commands_without_json_and_with_q() -> None:
+    """README.md's list of the commands that have no `--json`, and of those with `-q`, is
+    the command tree's."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = re.search(r"run's stdout is the container's\); (.*?) have no `--json`", readme)
+    assert said, "README.md no longer lists the commands without --json"
+    listed = set(re.findall(r"`([a-z][a-z ]*)`", said.group(1)))
+    without, quiet = set(), set()
+    for path, cmd in surface.walk(cli_main.command_tree(None)):
+        opts = {o for p in cmd.params for o in p.opts}
+        if len(path) > 1 and not getattr(cmd, "commands", None):
+            if "--json" not in opts:
+                without.add(" ".join(path[1:]))
+            if "-q" in opts:
+                quiet.add(" ".join(path[1:]))
+    assert listed == without
+    said_q = re.search(r"(`ps -q`.*?) print names", readme)
+    assert said_q
+    assert set(re.findall(r"`([a-z ]+?)(?: NAME)? -q`", said_q.group(1))) == quiet
+
+
+# What a value is, as README.md and docs/ write it (`--to LABEL`, not typer's `--to TO`).
+METAVARS = {
+    ("snapshot", "rollback"): ("--to", "LABEL"),
+    ("snapshot", "create"): ("--consistency", "MODE"),
+    ("events",): ("--since", "TIME"),
+    ("audit", "verify"): ("--anchor", "SEQ:HASH"),
+    ("audit", "show"): ("--session", "ID"),
+    ("attach",): ("--detach-keys", "KEYS"),
+    ("mcp", "attach"): ("--container", "NAME"),
+}
+
+
+@pytest.mark.parametrize("path", list(METAVARS), ids=" ".join)
+def test_an_options_value_is_named_as_the_docs_name_it(
+    capsys: pytest.CaptureFixture[str], path: tuple[str, ...]
+) -> None:
+    option, metavar = METAVARS[path]
+    _rc, out, _ = run(capsys, *path, "--help")
+    assert re.search(rf"{option} {re.escape(metavar)}\s", out), out
+    if path == ("events",):
+        assert re.search(r"--filter TYPE\s", out), out
+
+
+def test_stop_time_says_its_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    from linpodx.containers import STOP_TIME_MAX
+
+    _rc, out, _ = run(capsys, "stop", "--help")
+    assert f"(from 0 to {STOP_TIME_MAX})" in " ".join(out.split()), out

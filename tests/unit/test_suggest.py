@@ -47,6 +47,17 @@ def test_run_profile_with_a_typo_suggests_the_applied_name(applied: Path, cli: A
     assert "hint: did you mean `agent-readonly`?" in res.stderr
 
 
+@pytest.mark.parametrize("command", ["show", "rm"])
+def test_sandbox_show_and_rm_with_a_typo_suggest_the_applied_name(
+    applied: Path, cli: Any, command: str
+) -> None:
+    res: CliResult = cli("sandbox", command, "agent-readonyl")
+    assert res.exit_code == 4 and res.stdout == ""
+    assert "error: profile not found: agent-readonyl" in res.stderr
+    assert "hint: did you mean `agent-readonly`?" in res.stderr
+    assert cli("sandbox", "show", "agent-readonly").exit_code == 0  # nothing was removed
+
+
 @pytest.mark.parametrize("how", ["relative", "absolute", "bare-yml-missing"])
 def test_run_profile_given_a_file_says_apply_it_first(
     applied: Path, cli: Any, how: str, monkeypatch: pytest.MonkeyPatch
@@ -120,3 +131,13 @@ def test_a_typo_d_snapshot_label_or_container_gets_a_did_you_mean() -> None:
     assert err.hint is not None and err.hint.startswith("did you mean `agent-1`? ")
     err = manifest.not_found("zzz", "nightly")
     assert err.hint == "list the snapshots of zzz with `linpodx snapshot list zzz`"
+
+
+def test_snapshot_list_of_a_typo_d_container_says_whose_snapshots_there_are(cli: Any) -> None:
+    from linpodx.snapshot.names import snapshot_dir
+
+    os.makedirs(snapshot_dir("agent-1", "nightly"))
+    res: CliResult = cli("snapshot", "list", "agent-2")
+    assert res.exit_code == 0 and res.stdout == ""
+    assert res.stderr == "no snapshots of agent-2; did you mean `agent-1`?\n"
+    assert cli("snapshot", "list", "zzz").stderr == "no snapshots\n"
