@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -28,8 +27,6 @@ from linpodx.errors import (
     EXIT_INTERRUPTED,
     InvalidInput,
     LinpodxError,
-    NotFound,
-    NotManaged,
     UsageError,
 )
 from linpodx.mcp import bounds, reap
@@ -59,42 +56,31 @@ class Target:
 
 def find_container(name: str) -> Target:
     """Look the container up; it must be a running linpodx container with a profile label."""
-    from linpodx.podman.runline import validate_name
-    from linpodx.snapshot import journal
+    from linpodx import containers
+    from linpodx.podman import engine
 
-    # A name podman could read as an option (`--latest`) is refused before it reaches podman.
-    validate_name(name)
-    # Not one that a rollback is replacing, or that a killed rollback left half done.
-    journal.check_no_interrupted(name)
-    res = proc.run(["podman", "container", "inspect", name], check=False, what="podman inspect")
-    if res.returncode != 0:
-        raise NotFound(
-            f"container not found: {name}",
-            "start one with `linpodx run -d --name NAME …`; list them with `linpodx ps`",
-        )
-    try:
-        info = json.loads(res.stdout)[0]
-        labels = info.get("Config", {}).get("Labels") or {}
-        running = bool(info.get("State", {}).get("Running"))
-        cid = str(info.get("Id", ""))
-    except (ValueError, IndexError, KeyError, AttributeError, TypeError):
-        raise InvalidInput(f"could not read podman's description of container {name}") from None
-    if labels.get("linpodx.managed") != "1":
-        raise NotManaged(
-            f"container {name} is not managed by linpodx",
-            "attach only to containers started with `linpodx run`",
-        )
+    # The name checked (one podman could read as an option is refused), no rollback under way
+    # or left half done, linpodx's own, its name and not an id; a did-you-mean if not found.
+    info = containers.managed_info(name)
+    labels = engine.labels_of(info)
     profile_id = labels.get("linpodx.profile_id", "")
     if not (ids.is_id(profile_id, "prof") or profile_id == "builtin"):
         raise InvalidInput(
             f"container {name} has no valid linpodx.profile_id label",
             "recreate it with `linpodx run`",
         )
-    if not running:
+    state = engine.state(info)
+    if state == "paused":  # a snapshot job freezes it for a moment; `podman exec` would fail
+        raise InvalidInput(
+            f"container {name} is paused",
+            "attach again when the snapshot job that paused it is done (`linpodx snapshot "
+            f"job-status`), or run `podman unpause {name}`",
+        )
+    if state != "running":
         raise InvalidInput(
             f"container {name} is not running", f"start it with `linpodx start {name}`"
         )
-    return Target(name=name, container_id=cid, profile_id=profile_id)
+    return Target(name=name, container_id=str(info.get("Id", "")), profile_id=profile_id)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -498,3 +498,39 @@ def test_a_failed_fsync_ends_the_session_closed_and_says_so(
     assert records[-1].type == "session.close"
     assert "fsync failed" in records[-1].data["audit_failure"]
     assert "mcp.request" not in [r.type for r in records]  # cut off: not known durable
+
+
+class _Inspected:
+    """A podman whose one container is linpodx's, in `status`."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        labels = {"linpodx.managed": "1", "linpodx.profile_id": "builtin"}
+        return {"Name": name, "Id": "c0ffee" * 10, "Config": {"Labels": labels},
+                "State": {"Status": self.status, "Running": self.status != "exited"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [("paused", "container agent-1 is paused"), ("exited", "container agent-1 is not running")],
+)
+def test_attach_to_a_container_that_cannot_take_an_exec_says_why(status: str, said: str) -> None:
+    """A paused container (a snapshot job freezes it) reads as running to podman's `Running`;
+    `podman exec` then fails after the session was opened."""
+    from linpodx.containers import runner
+    from linpodx.errors import InvalidInput
+
+    with runner.use(_Inspected(status)), pytest.raises(InvalidInput) as ei:  # type: ignore[arg-type]
+        attach_mod.find_container("agent-1")
+    assert ei.value.message == said
+
+
+def test_attach_finds_a_running_container_of_linpodx() -> None:
+    from linpodx.containers import runner
+
+    with runner.use(_Inspected("running")):  # type: ignore[arg-type]
+        assert attach_mod.find_container("agent-1") == attach_mod.Target(
+            "agent-1", "c0ffee" * 10, "builtin"
+        )

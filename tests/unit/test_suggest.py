@@ -141,3 +141,11 @@ def test_snapshot_list_of_a_typo_d_container_says_whose_snapshots_there_are(cli:
     assert res.exit_code == 0 and res.stdout == ""
     assert res.stderr == "no snapshots of agent-2; did you mean `agent-1`?\n"
     assert cli("snapshot", "list", "zzz").stderr == "no snapshots\n"
+
+
+def test_mcp_attach_to_a_typo_d_container_gets_a_did_you_mean(listing: Listing) -> None:
+    from linpodx.mcp import attach
+
+    with pytest.raises(NotFound) as ei:
+        attach.find_container("agent-2")
+    assert ei.value.hint == "did you mean `agent-1`? list linpodx containers with `ps`"
