@@ -17,7 +17,7 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EXIT_FAILURE, EXIT_OK, LinpodxError
 from linpodx.paths import ensure_dir, runtime_dir, state_dir
-from linpodx.podman import probe
+from linpodx.podman import probe, trial
 from linpodx.profile.model import Resources
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -87,7 +87,7 @@ def check_podman(r: Report) -> str | None:
         )
         return None
     try:
-        res = proc.run([path, "--version"], timeout=60, what="podman --version")
+        res = proc.run(trial.version_argv(path), timeout=60, what="podman --version")
     except LinpodxError as err:
         r.add("podman", FAIL, f"{path} does not run: {err.message}", "reinstall podman")
         return None
@@ -126,7 +126,7 @@ def check_mode(r: Report) -> None:
 def _info(podman: str) -> dict[str, Any] | None:
     import json
 
-    res = proc.run([podman, "info", "--format=json"], check=False, timeout=90, what="podman info")
+    res = proc.run(trial.info_argv(podman), check=False, timeout=90, what="podman info")
     if res.returncode != 0:
         return None
     try:
@@ -249,12 +249,7 @@ def _small_image(podman: str) -> str | None:
     wanted = os.environ.get("LINPODX_DOCTOR_IMAGE")
     if wanted:
         return wanted
-    res = proc.run(
-        [podman, "images", "--format={{.Repository}}:{{.Tag}}"],
-        check=False,
-        timeout=60,
-        what="podman images",
-    )
+    res = proc.run(trial.images_argv(podman), check=False, timeout=60, what="podman images")
     names = [n for n in res.stdout.split() if "<none>" not in n]
     for n in names:
         if "busybox" in n:
@@ -263,7 +258,9 @@ def _small_image(podman: str) -> str | None:
 
 
 def check_container(r: Report, podman: str) -> None:
-    """A tiny container really runs with linpodx's hardening flags."""
+    """A tiny container really runs as `linpodx run` starts one (`linpodx.podman.trial`)."""
+    from linpodx.podman import seccomp
+
     image = _small_image(podman)
     if image is None:
         r.add(
@@ -274,21 +271,14 @@ def check_container(r: Report, podman: str) -> None:
             "`podman import FILE localhost/busybox:latest`, or set LINPODX_DOCTOR_IMAGE=IMAGE",
         )
         return
-    lim = probe.host_limits()
-    res_ = Resources()
-    nofile = min(res_.nofile, lim.nofile_hard or res_.nofile)
-    nproc = min(res_.nproc, lim.nproc_hard or res_.nproc)
-    argv = [
-        podman, "run", "--rm", "--network=none", "--cap-drop=all",
-        "--security-opt=no-new-privileges", "--pull=never", "--http-proxy=false",
-        f"--ulimit=nofile={nofile}:{nofile}", f"--ulimit=nproc={nproc}:{nproc}",
-    ]  # fmt: skip
-    if probe.rootless():
-        argv.append("--userns=keep-id")
-    argv += [image, "true"]
+    try:
+        argv = trial.run_argv(podman, image, ["true"], seccomp.ensure())
+    except LinpodxError as exc:
+        r.add("container", FAIL, f"no test container: {exc.message}", exc.hint)
+        return
     res = proc.run(argv, check=False, timeout=120, what="podman run")
     if res.returncode == 0:
-        r.add("container", OK, f"a hardened test container ran ({image})")
+        r.add("container", OK, f"a test container ran with linpodx's flags ({image})")
         return
     said = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
     from linpodx.podman.hints import classify_hint
@@ -318,15 +308,14 @@ def check_privileged_files(r: Report, podman: str) -> None:
         r.add(name, WARN, f"{seccomp.MECHANISM} (not tried: no busybox image)",
               "import a busybox image (see the container check)")
         return
-    lim = probe.host_limits()
-    nofile, nproc = min(1024, lim.nofile_hard or 1024), min(4096, lim.nproc_hard or 4096)
-    argv = [
-        podman, "run", "--rm", "--network=none", "--cap-drop=all", "--pull=never",
-        "--security-opt=no-new-privileges", seccomp.flag(where), "--http-proxy=false",
-        f"--ulimit=nofile={nofile}:{nofile}", f"--ulimit=nproc={nproc}:{nproc}",
-        *(["--userns=keep-id"] if probe.rootless() else []),
-        image, "sh", "-c", "touch /tmp/f && chmod 755 /tmp/f && chmod 4755 /tmp/f",
-    ]  # fmt: skip
+    try:
+        argv = trial.run_argv(
+            podman, image, ["sh", "-c", "touch /tmp/f && chmod 755 /tmp/f && chmod 4755 /tmp/f"],
+            where,
+        )  # fmt: skip
+    except LinpodxError as exc:
+        r.add(name, FAIL, f"no test container: {exc.message}", exc.hint)
+        return
     res = proc.run(argv, check=False, timeout=120, what="podman run")
     if res.returncode != 0 and "Operation not permitted" in res.stderr:
         r.add(name, OK, f"{seccomp.MECHANISM}; a test container's chmod 4755 was refused")
@@ -563,8 +552,8 @@ def _check_helper_bound(r: Report) -> None:
 def _graph_root() -> str:
     """podman's storage dir, "" if podman cannot say (its own check above says why)."""
     try:
-        res = proc.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"], check=False,
-                       what="podman info")
+        res = proc.run(trial.info_argv(proc.which("podman") or "podman", "{{.Store.GraphRoot}}"),
+                       check=False, what="podman info")
     except LinpodxError:
         return ""
     return res.stdout.strip() if res.returncode == 0 else ""

@@ -15,6 +15,7 @@ import sys
 
 from linpodx import paths, proc
 from linpodx.fsutil import atomic_write
+from linpodx.podman.runline import unshare_argv
 
 # Files under containers/NAME/egress/ (`linpodx.egress.state.EgressState` names them too).
 EGRESS_DIR = "egress"
@@ -98,9 +99,7 @@ def guard_argv(name: str) -> list[str]:
         "--wait",
         f"{WAIT_TIMEOUT:g}",
     ]
-    if os.geteuid() != 0:
-        argv = [proc.which("podman") or "podman", "unshare", *argv]
-    return argv
+    return unshare_argv(argv, proc.which("podman") or "podman")
 
 
 def launch(name: str) -> None:

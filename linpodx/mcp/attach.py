@@ -313,8 +313,10 @@ def _start_server(
     too: the server's (and podman's) words reach the person's terminal escaped, never as
     escape sequences a server chose.
     """
+    from linpodx.podman import engine
+
     mark = f"{reap.ENV}={session_id}"
-    argv = ["podman", "exec", "-i", "--env", mark, target.container_id, *command]
+    argv = engine.exec_argv(target.container_id, command, True, False, env=(mark,))
     return proc.popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
     )

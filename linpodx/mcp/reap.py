@@ -113,6 +113,7 @@ def end_left_behind(container_id: str, session_id: str) -> int:
     """End what the session's server left running in the container; how many processes
     were killed. Raises EngineError if that could not be done (or not completely)."""
     from linpodx.podman import engine
+    from linpodx.podman.runline import unshare_argv
     from linpodx.proc import run, which
 
     try:
@@ -130,9 +131,9 @@ def end_left_behind(container_id: str, session_id: str) -> int:
                 f"could not look for the server's processes: {exc.strerror or exc}"
             ) from None
     else:
-        podman = which("podman") or "podman"
         res = run(
-            [podman, "unshare", sys.executable, "-m", __name__, str(pid), session_id],
+            unshare_argv([sys.executable, "-m", __name__, str(pid), session_id],
+                         which("podman") or "podman"),
             what="podman unshare (ending the server's processes)",
             timeout=60,
         )

@@ -208,13 +208,16 @@ def logs_argv(name: str, follow: bool) -> tuple[str, ...]:
     return tuple(argv)
 
 
-def exec_argv(name: str, command: Sequence[str], interactive: bool, tty: bool) -> tuple[str, ...]:
-    """argv of `podman exec [-i] [-t] NAME CMD…`."""
+def exec_argv(
+    name: str, command: Sequence[str], interactive: bool, tty: bool, env: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """argv of `podman exec [-i] [-t] [--env KEY=VALUE…] NAME CMD…`."""
     argv = [podman_bin(), "exec"]
     if interactive:
         argv.append("--interactive")
     if tty:
         argv.append("--tty")
+    argv.extend(f"--env={e}" for e in env)
     argv.append(name)
     argv.extend(command)
     return tuple(argv)
@@ -589,12 +592,6 @@ def umount_rootfs(cid: str) -> None:
 def rename_container(ref: str, new: str, *, check: bool = True) -> proc.Result:
     """`podman rename REF NEW` (REF: id or name)."""
     return _snap("rename", ref, new, check=check, what="podman rename")
-
-
-def unshare_argv(argv: Sequence[str]) -> list[str]:
-    """`argv` run inside podman's user namespace when rootless (files owned by the
-    container's sub-uids keep their owners there); `argv` itself as root."""
-    return list(argv) if os.geteuid() == 0 else [SNAP_PODMAN, "unshare", *argv]
 
 
 def unshare(argv: Sequence[str], *, what: str, timeout: float | None) -> proc.Result:

@@ -159,6 +159,13 @@ def tail(
     return argv
 
 
+def unshare_argv(argv: list[str], podman: str = "podman") -> list[str]:
+    """`argv` run inside podman's user namespace when rootless (as uid 0 of it: files owned by
+    the container's sub-uids keep their owners there, a process may join the container's
+    netns); `argv` itself as root. `podman`: its path, if known."""
+    return list(argv) if os.geteuid() == 0 else [podman, "unshare", *argv]
+
+
 def run_form(create_argv: list[str], cidfile: str) -> list[str]:
     """The `podman run` argv with exactly a create argv's flags, writing the new id to `cidfile`."""
     return ["run", f"--cidfile={cidfile}", *create_argv[1:]]

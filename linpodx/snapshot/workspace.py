@@ -24,6 +24,7 @@ from typing import Any
 from linpodx import paths, proc
 from linpodx.errors import EngineError, InvalidInput, LinpodxError
 from linpodx.podman import engine
+from linpodx.podman.runline import unshare_argv
 
 DIR = "dir"
 FILE = "file"
@@ -52,7 +53,7 @@ _TREE = "tree"
 def _unshare_prefix() -> list[str]:
     # Rootless: inside the user namespace host-uid files are root's and sub-uid files keep
     # their own owners, so tar can read everything and restore owners exactly.
-    return engine.unshare_argv([])
+    return unshare_argv([])
 
 def _inside(path: Path, root: Path) -> bool:
     try:

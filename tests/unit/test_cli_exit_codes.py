@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from linpodx import errors, proc
+from linpodx import errors
 from linpodx.approvals import store
 from linpodx.containers import runner
 from linpodx.errors import (
@@ -53,8 +53,7 @@ def _unmanaged_snapshot(fake: FakeEngine, mp: pytest.MonkeyPatch, tmp: Path) -> 
 
 
 def _unmanaged_for_attach(fake: FakeEngine, mp: pytest.MonkeyPatch, tmp: Path) -> None:
-    doc = json.dumps([{"Id": "c" * 64, "Config": {"Labels": {}}, "State": {"Running": True}}])
-    mp.setattr(proc, "run", lambda argv, **kw: proc.Result(tuple(argv), 0, doc, ""))
+    fake.labels = {}  # a running container podman has, without linpodx's label
 
 
 def _taken(fake: FakeEngine, mp: pytest.MonkeyPatch, tmp: Path) -> None:

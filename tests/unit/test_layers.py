@@ -443,3 +443,46 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert _probe(spawned) == set()  # the spawn point itself
     typed = "import subprocess\ndef f(p: subprocess.Popen[bytes]) -> None:\n    pass\n"
     assert _probe(typed, "linpodx/egress/netns.py") == set()
+
+
+def _podman_lines(tree: ast.AST) -> list[int]:
+    """Lines of list/tuple displays that write a podman command: a first item that finds
+    podman (the word "podman", `podman_bin()`, a name like `podman`), followed by a word of
+    podman's own written here (`"exec"`). `(podman_bin(), *pull_argv(image))` writes none."""
+
+    def finds_podman(node: ast.expr) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Constant) and sub.value == "podman":
+                return True
+            name = sub.attr if isinstance(sub, ast.Attribute) else getattr(sub, "id", "")
+            if "podman" in name.lower():
+                return True
+        return False
+
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts
+        and not isinstance(node.elts[0], ast.Starred) and finds_podman(node.elts[0])
+        and any(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts[1:])
+    ]  # fmt: skip
+
+
+def test_podman_command_lines_are_written_only_in_the_podman_package() -> None:
+    """One place knows podman's words (`linpodx.podman`); elsewhere a podman command comes
+    from a function there. (doctor, `mcp attach` and the guard's launch wrote their own.)"""
+    found = {
+        m.file: lines
+        for m in MODULES
+        if not m.name.startswith("linpodx.podman") and (lines := _podman_lines(m.tree))
+    }
+    assert found == {}
+
+
+def test_a_podman_command_line_is_seen() -> None:
+    probe = ast.parse(
+        'a = ["podman", "exec", name]\nb = (engine.podman_bin(), "ps")\n'
+        'c = [proc.which("podman") or "podman", "unshare"]\nd = [podman, "info"]\n'
+        'e = ["ls", "podman"]\nf = (podman_bin(), *pull_argv(image))\n'
+    )
+    assert _podman_lines(probe) == [1, 2, 3, 4]

@@ -340,7 +340,7 @@ def test_a_server_that_does_not_exit_is_reported_as_ended_not_as_exit_0(
     sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
     assert asked == [("c0ffee" * 10, sid)]
     # The server was started with the session's mark, which is how it is found again.
-    assert argvs[0][:5] == ["podman", "exec", "-i", "--env", f"LINPODX_MCP_SESSION={sid}"]
+    assert argvs[0][1:4] == ["exec", "--interactive", f"--env=LINPODX_MCP_SESSION={sid}"]
     assert close.type == "session.close" and close.data["server_exit"] is None
     assert close.data["server_killed"] == reaped
     ended = [m for m in said if "did not exit within 0.3 s of its input closing" in m]
@@ -391,7 +391,8 @@ def test_a_signal_right_after_the_session_opened_still_closes_it(
     sid = next(m.split(": ", 1)[1] for m in said if m.startswith("mcp_session_id: "))
     mark = f"LINPODX_MCP_SESSION={sid}"
     # By the inspected id, marked with the session (see linpodx.mcp.reap).
-    assert argvs == [["podman", "exec", "-i", "--env", mark, "c0ffee" * 10, "server"]]
+    assert [a[1:] for a in argvs] == [["exec", "--interactive", f"--env={mark}", "c0ffee" * 10,
+                                       "server"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["--latest", "-l", "a b"])
