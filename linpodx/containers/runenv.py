@@ -55,6 +55,11 @@ class RunEnv:
         return tuple(s.split(",", 1)[0] for s in self.secrets)
 
 
+def valid_key(key: object) -> bool:
+    """Whether `key` is a variable name a run may set (`KEY_RE`)."""
+    return isinstance(key, str) and _KEY_RE.match(key) is not None
+
+
 def _value_problem(value: str) -> str | None:
     # podman reads an env file line by line (and drops a line's trailing CR).
     if any(c in value for c in "\n\r\x00"):
