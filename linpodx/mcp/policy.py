@@ -108,7 +108,7 @@ class Decision:
     grant (`mcp.grants`) never lifts that."""
     unjudged: bool = False
     """True when the rule (a `prompt` or `deny` one) matched only because an argument could not
-    be judged (not a string, a path above its root, `PATH` beside `path`): a session grant
+    be judged (not a string, a path with `..`, `PATH` beside `path`): a session grant
     never covers such a call, or it would allow a value no rule allowed."""
 
     @property
@@ -148,7 +148,7 @@ def _matches(
             if name not in args:
                 return False
             verdict = matcher.judge(args[name])
-            # A value the matcher cannot judge (not a string, NUL, a path above its root)
+            # A value the matcher cannot judge (not a string, NUL, a path with `..`)
             # never lets a rule allow, and never lets a call pass a deny or prompt rule.
             if verdict is False or (verdict is None and lenient):
                 return False
