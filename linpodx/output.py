@@ -24,19 +24,44 @@ ENVELOPE_SCHEMA = "linpodx/v1"
 KEY_WIDTH = 8  # `status:  ok`, `mcp:     3 rules`: values line up after 9 columns
 
 
-_ESCAPED_ABOVE_C1 = frozenset(
-    {0x2028, 0x2029, 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
-     0x200B, 0x2060, 0xFEFF}
-)  # fmt: skip
+_INVISIBLE = (
+    "\u2028\u2029"  # line and paragraph separators
+    "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"  # bidirectional controls
+    "\u00ad\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b\u2060-\u2064"
+    "\u206a-\u206f\ufeff\ufff9-\ufffb"  # other format characters
+)
 """Line and paragraph separators (a line break to some readers), Unicode's bidirectional
 controls (the "Trojan Source" set): a terminal that implements right-to-left text reorders
 what follows them, so an approver could be shown one tool name while the bytes say another;
-and the invisible zero-width space, word joiner and BOM, which make two different strings
-look the same. (Not the zero-width joiners, which emoji and some scripts need.)"""
+and every other invisible format character (Unicode's Cf: zero-width space, word joiner, BOM,
+soft hyphen, invisible operators). `_ASTRAL_INVISIBLE` are those above U+FFFF."""
+_ASTRAL_INVISIBLE = (
+    (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F), (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),  # format characters
+    (0xE0001, 0xE0001), (0xE0020, 0xE007F),  # tags: ASCII that no terminal shows
+    (0xE0100, 0xE01EF),  # variation selectors 17-256, a byte each after any character
+)  # fmt: skip
+"""The tag characters spell ASCII unseen and a run of variation selectors after one
+character carries a byte each: `"Hello"` followed by them showed as `Hello` at an approval
+prompt while the approved call carried a secret past the person who approved it."""
+_JOINERS = "\u200c\u200d\ufe00-\ufe0f"
+"""The zero-width (non-)joiners and the first variation selectors, which emoji and some
+scripts need one at a time: escaped where two or more follow each other (a run of them
+carries hidden bits, and nothing needs one)."""
+_JOINER_SET = frozenset("\u200c\u200d" + "".join(chr(o) for o in range(0xFE00, 0xFE10)))
+
+_ESCAPE_LOW = "\x00-\x1f\x7f-\x9f"
+# One class of what may need escaping, the astral ones as two spans around them (a class of
+# their eight ranges scans 2-3 times slower, and emoji lie outside both); `_escape_one` decides.
+_ASTRAL_SPANS = "\U000110bd-\U0001d17a\U000e0001-\U000e01ef"
+_ESCAPE_RE = re.compile(f"[{_ESCAPE_LOW}{_INVISIBLE}{_JOINERS}{_ASTRAL_SPANS}]")
+_ESCAPE_ASCII_RE = re.compile("[\x00-\x1f\x7f]")
 
 
-def _escaped(o: int) -> bool:
-    return o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or o in _ESCAPED_ABOVE_C1
+def _escapes(value: str) -> re.Pattern[str]:
+    """What may need escaping in `value`: in an ASCII string (CPython knows it is one at no
+    cost) only its control characters, with a pattern several times faster to scan."""
+    return _ESCAPE_ASCII_RE if value.isascii() else _ESCAPE_RE
 
 
 def hides_text(value: Any) -> bool:
@@ -44,7 +69,10 @@ def hides_text(value: Any) -> bool:
     other than tab and newline? Such a document is printed with every non-ASCII character
     escaped (YAML and JSON both have `\\uXXXX`), so that it still reads back the same."""
     if isinstance(value, str):
-        return any(_escaped(ord(ch)) for ch in value if ch not in "\t\n")
+        return any(
+            m.group() not in "\t\n" and _escape_one(m) != m.group()
+            for m in _escapes(value).finditer(value)
+        )
     if isinstance(value, dict):
         return any(hides_text(k) or hides_text(v) for k, v in value.items())
     if isinstance(value, list):
@@ -52,43 +80,49 @@ def hides_text(value: Any) -> bool:
     return False
 
 
-_ESCAPE_LOW = "\x00-\x1f\x7f-\x9f"
-_ESCAPE_HIGH = "".join(chr(o) for o in sorted(_ESCAPED_ABOVE_C1))
-_ESCAPE_RE = re.compile(f"[{_ESCAPE_LOW}{re.escape(_ESCAPE_HIGH)}]")
-_ESCAPE_LOW_RE = re.compile(f"[{_ESCAPE_LOW}]")
-_ESCAPE_HIGH_RE = re.compile(f"[{re.escape(_ESCAPE_HIGH)}]")
+def _escape_char(o: int) -> str:
+    if o < 0x100:
+        return f"\\x{o:02x}"
+    return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
 
 
 def _escape_one(m: re.Match[str]) -> str:
-    o = ord(m.group())
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+    """The escape of the one character `m` matched, or the character itself where it shows
+    as what it is (an astral character not in `_ASTRAL_INVISIBLE`, a joiner alone)."""
+    ch = m.group()
+    o = ord(ch)
+    if o > 0xFFFF:
+        if not any(lo <= o <= hi for lo, hi in _ASTRAL_INVISIBLE):
+            return ch
+    elif ch in _JOINER_SET:
+        text, i = m.string, m.start()
+        if not ((i > 0 and text[i - 1] in _JOINER_SET) or text[i + 1 : i + 2] in _JOINER_SET):
+            return ch
+    return _escape_char(o)
 
 
 def _escaped_len(value: str, pos: int = 0) -> int:
-    """len(escaped value[pos:]) without building it: `\\xNN` adds 3 characters, `\\uNNNN` 5."""
+    """len(escaped value[pos:]) without building it."""
     n = len(value) - pos
-    if _ESCAPE_RE.search(value, pos) is None:  # the common case: one scan, nothing to count
-        return n
-    return (
-        n
-        + 3 * len(_ESCAPE_LOW_RE.findall(value, pos))
-        + 5 * len(_ESCAPE_HIGH_RE.findall(value, pos))
-    )
+    for m in _escapes(value).finditer(value, pos):  # the common case: one scan, no match
+        n += len(_escape_one(m)) - len(m.group())
+    return n
 
 
 def safe_text(value: str, limit: int | None = None) -> str:
     """Escape control characters (C0, DEL, C1, line/paragraph separators, bidirectional
-    controls) and cap the length (of the escaped text, never cutting an escape in two).
+    controls) and invisible ones (`_INVISIBLE`, runs of `_JOINERS`), and cap the length (of
+    the escaped text, never cutting an escape in two).
 
     Only the part that is shown is escaped: a megabyte-long value costs a scan, not a copy
     per character."""
     if limit is None:
-        return _ESCAPE_RE.sub(_escape_one, value)
+        return _escapes(value).sub(_escape_one, value)
     out: list[str] = []
     n = 0  # characters of output so far
     i = 0  # characters of `value` consumed
     full = True
-    for m in _ESCAPE_RE.finditer(value, 0, limit):
+    for m in _escapes(value).finditer(value, 0, limit):
         plain = value[i : m.start()]
         if n + len(plain) > limit:
             break
@@ -208,7 +242,17 @@ def print_json(doc: Any, stream: TextIO | None = None, *, compact: bool = False)
         _envelopes_printed += 1
 
 
-_JSON_UNSAFE_RE = re.compile(f"[\x7f-\x9f{re.escape(_ESCAPE_HIGH)}]")
+_JSON_UNSAFE_RE = re.compile(f"[\x7f-\x9f{_INVISIBLE}{_JOINERS}{_ASTRAL_SPANS}]")
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    if _escape_one(m) == m.group():
+        return m.group()
+    o = ord(m.group())
+    if o > 0xFFFF:  # JSON writes it as its UTF-16 surrogate pair
+        o -= 0x10000
+        return f"\\u{0xD800 + (o >> 10):04x}\\u{0xDC00 + (o & 0x3FF):04x}"
+    return f"\\u{o:04x}"
 
 
 def _json_safe(text: str) -> str:
@@ -216,9 +260,11 @@ def _json_safe(text: str) -> str:
     written as `\\uXXXX` (json escapes C0 itself): the same document to a parser, and one
     that cannot drive the terminal of whoever looks at it (`… --json | less`). Outside
     strings JSON is ASCII, so only string contents change."""
+    if text.isascii():
+        return text.replace("\x7f", "\\u007f") if "\x7f" in text else text
     if _JSON_UNSAFE_RE.search(text) is None:
         return text
-    return _JSON_UNSAFE_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _JSON_UNSAFE_RE.sub(_json_escape, text)
 
 
 def envelopes_printed() -> int:

@@ -422,8 +422,8 @@ ELSEWHERE_HINT = (
 )
 
 NOT_GRANTABLE_HINT = (
-    "only a call whose rule says `prompt` can be approved for the session (not one that "
-    "prompts because a rate limit was passed); approve this call alone"
+    "only a tools/call whose rule says `prompt` can be approved for the session (not one "
+    "that prompts because a rate limit was passed); approve this call alone"
 )
 
 DAMAGED_HINT = (

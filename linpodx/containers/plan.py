@@ -181,7 +181,21 @@ def spec_from_record(
         resolv_conf=doc.get("resolv_conf"),
         host=host_limits(),
         secrets=_recorded_secrets(doc),
+        env_keys=_recorded_env_keys(doc),
     )
+
+
+def _recorded_env_keys(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The names of the variables a recorded run gave its container, checked again."""
+    from linpodx.containers.runenv import valid_key
+
+    recorded = doc.get("env_keys") or []
+    if not isinstance(recorded, list) or not all(valid_key(k) for k in recorded):
+        raise InvalidInput(
+            "the run spec's env_keys are not a list of variable names",
+            "the run spec is damaged; remove the container with `linpodx rm`",
+        )
+    return tuple(recorded)
 
 
 def _recorded_secrets(doc: dict[str, Any]) -> tuple[str, ...]:

@@ -55,6 +55,11 @@ class RunEnv:
         return tuple(s.split(",", 1)[0] for s in self.secrets)
 
 
+def valid_key(key: object) -> bool:
+    """Whether `key` is a variable name a run may set (`KEY_RE`)."""
+    return isinstance(key, str) and _KEY_RE.match(key) is not None
+
+
 def _value_problem(value: str) -> str | None:
     # podman reads an env file line by line (and drops a line's trailing CR).
     if any(c in value for c in "\n\r\x00"):
@@ -120,8 +125,22 @@ def parse_env_file(data: bytes, path: str, environ: Mapping[str, str]) -> list[t
             continue
         where = f"--env-file {path} line {number}"
         key, eq, value = line.partition("=")
-        _check_key(key, where)
-        pairs.append((key, value if eq else _from_here(key, where, environ)))
+        # Nothing of the line is shown: the line of a value pasted on several lines (a PEM
+        # key's) reads as a name, or as none, and an error would print the key's material.
+        if not _KEY_RE.match(key):
+            raise InvalidInput(
+                f"{where} is not a KEY=VALUE line with a valid variable name (not shown: it "
+                "may be part of a value)",
+                "one variable a line, its name of letters, digits and '_'; a value cannot "
+                "span lines",
+            )
+        if not eq and key not in environ:
+            raise InvalidInput(
+                f"{where} names a variable that is not set in this environment (not shown: "
+                "it may be part of a value)",
+                "export it first, or write KEY=VALUE on one line",
+            )
+        pairs.append((key, value if eq else environ[key]))
     return pairs
 
 

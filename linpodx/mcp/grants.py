@@ -70,6 +70,10 @@ def refusal(
         return "an argument of the call could not be judged against its rule"
     if not isinstance(method, str) or not (tool is None or isinstance(tool, str)):
         return "the call has no plain method and tool name"
+    if method != "tools/call" or tool is None:
+        # A grant is bound to the tool; without one (`resources/read`, `prompts/get`) it would
+        # pass every later call of the method, whatever resource or prompt it names.
+        return "only a tools/call can be approved for the session"
     return None
 
 

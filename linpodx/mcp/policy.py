@@ -108,7 +108,7 @@ class Decision:
     grant (`mcp.grants`) never lifts that."""
     unjudged: bool = False
     """True when the rule (a `prompt` or `deny` one) matched only because an argument could not
-    be judged (not a string, a path above its root, `PATH` beside `path`): a session grant
+    be judged (not a string, a path with `..`, `PATH` beside `path`): a session grant
     never covers such a call, or it would allow a value no rule allowed."""
 
     @property
@@ -148,7 +148,7 @@ def _matches(
             if name not in args:
                 return False
             verdict = matcher.judge(args[name])
-            # A value the matcher cannot judge (not a string, NUL, a path above its root)
+            # A value the matcher cannot judge (not a string, NUL, a path with `..`)
             # never lets a rule allow, and never lets a call pass a deny or prompt rule.
             if verdict is False or (verdict is None and lenient):
                 return False
@@ -171,7 +171,8 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
       a name that is no string matches no named rule, so a catch-all would decide it, while a
       server may read `["run_shell"]` as `run_shell`;
     - a `tools/call` whose params hold `name`, `arguments` or `_meta` in another case (`Name`,
-      `ARGUMENTS`): a server that binds keys case-insensitively may read those instead.
+      `ARGUMENTS`): a server that binds keys case-insensitively may read those instead;
+    - a `tools/call` with a `__proto__` key in its params or arguments.
     """
     if kind == "notification" and method in REQUEST_METHODS:
         return Decision(Action.DENY, None, f"{method} is a request and was sent without an id")
@@ -188,7 +189,22 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
         return Decision(
             Action.DENY, None, "tools/call with name, arguments or _meta in another case"
         )
+    if method == "tools/call" and (_PROTO in (params or {}) or _PROTO in _arguments(params)):
+        # JSON.parse makes `__proto__` an own key, but JavaScript that copies the object by
+        # assignment (`Object.assign({}, args)`) makes it the copy's prototype, whose keys
+        # (`path`) the copy then reads as its own: arguments the rules never saw.
+        return Decision(
+            Action.DENY, None, "tools/call with a __proto__ key (a prototype to JavaScript)"
+        )
     return None
+
+
+_PROTO = "__proto__"
+
+
+def _arguments(params: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    args = (params or {}).get("arguments")
+    return args if isinstance(args, Mapping) else {}
 
 
 _CALL_KEYS = frozenset({"name", "arguments", "_meta"})

@@ -623,11 +623,15 @@ def image_untagged(image: str) -> bool:
     return res.returncode == 0 and res.stdout.strip() == "0"
 
 
-def commit(cid: str) -> proc.Result:
+def commit(cid: str, blank: Sequence[str] = ()) -> proc.Result:
     """`podman commit` of the container as it is (the caller holds it still), untagged; the
-    new image's id is the last line of stdout."""
-    return _snap("commit", "--pause=false", "--quiet", cid, what="podman commit", timeout=3600,
-                 hint="check free space in podman's storage (`podman system df`)")
+    new image's id is the last line of stdout. Each variable in `blank` (a run's own, `run -e`
+    and `--env-file`) is left in the image's config without its value: podman copies the
+    container's whole environment there, where `podman image inspect` shows it to anyone with
+    the image, long after the container is gone."""
+    changes = [arg for key in blank for arg in ("--change", f"ENV {key}=")]
+    return _snap("commit", "--pause=false", "--quiet", *changes, cid, what="podman commit",
+                 timeout=3600, hint="check free space in podman's storage (`podman system df`)")
 
 
 def tag(image: str, ref: str) -> None:

@@ -389,8 +389,8 @@ class Matcher:
 
     def judge(self, arg: Any) -> bool | None:
         """True or False, or None where the matcher cannot judge `arg`: for a glob or regex no
-        string, NUL in it, longer than MAX_SUBJECT, or (a glob) a path that climbs above its
-        root or is relative where the glob is absolute (or the reverse); for `equals` and
+        string, NUL in it, longer than MAX_SUBJECT, or (a glob) a path that holds a `..`
+        segment or is relative where the glob is absolute (or the reverse); for `equals` and
         `one_of` a value of another JSON type than every value named, or the same number
         written otherwise (1.0 for 1). The gate reads None as a non-match for an `auto_allow`
         rule and as a match for a stricter one, so that such a value never slips past a `deny`
@@ -410,7 +410,10 @@ class Matcher:
             return None
         if self.kind == "glob":
             path = normalize_path(arg)
-            if path is None or read_otherwise(arg):
+            if path is None or read_otherwise(arg) or ".." in arg.split("/"):
+                # `..`: the kernel takes it back from where a symlink before it led, not from
+                # the link (`/proj/node_modules/@s/pkg/../../../x`, pkg a link to
+                # ../../packages/pkg, is /proj/x to the text and /x to the file system).
                 return None
             rooted = self.value.startswith("/")
             if not self.value.startswith("**") and path.startswith("/") != rooted:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import containers, paths
+from linpodx.containers.runenv import RunEnv
 from linpodx.errors import LinpodxError
 from linpodx.fsutil import atomic_write, present
 from linpodx.namelock import NameLock
@@ -78,6 +79,7 @@ def create_from(
     *,
     start: bool,
     egress_policy: dict[str, Any] | None = None,
+    env_from: str | None = None,
 ) -> str:
     """Create `name` from `image` under profile revision `profile_id` with its recorded run spec
     (command, hostname, tty) and start it; returns the new container id.
@@ -87,12 +89,16 @@ def create_from(
     `egress_policy`, the policy the original had been given, is put in place first: the
     guard's `prepare` keeps a newer revision than `profile_id`'s, as at a `linpodx start`, so
     the new guard enforces it from its first lookup (never the creation revision's allowlist).
+    `env_from`: the container (the original) whose values of the run's own variables the new
+    one gets (`run_env_of`).
     """
     doc = containers.load_spec(name)
     ref = containers.profile_by_id(profile_id)
     spec = containers.spec_from_record(doc, ref, image=image, name=name, hostname_of=name)
+    keys = tuple(str(k) for k in doc.get("env_keys") or ())  # (checked by spec_from_record)
+    env = run_env_of(env_from, keys) if env_from and keys else None
     egresskeep.put_back(name, egress_policy)
-    info = containers.create_and_start(spec, ref, start=True)
+    info = containers.create_and_start(spec, ref, start=True, env=env)
     if not start:
         # Left as `linpodx stop` leaves a container: with its policy file, for the next start.
         keep = egresskeep.newest(egress_policy, egresskeep.current_or_none(name))
@@ -100,6 +106,21 @@ def create_from(
         detach_guard(name)
         egresskeep.put_back(name, keep)
     return info.container_id
+
+
+def run_env_of(container_id: str, keys: tuple[str, ...]) -> RunEnv:
+    """The values of a run's own variables `keys` as container `container_id` holds them: a
+    snapshot image keeps their names only (`engine.commit`), so the container a rollback makes
+    gets them from the original, as `linpodx run` gave them (a memory file, never argv)."""
+    env = (engine.inspect(container_id).get("Config") or {}).get("Env") or []
+    values: dict[str, str] = {}
+    for entry in env:
+        key, eq, value = str(entry).partition("=")
+        if eq and key in keys:
+            values[key] = value
+    kept = tuple(k for k in keys if k in values)
+    content = "".join(f"{k}={values[k]}\n" for k in kept).encode()
+    return RunEnv(keys=kept, content=content)
 
 
 def hold_name(name: str) -> NameLock:

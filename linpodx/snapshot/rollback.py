@@ -171,7 +171,7 @@ def _swap_back(r: _Rollback) -> None:
 def _create(r: _Rollback) -> None:
     lifecycle.create_from(
         r.name, str(r.man["image"]), r.orig_labels.get("linpodx.profile_id", ""),
-        start=r.jour.was_running, egress_policy=r.kept,
+        start=r.jour.was_running, egress_policy=r.kept, env_from=r.jour.orig_id,
     )
 
 

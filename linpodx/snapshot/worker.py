@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import containers
-from linpodx.errors import Conflict, EngineError, InvalidInput, LinpodxError
+from linpodx.errors import Conflict, EngineError, InvalidInput, LinpodxError, NotFound
 from linpodx.paths import ensure_dir
 from linpodx.podman import engine
 from linpodx.profile import HOME_DIR
@@ -241,6 +241,23 @@ def _held(run: _Run, cid: str, info: Mapping[str, Any]) -> Iterator[str]:
         yield method
 
 
+def _run_env_keys(name: str) -> tuple[str, ...]:
+    """The names of the variables the run gave the container itself (`run -e`, `--env-file`;
+    its run spec keeps the names only): the snapshot image keeps them without their values."""
+    from linpodx.containers.runenv import valid_key
+
+    try:
+        keys = containers.load_spec(name).get("env_keys") or ()
+    except NotFound:
+        return ()  # not made by `linpodx run`: no run of ours gave it variables
+    if not isinstance(keys, (list, tuple)) or not all(valid_key(k) for k in keys):
+        raise InvalidInput(
+            f"the run spec of {name} names its variables wrongly",
+            f"the run spec is damaged; remove the container with `linpodx rm {name}`",
+        )
+    return tuple(keys)
+
+
 def run_create(job_id: str, faults: Faults = NO_FAULTS) -> int:
     """Do the work of a create job; returns the process exit status. `faults` (tests only) is
     called as each step has been recorded, before it starts."""
@@ -288,7 +305,7 @@ def run_create(job_id: str, faults: Faults = NO_FAULTS) -> int:
                 run.step("check")
                 _check(job.container, cid, info, mounts)
                 run.step("commit")
-                res = engine.commit(cid)
+                res = engine.commit(cid, blank=_run_env_keys(job.container))
                 new_image = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else None
                 if not new_image or not jobs.is_image_id(new_image):
                     raise EngineError("podman commit printed no image id", argv=res.argv,

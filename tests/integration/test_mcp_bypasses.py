@@ -82,7 +82,7 @@ def test_a_tool_name_that_is_no_string_is_refused(tmp_path: Path, unique_name: s
 
 def test_name_in_another_case_is_refused(tmp_path: Path, unique_name: str) -> None:
     """`{"name": "echo", "Name": "run_shell"}`: the catch-all allowed `echo`, while a Go server
-    (keys bound case-insensitively, last wins) would run `run_shell`."""
+    (keys bound case-insensitively, last wins) would run `run_shell`. And a `__proto__` key."""
     start_server_container(tmp_path, unique_name, DEBIAN_IMAGE, profile_text=CATCH_ALL_PROFILE)
     s = RawSession(unique_name)
     try:
@@ -95,6 +95,14 @@ def test_name_in_another_case_is_refused(tmp_path: Path, unique_name: str) -> No
             resp = s.request(i, "tools/call", params)
             assert resp["result"]["isError"] is True, resp
             assert "in another case" in resp["result"]["content"][0]["text"]
+        # `__proto__`: a prototype to JavaScript that copies by assignment (Object.assign).
+        proto = [
+            {"name": "echo", "arguments": {"__proto__": {"text": "M-CASE-3"}}},
+            {"name": "echo", "__proto__": {"arguments": {"text": "M-CASE-4"}}},
+        ]
+        for i, params in enumerate(proto, start=3):
+            resp = s.request(i, "tools/call", params)
+            assert "__proto__ key" in resp["result"]["content"][0]["text"], resp
         ok = s.request(9, "tools/call", {"name": "echo", "arguments": {"text": "M-CASE-OK"}})
         assert ok["result"]["content"][0]["text"] == "echo:M-CASE-OK"
         assert s.close() == 0, s.stderr[-3000:]

@@ -122,7 +122,7 @@ class Box:
 
 def make_box(cli: Cli, name: str, tmp_path: Path, *, image: str = BUSYBOX_IMAGE,
              network: str = "  egress_dns_allowlist: []\n", resources: str = "",
-             command: tuple[str, ...] = AGENT_CMD) -> Box:
+             command: tuple[str, ...] = AGENT_CMD, run_args: tuple[str, ...] = ()) -> Box:
     """Apply a profile with a writable and a read-only mount and run a container under it."""
     ws = tmp_path / "work" / "ws"
     ro = tmp_path / "work" / "ro"
@@ -155,7 +155,7 @@ def make_box(cli: Cli, name: str, tmp_path: Path, *, image: str = BUSYBOX_IMAGE,
     )
     ok(cli("sandbox", "apply", "--profile", str(pfile)))
     ok(cli("run", "--profile", profile, "--image", image, "--name", name,
-           "--detach", "--", *command))
+           "--detach", *run_args, "--", *command))
     return Box(name, ws, ro, cli, profile)
 
 
@@ -833,3 +833,30 @@ def test_rollback_restores_no_setuid_device_or_file_capability(box: Box) -> None
                 capture_output=True, text=True, timeout=30,
             )
         assert runs.stdout.strip() not in ("", "0"), (runs.stdout, runs.stderr)
+
+
+def test_snapshot_image_keeps_no_run_variable_value_and_rollback_keeps_it(
+    cli: Cli, unique_name: str, tmp_path: Path
+) -> None:
+    """`run -e` values are the agent's keys: podman commit copied them into the snapshot
+    image's config, where `podman image inspect` showed them after the container was gone.
+    The image keeps the names only, and the rolled-back container still gets the values."""
+    value = "s3cret-for-the-snapshot-test"
+    env_file = tmp_path / "vars.env"
+    env_file.write_text(f"LPX_FILE_TOKEN={value}-file\n")
+    try:
+        box = make_box(cli, unique_name, tmp_path, run_args=(
+            "-e", f"LPX_TOKEN={value}", "--env-file", str(env_file)))
+        box.snapshot("with-env")
+        image = podman("image", "inspect", image_ref(box.name, "with-env")).stdout
+        assert value not in image
+        env = json.loads(image)[0]["Config"]["Env"]
+        assert "LPX_TOKEN=" in env and "LPX_FILE_TOKEN=" in env
+        ok(box.cli("snapshot", "rollback", box.name, "--to", "with-env"))
+        assert box.sh("echo $LPX_TOKEN; echo $LPX_FILE_TOKEN").split() == [
+            value, f"{value}-file"]
+        from linpodx import containers
+
+        assert containers.load_spec(box.name)["env_keys"] == ["LPX_FILE_TOKEN", "LPX_TOKEN"]
+    finally:
+        cleanup(unique_name, tmp_path)

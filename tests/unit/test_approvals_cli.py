@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -616,6 +617,40 @@ def test_render_fields_one_key_a_line_escaped_with_sizes() -> None:
     ]
     assert lines[4] == "  … 3 more keys: linpodx approvals show apr_01KB0000000000000000000000"
     assert lines[5] == "approval_id: apr_01KB0000000000000000000000"
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        # Tag characters: ASCII that no terminal shows ("ASCII smuggling").
+        "".join(chr(0xE0000 + ord(c)) for c in "AWS=AKIA1234"),
+        # Variation selectors after one character, a byte each ("emoji smuggling").
+        "\U0001f600" + "".join(chr(0xE0100 + b) for b in b"key=s3cret"),
+        "\U0001f600" + "\ufe00\ufe01\ufe0f\ufe00",
+        # Zero-width joiners in a run: bits between two letters.
+        "H\u200c\u200d\u200c\u200c\u200di",
+        # Other invisible format characters.
+        "\u00ad\u2061\u2062\u2063\u2064\u206a\u206f\ufff9\U0001d173",
+    ],
+)
+def test_approver_sees_every_invisible_character_a_call_carries(hidden: str) -> None:
+    """`send_message(text="Hello" + hidden)` showed as `arguments.text: "Hello"`: the person
+    approved a message that carried what they never saw (a key read by the agent)."""
+    fields, more = store.display_fields({"name": "send", "arguments": {"text": "Hello" + hidden}})
+    ev = {
+        "ts": "2026-11-30T05:00:00.000000Z",
+        "type": "approval.pending",
+        "session": "sess_01KB0000000000000000000000",
+        "approval_id": "apr_01KB0000000000000000000000",
+        "method": "tools/call",
+        "tool": "send",
+        "payload": "{}",
+        "fields": [f.to_list() for f in fields],
+        "fields_more": more,
+    }
+    shown = "\n".join(cli_approvals.render(ev))
+    unseen = {c for c in hidden if unicodedata.category(c) in ("Cf", "Mn")}
+    assert unseen and not unseen & set(shown), ascii(shown)
 
 
 def test_approve_without_a_terminal_needs_the_flag_and_says_so(cli: Any) -> None:

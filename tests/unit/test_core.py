@@ -122,6 +122,14 @@ class TestOutput:
         for o in (0x200B, 0x2060, 0xFEFF):
             assert output.safe_text(f"read{chr(o)}_file") == f"read\\u{o:04x}_file"
 
+    def test_safe_text_keeps_one_joiner_and_escapes_what_hides_data(self) -> None:
+        family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # one ZWJ at a time
+        assert output.safe_text(family + " \u2764\ufe0f") == family + " \u2764\ufe0f"
+        assert output.safe_text("a\u200c\u200db") == "a\\u200c\\u200db"
+        assert output.safe_text("x\U000e0041") == "x\\U000e0041"
+        assert output.safe_text("x\U000e0041", limit=5) == "x…(+10 chars)"
+        assert output.hides_text({"k": "x\U000e0041"}) and not output.hides_text(family)
+
     def test_safe_text_caps(self) -> None:
         assert output.safe_text("x" * 50, limit=10).startswith("x" * 10 + "…(+40")
 

@@ -421,6 +421,46 @@ def test_requests_in_flight_and_calls_waiting_for_a_person_are_bounded(
     assert refused["id"] == 13 and "requests in flight" in refused["error"]["message"]
 
 
+def test_calls_waiting_for_a_person_are_bounded_when_their_records_are_queued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a backlog the decision records go through a lane and each call's approval is made
+    only once its record is written: a burst of prompted calls in one write was decided while
+    none of them had an approval yet, so all of them prompted (4,096 approvals, as many threads,
+    a person asked 4,096 times). And a call approved and forwarded, its answer not back yet,
+    waits for the server, not for a person: it no longer takes one of the places."""
+    from linpodx.mcp.bridge import client as client_side
+
+    monkeypatch.setattr(client_side, "APPROVALS_MAX", 2)
+    prompted: list[Any] = []
+
+    def prompt(self: Any, msg: Any, *_: Any) -> None:  # as `_prompt` marks a call waiting
+        with self._lock:
+            self.inflight[msg.id_key].approval_id = f"apr_{msg.id}"
+        prompted.append(msg.id)
+
+    monkeypatch.setattr(Bridge, "_prompt", prompt)
+    queued: list[Any] = []
+    real_then = Bridge._then
+    monkeypatch.setattr(Bridge, "_then", lambda self, *a, **k: queued.append((self, a, k)))
+    h = Harness()
+    for i in range(3):
+        h.c(call(i, "write_file"))
+    for self_, a, k in queued:  # the lane writes the records, then acts
+        real_then(self_, *a, **k)
+    assert prompted == [0, 1]
+    assert "waiting for a person" in h.client[-1]["result"]["content"][0]["text"]
+    monkeypatch.setattr(Bridge, "_then", real_then)
+    from linpodx.mcp import jsonrpc
+
+    for i in (0, 1):  # approved and forwarded: the server has them now
+        msg = jsonrpc.parse(json.dumps(call(i, "write_file")).encode())
+        assert isinstance(msg, jsonrpc.Message)
+        h.bridge._forward(msg)
+    h.c(call(5, "write_file"))
+    assert prompted == [0, 1, 5]
+
+
 def test_a_full_lane_makes_its_reader_wait() -> None:
     """Backpressure: a lane blocked on a peer that does not read holds at most
     LANE_BACKLOG_MAX steps; the next `put` waits for room instead of queueing without end."""

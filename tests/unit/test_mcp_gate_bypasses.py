@@ -15,6 +15,7 @@ import mcp_types.jsonrpc as sdk_codes
 from linpodx.mcp import bounds, jsonrpc, policy
 from linpodx.mcp.bridge import INFLIGHT_MAX, Bridge
 from linpodx.mcp.framing import Line
+from linpodx.profile.mcprule import Matcher
 from linpodx.profile.model import Decision as A
 from linpodx.profile.model import McpRule, McpSettings, Profile
 
@@ -126,6 +127,33 @@ def test_name_or_arguments_in_another_case_never_reach_the_server() -> None:
     assert policy.refusal("request", "tools/call", ok) is None
     g.c({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": ok})
     assert [m["params"]["name"] for m in g.server] == ["echo"]
+
+
+def test_a_proto_key_never_reaches_the_server() -> None:
+    # JSON.parse makes `__proto__` an own key, but JavaScript that copies the object with
+    # `Object.assign({}, args)` (or `obj[k] = v` in a loop) sets the copy's prototype to it,
+    # and `copy.path` then reads the path in there: the gate saw no `path` (the deny rule on
+    # it did not apply, the catch-all allowed the call) and the server read /etc/shadow.
+    rules = (
+        McpRule("tools/call", A.DENY, "read", arguments=(("path", Matcher("glob", "/etc/**")),)),
+        McpRule("tools/call", A.AUTO_ALLOW),
+    )
+    odd = [
+        {"name": "read", "arguments": {"__proto__": {"path": "/etc/shadow"}}},
+        {"name": "read", "__proto__": {"arguments": {"path": "/etc/shadow"}}},
+    ]
+    for params in odd:
+        assert policy.evaluate(rules, "tools/call", "read", params).action is A.AUTO_ALLOW
+        d = policy.refusal("request", "tools/call", params)
+        assert d is not None and d.action is A.DENY, params
+        assert d.reason == "tools/call with a __proto__ key (a prototype to JavaScript)"
+    g = Gate()
+    for i, params in enumerate(odd, start=1):
+        g.c({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params})
+    assert g.server == [] and [c["result"]["isError"] for c in g.client] == [True, True]
+    # Deeper down it is a value like another (no rule judges it there).
+    deep = {"name": "read", "arguments": {"opts": {"__proto__": 1}}}
+    assert policy.refusal("request", "tools/call", deep) is None
 
 
 # ---- 2: a request sent as a notification ------------------------------------------------------

@@ -70,6 +70,22 @@ def test_a_grant_never_widens_to_another_rule_tool_or_method() -> None:
     assert book.find(other_rule, "tools/call", "echo") is None
 
 
+def test_no_grant_for_a_method_without_a_tool() -> None:
+    """A grant is bound to its rule, method and tool; a `resources/read` has no tool, so `s`
+    on one `resources/read file:///proj/README.md` passed every later one of the session,
+    `file:///home/agent/.ssh/id_rsa` too. Only a tools/call is approved for the session."""
+    d = decide("", "resources/read")
+    assert d.action is A.PROMPT
+    why = grants.refusal(RULES, d, "resources/read", None)
+    assert why == "only a tools/call can be approved for the session"
+    with pytest.raises(ValueError, match="only a tools/call"):
+        grants.GrantBook("sess_A", RULES).make(d, "resources/read", None, "apr_X")
+    forged = grants.Grant("grt_F", "sess_A", 4, "resources/read", None, "apr_X")
+    book = grants.GrantBook("sess_A", RULES)
+    assert book.add(forged)
+    assert book.apply(d, "resources/read", None) == (d, None)
+
+
 def test_no_grant_for_or_over_a_deny_or_an_allow() -> None:
     book = grants.GrantBook("sess_A", RULES)
     deny = decide("run_shell")

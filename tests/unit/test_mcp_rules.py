@@ -63,7 +63,7 @@ WORK = Matcher("glob", "/proj/**")
         ("/proj/a/b/c.py", True),
         ("/proj//a", True),
         ("/proj/./a", True),
-        ("/proj/x/../a", True),
+        ("/proj/x/../a", False),  # `..` after a symlink is not where the text says (below)
         ("/proj/../etc/passwd", False),  # normalized first: /etc/passwd
         ("/proj/a/../../etc/passwd", False),
         ("/proj/../../proj/a", False),  # climbs above the root: never a match
@@ -96,6 +96,25 @@ def test_glob_double_star(value: Any, ok: bool) -> None:
 def test_a_path_a_server_may_read_otherwise_is_not_judged(value: str) -> None:
     assert WORK.judge(value) is None
     assert not WORK.matches(value)
+
+
+def test_a_dot_dot_after_a_link_leaves_the_tree_the_text_stays_in(tmp_path: Path) -> None:
+    """`..` is taken back by the kernel from where a symlink led, not from the link: with a
+    workspace link from deep to shallow (pnpm's `node_modules/@s/pkg -> ../../packages/pkg`),
+    `/proj/node_modules/@s/pkg/../../../secret` is `/proj/secret` to the text and the parent
+    of /proj to the file system. The glob allowed it; a path holding `..` is unjudged."""
+    proj = tmp_path / "proj"
+    (proj / "packages" / "pkg").mkdir(parents=True)
+    (proj / "node_modules" / "@s").mkdir(parents=True)
+    (proj / "node_modules" / "@s" / "pkg").symlink_to("../../packages/pkg")
+    (tmp_path / "secret").write_text("outside the tree\n")
+    value = f"{proj}/node_modules/@s/pkg/../../../secret"
+    assert Path(value).read_text() == "outside the tree\n"  # what a server opens
+    assert normalize_path(value) == f"{proj}/secret"  # what the text says
+    tree = Matcher("glob", f"{proj}/**")
+    assert tree.judge(value) is None and not tree.matches(value)
+    assert Matcher("glob", f"{tmp_path}/secret").judge(value) is None  # a deny takes it
+    assert tree.judge(f"{proj}/node_modules/@s/pkg/x") is True  # no `..`: judged
 
 
 def test_other_non_ascii_and_a_bare_percent_are_still_judged() -> None:

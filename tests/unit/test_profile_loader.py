@@ -193,6 +193,35 @@ def test_home_secrets_are_refused(home: Path, tmp_path: Path, rel: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("cache", "token"),
+    [
+        (".cargo", ".cargo/credentials.toml"),
+        (".cargo", ".cargo/credentials"),
+        (".gradle", ".gradle/gradle.properties"),
+        (".m2", ".m2/settings.xml"),
+        (".gem", ".gem/credentials"),
+        (".terraform.d", ".terraform.d/credentials.tfrc.json"),
+    ],
+)
+def test_a_package_cache_that_holds_a_registry_token_is_refused(
+    home: Path, tmp_path: Path, cache: str, token: str
+) -> None:
+    """Mounting `~/.cargo` or `~/.gradle` to share a package cache with the agent is what a
+    new user does for speed: it handed the agent the crates.io (or Maven, RubyGems,
+    Terraform) publishing token in the same tree. `~/.cargo/registry` is still fine."""
+    (home / token).parent.mkdir(parents=True, exist_ok=True)
+    (home / token).write_text("token = \"secret\"\n")
+    (home / cache / "registry").mkdir()
+    probs = refused(write(tmp_path, mount_profile(f"${{HOME}}/{cache}")))
+    assert_problem(
+        probs,
+        f"{tmp_path / 'p.yml'}:4:13: mounts[0].source:",
+        f"contains the sensitive path {os.path.realpath(home)}/{cache}/",
+    )
+    load_file(write(tmp_path, mount_profile(f"${{HOME}}/{cache}/registry")))
+
+
 def test_home_as_a_whole_is_refused_because_it_contains_ssh(home: Path, tmp_path: Path) -> None:
     probs = refused(write(tmp_path, mount_profile("${HOME}")))
     assert_problem(

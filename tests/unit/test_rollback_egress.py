@@ -126,7 +126,9 @@ def podman(monkeypatch: pytest.MonkeyPatch, host: FakeHost) -> Podman:
                         lambda pid: {PROFILE_ID_21: CREATED, PROFILE_ID_72: REAPPLIED}[pid])
     monkeypatch.setattr(containers, "spec_from_record", lambda doc, ref, **kw: kw)
 
-    def create_and_start(spec: dict[str, Any], ref: Any, *, start: bool = True) -> Any:
+    def create_and_start(
+        spec: dict[str, Any], ref: Any, *, start: bool = True, env: Any = None
+    ) -> Any:
         pm.calls.append(f"create_and_start {ref.revision}")
         guard._write_policy(EgressState(spec["name"]), ref)  # what guard.prepare writes
         _guard_up(spec["name"])

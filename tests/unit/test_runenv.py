@@ -69,6 +69,25 @@ def test_env_file_problems(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        # A value on several lines (a PEM key pasted in): its next lines read as `KEY` alone
+        # (a name to take from this environment) or as no name at all.
+        "KEY=-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAo\n-----END-----\n",
+        "KEY=-----BEGIN KEY-----\nMIIEvQIBADANBgkq+hkiG9w0BAQEFAASCBKcw/ggSjAgEAAo\n",
+        "KEY=-----BEGIN KEY-----\nMIIEvQIBADANBgkq+hkiG9w0BAQEFAASCBKcw/ggSjAgEAAo==\n",
+    ],
+)
+def test_env_file_refusal_shows_no_line_of_it(tmp_path: Path, body: str) -> None:
+    f = tmp_path / "env"
+    f.write_text(body)
+    with pytest.raises(InvalidInput, match="line 2") as exc:
+        resolve([], [str(f)], [], reserved={}, environ={})
+    for shown in (exc.value.message, exc.value.hint or ""):
+        assert "MIIEvQIBADANBgkq" not in shown
+
+
+@pytest.mark.parametrize(
     ("arg", "podman"),
     [
         ("api-key", "api-key"),

@@ -115,7 +115,6 @@ class ClientSide(Drops):
             recycled = key in self._cancelled
             reused = key in self.inflight or recycled
             crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
-            waiting = sum(1 for e in self.inflight.values() if e.approval_id is not None)
             if not reused and not crowded:
                 # (bounded: a method or tool name may be megabytes long, 4,096 times over)
                 self.inflight[key] = InFlight(
@@ -137,12 +136,21 @@ class ClientSide(Drops):
             return
         # A prompt that a session grant covers passes, naming the grant (`mcp.grants`).
         decision, grant_id = self.grants.apply(decision, msg.method, msg.tool_name)
-        if decision.action is Action.PROMPT and waiting >= APPROVALS_MAX:
-            decision = policy.Decision(
-                Action.DENY,
-                decision.rule_index,
-                f"more than {APPROVALS_MAX} calls are waiting for a person",
-            )
+        if decision.action is Action.PROMPT and not reused:
+            # Counted here, as decided: its approval is made only once its record is written
+            # (later, with a backlog), and a burst decided before any had one all prompted.
+            with self._lock:
+                waiting = sum(1 for e in self.inflight.values() if e.prompted and not e.forwarded)
+                entry = self.inflight.get(key)
+                full = entry is None or waiting >= APPROVALS_MAX
+                if not full and entry is not None:
+                    entry.prompted = True
+            if full:
+                decision = policy.Decision(
+                    Action.DENY,
+                    decision.rule_index,
+                    f"more than {APPROVALS_MAX} calls are waiting for a person",
+                )
         if recycled:
             # The server may still answer the cancelled call under this id: that answer would
             # be taken (and recorded) as this call's.

@@ -54,6 +54,8 @@ class InFlight:
     tool: Any
     started: float
     forwarded: bool = False
+    prompted: bool = False
+    """Decided `prompt`: it waits for a person (APPROVALS_MAX) until it is forwarded or ends."""
     approval_id: str | None = None
     cancelled: str | None = None
     gen: int | None = None
