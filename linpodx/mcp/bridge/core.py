@@ -317,10 +317,14 @@ class BridgeCore:
         """Write one evaluated message to the server (re-serialized, never the raw bytes)."""
         data = jsonrpc.serialize(obj)
         with self._server_lock:
-            try:
-                self._to_server(data)
-            except (OSError, ValueError) as exc:
-                self._log(f"bridge: server input closed: {exc}")
+            self._write_server(data)
+
+    def _write_server(self, data: bytes) -> None:
+        """Write bytes to the server (the caller holds `_server_lock`)."""
+        try:
+            self._to_server(data)
+        except (OSError, ValueError) as exc:
+            self._log(f"bridge: server input closed: {exc}")
 
     # ---- the fence ------------------------------------------------------------------------
 
