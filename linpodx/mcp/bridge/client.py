@@ -111,16 +111,22 @@ class ClientSide(Drops):
         key = msg.id_key
         if key is None:  # parse() guarantees a string or integer id for requests
             return
+        method, tool = short(msg.method), short(msg.tool_name)
+        prompt = decision.action is Action.PROMPT
         with self._lock:
             recycled = key in self._cancelled
             reused = key in self.inflight or recycled
             crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
-            waiting = sum(1 for e in self.inflight.values() if e.approval_id is not None)
+            # (counted only for a prompt, the one decision it bounds: a walk of every call in
+            # flight per call otherwise)
+            waiting = (
+                sum(1 for e in self.inflight.values() if e.approval_id is not None)
+                if prompt
+                else 0
+            )
             if not reused and not crowded:
                 # (bounded: a method or tool name may be megabytes long, 4,096 times over)
-                self.inflight[key] = InFlight(
-                    short(msg.method), short(msg.tool_name), self._clock()
-                )
+                self.inflight[key] = InFlight(method, tool, self._clock())
         if crowded:
             answer = jsonrpc.error_response(
                 msg.id,
@@ -179,8 +185,8 @@ class ClientSide(Drops):
             "dir": "client",
             "kind": "request",
             "id": short(msg.id),
-            "method": short(msg.method),
-            "tool": short(msg.tool_name),
+            "method": method,
+            "tool": tool,
             "decision": decision.action.value,
             "rule": decision.rule_index,
             "reason": decision.reason,
@@ -199,8 +205,8 @@ class ClientSide(Drops):
             if decision.rule_index is not None or not allow:
                 self._decision_event(
                     session=self.session_id,
-                    method=short(msg.method),
-                    tool=short(msg.tool_name),
+                    method=method,
+                    tool=tool,
                     decision=decision.action.value,
                     rule=decision.rule_index,
                 )
