@@ -22,7 +22,10 @@ Printed (one run, baselines measured in the same run; this script never fails on
    event stream, fed through OS pipes by threads, against an in-process responder that answers
    at once; calls/s with 1 call in flight and with 64 in flight (target >= 2,000), next to raw
    `write + fsync` on the same disk (a lone caller pays one fsync per call).
-3. memory: peak RSS (VmHWM) of the bridge process before and after a 64 MiB line (refused).
+3. the bridge's own time per call: the SDK's call and answer handed to the real Bridge and
+   chain in one thread (fsync a no-op, no pipes), warm and after 4 ms idle before each call
+   (as the round trip's bridge idles while the other paths take their turns).
+4. memory: peak RSS (VmHWM) of the bridge process before and after a 64 MiB line (refused).
 """
 
 from __future__ import annotations
@@ -405,6 +408,73 @@ def bridge_ceiling(n: int, window: int, bare: bool = False, fsync: bool = True) 
     return rate
 
 
+META = (
+    '"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",'
+    '"io.modelcontextprotocol/clientInfo":{"name":"mcp","version":"0.1.0"},'
+    '"io.modelcontextprotocol/clientCapabilities":{}}'
+)
+SDK_CALL = (
+    '{"jsonrpc":"2.0","id":%d,"method":"tools/call",'
+    '"params":{"name":"echo","arguments":{"text":"c%d"},' + META + "}}"
+)
+SDK_ANSWER = (
+    '{"jsonrpc":"2.0","id":%d,"result":{"content":[{"text":"echo:c%d","type":"text"}],'
+    '"isError":false,"resultType":"complete","structuredContent":{"result":"echo:c%d"},'
+    '"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"linpodx-test-server","version":""}}}}'
+)
+"""A call and its answer as the official SDKs write them (2026-07-28), for `cpu_per_call`."""
+
+
+def cpu_per_call(n: int, gap: float = 0.0) -> tuple[float, float, float]:
+    """The bridge's own time per call in µs, medians: (client side, of it before the forward,
+    server side). One thread, the real Bridge and chain, the chain's fsync a no-op, no pipes:
+    the SDK's messages handed in as frames. `gap`: seconds idle before each call (what the
+    round trip's bridge sees while the other paths take their turns)."""
+    from linpodx.audit.chain import session_chain
+    from linpodx.ids import new_id
+    from linpodx.mcp.auditlog import GroupCommitChain
+    from linpodx.mcp.bridge import Bridge
+    from linpodx.mcp.framing import Line
+    from linpodx.profile.model import Decision, McpRule, Profile
+
+    real = os.fsync
+    os.fsync = lambda _fd: None  # (this process only; put back below)
+    try:
+        prof = Profile(name="b", mcp_policy=(McpRule("tools/call", Decision.AUTO_ALLOW, "echo"),))
+        sid = new_id("sess")
+        chain = GroupCommitChain(session_chain(sid, "0" * 64))
+        forwarded = [0.0]
+
+        def to_server(_data: bytes) -> None:
+            forwarded[0] = time.perf_counter()
+
+        bridge = Bridge(
+            profile=prof, session_id=sid, chain=chain, to_client=lambda _d: None,
+            to_server=to_server, pipeline=True,
+        )  # fmt: skip
+        client: list[float] = []
+        before: list[float] = []
+        server: list[float] = []
+        for i in range(200 + n):
+            call, answer = (SDK_CALL % (i, i)).encode(), (SDK_ANSWER % (i, i, i)).encode()
+            if gap and i >= 200:
+                time.sleep(gap)
+            t0 = time.perf_counter()
+            bridge.on_client_frame(Line(call))
+            t1 = time.perf_counter()
+            bridge.on_server_frame(Line(answer))
+            t2 = time.perf_counter()
+            if i >= 200:  # (the first 200 warm it up)
+                client.append(t1 - t0)
+                before.append(forwarded[0] - t0)
+                server.append(t2 - t1)
+        bridge.drain()
+        chain.close()
+    finally:
+        os.fsync = real
+    return tuple(statistics.median(x) * 1e6 for x in (client, before, server))  # type: ignore[return-value]
+
+
 def raw_fsync_rate(directory: Path, n: int = 500) -> float:
     path = directory / "raw-fsync.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -584,6 +654,16 @@ def main() -> int:
             f"(proposed target <= that work + {TARGET_ADDED_MS} ms) "
             f"{'OK' if over <= work + TARGET_ADDED_MS else 'MISSED'}"
         )
+        print(
+            "the bridge's own time per call (in-process, one thread, the SDK's messages, fsync a "
+            "no-op; medians):"
+        )
+        for gap, label in ((0.0, "warm"), (0.004, "after 4 ms idle before each call")):
+            c, f, sv = cpu_per_call(2000 if not gap else 300, gap)
+            print(
+                f"  {label}: {c:.1f} us client side ({f:.1f} before the forward), "
+                f"{sv:.1f} us server side, {c + sv:.1f} us a call"
+            )
         before, after, ok = hostile_line(name)
         print("memory under a hostile 64 MiB line (profile bound 4 MiB):")
         print(f"  bridge RSS before: {before[0] / 1024:.1f} MiB (peak {before[1] / 1024:.1f} MiB)")
