@@ -8,18 +8,24 @@ Printed (one run, baselines measured in the same run; this script never fails on
 1. round trip: the official SDK client calls the auto-allowed `echo` tool N times through the
    bridge and N times directly (`podman exec -i` to the same server in the same container),
    alternating call by call; median per-call latency of each and their ratio (target <= 1.15).
-   Two floors are measured in the same alternation, each a stdlib relay process in front of
-   the same `podman exec -i` with no parsing, policy or chain at all: `bare` only copies
-   lines, `fsync` also appends each request line to a file and fsyncs it before forwarding
-   (the least any bridge pays that makes a decision record durable before it acts). Their
-   ratios show how much of the target is left for the bridge's own work on this machine.
+   Floors are measured in the same alternation, each a stdlib relay process in front of
+   the same `podman exec -i` with no gate (`record` alone parses and records): `bare` copies
+   lines, `fsync` appends each request line to a file and fsyncs it before forwarding
+   (the least any bridge pays that makes a decision record durable before it acts), `rule`
+   follows the durability rule of docs/mcp.md (write, forward, fsync, hold the answer), and
+   `record` adds to `rule` what no Python bridge that records every message can skip (strict
+   parse, one chain record, re-serialising, each way). Their ratios show how much of the
+   target is left for the bridge's own work on this machine.
 2. bridge ceiling: the real Bridge with the real session chain (group commit; each decision
    record written and fsync'd before it acts, each outcome record written before the answer
    passes and fsync'd with the next record: the durability rule in docs/mcp.md) and the real
    event stream, fed through OS pipes by threads, against an in-process responder that answers
    at once; calls/s with 1 call in flight and with 64 in flight (target >= 2,000), next to raw
    `write + fsync` on the same disk (a lone caller pays one fsync per call).
-3. memory: peak RSS (VmHWM) of the bridge process before and after a 64 MiB line (refused).
+3. the bridge's own time per call: the SDK's call and answer handed to the real Bridge and
+   chain in one thread (fsync a no-op, no pipes), warm and after 4 ms idle before each call
+   (as the round trip's bridge idles while the other paths take their turns).
+4. memory: peak RSS (VmHWM) of the bridge process before and after a 64 MiB line (refused).
 """
 
 from __future__ import annotations
@@ -105,9 +111,26 @@ child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 cv = threading.Condition()
 written = synced = 0
+held = mode in ("rule", "record")
+if mode == "record":
+    from linpodx.audit.core import build_line
+    from linpodx.mcp.jsonrpc import parse, serialize
+    tail = [0, "0" * 64, ""]
+    def record(line, side):
+        # What no Python bridge that records each message can skip: the strict parse, one
+        # chain record (canonical encoding, hash, write), re-serialising what it passes on.
+        msg = parse(line.rstrip(b"\\n"))
+        data = {"dir": side, "id": getattr(msg, "id", None), "method": getattr(msg, "method", None)}
+        with cv:
+            h, ts, rec, _ = build_line(tail[0], tail[1], tail[2], "mcp.request", data, None)
+            tail[:] = [tail[0] + 1, h, ts]
+            os.write(fd, rec)
+        return serialize(msg.raw)
 def down():
     for line in child.stdout:
-        if mode == "rule":
+        if mode == "record":
+            line = record(line, "server")
+        if held:
             with cv:  # nothing reaches the client before the requests' records are durable
                 while synced < written:
                     cv.wait()
@@ -117,14 +140,17 @@ for line in sys.stdin.buffer:
     if mode == "fsync":
         os.write(fd, line)
         os.fsync(fd)
-    elif mode == "rule":
-        os.write(fd, line)
+    elif held:
+        if mode == "record":
+            line = record(line, "client")
+        else:
+            os.write(fd, line)
         with cv:
             written += 1
             n = written
     child.stdin.write(line)
     child.stdin.flush()
-    if mode == "rule":
+    if held:
         os.fsync(fd)  # after the forward: it overlaps the server's work
         with cv:
             synced = max(synced, n)
@@ -135,7 +161,10 @@ child.wait()
 """A relay with nothing but the hop: `bare` copies lines; `fsync` also writes and fsyncs each
 request line before forwarding it (the old durability rule); `rule` writes each request line
 before forwarding it and fsyncs it after, and holds what goes to the client until every
-request written so far is fsync'd (the durability rule of docs/mcp.md, with no gate)."""
+request written so far is fsync'd (the durability rule of docs/mcp.md, with no gate);
+`record` is `rule` plus, for each message either way, linpodx's strict parse, one chain record
+(`audit.core.build_line`) and re-serialising: the floor of a Python bridge that parses and
+records every message, without the gate, its bookkeeping or its threads."""
 
 FAST_SERVER = """
 import json, sys
@@ -151,8 +180,8 @@ for line in sys.stdin.buffer:
 """
 """A stdlib server that answers a tools/call at once (~0.1 ms): what is left is the path."""
 
-PATHS = ("via", "direct", "bare", "fsync", "rule")
-FAST_PATHS = ("via", "direct", "bare", "rule")
+PATHS = ("via", "direct", "bare", "fsync", "rule", "record")
+FAST_PATHS = ("via", "direct", "bare", "rule", "record")
 
 
 def _floor_argv(mode: str, state: Path, exec_argv: list[str]) -> list[str]:
@@ -172,7 +201,7 @@ async def round_trips(name: str, calls: int, state: Path) -> dict[str, list[floa
         "via": StdioServerParameters(command=sys.executable, args=attach, env=env),
         "direct": StdioServerParameters(command=exec_argv[0], args=exec_argv[1:], env=env),
     }
-    for mode in ("bare", "fsync", "rule"):
+    for mode in ("bare", "fsync", "rule", "record"):
         argv = _floor_argv(mode, state, exec_argv)
         params[mode] = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
     devnull = open(os.devnull, "w")
@@ -206,7 +235,7 @@ def fast_round_trips(name: str, calls: int, state: Path) -> dict[str, list[float
         "via": [sys.executable, "-m", "linpodx", "mcp", "attach", "--container", name, "--",
                 *server],
         "direct": exec_argv,
-        **{m: _floor_argv(m, state, exec_argv) for m in ("bare", "rule")},
+        **{m: _floor_argv(m, state, exec_argv) for m in ("bare", "rule", "record")},
     }  # fmt: skip
     procs = {
         p: subprocess.Popen(
@@ -379,6 +408,73 @@ def bridge_ceiling(n: int, window: int, bare: bool = False, fsync: bool = True) 
     return rate
 
 
+META = (
+    '"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",'
+    '"io.modelcontextprotocol/clientInfo":{"name":"mcp","version":"0.1.0"},'
+    '"io.modelcontextprotocol/clientCapabilities":{}}'
+)
+SDK_CALL = (
+    '{"jsonrpc":"2.0","id":%d,"method":"tools/call",'
+    '"params":{"name":"echo","arguments":{"text":"c%d"},' + META + "}}"
+)
+SDK_ANSWER = (
+    '{"jsonrpc":"2.0","id":%d,"result":{"content":[{"text":"echo:c%d","type":"text"}],'
+    '"isError":false,"resultType":"complete","structuredContent":{"result":"echo:c%d"},'
+    '"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"linpodx-test-server","version":""}}}}'
+)
+"""A call and its answer as the official SDKs write them (2026-07-28), for `cpu_per_call`."""
+
+
+def cpu_per_call(n: int, gap: float = 0.0) -> tuple[float, float, float]:
+    """The bridge's own time per call in µs, medians: (client side, of it before the forward,
+    server side). One thread, the real Bridge and chain, the chain's fsync a no-op, no pipes:
+    the SDK's messages handed in as frames. `gap`: seconds idle before each call (what the
+    round trip's bridge sees while the other paths take their turns)."""
+    from linpodx.audit.chain import session_chain
+    from linpodx.ids import new_id
+    from linpodx.mcp.auditlog import GroupCommitChain
+    from linpodx.mcp.bridge import Bridge
+    from linpodx.mcp.framing import Line
+    from linpodx.profile.model import Decision, McpRule, Profile
+
+    real = os.fsync
+    os.fsync = lambda _fd: None  # (this process only; put back below)
+    try:
+        prof = Profile(name="b", mcp_policy=(McpRule("tools/call", Decision.AUTO_ALLOW, "echo"),))
+        sid = new_id("sess")
+        chain = GroupCommitChain(session_chain(sid, "0" * 64))
+        forwarded = [0.0]
+
+        def to_server(_data: bytes) -> None:
+            forwarded[0] = time.perf_counter()
+
+        bridge = Bridge(
+            profile=prof, session_id=sid, chain=chain, to_client=lambda _d: None,
+            to_server=to_server, pipeline=True,
+        )  # fmt: skip
+        client: list[float] = []
+        before: list[float] = []
+        server: list[float] = []
+        for i in range(200 + n):
+            call, answer = (SDK_CALL % (i, i)).encode(), (SDK_ANSWER % (i, i, i)).encode()
+            if gap and i >= 200:
+                time.sleep(gap)
+            t0 = time.perf_counter()
+            bridge.on_client_frame(Line(call))
+            t1 = time.perf_counter()
+            bridge.on_server_frame(Line(answer))
+            t2 = time.perf_counter()
+            if i >= 200:  # (the first 200 warm it up)
+                client.append(t1 - t0)
+                before.append(forwarded[0] - t0)
+                server.append(t2 - t1)
+        bridge.drain()
+        chain.close()
+    finally:
+        os.fsync = real
+    return tuple(statistics.median(x) * 1e6 for x in (client, before, server))  # type: ignore[return-value]
+
+
 def raw_fsync_rate(directory: Path, n: int = 500) -> float:
     path = directory / "raw-fsync.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -483,17 +579,32 @@ def main() -> int:
             f"    relay + the durability rule (write, forward, fsync, hold the answer): median "
             f"{med['rule'] * 1000:.2f} ms, ratio {med['rule'] / mr:.2f}"
         )
+        print(
+            f"    the rule + strict parse, a chain record and re-serialising per message (the "
+            f"floor of a Python bridge): median {med['record'] * 1000:.2f} ms, ratio "
+            f"{med['record'] / mr:.2f}"
+        )
         fast = fast_round_trips(name, args.calls, state)
         fmed = {p: statistics.median(fast[p]) for p in FAST_PATHS}
         added = {p: (fmed[p] - fmed["direct"]) * 1000 for p in FAST_PATHS}
         print(f"added latency per call, raw client, a server answering at once ({args.calls}):")
         print(f"  direct podman exec -i: median {fmed['direct'] * 1000:.2f} ms")
-        for p, label in (("bare", "bare relay"), ("rule", "relay + the rule"), ("via", "linpodx")):
+        labels = (
+            ("bare", "bare relay"),
+            ("rule", "relay + the rule"),
+            ("record", "+ parse and records"),
+            ("via", "linpodx"),
+        )
+        for p, label in labels:
             print(f"  {label + ':':22s} median {fmed[p] * 1000:.2f} ms, +{added[p]:.2f} ms")
         over = added["via"] - added["rule"]
         print(
             f"  linpodx over the rule's relay: +{over:.2f} ms (target <= +{TARGET_ADDED_MS}) "
             f"{'OK' if over <= TARGET_ADDED_MS else 'MISSED'}"
+        )
+        print(
+            f"  linpodx over the parse-and-record relay (the gate, its bookkeeping, its "
+            f"threads): +{added['via'] - added['record']:.2f} ms"
         )
         # One call in flight against the disk and against the bridge's own work, taking turns
         # (the disk's fsync rate moves by 3x within a minute on a shared machine): medians.
@@ -543,6 +654,16 @@ def main() -> int:
             f"(proposed target <= that work + {TARGET_ADDED_MS} ms) "
             f"{'OK' if over <= work + TARGET_ADDED_MS else 'MISSED'}"
         )
+        print(
+            "the bridge's own time per call (in-process, one thread, the SDK's messages, fsync a "
+            "no-op; medians):"
+        )
+        for gap, label in ((0.0, "warm"), (0.004, "after 4 ms idle before each call")):
+            c, f, sv = cpu_per_call(2000 if not gap else 300, gap)
+            print(
+                f"  {label}: {c:.1f} us client side ({f:.1f} before the forward), "
+                f"{sv:.1f} us server side, {c + sv:.1f} us a call"
+            )
         before, after, ok = hostile_line(name)
         print("memory under a hostile 64 MiB line (profile bound 4 MiB):")
         print(f"  bridge RSS before: {before[0] / 1024:.1f} MiB (peak {before[1] / 1024:.1f} MiB)")

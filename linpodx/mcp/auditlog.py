@@ -73,13 +73,13 @@ class _Item:
     type: str
     data: Mapping[str, Any]
     mode: str = SYNCED
+    wake: bool = True
+    """A WRITTEN record wakes the sync thread (False: its caller syncs after acting)."""
     written: bool = False
     gen: int = 0
     """The write generation that carried this record (durable once a sync covers it)."""
     record: Any = None
     error: AuditError | None = None
-    wake: bool = True
-    """A WRITTEN record wakes the sync thread (False: its caller syncs after acting)."""
 
 
 class GroupCommitChain:
@@ -92,6 +92,7 @@ class GroupCommitChain:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)  # writers and syncers wait here
         self._flush_cv = threading.Condition(self._lock)  # the sync thread waits here
+        self._waiters = 0  # threads waiting on _cv (see `_wait`)
         self._queue: list[_Item] = []
         self._writing = False
         self._syncing = False
@@ -122,49 +123,73 @@ class GroupCommitChain:
 
     def append(self, type: str, data: Mapping[str, Any]) -> Any:
         """Record one event durably (possibly with others in one fsync), or raise AuditError."""
-        return self.wait(self.submit(type, data))
+        return self._append_now(_Item(type, data, SYNCED))
 
     def append_written(self, type: str, data: Mapping[str, Any], wake: bool = True) -> Any:
         """Write one decision record now; its fsync starts at once in the sync thread, and
         `decisions_durable` waits for it (see the module's durability rule). `wake=False`: the
         caller calls `decisions_durable` itself right after acting (the bridge's reader, for a
         lone call: the fsync then overlaps the server's work with no thread woken for it)."""
-        item = self.submit(type, data, WRITTEN)
-        item.wake = wake
-        return self.wait(item)
+        return self._append_now(_Item(type, data, WRITTEN, wake=wake))
 
     def append_deferred(self, type: str, data: Mapping[str, Any]) -> Any:
         """Write one outcome record now and fsync it later (see the module's durability rule)."""
-        return self.wait(self.submit(type, data, DEFERRED))
+        return self._append_now(_Item(type, data, DEFERRED))
+
+    def _append_now(self, item: _Item) -> Any:
+        """`wait(submit(…))` in one hold of the lock (a lone caller: every call of the bridge)."""
+        with self._lock:
+            self._queue.append(item)
+            self._settle(item)
+        if item.error is not None:
+            raise item.error
+        return item.record
 
     def submit(self, type: str, data: Mapping[str, Any], mode: str = SYNCED) -> _Item:
         """Queue a record without waiting; `wait(ticket)` returns once it is written and, for
         `SYNCED`, fsync'd."""
         item = _Item(type, data, mode)
-        with self._cv:
+        with self._lock:
             self._queue.append(item)
         return item
 
     def wait(self, item: _Item) -> Any:
         """Block until `item` is written (writing the queue ourselves if nobody is) and, for
         `SYNCED`, durable (syncing ourselves if nobody is); its Record, or raise AuditError."""
-        with self._cv:
-            while not item.written:
-                if self._writing:
-                    self._cv.wait()
-                else:
-                    self._write_queue()
-            if item.error is None and self.failure is not None:
-                item.error = self.failure  # (written into a chain that failed meanwhile)
-            if item.error is None and item.mode == SYNCED:
-                self._sync_through(item.gen)
-                if self._synced_gen < item.gen:
-                    item.error = self.failure
-            elif item.error is None and item.mode == DEFERRED and self._synced_gen < item.gen:
-                self._defer(item.gen)
+        with self._lock:
+            self._settle(item)
         if item.error is not None:
             raise item.error
         return item.record
+
+    def _settle(self, item: _Item) -> None:
+        """`wait`'s work, with the lock held."""
+        while not item.written:
+            if self._writing:
+                self._wait()
+            else:
+                self._write_queue()
+        if item.error is None and self.failure is not None:
+            item.error = self.failure  # (written into a chain that failed meanwhile)
+        if item.error is None and item.mode == SYNCED:
+            self._sync_through(item.gen)
+            if self._synced_gen < item.gen:
+                item.error = self.failure
+        elif item.error is None and item.mode == DEFERRED and self._synced_gen < item.gen:
+            self._defer(item.gen)
+
+    def _wait(self) -> None:
+        """Wait on `_cv` (lock held), counted: a notify with nobody waiting is skipped (it is
+        Python code, paid twice per call otherwise)."""
+        self._waiters += 1
+        try:
+            self._cv.wait()
+        finally:
+            self._waiters -= 1
+
+    def _notify_all(self) -> None:
+        if self._waiters:
+            self._cv.notify_all()
 
     @property
     def decided_gen(self) -> int:
@@ -176,7 +201,7 @@ class GroupCommitChain:
         `decided_gen` read earlier) is fsync'd (the sync thread's fsync, usually under way
         already); raise AuditError if the chain failed. Called before anything reaches the
         client."""
-        with self._cv:
+        with self._lock:
             target = self._decided_gen if upto is None else min(upto, self._decided_gen)
             if self._synced_gen >= target and self.failure is None:
                 return  # (the usual case once the fsync overlapped the server's work)
@@ -186,9 +211,9 @@ class GroupCommitChain:
 
     def flush(self) -> None:
         """Make every record written so far durable; raise AuditError if that failed."""
-        with self._cv:
+        with self._lock:
             while self._writing:
-                self._cv.wait()
+                self._wait()
             self._sync_through(self._gen)
             if self.failure is not None:
                 raise self.failure
@@ -198,15 +223,15 @@ class GroupCommitChain:
         flush stays in `failure` for the caller to report."""
         with contextlib.suppress(AuditError):  # kept in self.failure
             self.flush()
-        with self._cv:
+        with self._lock:
             self._closed = True
             self._flush_cv.notify()
             flusher = self._flusher
         if flusher is not None:
             flusher.join()
-        with self._cv:
+        with self._lock:
             while self._writing or self._syncing:  # never close the fd under a write
-                self._cv.wait()
+                self._wait()
             self._flusher = None
             self._closed = False
             if self._fd is not None:
@@ -215,7 +240,7 @@ class GroupCommitChain:
                 self._fd = None
                 self._size = None
 
-    # ---- the two roles (called with self._cv held) -----------------------------------------
+    # ---- the two roles (called with self._lock held) --------------------------------------
 
     def _write_queue(self) -> None:
         """Take the writer role and write everything queued (the lock is dropped meanwhile)."""
@@ -223,7 +248,7 @@ class GroupCommitChain:
         batch, self._queue = self._queue, []
         failure = self.failure
         durable_upto: int | None = None
-        self._cv.release()
+        self._lock.release()
         try:
             if failure is not None:
                 for b in batch:
@@ -231,7 +256,7 @@ class GroupCommitChain:
             else:
                 durable_upto = self._commit(batch)
         finally:
-            self._cv.acquire()
+            self._lock.acquire()
             self._writing = False
             self._gen += 1
             self._written_size = self._size
@@ -247,18 +272,18 @@ class GroupCommitChain:
                 self._decided_gen = self._gen
             if wake:
                 self._wake_syncer()
-            self._cv.notify_all()
+            self._notify_all()
 
     def _sync_through(self, gen: int) -> None:
         """Return once generation `gen` is durable or the chain failed (fsync'ing ourselves if
         nobody is: one fsync covers every generation written before it started)."""
         while self._synced_gen < gen and self.failure is None:
             if self._syncing:
-                self._cv.wait()
+                self._wait()
                 continue
             self._syncing = True
             target, size, fd = self._gen, self._written_size, self._fd
-            self._cv.release()
+            self._lock.release()
             error: OSError | None = None
             try:
                 if fd is not None:
@@ -266,7 +291,7 @@ class GroupCommitChain:
             except OSError as exc:
                 error = exc
             finally:
-                self._cv.acquire()
+                self._lock.acquire()
                 self._syncing = False
             if error is None:
                 self._synced_gen = max(self._synced_gen, target)
@@ -275,7 +300,7 @@ class GroupCommitChain:
                 self.syncs += 1
             else:
                 self._fail(error)
-            self._cv.notify_all()
+            self._notify_all()
 
     def _fail(self, exc: OSError) -> None:
         """A sync failed: cut what is not known durable, refuse every append from now on."""
@@ -285,7 +310,7 @@ class GroupCommitChain:
             HINT_WRITE,
         )
         while self._writing:
-            self._cv.wait()
+            self._wait()
         if self._fd is not None and self._synced_size is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._synced_size)
@@ -318,7 +343,7 @@ class GroupCommitChain:
         they keep coming, so none waits longer than `flush_delay`, and sleeps until woken once
         a look finds nothing to do."""
         tick = self.flush_delay / 2
-        with self._cv:
+        with self._lock:
             while not self._closed:
                 if self.failure is None and self._decided_gen > self._synced_gen:
                     self._sync_through(self._decided_gen)
@@ -380,8 +405,10 @@ class GroupCommitChain:
                 b.error = err
             return None
         finally:
-            with contextlib.suppress(OSError):
+            try:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass  # (closing the file releases it; a try costs less than suppress())
         if known is None:
             durable_upto = done.base
         written = 0

@@ -114,6 +114,8 @@ class GrantBook:
     def find(self, decision: Decision, method: str, tool: str | None) -> Grant | None:
         """The grant a call with this decision is forwarded under, or None (it prompts)."""
         index = decision.rule_index
+        if decision.action is not Action.PROMPT:
+            return None  # (every call that is no prompt, before `refusal` builds its reason)
         if index is None or refusal(self._rules, decision, method, tool) is not None:
             return None
         with self._lock:

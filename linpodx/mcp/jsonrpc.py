@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from linpodx.canonical import CanonicalError, strict_loads
@@ -72,7 +72,7 @@ class Message:
         """The id as a dict key, or None for notifications / null ids."""
         return id_key(self.id)
 
-    @property
+    @cached_property
     def tool_name(self) -> str | None:
         """`params.name` of a `tools/call` (a string), else None."""
         if self.method == "tools/call" and self.params is not None:

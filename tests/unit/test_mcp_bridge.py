@@ -290,6 +290,62 @@ def test_cancel_of_pending_prompt_withdraws_it() -> None:
     assert h.server == [] and h.client == []
 
 
+CANCEL_4 = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 4}}
+
+
+def test_a_cancellation_just_before_an_approved_call_is_forwarded_withdraws_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancellation that came after the approval's wait had checked for one, and before the
+    call was marked forwarded, was absorbed (not forwarded), and the call went to the server
+    all the same: the server ran a call the client had withdrawn."""
+    h = Harness()
+    forward = h.bridge._forward
+
+    def cancel_first(msg: Any) -> Any:
+        # The client's reader thread handles the cancellation in that window.
+        h.c(CANCEL_4)
+        return forward(msg)
+
+    monkeypatch.setattr(h.bridge, "_forward", cancel_first)
+    h.c(call(4, "write_file", path="a"))
+    _wait_for(lambda: any(e[0] == "approval.pending" for e in h.events))
+    p = approvals.load(next(e[1] for e in h.events if e[0] == "approval.pending")["approval_id"])
+    assert approvals.answer(p.approval_id, p.digest, approvals.APPROVE)
+    _wait_for(lambda: any(r[0] == "approval.decided" for r in h.chain.records))
+    h.bridge.shutdown("end")
+    assert h.server == [] and h.client == []  # withdrawn: no forward, no answer
+    absorbed = [r[1] for r in h.chain.records if r[1].get("decision") == "absorbed"]
+    assert absorbed == [
+        {"dir": "client", "method": "notifications/cancelled", "decision": "absorbed", "id": 4,
+         "approval_id": p.approval_id}
+    ]  # fmt: skip
+    assert h.bridge.summary()["in_flight"] == 0 and h.bridge.summary()["forwarded"] == 0
+
+
+def test_a_cancellation_before_the_approval_is_asked_for_withdraws_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before its approval existed, a call's cancellation was forwarded to a server that never
+    saw the call, and the call then waited for a person and, approved, was forwarded."""
+    h = Harness()
+    create = approvals.create
+
+    def cancel_first(*args: Any, **kwargs: Any) -> Any:
+        h.c(CANCEL_4)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(approvals, "create", cancel_first)
+    h.c(call(4, "write_file", path="a"))
+    pending = [e[1] for e in h.events if e[0] == "approval.pending"]
+    for ev in pending:  # (a person who answers yes, if anyone was asked)
+        p = approvals.load(ev["approval_id"])
+        approvals.answer(p.approval_id, p.digest, approvals.APPROVE)
+    h.bridge.shutdown("end")
+    assert h.server == [] and h.client == []
+    assert h.bridge.summary()["in_flight"] == 0
+
+
 def test_denied_notification_dropped_and_recorded() -> None:
     h = Harness()
     h.c({"jsonrpc": "2.0", "method": "notifications/something"})

@@ -111,15 +111,14 @@ class ClientSide(Drops):
         key = msg.id_key
         if key is None:  # parse() guarantees a string or integer id for requests
             return
+        method, tool = short(msg.method), short(msg.tool_name)
         with self._lock:
             recycled = key in self._cancelled
             reused = key in self.inflight or recycled
             crowded = not reused and len(self.inflight) >= INFLIGHT_MAX
             if not reused and not crowded:
                 # (bounded: a method or tool name may be megabytes long, 4,096 times over)
-                self.inflight[key] = InFlight(
-                    short(msg.method), short(msg.tool_name), self._clock()
-                )
+                self.inflight[key] = InFlight(method, tool, self._clock())
         if crowded:
             answer = jsonrpc.error_response(
                 msg.id,
@@ -187,8 +186,8 @@ class ClientSide(Drops):
             "dir": "client",
             "kind": "request",
             "id": short(msg.id),
-            "method": short(msg.method),
-            "tool": short(msg.tool_name),
+            "method": method,
+            "tool": tool,
             "decision": decision.action.value,
             "rule": decision.rule_index,
             "reason": decision.reason,
@@ -207,8 +206,8 @@ class ClientSide(Drops):
             if decision.rule_index is not None or not allow:
                 self._decision_event(
                     session=self.session_id,
-                    method=short(msg.method),
-                    tool=short(msg.tool_name),
+                    method=method,
+                    tool=tool,
                     decision=decision.action.value,
                     rule=decision.rule_index,
                 )
@@ -232,17 +231,32 @@ class ClientSide(Drops):
             method, msg.tool_name, msg.params
         )
 
-    def _forward(self, msg: Message) -> None:
+    def _forward(self, msg: Message) -> bool:
+        """Forward an allowed request unless the client has cancelled it; whether it went.
+
+        One step under the server's writer lock: whether the call was cancelled, marking it
+        forwarded, and writing it. A cancellation that comes before the mark withdraws the
+        call (`_cancel_pending`: absorbed, never forwarded); one that comes after finds it
+        forwarded and goes to the server behind it (the writer lock keeps that order), and its
+        slot is released (`_release`). Checked apart, a cancellation that came between the
+        check and the mark was absorbed and the call forwarded all the same.
+        """
         key = msg.id_key
-        with self._lock:
-            entry = self.inflight.get(key) if key is not None else None
-            if entry is not None:
-                entry.forwarded = True
-                entry.started = self._clock()
-                # Its decision record is written: the answer waits for the fsync up to here.
-                entry.gen = getattr(self.chain, "decided_gen", None)
-            self.stats.forwarded += 1
-        self.send_server(msg.raw)
+        data = jsonrpc.serialize(msg.raw)
+        with self._server_lock:
+            with self._lock:
+                entry = self.inflight.get(key) if key is not None else None
+                if entry is not None:
+                    if entry.cancelled is not None:
+                        self.inflight.pop(key, None)  # type: ignore[arg-type]  # (an entry: a key)
+                        return False
+                    entry.forwarded = True
+                    entry.started = self._clock()
+                    # Its decision record is written: the answer waits for the fsync up to here.
+                    entry.gen = getattr(self.chain, "decided_gen", None)
+                self.stats.forwarded += 1
+            self._write_server(data)
+        return True
 
     def _deny(self, msg: Message, reason: str) -> None:
         with self._lock:
@@ -324,20 +338,24 @@ class ClientSide(Drops):
                     self._cancelled.popitem(last=False)
 
     def _cancel_pending(self, msg: Message) -> bool:
-        """A cancellation for a request still waiting for a person ends that wait (no forward)."""
+        """A cancellation for a request not yet forwarded withdraws it: it is never forwarded
+        (`_forward` checks under the same lock), a wait for a person ends, and the cancellation
+        itself goes nowhere (the server never saw the call). True if it was absorbed so."""
         rid = jsonrpc.id_key((msg.params or {}).get("requestId"))
         if rid is None:
             return False
         with self._lock:
             entry = self.inflight.get(rid)
-            if entry is None or entry.forwarded or entry.approval_id is None:
+            if entry is None or entry.forwarded:
                 return False
             entry.cancelled = "cancelled by the client"
+            approval_id = entry.approval_id
         record = {
             "dir": "client",
             "method": "notifications/cancelled",
             "decision": "absorbed",
-            "approval_id": entry.approval_id,
+            "id": short((msg.params or {}).get("requestId")),
+            "approval_id": approval_id,
         }
         self._then("client", "mcp.notification", record, lambda: None, lambda _exc: None)
         return True
@@ -381,6 +399,13 @@ class ClientSide(Drops):
     def _prompt(self, msg: Message, decision: policy.Decision) -> None:
         if msg.method is None:  # parse() guarantees a method for requests/notifications
             return
+        key = msg.id_key
+        with self._lock:
+            entry = self.inflight.get(key) if key is not None else None
+            if entry is not None and entry.cancelled is not None:
+                # Cancelled before its approval was asked for: nobody is asked.
+                self.inflight.pop(key, None)  # type: ignore[arg-type]  # (an entry: a key)
+                return
         # A person sees the call from here on: its decision record is on disk first.
         failed = self.durable()
         if failed is not None:
@@ -402,7 +427,6 @@ class ClientSide(Drops):
         except (OSError, LinpodxError) as exc:
             self._deny(msg, f"the approval request could not be recorded ({exc})")
             return
-        key = msg.id_key
         with self._lock:
             entry = self.inflight.get(key) if key is not None else None
             if entry is not None:
@@ -495,19 +519,19 @@ class ClientSide(Drops):
         )
         if grant is not None and outcome.approved:
             self._record_grant(grant, by)
+        if outcome.approved:
+            # (`_forward` checks for a cancellation and marks the call forwarded in one step:
+            # the client withdrew a call it cancelled, and expects no answer)
+            if self._forward(msg):
+                with self._lock:
+                    self.stats.approved += 1
+            return
         with self._lock:
             entry = self.inflight.get(key) if key is not None else None
             cancelled = entry is not None and entry.cancelled is not None
-        if cancelled:
-            with self._lock:
-                if key is not None:
-                    self.inflight.pop(key, None)
-            return  # the client withdrew the request: it expects no answer
-        if outcome.approved:
-            with self._lock:
-                self.stats.approved += 1
-            self._forward(msg)
-        else:
+            if cancelled and key is not None:
+                self.inflight.pop(key, None)
+        if not cancelled:
             self._deny(msg, f"not approved: {outcome.reason}")
 
     # ---- session grants (`mcp.grants`) ----------------------------------------------------

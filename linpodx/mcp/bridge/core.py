@@ -90,7 +90,9 @@ class BridgeCore:
         self.bound_hit: str | None = None
         # The fence (`fence`): frames of a direction handled at the moment, and the directions
         # closed to new frames because the session is ending.
-        self._fence_cv = threading.Condition()
+        # (a plain lock for the per-frame count, the Condition only for `fence` to wait on)
+        self._fence_lock = threading.Lock()
+        self._fence_cv = threading.Condition(self._fence_lock)
         self._handling: dict[str, int] = {"client": 0, "server": 0}
         self._fenced: set[str] = set()
         self.ignored_after_end = 0
@@ -317,10 +319,14 @@ class BridgeCore:
         """Write one evaluated message to the server (re-serialized, never the raw bytes)."""
         data = jsonrpc.serialize(obj)
         with self._server_lock:
-            try:
-                self._to_server(data)
-            except (OSError, ValueError) as exc:
-                self._log(f"bridge: server input closed: {exc}")
+            self._write_server(data)
+
+    def _write_server(self, data: bytes) -> None:
+        """Write bytes to the server (the caller holds `_server_lock`)."""
+        try:
+            self._to_server(data)
+        except (OSError, ValueError) as exc:
+            self._log(f"bridge: server input closed: {exc}")
 
     # ---- the fence ------------------------------------------------------------------------
 
@@ -339,7 +345,7 @@ class BridgeCore:
         self, direction: str, handler: Callable[[Frame, bool], None], frame: Frame, more: bool
     ) -> None:
         """`handler(frame, more)`, unless `direction` is fenced (then the frame is counted)."""
-        with self._fence_cv:
+        with self._fence_lock:
             if direction in self._fenced:
                 self.ignored_after_end += 1
                 return
@@ -347,9 +353,10 @@ class BridgeCore:
         try:
             handler(frame, more)
         finally:
-            with self._fence_cv:
+            with self._fence_lock:
                 self._handling[direction] -= 1
-                self._fence_cv.notify_all()
+                if self._fenced:  # (only `fence` waits, and only once a direction is fenced)
+                    self._fence_cv.notify_all()
 
     def shutdown(self, reason: str, wait_seconds: float = 5.0) -> None:
         """Deny every pending approval (their waits end with `session ended`), then return."""

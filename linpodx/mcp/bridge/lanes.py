@@ -32,7 +32,8 @@ class Lane:
         self.chain = chain
         self.log = log
         self.queue: collections.deque[Any] = collections.deque()
-        self.cv = threading.Condition()
+        self.lock = threading.Lock()  # (`idle` takes it alone: no Condition's Python-level enter)
+        self.cv = threading.Condition(self.lock)
         self.closed = False
         self.busy = False
         self.thread = threading.Thread(target=self._run, name=f"lane-{name}", daemon=True)
@@ -77,7 +78,7 @@ class Lane:
 
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
-        with self.cv:
+        with self.lock:
             return not self.queue and not self.busy
 
     def settle(self, timeout: float) -> None:
