@@ -36,7 +36,9 @@ def sha256_maker() -> Callable[..., Any]:
     """The constructor `sha256` calls now: for a loop that hashes many short inputs (the audit
     verifier, a record at a time), which would otherwise pay this choice per call."""
     lib = sys.modules.get("hashlib")
-    if lib is None and _builtin is not None:
+    if lib is not None:
+        return lib.sha256  # type: ignore[no-any-return]
+    if _builtin is not None:
         return _builtin
     import hashlib
 

@@ -221,10 +221,27 @@ def _decode_batch(lines: list[bytes]) -> list[Any] | None:
     2 * (n - 1) + MAX_DEPTH means none of the lines holds more than MAX_DEPTH.
     """
     n = len(lines)
+    if n == 1:  # the writer's case (its tail line): the same conditions, for one line
+        line = lines[0]
+        if (
+            len(line) > MAX_LINE
+            or not line.startswith(_RECORD_START)
+            or line.count(b"{") + line.count(b"[") > MAX_DEPTH
+            or (not line.isascii() and ASTRAL.search(line))
+        ):
+            return None
+        try:
+            text = line.decode("utf-8")
+            obj, end = _scan(text, 0)
+            if end != len(text) or encode_sorted(obj) != text:
+                return None
+        except (ValueError, RecursionError, StopIteration):
+            return None
+        return [obj]
     if not n:
         return []
     try:
-        raw = b",".join(lines) if n > 1 else lines[0]
+        raw = b",".join(lines)
         ascii_ = raw.isascii()
         if (
             max(map(len, lines)) > MAX_LINE
@@ -541,12 +558,79 @@ def pread_all(fd: int, offset: int, length: int) -> bytes:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    n = os.write(fd, data)
+    if n == len(data):  # as good as always: one write of a record or a batch
+        return
+    if n <= 0:  # pragma: no cover - write(2) reports errors by raising
+        raise OSError(28, "short write")
+    view = memoryview(data)[n:]
     while view:
         n = os.write(fd, view)
         if n <= 0:  # pragma: no cover - write(2) reports errors by raising
             raise OSError(28, "short write")
         view = view[n:]
+
+
+_LOG_DIRS: dict[tuple[str, int], tuple[int, int, int, str, str]] = {}
+"""(a chain file's path as named, euid) -> (an fd held open on its directory, the directory's
+st_dev and st_ino, the directory's name, the file's name in it), for the files `open_chain`
+has opened in this process: the fd keeps the inode from being reused while it is cached, so
+the pair names that directory and no other."""
+_LOG_DIRS_MAX = 8
+
+
+def open_chain(path: str, flags: int, *, create: bool) -> int:
+    """Chain file `path` opened with `flags` (mode 0600 if created) after checking its
+    directory; the caller closes the fd. OSError or LinpodxError as the checks raise.
+
+    The directory is checked as `paths.ensure_dir_str` (with `create`: made if missing) or
+    `paths.check_dir_str` checks it (no link or other user's directory on the way: either
+    would put records outside the state dir), then held open, and the file is opened relative
+    to it: into the directory that was checked, even if its name is swapped in between.
+    Every later open of the same file costs one lstat instead of the checks: the name must
+    still be that very directory (same device and inode, pinned by the held fd), still ours,
+    closed to others and not a link; anything else gets the full checks again.
+    """
+    euid = os.geteuid()
+    key = (path, euid)
+    known = _LOG_DIRS.get(key)
+    if known is not None:
+        fd, dev, ino, where, name = known
+        try:
+            st: os.stat_result | None = os.lstat(where)
+        except OSError:
+            st = None  # gone (made again below) or unreadable (the checks say why)
+        if (
+            st is not None
+            and st.st_ino == ino
+            and st.st_dev == dev
+            and st.st_uid == euid
+            and not st.st_mode & 0o077
+            and stat.S_ISDIR(st.st_mode)
+        ):
+            return os.open(name, flags, FILE_MODE, dir_fd=fd)
+        del _LOG_DIRS[key]
+        os.close(fd)
+    where = os.path.dirname(path)
+    if create:
+        ensure_dir_str(where)
+    else:
+        check_dir_str(where)
+    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        st, now = os.fstat(fd), os.lstat(where)
+    except OSError:
+        os.close(fd)
+        raise
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        # Reached through a link (allowed outside the state dir) or swapped since the checks:
+        # nothing to cache; the file is opened by its name, as the checks saw it.
+        os.close(fd)
+        return os.open(path, flags, FILE_MODE)
+    _LOG_DIRS[key] = (fd, st.st_dev, st.st_ino, where, os.path.basename(path))
+    while len(_LOG_DIRS) > _LOG_DIRS_MAX:
+        os.close(_LOG_DIRS.pop(next(iter(_LOG_DIRS)))[0])
+    return os.open(os.path.basename(path), flags, FILE_MODE, dir_fd=fd)
 
 
 def open_append(path: str) -> int:
@@ -555,9 +639,8 @@ def open_append(path: str) -> int:
     flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
         # Every time, not only for a first record: a link (or another user's directory) on the
-        # way would put the record outside the state dir (`paths.ensure_dir_str`).
-        ensure_dir_str(os.path.dirname(path))
-        return os.open(path, flags, FILE_MODE)
+        # way would put the record outside the state dir (`open_chain`).
+        return open_chain(path, flags, create=True)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             # O_NOFOLLOW refused it: "too many levels of symbolic links" and a disk-space
@@ -827,8 +910,8 @@ def append_simple(path: str, typ: str, data: Mapping[str, Any]) -> bool:
     fast parser cannot vouch for (the strict parser then decides). AuditError as for append.
     """
     try:
-        check_dir_str(os.path.dirname(path))  # no link on the way (`paths.check_dir_str`)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # No link on the way (`paths.check_dir_str`, by `open_chain`).
+        fd = open_chain(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, create=False)
     except (OSError, LinpodxError):
         return False  # the full append refuses it and says why
     try:
