@@ -20,7 +20,8 @@ Printed:
   Floor: the same plus re-encoding each parsed line (what proves it canonical, the check the
   format needs beyond parsing), single process; the verifier may use every CPU, so the floor
   is also measured on the same cores (one forked process per CPU, as the verifier's workers),
-  and so is the raw "sha256 + json.loads" (`rawN:`, the baseline issue 22 names).
+  and so is the raw "sha256 + json.loads" (`rawN:`, the baseline issue 22 names). Each
+  verify figure is the best of VERIFY_ROUNDS rounds taken in turn.
 Targets: append >= 5,000/s, verify >= 300,000/s (from the audit issue); append >= 0.9x the
 codec floor and verify >= 0.9x the canonical-proof floor on the same cores (issue 22: the raw
 rates leave out work the format requires). They are printed with the figures; this script
@@ -147,6 +148,11 @@ def bench_append(workdir: Path, n: int) -> tuple[float, float, float, float]:
     return ours, raw, floor, codec
 
 
+VERIFY_ROUNDS = 3
+"""Each verify figure (ours and every floor) is the best of this many rounds, taken in turn:
+one slow moment of a shared machine then spoils no single figure."""
+
+
 def build_log(path: Path, n: int) -> None:
     """Write an n-record valid chain fast (same encoder as Chain.append, no fsync per line)."""
     prev = "0" * 64
@@ -207,28 +213,33 @@ def bench_verify(
     """(verify records/s, one-process verify records/s, raw sha256+json records/s, floor
     sha256+json+re-encode records/s in one process and on the verifier's cores, raw
     sha256+json records/s on the verifier's cores, MB)."""
-    data = path.read_bytes()
-    lines = data.splitlines()
-    t0 = time.perf_counter()
-    raw_floor(lines)
-    raw = len(lines) / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    proof_floor(lines)
-    floor = len(lines) / (time.perf_counter() - t0)
-    floor_cores = proof_floor_forked(lines, walk._workers())
-    raw_cores = proof_floor_forked(lines, walk._workers(), raw_floor)
-    del lines, data
+    lines = path.read_bytes().splitlines()
+    workers = walk._workers()
+    best = dict.fromkeys(("ours", "one", "raw", "floor", "floor_cores", "raw_cores"), 0.0)
 
-    t0 = time.perf_counter()
-    report = verify_file(path)
-    ours = n / (time.perf_counter() - t0)
-    if not (report.ok and report.events == n):
-        sys.exit(f"bench: verify failed: {report}")
-    t0 = time.perf_counter()
-    single = walk._verify(path, "0" * 64, True)  # the one-process reference verifier
-    one = n / (time.perf_counter() - t0)
-    if single != report:
-        sys.exit("bench: parallel and one-process verifiers disagree")
+    def rate(key: str, count: int, t0: float) -> None:
+        best[key] = max(best[key], count / (time.perf_counter() - t0))
+
+    for _ in range(VERIFY_ROUNDS):
+        t0 = time.perf_counter()
+        raw_floor(lines)
+        rate("raw", len(lines), t0)
+        t0 = time.perf_counter()
+        proof_floor(lines)
+        rate("floor", len(lines), t0)
+        best["floor_cores"] = max(best["floor_cores"], proof_floor_forked(lines, workers))
+        best["raw_cores"] = max(best["raw_cores"], proof_floor_forked(lines, workers, raw_floor))
+        t0 = time.perf_counter()
+        report = verify_file(path)
+        rate("ours", n, t0)
+        if not (report.ok and report.events == n):
+            sys.exit(f"bench: verify failed: {report}")
+        t0 = time.perf_counter()
+        single = walk._verify(path, "0" * 64, True)  # the one-process reference verifier
+        rate("one", n, t0)
+        if single != report:
+            sys.exit("bench: parallel and one-process verifiers disagree")
+    ours, one, raw, floor, floor_cores, raw_cores = best.values()
     return ours, one, raw, floor, floor_cores, raw_cores, path.stat().st_size / 1e6
 
 
