@@ -618,8 +618,11 @@ def open_chain(path: str, flags: int, *, create: bool) -> int:
         check_dir_str(where)
     fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        # The checks once more, now that the fd is open: what gets cached is a directory the
+        # name led to, with no link on the way, both before and after it was opened.
+        check_dir_str(where)
         st, now = os.fstat(fd), os.lstat(where)
-    except OSError:
+    except BaseException:
         os.close(fd)
         raise
     if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
