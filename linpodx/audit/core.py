@@ -118,6 +118,8 @@ def _refuse_number(text: str) -> Any:
 
 
 def _safe_int(text: str) -> int:
+    if len(text) < 16:  # at most 15 digits: below 10**15 < SAFE_INT (the common case, cheaply)
+        return int(text)
     value = int(text)
     if not -SAFE_INT <= value <= SAFE_INT:
         raise ValueError("integer outside the I-JSON range")
