@@ -243,6 +243,9 @@ def _decode_batch(lines: list[bytes]) -> list[Any] | None:
     if not n:
         return []
     try:
+        for line in lines:  # first: the nesting bound below counts on every line's start
+            if not line.startswith(_RECORD_START):
+                return None
         raw = b",".join(lines)
         ascii_ = raw.isascii()
         if (
@@ -259,9 +262,7 @@ def _decode_batch(lines: list[bytes]) -> list[Any] | None:
         objs: list[Any] = []
         add = objs.append
         at = 0
-        for line, size in zip(lines, sizes, strict=True):
-            if not line.startswith(_RECORD_START):
-                return None
+        for size in sizes:
             obj, end = _scan(text, at)
             at += size
             if end != at:
