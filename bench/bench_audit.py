@@ -19,7 +19,9 @@ Printed:
   "sha256 + json.loads" of the same lines in memory (no I/O, no checks), single process.
   Floor: the same plus re-encoding each parsed line (what proves it canonical, the check the
   format needs beyond parsing), single process; the verifier may use every CPU, so the floor
-  is also measured on the same cores (one forked process per CPU, as the verifier's workers).
+  is also measured on the same cores (one forked process per CPU, as the verifier's workers),
+  and so is the raw "sha256 + json.loads" (`rawN:`, the baseline issue 22 names). Each
+  verify figure is the best of VERIFY_ROUNDS rounds taken in turn.
 Targets: append >= 5,000/s, verify >= 300,000/s (from the audit issue); append >= 0.9x the
 codec floor and verify >= 0.9x the canonical-proof floor on the same cores (issue 22: the raw
 rates leave out work the format requires). They are printed with the figures; this script
@@ -36,6 +38,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from linpodx import paths
@@ -145,6 +148,11 @@ def bench_append(workdir: Path, n: int) -> tuple[float, float, float, float]:
     return ours, raw, floor, codec
 
 
+VERIFY_ROUNDS = 3
+"""Each verify figure (ours and every floor) is the best of this many rounds, taken in turn:
+one slow moment of a shared machine then spoils no single figure."""
+
+
 def build_log(path: Path, n: int) -> None:
     """Write an n-record valid chain fast (same encoder as Chain.append, no fsync per line)."""
     prev = "0" * 64
@@ -172,16 +180,25 @@ def proof_floor(lines: list[bytes]) -> None:
         hashlib.sha256(DOMAIN + line).digest()
 
 
-def proof_floor_forked(lines: list[bytes], workers: int) -> float:
-    """Records/s of `proof_floor` on the same cores as the verifier: one forked process per
-    worker, each on its share of the lines (as `walk`'s workers split the file)."""
+def raw_floor(lines: list[bytes]) -> None:
+    """The raw baseline's work on `lines`: json parse + sha256, nothing else."""
+    for line in lines:
+        json.loads(line)
+        hashlib.sha256(DOMAIN + line).digest()
+
+
+def proof_floor_forked(
+    lines: list[bytes], workers: int, work: Callable[[list[bytes]], None] = proof_floor
+) -> float:
+    """Records/s of `work` (`proof_floor`) on the same cores as the verifier: one forked
+    process per worker, each on its share of the lines (as `walk`'s workers split the file)."""
     t0 = time.perf_counter()
     pids = []
     for k in range(workers):
         pid = os.fork()
         if pid == 0:  # the child: its share, then out without the parent's clean-up
             try:
-                proof_floor(lines[k * len(lines) // workers : (k + 1) * len(lines) // workers])
+                work(lines[k * len(lines) // workers : (k + 1) * len(lines) // workers])
             finally:
                 os._exit(0)
         pids.append(pid)
@@ -190,33 +207,40 @@ def proof_floor_forked(lines: list[bytes], workers: int) -> float:
     return len(lines) / (time.perf_counter() - t0)
 
 
-def bench_verify(path: Path, n: int) -> tuple[float, float, float, float, float, float]:
+def bench_verify(
+    path: Path, n: int
+) -> tuple[float, float, float, float, float, float, float]:
     """(verify records/s, one-process verify records/s, raw sha256+json records/s, floor
-    sha256+json+re-encode records/s in one process and on the verifier's cores, MB)."""
-    data = path.read_bytes()
-    lines = data.splitlines()
-    t0 = time.perf_counter()
-    for line in lines:
-        json.loads(line)
-        hashlib.sha256(DOMAIN + line).digest()
-    raw = len(lines) / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    proof_floor(lines)
-    floor = len(lines) / (time.perf_counter() - t0)
-    floor_cores = proof_floor_forked(lines, walk._workers())
-    del lines, data
+    sha256+json+re-encode records/s in one process and on the verifier's cores, raw
+    sha256+json records/s on the verifier's cores, MB)."""
+    lines = path.read_bytes().splitlines()
+    workers = walk._workers()
+    best = dict.fromkeys(("ours", "one", "raw", "floor", "floor_cores", "raw_cores"), 0.0)
 
-    t0 = time.perf_counter()
-    report = verify_file(path)
-    ours = n / (time.perf_counter() - t0)
-    if not (report.ok and report.events == n):
-        sys.exit(f"bench: verify failed: {report}")
-    t0 = time.perf_counter()
-    single = walk._verify(path, "0" * 64, True)  # the one-process reference verifier
-    one = n / (time.perf_counter() - t0)
-    if single != report:
-        sys.exit("bench: parallel and one-process verifiers disagree")
-    return ours, one, raw, floor, floor_cores, path.stat().st_size / 1e6
+    def rate(key: str, count: int, t0: float) -> None:
+        best[key] = max(best[key], count / (time.perf_counter() - t0))
+
+    for _ in range(VERIFY_ROUNDS):
+        t0 = time.perf_counter()
+        raw_floor(lines)
+        rate("raw", len(lines), t0)
+        t0 = time.perf_counter()
+        proof_floor(lines)
+        rate("floor", len(lines), t0)
+        best["floor_cores"] = max(best["floor_cores"], proof_floor_forked(lines, workers))
+        best["raw_cores"] = max(best["raw_cores"], proof_floor_forked(lines, workers, raw_floor))
+        t0 = time.perf_counter()
+        report = verify_file(path)
+        rate("ours", n, t0)
+        if not (report.ok and report.events == n):
+            sys.exit(f"bench: verify failed: {report}")
+        t0 = time.perf_counter()
+        single = walk._verify(path, "0" * 64, True)  # the one-process reference verifier
+        rate("one", n, t0)
+        if single != report:
+            sys.exit("bench: parallel and one-process verifiers disagree")
+    ours, one, raw, floor, floor_cores, raw_cores = best.values()
+    return ours, one, raw, floor, floor_cores, raw_cores, path.stat().st_size / 1e6
 
 
 def main() -> int:
@@ -248,7 +272,7 @@ def main() -> int:
         t0 = time.perf_counter()
         build_log(log, args.records)
         print(f"built:   {args.records:,} records in {time.perf_counter() - t0:.1f} s")
-        ours, one, raw, floor, floor_cores, mb = bench_verify(log, args.records)
+        ours, one, raw, floor, floor_cores, raw_cores, mb = bench_verify(log, args.records)
         print(
             f"verify:  {ours:12,.0f} records/s ({mb:.0f} MB)   raw sha256+json {raw:12,.0f} rec/s"
             f"   ratio {ours / raw:5.2f}   target {TARGET_VERIFY:,}"
@@ -263,6 +287,11 @@ def main() -> int:
             f"floorN:  the same on the verifier's {walk._workers()} cores {floor_cores:12,.0f} "
             f"rec/s   verify ratio to it {ours / floor_cores:5.2f}   target {TARGET_TO_FLOOR}"
             f" {'met' if ours >= TARGET_TO_FLOOR * floor_cores else 'NOT met'}"
+        )
+        print(
+            f"rawN:    sha256+json on the verifier's {walk._workers()} cores {raw_cores:12,.0f} "
+            f"rec/s   verify ratio to it {ours / raw_cores:5.2f}   (issue 22's literal"
+            " baseline: no re-encode, so no canonical proof)"
         )
     return 0
 

@@ -29,9 +29,17 @@ except ImportError:
 
 def sha256(data: bytes = b"") -> Any:
     """A new sha256 object (`update`, `hexdigest`), fed `data`."""
+    return sha256_maker()(data)
+
+
+def sha256_maker() -> Callable[..., Any]:
+    """The constructor `sha256` calls now: for a loop that hashes many short inputs (the audit
+    verifier, a record at a time), which would otherwise pay this choice per call."""
     lib = sys.modules.get("hashlib")
-    if lib is None and _builtin is not None:
-        return _builtin(data)
+    if lib is not None:
+        return lib.sha256  # type: ignore[no-any-return]
+    if _builtin is not None:
+        return _builtin
     import hashlib
 
-    return hashlib.sha256(data)
+    return hashlib.sha256

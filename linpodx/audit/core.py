@@ -1,9 +1,10 @@
 """The audit record codec and the one writer of chain files.
 
 Codec: `build_line` encodes a record (canonical bytes, hash), `parse` reads one back: a fast
-stage (`fast_fields`, C-speed, returns None when unsure) and the strict reference parser
-(`parse_strict`), which gives the verdict and the reason whenever the fast stage is unsure. A
-fuzz test holds the two equal (tests/unit/test_audit_codec.py).
+stage (`fast_fields`, C-speed, returns None when unsure; `fast_batch` for many lines at once,
+the verifier's) and the strict reference parser (`parse_strict`), which gives the verdict and
+the reason whenever the fast stage is unsure. A fuzz test holds them equal
+(tests/unit/test_audit_codec.py).
 
 Writer: `append_locked` is the only code that appends records. `chain.Chain.append` (one record,
 fsync), `mcp.auditlog.GroupCommitChain` (batches, fsync by its sync role) and `append_simple`
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from json import encoder as json_encoder
 
 from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes, strict_loads
-from linpodx.digest import sha256
+from linpodx.digest import sha256, sha256_maker
 from linpodx.errors import AuditError, LinpodxError
 from linpodx.paths import FILE_MODE, check_dir_str, ensure_dir_str
 
@@ -117,6 +118,8 @@ def _refuse_number(text: str) -> Any:
 
 
 def _safe_int(text: str) -> int:
+    if len(text) < 16:  # at most 15 digits: below 10**15 < SAFE_INT (the common case, cheaply)
+        return int(text)
     value = int(text)
     if not -SAFE_INT <= value <= SAFE_INT:
         raise ValueError("integer outside the I-JSON range")
@@ -196,42 +199,148 @@ def fast_fields(line: bytes) -> Fields | None:
     member, and removing it (`,"hash":"` + 64 hex + `"`) gives canonical_bytes(record without
     hash): the bytes that were hashed.
     """
-    if (
-        len(line) > MAX_LINE
-        or not line.startswith(b'{"data":{')
-        or line.count(b"{") + line.count(b"[") > MAX_DEPTH
-        or (not line.isascii() and ASTRAL.search(line))
-    ):
-        return None
-    try:
-        text = line.decode("utf-8")
-        obj = FAST_DECODER.decode(text)
-        if encode_sorted(obj) != text:
+    return fast_batch([line])[0]
+
+
+# json's C scanner: what FAST_DECODER.decode runs, without its wrapper.
+_scan = FAST_DECODER.scan_once  # type: ignore[attr-defined]
+
+
+def _decode_batch(lines: list[bytes]) -> list[Any] | None:
+    """The parsed values of `lines`, or None unless every line passes the first half of
+    fast_fields's conditions (size, start, nesting, BMP, UTF-8, a strict parse, the canonical
+    re-encoding), proved for all of them at once.
+
+    One encoder call for the whole batch: each line is parsed on its own by json's C scanner
+    (what FAST_DECODER.decode runs), which must consume it exactly, so each value is what
+    FAST_DECODER.decode(line) gives; then the values re-encoded as one list must equal the
+    lines joined as one list. Each line is a whole JSON object (it starts with `{` and the
+    scan ends at its last byte), and so is each value's encoding; an object's text is
+    prefix-free (its opening brace closes at its end, lexing left to right), so neither
+    encoding of an element can be a proper prefix of the other: the joined texts are equal only
+    if every value re-encodes to its own line exactly.
+    Nesting: every line starts with `{"data":{`, two brackets, so brackets in all at most
+    2 * (n - 1) + MAX_DEPTH means none of the lines holds more than MAX_DEPTH.
+    """
+    n = len(lines)
+    if n == 1:  # the writer's case (its tail line): the same conditions, for one line
+        line = lines[0]
+        if (
+            len(line) > MAX_LINE
+            or not line.startswith(_RECORD_START)
+            or line.count(b"{") + line.count(b"[") > MAX_DEPTH
+            or (not line.isascii() and ASTRAL.search(line))
+        ):
             return None
-    except (ValueError, RecursionError):
+        try:
+            text = line.decode("utf-8")
+            obj, end = _scan(text, 0)
+            if end != len(text) or encode_sorted(obj) != text:
+                return None
+        except (ValueError, RecursionError, StopIteration):
+            return None
+        return [obj]
+    if not n:
+        return []
+    try:
+        for line in lines:  # first: the nesting bound below counts on every line's start
+            if not line.startswith(_RECORD_START):
+                return None
+        raw = b",".join(lines)
+        ascii_ = raw.isascii()
+        if (
+            max(map(len, lines)) > MAX_LINE
+            or raw.count(b"{") + raw.count(b"[") > 2 * (n - 1) + MAX_DEPTH
+            or (not ascii_ and ASTRAL.search(raw))
+        ):
+            return None
+        # Strict UTF-8 for all lines at once (a comma is never part of a multi-byte
+        # sequence, so the joined bytes decode exactly when each line does, to the decoded
+        # lines joined); each line is then scanned in place, from where it starts in `text`.
+        text = raw.decode("utf-8")
+        sizes = map(len, lines) if ascii_ else [len(line.decode("utf-8")) for line in lines]
+        objs: list[Any] = []
+        add = objs.append
+        at = 0
+        for size in sizes:
+            obj, end = _scan(text, at)
+            at += size
+            if end != at:
+                return None
+            add(obj)
+            at += 1  # the comma
+        if encode_sorted(objs) != "[" + text + "]":
+            return None
+    except (ValueError, RecursionError, StopIteration):
         return None
-    # The line is canonical_bytes(obj). One pattern over its end checks every field but data
-    # (what `_fields_of` checks with one pattern each): at the line's last `,"hash":"` the
-    # quote after the comma cannot be inside a string (there it would be escaped), so a `hash`
-    # key starts there, and the pattern runs through to the line's final `}`, which closes the
-    # object holding that key: the top-level one, whose members after data are then exactly
-    # the matched ones (canonical: sorted, no duplicates). `keys` rules out members the
-    # pattern does not name.
-    i = line.rfind(_HASH_KEY)
-    if (
-        type(obj) is not dict
-        or (obj.keys() != _KEYS and obj.keys() != _KEYS_FIRST)
-        or type(obj["data"]) is not dict
-        or _TAIL_RE.fullmatch(line, i) is None
-    ):
-        return None
-    ts = obj["ts"]
-    if ts[8:10] > "28" and not real_day(ts):
-        return None
-    h = obj["hash"]
-    if sha256(DOMAIN + line[:i] + line[i + len(_HASH_KEY) + 65 :]).hexdigest() != h:
-        return None
-    return (obj["seq"], ts, obj["type"], obj["prev"], h, obj["data"], obj.get("log"))
+    return objs
+
+
+def fast_batch(lines: list[bytes]) -> list[Fields | None]:
+    """[fast_fields(line) for line in lines], the same results at less cost per line: the
+    json stage runs once for the batch (`_decode_batch`); when it is unsure for the batch,
+    each line goes on its own."""
+    objs = _decode_batch(lines)
+    if objs is None:
+        if len(lines) == 1:
+            return [None]
+        return [fast_batch([line])[0] for line in lines]
+    out: list[Fields | None] = []
+    add = out.append
+    ts_ok, type_ok, log_ok = _TS_RE.fullmatch, TYPE_RE.fullmatch, _LOG_RE.fullmatch
+    cut = len(_HASH_KEY) + 65
+    hasher = sha256_maker()
+    good_hash = good_type = None  # the last hash and type found good in this batch
+    for line, obj in zip(lines, objs, strict=True):
+        # The line is canonical_bytes(obj). `_fields_of`'s checks, each as cheap as it gets:
+        # the keys by their number once the six are there (a seventh must be log); prev and
+        # type equal to ones found good, or else checked (prev: 64 characters none of which is
+        # left once hex digits are stripped); hash equal to a hexdigest, so 64 hex digits.
+        try:
+            seq, ts, typ, prev, h = obj["seq"], obj["ts"], obj["type"], obj["prev"], obj["hash"]
+            data = obj["data"]
+        except (KeyError, TypeError):  # not a dict, or a key missing
+            add(None)
+            continue
+        size = len(obj)
+        log = obj["log"] if size == 7 and "log" in obj else None
+        if (
+            type(obj) is not dict
+            or (size != 6 and log is None)
+            or type(seq) is not int
+            or seq < 0
+            or type(ts) is not str
+            or not ts_ok(ts)
+            or (ts[8:10] > "28" and not real_day(ts))
+            or (
+                typ != good_type
+                and (type(typ) is not str or not type_ok(typ))
+            )
+            or (
+                prev != good_hash
+                and (type(prev) is not str or len(prev) != 64 or prev.strip(_HEX_DIGITS))
+            )
+            or type(data) is not dict
+            or (log is not None and (type(log) is not str or not log_ok(log)))
+        ):
+            add(None)
+            continue
+        # What was hashed: the line without its hash member. The members after data are in
+        # key order hash, log, prev, seq, ts, type, and the values after hash's were just
+        # checked to hold no quote: the line's last `,"hash":"` starts the top-level hash
+        # member, whose value is 64 characters long if it equals a hexdigest (else the
+        # comparison fails whatever was cut).
+        i = line.rfind(_HASH_KEY)
+        if type(h) is not str or hasher(DOMAIN + line[:i] + line[i + cut :]).hexdigest() != h:
+            add(None)
+            continue
+        good_hash, good_type = h, typ
+        add((seq, ts, typ, prev, h, data, log))
+    return out
+
+
+_HEX_DIGITS = "0123456789abcdef"
+
 
 class BadRecord(ValueError):
     """A line that is not a well-formed record (verification turns it into a reason)."""
@@ -244,12 +353,6 @@ _TS_RE = re.compile(f"^{TS_PATTERN}\\Z")
 _LOG_RE = re.compile(r"^log_[0-9A-HJKMNP-TV-Z]{26}\Z")
 _KEYS = frozenset({"data", "hash", "prev", "seq", "ts", "type"})
 _KEYS_FIRST = _KEYS | {"log"}
-_TAIL_RE = re.compile(
-    rb',"hash":"[0-9a-f]{64}"(?:,"log":"log_[0-9A-HJKMNP-TV-Z]{26}")?,"prev":"[0-9a-f]{64}"'
-    rb',"seq":(?:0|[1-9][0-9]*),"ts":"' + TS_PATTERN.encode("ascii")
-    + rb'","type":"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+"\}'
-)
-"""The members after data of a stored line, in canonical order, each of its pattern."""
 
 
 def parse_strict(line: bytes) -> Fields:
@@ -458,12 +561,82 @@ def pread_all(fd: int, offset: int, length: int) -> bytes:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    n = os.write(fd, data)
+    if n == len(data):  # as good as always: one write of a record or a batch
+        return
+    if n <= 0:  # pragma: no cover - write(2) reports errors by raising
+        raise OSError(28, "short write")
+    view = memoryview(data)[n:]
     while view:
         n = os.write(fd, view)
         if n <= 0:  # pragma: no cover - write(2) reports errors by raising
             raise OSError(28, "short write")
         view = view[n:]
+
+
+_LOG_DIRS: dict[tuple[str, int], tuple[int, int, int, str, str]] = {}
+"""(a chain file's path as named, euid) -> (an fd held open on its directory, the directory's
+st_dev and st_ino, the directory's name, the file's name in it), for the files `open_chain`
+has opened in this process: the fd keeps the inode from being reused while it is cached, so
+the pair names that directory and no other."""
+_LOG_DIRS_MAX = 8
+
+
+def open_chain(path: str, flags: int, *, create: bool) -> int:
+    """Chain file `path` opened with `flags` (mode 0600 if created) after checking its
+    directory; the caller closes the fd. OSError or LinpodxError as the checks raise.
+
+    The directory is checked as `paths.ensure_dir_str` (with `create`: made if missing) or
+    `paths.check_dir_str` checks it (no link or other user's directory on the way: either
+    would put records outside the state dir), then held open, and the file is opened relative
+    to it: into the directory that was checked, even if its name is swapped in between.
+    Every later open of the same file costs one lstat instead of the checks: the name must
+    still be that very directory (same device and inode, pinned by the held fd), still ours,
+    closed to others and not a link; anything else gets the full checks again.
+    """
+    euid = os.geteuid()
+    key = (path, euid)
+    known = _LOG_DIRS.get(key)
+    if known is not None:
+        fd, dev, ino, where, name = known
+        try:
+            st: os.stat_result | None = os.lstat(where)
+        except OSError:
+            st = None  # gone (made again below) or unreadable (the checks say why)
+        if (
+            st is not None
+            and st.st_ino == ino
+            and st.st_dev == dev
+            and st.st_uid == euid
+            and not st.st_mode & 0o077
+            and stat.S_ISDIR(st.st_mode)
+        ):
+            return os.open(name, flags, FILE_MODE, dir_fd=fd)
+        del _LOG_DIRS[key]
+        os.close(fd)
+    where = os.path.dirname(path)
+    if create:
+        ensure_dir_str(where)
+    else:
+        check_dir_str(where)
+    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # The checks once more, now that the fd is open: what gets cached is a directory the
+        # name led to, with no link on the way, both before and after it was opened.
+        check_dir_str(where)
+        st, now = os.fstat(fd), os.lstat(where)
+    except BaseException:
+        os.close(fd)
+        raise
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        # Reached through a link (allowed outside the state dir) or swapped since the checks:
+        # nothing to cache; the file is opened by its name, as the checks saw it.
+        os.close(fd)
+        return os.open(path, flags, FILE_MODE)
+    _LOG_DIRS[key] = (fd, st.st_dev, st.st_ino, where, os.path.basename(path))
+    while len(_LOG_DIRS) > _LOG_DIRS_MAX:
+        os.close(_LOG_DIRS.pop(next(iter(_LOG_DIRS)))[0])
+    return os.open(os.path.basename(path), flags, FILE_MODE, dir_fd=fd)
 
 
 def open_append(path: str) -> int:
@@ -472,9 +645,8 @@ def open_append(path: str) -> int:
     flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
         # Every time, not only for a first record: a link (or another user's directory) on the
-        # way would put the record outside the state dir (`paths.ensure_dir_str`).
-        ensure_dir_str(os.path.dirname(path))
-        return os.open(path, flags, FILE_MODE)
+        # way would put the record outside the state dir (`open_chain`).
+        return open_chain(path, flags, create=True)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             # O_NOFOLLOW refused it: "too many levels of symbolic links" and a disk-space
@@ -744,8 +916,8 @@ def append_simple(path: str, typ: str, data: Mapping[str, Any]) -> bool:
     fast parser cannot vouch for (the strict parser then decides). AuditError as for append.
     """
     try:
-        check_dir_str(os.path.dirname(path))  # no link on the way (`paths.check_dir_str`)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # No link on the way (`paths.check_dir_str`, by `open_chain`).
+        fd = open_chain(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, create=False)
     except (OSError, LinpodxError):
         return False  # the full append refuses it and says why
     try:

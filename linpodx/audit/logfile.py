@@ -119,6 +119,19 @@ def fd_lines(fd: int, start: int = 0, end: int | None = None) -> Iterator[tuple[
     the rest of it: no record is that long, and the rest could be endless (/dev/zero, a huge
     sparse file).
     """
+    for offset, lines, complete in fd_line_batches(fd, start, end):
+        for line in lines:
+            yield offset, line, complete
+            offset += len(line) + 1
+
+
+def fd_line_batches(
+    fd: int, start: int = 0, end: int | None = None
+) -> Iterator[tuple[int, list[bytes], bool]]:
+    """`fd_lines` a chunk at a time: (offset of the first line, the lines, complete), where
+    the lines of one batch follow each other (each next one starts len(line) + 1 bytes on),
+    and an incomplete last line comes alone. OverlongLine where fd_lines raises it, after
+    the lines before it."""
     pos = start
     rest = b""
     while end is None or pos < end:
@@ -131,15 +144,18 @@ def fd_lines(fd: int, start: int = 0, end: int | None = None) -> Iterator[tuple[
         lines = buf.split(b"\n")
         rest = lines.pop()
         offset = pos - len(buf)
-        for line in lines:
-            if len(line) > MAX_LINE:
-                raise OverlongLine(offset)
-            yield offset, line, True
-            offset += len(line) + 1
+        if lines and max(map(len, lines)) > MAX_LINE:
+            for k, line in enumerate(lines):
+                if len(line) > MAX_LINE:
+                    if k:
+                        yield offset, lines[:k], True
+                    raise OverlongLine(offset + sum(map(len, lines[:k])) + k)
+        if lines:
+            yield offset, lines, True
         if len(rest) > MAX_LINE:
-            raise OverlongLine(offset)
+            raise OverlongLine(pos - len(rest))
     if rest:
-        yield pos - len(rest), rest, False
+        yield pos - len(rest), [rest], False
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:

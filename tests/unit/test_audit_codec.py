@@ -193,3 +193,65 @@ def test_what_the_writer_builds_takes_the_fast_stage(seed: int) -> None:
         if not core.ASTRAL.search(line):
             assert fast is not None, line
             assert _typed(fast[5]) == _typed(stored)
+
+
+def _chain(rng: random.Random, n: int) -> list[bytes]:
+    """n linked lines as the writer writes them (seq 0 with its log id)."""
+    lines, prev, ts = [], ZERO_HASH, ""
+    for seq in range(n):
+        data = {_text(rng): rng.choice([1, "x", None]) for _ in range(rng.randrange(0, 3))}
+        h, ts, line, _ = core.build_line(
+            seq, prev, ts, rng.choice(["a.b", "mcp.request"]), data,
+            "log_01ARZ3NDEKTSV4RRFFQ69G5FAV" if seq == 0 else None,
+        )  # fmt: skip
+        lines.append(line[:-1])
+        prev = h
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batch_gives_each_line_what_the_fast_stage_gives_it_alone(seed: int) -> None:
+    """`core.fast_batch` (the verifier's: one json stage for many lines, checks shared with
+    the lines before) answers for each line exactly what `fast_fields` answers for it alone,
+    on batches mixing well-formed, mutated and linked lines."""
+    rng = random.Random(200 + seed)  # noqa: S311 - a reproducible fuzz, not a secret
+    chain = _chain(rng, 40)
+    pool = list(chain)
+    for _ in range(150):
+        line = _forge(_record(rng))
+        if line is not None:
+            pool += [line, _mutate(rng, line)]
+    answered = 0
+    for _ in range(300):
+        if rng.random() < 0.5:  # a run of the chain, one of its lines mutated at times
+            at = rng.randrange(len(chain))
+            batch = chain[at : at + rng.randrange(1, 16)]
+            if rng.random() < 0.5:
+                k = rng.randrange(len(batch))
+                batch[k] = _mutate(rng, batch[k])
+        else:
+            batch = [rng.choice(pool) for _ in range(rng.randrange(1, 12))]
+        got = core.fast_batch(batch)
+        assert len(got) == len(batch)
+        for line, fast in zip(batch, got, strict=True):
+            alone = core.fast_fields(line)
+            assert (fast is None) == (alone is None), line
+            if fast is not None and alone is not None:
+                answered += 1
+                assert fast[:5] + fast[6:] == alone[:5] + alone[6:], line
+                assert _typed(fast[5]) == _typed(alone[5]), line
+            _agree(line)
+    assert answered > 1000, (seed, answered)
+
+
+def test_a_batch_keeps_each_line_to_itself() -> None:
+    """Lines that join into one valid record (split at a comma between a nested `{"data":{`
+    and what comes before it) are not taken for it: each line must be a record on its own."""
+    data = {"k": [1, {"data": {}}]}
+    _h, _ts, whole, _ = core.build_line(3, ZERO_HASH, "", "a.b", data, None)
+    assert core.fast_batch([whole[:-1]])[0] is not None
+    cut = whole.index(b',{"data":{}}')
+    parts = [whole[:cut], whole[cut + 1 : -1]]
+    assert parts[1].startswith(b'{"data":{')
+    assert core.fast_batch(parts) == [None, None]
+    assert [_strict(p)[0] for p in parts] == [None, None]

@@ -218,6 +218,35 @@ def test_an_audit_record_is_not_appended_through_a_linked_audit_dir(
     assert (outside / "admin.jsonl").read_text() == ""
 
 
+def test_a_log_dir_replaced_after_an_append_is_checked_again(
+    state: Path, tmp_path: Path
+) -> None:
+    """The writer keeps the log's directory open after its checks (one lstat per later
+    append): a link put in its place, another directory made there, or its mode loosened
+    are each seen by the next append, as by the first."""
+    from linpodx.audit import core
+    from linpodx.audit.chain import Chain
+
+    chain = Chain(Path(paths.admin_log()))
+    chain.append("a.b", {"n": 1})
+    audit = state / "audit"
+    outside = tmp_path / "outside"
+    audit.rename(outside)
+    audit.symlink_to(outside)
+    with pytest.raises(LinpodxError):
+        chain.append("a.b", {"n": 2})
+    assert core.append_simple(str(chain.path), "a.b", {"n": 3}) is False
+    assert (outside / "admin.jsonl").read_bytes().count(b"\n") == 1
+    audit.unlink()
+    chain.append("a.b", {"n": 4})  # a new directory, made again: the record goes there
+    assert audit.is_dir() and not audit.is_symlink()
+    assert (audit / "admin.jsonl").read_bytes().count(b"\n") == 1
+    audit.chmod(0o755)
+    assert core.append_simple(str(chain.path), "a.b", {"n": 5}) is True
+    assert stat.S_IMODE(audit.stat().st_mode) == 0o700
+    assert (audit / "admin.jsonl").read_bytes().count(b"\n") == 2
+
+
 @pytest.mark.skipif(not ROOT, reason="a directory of another uid inside ours needs chown")
 def test_another_users_directory_inside_the_state_dir_is_refused(
     cli: Cli, state: Path
