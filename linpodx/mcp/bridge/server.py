@@ -219,8 +219,8 @@ class ServerSide(Drops):
             "dir": "server",
             "kind": "response",
             "id": short(msg.id),
-            "method": short(entry.method),
-            "tool": short(entry.tool),
+            "method": entry.method,  # (both already `short`, see `InFlight`)
+            "tool": entry.tool,
             "status": status,
             "duration_ms": int((self._clock() - entry.started) * 1000),
         }
