@@ -267,7 +267,13 @@ class BridgeCore:
         error, anything else is dropped; linpodx's own refusals still go (the safe direction).
         `upto`: only the decisions up to that generation (an answer: its request's, see
         `InFlight.gen`), so an answer does not wait for the fsync of calls made after it."""
-        failed = self.durable(upto)
+        failed = None
+        if self._barrier is not None:  # (`durable`, inline: once per message to the client)
+            try:
+                self._barrier(upto)
+            except AuditError as exc:
+                self._unrecorded(exc)
+                failed = exc
         if failed is not None and from_server:
             obj = self._withheld(obj, failed)
             if obj is None:

@@ -156,7 +156,7 @@ class ServerSide(Drops):
             "kind": "request",
             "id": short(msg.id),
             "method": short(msg.method),
-            "decision": "deny" if reused else decision.action.value,
+            "decision": "deny" if reused else decision.action._value_,
             "reason": "request id reused while in flight" if reused else decision.reason,
         }
         key, method = msg.id_key, msg.method
