@@ -68,7 +68,7 @@ DEFERRED = "deferred"
 """An outcome record: `wait` returns once it is written; fsync'd within FLUSH_DELAY."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     type: str
     data: Mapping[str, Any]

@@ -23,6 +23,8 @@ from linpodx.output import safe_text
 from linpodx.profile.model import Decision as Action
 from linpodx.profile.model import Profile
 
+_AUTO_ALLOW = Action.AUTO_ALLOW.value  # (an Enum's `.value` is a Python call each time)
+
 
 class BridgeCore:
     """State and plumbing shared by both directions of one session (see `Bridge`)."""
@@ -254,7 +256,7 @@ class BridgeCore:
         except for a refusal or a prompt, which a person may be waiting to see."""
         if self._notices is None:
             self._event("mcp.decision", **data)
-        elif data.get("decision") == Action.AUTO_ALLOW.value:
+        elif data.get("decision") == _AUTO_ALLOW:
             self._notices.put(data)
         else:
             self._notices.put_now(data)
