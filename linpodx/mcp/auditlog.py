@@ -68,7 +68,7 @@ DEFERRED = "deferred"
 """An outcome record: `wait` returns once it is written; fsync'd within FLUSH_DELAY."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     type: str
     data: Mapping[str, Any]
@@ -88,6 +88,7 @@ class GroupCommitChain:
     def __init__(self, chain: audit_chain.Chain, flush_delay: float | None = None) -> None:
         self.chain = chain
         self.path = chain.path
+        self._where = str(chain.path)  # (what the audit writer's messages name, once)
         self.flush_delay = FLUSH_DELAY if flush_delay is None else flush_delay
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)  # writers and syncers wait here
@@ -272,7 +273,8 @@ class GroupCommitChain:
                 self._decided_gen = self._gen
             if wake:
                 self._wake_syncer()
-            self._notify_all()
+            if self._waiters:  # (`_notify_all`, inline: once per write)
+                self._cv.notify_all()
 
     def _sync_through(self, gen: int) -> None:
         """Return once generation `gen` is durable or the chain failed (fsync'ing ourselves if
@@ -370,9 +372,9 @@ class GroupCommitChain:
         """Write `batch` (no fsync: the sync role's business) through the chain's one writer;
         the file size known durable before it when the tail had to be read (the first write,
         or the file changed under us), else None."""
-        where = str(self.path)
+        where = self._where
         try:
-            fd = self._open()
+            fd = self._fd if self._fd is not None else self._open()
             audit_core.lock(fd, where)
         except AuditError as exc:
             for b in batch:

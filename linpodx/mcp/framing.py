@@ -113,6 +113,7 @@ class FrameReader:
         self.chunk = chunk
         self.eof = False
         self._pending: list[Frame] = []
+        self._poll: select.poll | None = None  # (registered once: asked once per frame)
 
     def has_more(self) -> bool:
         """True if another frame (or bytes of one) is already waiting to be read."""
@@ -121,10 +122,12 @@ class FrameReader:
         if self.eof:
             return False
         try:
-            ready, _, _ = select.select([self.fd], [], [], 0)
+            if self._poll is None:
+                self._poll = select.poll()
+                self._poll.register(self.fd, select.POLLIN)
+            return bool(self._poll.poll(0))
         except (OSError, ValueError):
             return False
-        return bool(ready)
 
     def read_frame(self) -> Frame | None:
         """The next frame, or None at end of stream."""

@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import partial
 from typing import Any
 
 from linpodx.canonical import CanonicalError, strict_loads
@@ -66,19 +66,19 @@ class Message:
     method: str | None = None
     id: Any = None
     params: dict[str, Any] | None = None
+    # Derived once, as the message is made: the bridge reads them several times per message
+    # (a property or a cached_property is a Python call, and in 3.11 a lock, each time).
+    id_key: IdKey | None = field(init=False, compare=False, repr=False)
+    """The id as a dict key, or None for notifications / null ids."""
+    tool_name: str | None = field(init=False, compare=False, repr=False)
+    """`params.name` of a `tools/call` (a string), else None."""
 
-    @property
-    def id_key(self) -> IdKey | None:
-        """The id as a dict key, or None for notifications / null ids."""
-        return id_key(self.id)
-
-    @cached_property
-    def tool_name(self) -> str | None:
-        """`params.name` of a `tools/call` (a string), else None."""
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id_key", id_key(self.id))
+        name = None
         if self.method == "tools/call" and self.params is not None:
             name = self.params.get("name")
-            return name if isinstance(name, str) else None
-        return None
+        object.__setattr__(self, "tool_name", name if isinstance(name, str) else None)
 
 
 @dataclass(frozen=True)

@@ -212,10 +212,15 @@ _CALL_KEYS = frozenset({"name", "arguments", "_meta"})
 
 
 def evaluate(
-    rules: Sequence[McpRule], method: str, tool_name: str | None = None, params: Any = None
+    rules: Sequence[McpRule],
+    method: str,
+    tool_name: str | None = None,
+    params: Any = None,
+    reasons: dict[int, str] | None = None,
 ) -> Decision:
     """Decide a client → server request or notification by the rules alone (no rates: a
-    session decides through `SessionPolicy`)."""
+    session decides through `SessionPolicy`). `reasons`: the matched rules' reasons, kept
+    across calls by the caller (a rule's reason never changes)."""
     if method in CLIENT_HOUSEKEEPING:
         return Decision(Action.AUTO_ALLOW, None, "protocol housekeeping")
     for index, rule in enumerate(rules):
@@ -223,10 +228,15 @@ def evaluate(
             unjudged = bool(rule.arguments) and not _matches(
                 rule, method, tool_name, params, lenient=True
             )
+            reason = reasons.get(index) if reasons is not None else None
+            if reason is None:
+                reason = f"{_describe(index, rule)}: {rule.decision.value}"
+                if reasons is not None:
+                    reasons[index] = reason
             return Decision(
                 rule.decision,
                 index,
-                f"{_describe(index, rule)}: {rule.decision.value}",
+                reason,
                 tuple(name for name, _m in rule.arguments),
                 unjudged=unjudged,
             )
@@ -248,13 +258,14 @@ class SessionPolicy:
         self.rules = tuple(rules)
         self._clock = clock
         self._lock = threading.Lock()
+        self._reasons: dict[int, str] = {}  # (`evaluate`'s, per rule)
         self._seen: dict[int, collections.deque[float]] = {
             i: collections.deque() for i, r in enumerate(self.rules) if r.rate is not None
         }
 
     def decide(self, method: str, tool_name: str | None, params: Any) -> Decision:
         """`evaluate`, then the matched rule's rate."""
-        decision = evaluate(self.rules, method, tool_name, params)
+        decision = evaluate(self.rules, method, tool_name, params, self._reasons)
         index = decision.rule_index
         if index is None or index not in self._seen:
             return decision

@@ -111,7 +111,8 @@ class ClientSide(Drops):
         key = msg.id_key
         if key is None:  # parse() guarantees a string or integer id for requests
             return
-        method, tool = short(msg.method), short(msg.tool_name)
+        tool_name = msg.tool_name
+        method, tool = short(msg.method), short(tool_name)
         with self._lock:
             recycled = key in self._cancelled
             reused = key in self.inflight or recycled
@@ -134,7 +135,9 @@ class ClientSide(Drops):
             )
             return
         # A prompt that a session grant covers passes, naming the grant (`mcp.grants`).
-        decision, grant_id = self.grants.apply(decision, msg.method, msg.tool_name)
+        grant_id = None
+        if decision.action is Action.PROMPT:
+            decision, grant_id = self.grants.apply(decision, msg.method, tool_name)
         if decision.action is Action.PROMPT and not reused:
             # Counted here, as decided: its approval is made only once its record is written
             # (later, with a backlog), and a burst decided before any had one all prompted.
@@ -182,36 +185,39 @@ class ClientSide(Drops):
                 then=lambda: self.send_client(answer),
             )
             return
+        action = decision.action
+        value = action._value_  # (`.value` is a Python-level property on an Enum)
         record = {
             "dir": "client",
             "kind": "request",
             "id": short(msg.id),
             "method": method,
             "tool": tool,
-            "decision": decision.action.value,
+            "decision": value,
             "rule": decision.rule_index,
             "reason": decision.reason,
-            **self._args_fields(msg),
         }
+        if msg.method == "tools/call" and msg.params is not None:
+            self._add_args_fields(record, msg.params)
         if grant_id is not None:
             record["grant"] = grant_id
-        if msg.method == "tools/call" and msg.tool_name is None:
+        if msg.method == "tools/call" and tool_name is None:
             name = (msg.params or {}).get("name")
             record["tool_type"] = "missing" if name is None else type(name).__name__
 
         def act() -> None:
-            allow = decision.action is Action.AUTO_ALLOW
+            allow = action is Action.AUTO_ALLOW
             if allow:
-                self._forward(msg)  # the event is a notice: the call does not wait for it
+                self._forward(msg, key)  # the event is a notice: the call does not wait for it
             if decision.rule_index is not None or not allow:
                 self._decision_event(
                     session=self.session_id,
                     method=method,
                     tool=tool,
-                    decision=decision.action.value,
+                    decision=value,
                     rule=decision.rule_index,
                 )
-            if decision.action is Action.PROMPT:
+            if action is Action.PROMPT:
                 self._prompt(msg, decision)
             elif not allow:
                 self._deny(msg, decision.reason)
@@ -231,7 +237,7 @@ class ClientSide(Drops):
             method, msg.tool_name, msg.params
         )
 
-    def _forward(self, msg: Message) -> bool:
+    def _forward(self, msg: Message, key: IdKey | None = None) -> bool:
         """Forward an allowed request unless the client has cancelled it; whether it went.
 
         One step under the server's writer lock: whether the call was cancelled, marking it
@@ -241,7 +247,8 @@ class ClientSide(Drops):
         slot is released (`_release`). Checked apart, a cancellation that came between the
         check and the mark was absorbed and the call forwarded all the same.
         """
-        key = msg.id_key
+        if key is None:
+            key = msg.id_key
         data = jsonrpc.serialize(msg.raw)
         with self._server_lock:
             with self._lock:
@@ -253,7 +260,8 @@ class ClientSide(Drops):
                     entry.forwarded = True
                     entry.started = self._clock()
                     # Its decision record is written: the answer waits for the fsync up to here.
-                    entry.gen = getattr(self.chain, "decided_gen", None)
+                    if self._tracks_gen:
+                        entry.gen = self.chain.decided_gen  # type: ignore[attr-defined]
                 self.stats.forwarded += 1
             self._write_server(data)
         return True
@@ -385,14 +393,13 @@ class ClientSide(Drops):
             durable=False,
         )
 
-    def _args_fields(self, msg: Message) -> dict[str, Any]:
-        if msg.method != "tools/call" or msg.params is None:
-            return {}
-        args = msg.params.get("arguments", {})
-        out: dict[str, Any] = {"args_sha256": approvals.request_digest(args)}
+    def _add_args_fields(self, record: dict[str, Any], params: dict[str, Any]) -> None:
+        """A `tools/call`'s arguments in its record: their digest, and themselves when
+        `mcp.record_arguments` says so."""
+        args = params.get("arguments", {})
+        record["args_sha256"] = approvals.request_digest(args)
         if self.settings.record_arguments:
-            out["arguments"] = args
-        return out
+            record["arguments"] = args
 
     # ---- approvals ------------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ the events, the fence that ends a direction, and the closing counters."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import threading
 import time
@@ -23,6 +22,8 @@ from linpodx.mcp.jsonrpc import IdKey
 from linpodx.output import safe_text
 from linpodx.profile.model import Decision as Action
 from linpodx.profile.model import Profile
+
+_AUTO_ALLOW = Action.AUTO_ALLOW.value  # (an Enum's `.value` is a Python call each time)
 
 
 class BridgeCore:
@@ -51,6 +52,13 @@ class BridgeCore:
         self.settings = profile.mcp
         self.session_id = session_id
         self.chain = chain
+        # What the chain can do, looked up once (not per record): a chain that writes a
+        # decision now and fsyncs it later (`mcp.auditlog`), or one whose every append is
+        # durable (then each of these is None).
+        self._append_written: Callable[..., Any] | None = getattr(chain, "append_written", None)
+        self._append_deferred: Callable[..., Any] | None = getattr(chain, "append_deferred", None)
+        self._barrier: Callable[..., None] | None = getattr(chain, "decisions_durable", None)
+        self._tracks_gen = hasattr(chain, "decided_gen")
         self._to_client = to_client
         self._to_server = to_server
         self._answer_server = answer_server
@@ -65,8 +73,6 @@ class BridgeCore:
         self._cancelled: collections.OrderedDict[IdKey, None] = collections.OrderedDict()
         self.protocol_version: str | None = None
         self.stats = Stats()
-        self.records = 0
-        self.last_record: Any = None
         self.closing: str | None = None
         self._waiters: list[threading.Thread] = []
         # With a chain that can queue records (GroupCommitChain), each direction gets a lane.
@@ -114,15 +120,12 @@ class BridgeCore:
         over = self._over_size()
         if over is not None:
             raise over
-        written = getattr(self.chain, "append_written", None)
-        if durable and written is not None:
-            rec = written(type_, data, wake)
+        if durable and self._append_written is not None:
+            self._append_written(type_, data, wake)
+        elif not durable and self._append_deferred is not None:
+            self._append_deferred(type_, data)
         else:
-            deferred = None if durable else getattr(self.chain, "append_deferred", None)
-            rec = (deferred or self.chain.append)(type_, data)
-        with self._lock:
-            self.records += 1
-            self.last_record = rec
+            self.chain.append(type_, data)
 
     def _then(
         self,
@@ -144,8 +147,8 @@ class BridgeCore:
             self._unrecorded(exc)
             fail(exc)
 
-        target = self._lanes.get(lane)
-        if target is not None and target.idle() and not self._backlog.get(lane):
+        target = self._lanes.get(lane) if self._lanes else None
+        if target is not None and not self._backlog[lane] and target.idle():
             # Nothing queued before it and nothing else waiting: doing it here saves two thread
             # hand-offs. With a backlog the lane is faster even for a record that is only
             # written: the reader goes on parsing and queued records share one write.
@@ -157,15 +160,15 @@ class BridgeCore:
                 failed(exc)
                 return
             ok()
-            if durable:
+            if durable and self._barrier is not None:
                 # The fsync of the record, now that its action is done (the request is with
                 # the server, which works meanwhile): no thread hand-off for a lone call. An
                 # answer that comes first waits for it in `send_client`; a failure is said
                 # there (what reaches the client is withheld).
-                with contextlib.suppress(AuditError):
-                    barrier = getattr(self.chain, "decisions_durable", None)
-                    if barrier is not None:
-                        barrier()
+                try:
+                    self._barrier()
+                except AuditError:
+                    pass
             return
         over = self._over_size()
         if over is not None:
@@ -173,8 +176,6 @@ class BridgeCore:
             return
         mode = auditlog.WRITTEN if durable else auditlog.DEFERRED
         ticket = self.chain.submit(type_, data, mode)  # type: ignore[attr-defined]
-        with self._lock:
-            self.records += 1
         target.put(ticket, ok, failed)
 
     def _over_size(self) -> AuditError | None:
@@ -255,7 +256,7 @@ class BridgeCore:
         except for a refusal or a prompt, which a person may be waiting to see."""
         if self._notices is None:
             self._event("mcp.decision", **data)
-        elif data.get("decision") == Action.AUTO_ALLOW.value:
+        elif data.get("decision") == _AUTO_ALLOW:
             self._notices.put(data)
         else:
             self._notices.put_now(data)
@@ -268,7 +269,13 @@ class BridgeCore:
         error, anything else is dropped; linpodx's own refusals still go (the safe direction).
         `upto`: only the decisions up to that generation (an answer: its request's, see
         `InFlight.gen`), so an answer does not wait for the fsync of calls made after it."""
-        failed = self.durable(upto)
+        failed = None
+        if self._barrier is not None:  # (`durable`, inline: once per message to the client)
+            try:
+                self._barrier(upto)
+            except AuditError as exc:
+                self._unrecorded(exc)
+                failed = exc
         if failed is not None and from_server:
             obj = self._withheld(obj, failed)
             if obj is None:
@@ -284,11 +291,10 @@ class BridgeCore:
         """Wait until every decision record written so far (up to generation `upto`) is
         fsync'd; the error if the chain failed (said once on stderr), None when they are on
         disk."""
-        barrier = getattr(self.chain, "decisions_durable", None)
-        if barrier is None:
+        if self._barrier is None:
             return None  # (a chain whose every append is durable)
         try:
-            barrier(upto)
+            self._barrier(upto)
         except AuditError as exc:
             self._unrecorded(exc)
             return exc

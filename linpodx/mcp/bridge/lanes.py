@@ -114,7 +114,10 @@ class Notices:
         self.emit = emit
         self.log = log
         self.linger = linger
-        self.cv = threading.Condition()
+        # `put` takes the plain lock alone: entering a Condition is a Python call, and its
+        # default RLock one more (once per auto-allowed call).
+        self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
         self.writing = threading.Lock()  # batches are taken and written in order
         self.pending: list[dict[str, Any]] = []
         self.stopping = False
@@ -122,7 +125,7 @@ class Notices:
         self.thread.start()
 
     def put(self, data: dict[str, Any]) -> None:
-        with self.cv:
+        with self.lock:
             self.pending.append(data)
             if len(self.pending) == 1:
                 self.cv.notify()

@@ -156,7 +156,7 @@ class ServerSide(Drops):
             "kind": "request",
             "id": short(msg.id),
             "method": short(msg.method),
-            "decision": "deny" if reused else decision.action.value,
+            "decision": "deny" if reused else decision.action._value_,
             "reason": "request id reused while in flight" if reused else decision.reason,
         }
         key, method = msg.id_key, msg.method
@@ -219,8 +219,8 @@ class ServerSide(Drops):
             "dir": "server",
             "kind": "response",
             "id": short(msg.id),
-            "method": short(entry.method),
-            "tool": short(entry.tool),
+            "method": entry.method,  # (both already `short`, see `InFlight`)
+            "tool": entry.tool,
             "status": status,
             "duration_ms": int((self._clock() - entry.started) * 1000),
         }

@@ -45,7 +45,7 @@ def short(value: Any) -> Any:
     return value
 
 
-@dataclass
+@dataclass(slots=True)
 class InFlight:
     """A client request the bridge has accepted and not yet seen answered."""
 
