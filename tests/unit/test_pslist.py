@@ -116,3 +116,11 @@ def test_a_reader_that_went_away_ends_ps_quietly(tmp_path: Path) -> None:
     finally:
         os.close(write_end)
     assert (res.returncode, res.stderr) == (1, "")
+
+
+def test_collect_kills_a_child_that_closed_its_pipes_and_runs_on() -> None:
+    # Its pipes end before the timeout; the wait for its exit is what runs out.
+    child = proc.Child(["/bin/sh", "-c", "exec >&- 2>&-; exec sleep 30"])
+    with pytest.raises(TimeoutError):
+        child.collect(timeout=0.5)
+    assert child.returncode is not None and child.returncode < 0  # killed, and reaped
