@@ -265,12 +265,12 @@ def _main(args: list[str]) -> int | LinpodxError:
     # --help | head -1`) ends them as it ends every command (`_unless_reader_gone`).
     if args == ["--version"]:
         # Without building the app: as quick as `podman --version`.
-        _unless_reader_gone(lambda: (version_cmd(), sys.stdout.flush()))
+        _unless_reader_gone(lambda: _flushed(version_cmd))
         return 0
     if args in ([], ["-h"], ["--help"], ["help"]) and not os.environ.get("_LINPODX_COMPLETE"):
         text = _stored_root_help()
         if text is not None:
-            _unless_reader_gone(lambda: (sys.stdout.write(text), sys.stdout.flush()))
+            _unless_reader_gone(lambda: _flushed(lambda: sys.stdout.write(text)))
             return 0
     # SIGTERM and SIGHUP unwind like Ctrl-C (see `Terminated`); commands that wait on a child
     # or serve a session put their own handlers in place meanwhile and restore these.
@@ -425,6 +425,12 @@ def _unless_reader_gone(write: Callable[[], None]) -> None:
             raise
         _silence_stdout()
         sys.exit(1)
+
+
+def _flushed(write: Callable[[], object]) -> None:
+    """`write()`, then stdout flushed: a closed pipe is met here, not at the interpreter's exit."""
+    write()
+    sys.stdout.flush()
 
 
 def _silence_stdout() -> None:
