@@ -304,7 +304,13 @@ class Child:
                         poller.unregister(fd)
                         open_fds.discard(fd)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            rc = self.wait(left)
+            try:
+                rc = self.wait(left)
+            except TimeoutError:
+                # Its pipes closed but it runs on: killed as one still writing would be.
+                self.kill()
+                self.wait()
+                raise
         finally:
             self.close()
         return rc, b"".join(chunks[self.out_fd]), b"".join(chunks[self.err_fd])

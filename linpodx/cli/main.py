@@ -261,13 +261,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: list[str]) -> int | LinpodxError:
     """`main` without the `--json` last resort; a failure is returned as the error it is."""
     command = args[0] if args and not args[0].startswith("-") else None
+    # Both printed before the one error boundary below: a reader that went away (`linpodx
+    # --help | head -1`) ends them as it ends every command (`_unless_reader_gone`).
     if args == ["--version"]:
-        version_cmd()  # without building the app: as quick as `podman --version`
+        # Without building the app: as quick as `podman --version`.
+        _unless_reader_gone(lambda: _flushed(version_cmd))
         return 0
     if args in ([], ["-h"], ["--help"], ["help"]) and not os.environ.get("_LINPODX_COMPLETE"):
         text = _stored_root_help()
         if text is not None:
-            sys.stdout.write(text)
+            _unless_reader_gone(lambda: _flushed(lambda: sys.stdout.write(text)))
             return 0
     # SIGTERM and SIGHUP unwind like Ctrl-C (see `Terminated`); commands that wait on a child
     # or serve a session put their own handlers in place meanwhile and restore these.
@@ -422,6 +425,12 @@ def _unless_reader_gone(write: Callable[[], None]) -> None:
             raise
         _silence_stdout()
         sys.exit(1)
+
+
+def _flushed(write: Callable[[], object]) -> None:
+    """`write()`, then stdout flushed: a closed pipe is met here, not at the interpreter's exit."""
+    write()
+    sys.stdout.flush()
 
 
 def _silence_stdout() -> None:

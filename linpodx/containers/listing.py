@@ -51,7 +51,9 @@ def ps(
     for r in (listed or start_listing(all_states))():
         names = r.get("Names") or []
         name = str(names[0]) if isinstance(names, list) and names else str(r.get("Name", ""))
-        labels = r.get("Labels") or {}
+        labels = r.get("Labels")
+        if not isinstance(labels, dict):  # (null for none; anything else is no label either)
+            labels = {}
         row: dict[str, Any] = {
             "name": name,
             "container_id": str(r.get("Id", "")),

@@ -58,7 +58,7 @@ class Listing:
             )
         try:
             rows = json.loads(out.decode("utf-8", "replace") or "[]")
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # (nested past the stack)
             raise EngineError(
                 "podman ps printed something that is not JSON", argv=child.argv
             ) from exc

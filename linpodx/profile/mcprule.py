@@ -325,6 +325,20 @@ def read_otherwise(value: str) -> bool:
     )
 
 
+_TRIMMED = (
+    "\x09\x0a\x0b\x0c\x0d\x1c\x1d\x1e\x1f\x20\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004"
+    "\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+"""What servers trim from a value's ends: every character Python's `str.isspace` takes (its
+`strip()`; Go's `TrimSpace` takes fewer), and the BOM, which JavaScript's `trim()` takes too."""
+
+
+def _dot_dot(value: str) -> bool:
+    """Whether a segment of `value` is `..`, or is once whitespace around it is trimmed: a
+    server that trims the value (`/proj/.. ` to `/proj/..`) reads the root's parent."""
+    return any(seg.strip(_TRIMMED) == ".." for seg in value.split("/"))
+
+
 def glob_problem(pattern: str) -> str | None:
     """Why `pattern` is no glob the gate can match with, or None."""
     bad = sorted({c for c in pattern if c in "[]{}\\"})
@@ -410,7 +424,7 @@ class Matcher:
             return None
         if self.kind == "glob":
             path = normalize_path(arg)
-            if path is None or read_otherwise(arg) or ".." in arg.split("/"):
+            if path is None or read_otherwise(arg) or _dot_dot(arg):
                 # `..`: the kernel takes it back from where a symlink before it led, not from
                 # the link (`/proj/node_modules/@s/pkg/../../../x`, pkg a link to
                 # ../../packages/pkg, is /proj/x to the text and /x to the file system).

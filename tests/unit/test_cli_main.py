@@ -356,3 +356,17 @@ def test_a_failure_whose_reader_went_away_ends_quietly_with_status_1(
         assert err.startswith("error: No such ") and "Traceback" not in err
     else:
         assert err == ""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], []], ids=["version", "help", "bare"])
+def test_the_root_fast_paths_whose_reader_went_away_end_quietly_with_status_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """`linpodx --help | head -1`: printed before the error boundary, these ended in a
+    traceback when the reader had gone."""
+    monkeypatch.setenv("COLUMNS", "100")  # the stored root help, not typer's
+    monkeypatch.setattr("sys.stdout", _ReaderGone())
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 1
+    assert capsys.readouterr().err == ""

@@ -91,6 +91,11 @@ def test_glob_double_star(value: Any, ok: bool) -> None:
         "/proj/\uff0e\uff0e/etc",  # full-width dots: NFKC makes them `..`
         "/proj/\u2024\u2024/etc",  # the one-dot leader, likewise
         "/proj/a\uff0fb",  # a full-width slash
+        "/proj/.. ",  # a server that trims the value reads /proj/.., the root's parent
+        "/proj/..\n",
+        "/proj/a/..\t",
+        "/proj/..\u3000",  # Python's strip() and Go's TrimSpace take it too
+        "/proj/..\ufeff",  # JavaScript's trim() takes the BOM
     ],
 )
 def test_a_path_a_server_may_read_otherwise_is_not_judged(value: str) -> None:

@@ -116,3 +116,29 @@ def test_a_reader_that_went_away_ends_ps_quietly(tmp_path: Path) -> None:
     finally:
         os.close(write_end)
     assert (res.returncode, res.stderr) == (1, "")
+
+
+def test_collect_kills_a_child_that_closed_its_pipes_and_runs_on() -> None:
+    # Its pipes end before the timeout; the wait for its exit is what runs out.
+    child = proc.Child(["/bin/sh", "-c", "exec >&- 2>&-; exec sleep 30"])
+    with pytest.raises(TimeoutError):
+        child.collect(timeout=0.5)
+    assert child.returncode is not None and child.returncode < 0  # killed, and reaped
+
+
+def test_output_nested_past_the_stack_is_an_engine_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was an internal error (RecursionError)."""
+    deep = "python3 -c 'print(\"[\" * 100000)'"
+    monkeypatch.setenv("PATH", _stand_in(tmp_path, deep)["PATH"])
+    with pytest.raises(EngineError, match="not JSON"):
+        pslist.start(False).rows()
+
+
+def test_a_row_whose_labels_are_no_object_has_no_labels() -> None:
+    """`Labels` that is not an object ended `linpodx ps` in an internal error (AttributeError)."""
+    from linpodx.containers import listing
+
+    rows = listing.ps(True, lambda: [{"Names": ["r5-x"], "Labels": [1], "State": "exited"}])
+    assert [(r["name"], r["profile"], r["revision"]) for r in rows] == [("r5-x", "", None)]
