@@ -265,13 +265,11 @@ def _main(args: list[str]) -> int | LinpodxError:
     # --help | head -1`) ends them as it ends every command (`_unless_reader_gone`).
     if args == ["--version"]:
         # Without building the app: as quick as `podman --version`.
-        _unless_reader_gone(lambda: _flushed(version_cmd))
-        return 0
+        return 0 if _unless_reader_gone(lambda: _flushed(version_cmd)) else 1
     if args in ([], ["-h"], ["--help"], ["help"]) and not os.environ.get("_LINPODX_COMPLETE"):
         text = _stored_root_help()
         if text is not None:
-            _unless_reader_gone(lambda: _flushed(lambda: sys.stdout.write(text)))
-            return 0
+            return 0 if _unless_reader_gone(lambda: _flushed(lambda: sys.stdout.write(text))) else 1
     # SIGTERM and SIGHUP unwind like Ctrl-C (see `Terminated`); commands that wait on a child
     # or serve a session put their own handlers in place meanwhile and restore these.
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -399,32 +397,30 @@ def _click_failure(exc: Exception, args: list[str]) -> int | LinpodxError:
 def _report(failed: CommandFailed) -> int:
     """Print a command's failure (with `--json`, its envelope on stdout first); its exit status.
 
-    A reader of stdout that went away (`… --json | head -c1`) ends the command quietly with
-    status 1, as click ends a command whose own output meets a closed pipe (the failure was
-    printed inside the command before it came to this boundary); the interpreter's last flush
-    then goes to /dev/null rather than into a traceback. Any other OSError is the boundary's.
+    A reader of stdout that went away (`… --json | head -c1`) takes the envelope only: the
+    failure is still said on stderr and the exit status is still the failure's own (it was 1
+    and nothing said: a script saw neither what failed nor how).
     """
-
-    def show() -> None:
-        if failed.json_mode:
-            # `events --json` prints one object per line; everything else pretty documents.
-            print_json(envelope(failed.name, error=failed.error), compact=failed.name == "events")
-        print_error(failed.error)
-
-    _unless_reader_gone(show)
+    if failed.json_mode:
+        # `events --json` prints one object per line; everything else pretty documents.
+        doc = envelope(failed.name, error=failed.error)
+        _unless_reader_gone(lambda: print_json(doc, compact=failed.name == "events"))
+    print_error(failed.error)
     return failed.error.exit_code
 
 
-def _unless_reader_gone(write: Callable[[], None]) -> None:
-    """`write()`; stdout whose reader went away ends the command quietly with status 1 (see
-    `_report`), whichever boundary was printing the failure."""
+def _unless_reader_gone(write: Callable[[], None]) -> bool:
+    """`write()` to stdout; False (stdout then silenced) if its reader went away. The output
+    was data nobody reads any more: the command goes on to end as it would have (see
+    `_report`). Any other OSError is the boundary's."""
     try:
         write()
     except OSError as exc:
         if exc.errno != errno.EPIPE:
             raise
         _silence_stdout()
-        sys.exit(1)
+        return False
+    return True
 
 
 def _flushed(write: Callable[[], object]) -> None:

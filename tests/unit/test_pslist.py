@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,11 +35,9 @@ def test_collect_reads_both_pipes_whole_while_they_fill() -> None:
 
 def test_collect_kills_a_child_past_its_timeout() -> None:
     child = proc.Child(["/bin/sleep", "30"])
-    t0 = time.monotonic()
     with pytest.raises(TimeoutError):
         child.collect(timeout=0.2)
-    assert time.monotonic() - t0 < 10
-    assert child.returncode is not None and child.returncode < 0  # killed, and reaped
+    assert child.returncode == -9  # killed (not waited for to the end), and reaped
 
 
 def test_rows_are_podmans_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
