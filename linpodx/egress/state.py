@@ -5,6 +5,7 @@ not load the guard's machinery (netns, ctypes, locks) to do so (bench/bench_cli.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,8 @@ def guard_alive(info: dict[str, Any], name: str) -> bool:
     if not isinstance(pid, int):
         return False
     try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False  # a pid reused by someone else's process (ours runs as us)
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         stat_line = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -7,7 +7,10 @@ No container and no podman here: a launched guard that never gets a pid touches 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -180,3 +183,24 @@ def test_an_unchanged_re_apply_pushes_only_to_containers_left_behind() -> None:
     assert doc["revision"] == 2 and doc["allowlist"] == ["r2.test"]
     guard.update_profile(stored(2), only_stale=True)  # type: ignore[arg-type]
     assert updates() == ["agent-1"]  # nothing left behind: nothing recorded again
+
+
+def test_a_guard_pid_reused_by_another_users_process_is_not_a_guard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`ps` shows `healthy` only for a guard that is this user's: a recorded pid that another
+    user's process now holds, whatever its command line, is not one (r5)."""
+    from linpodx.egress import state
+
+    sleep = "import time; time.sleep(30)"
+    argv = [sys.executable, "-c", sleep, state.names.GUARD_MODULE, "agent-1"]
+    child = subprocess.Popen(argv)
+    try:
+        info = {"guard_pid": child.pid}
+        assert _wait_until(lambda: state.guard_alive(info, "agent-1"))
+        real = os.getuid()
+        monkeypatch.setattr(os, "getuid", lambda: real + 1)  # as another user sees it
+        assert not state.guard_alive(info, "agent-1")
+    finally:
+        child.kill()
+        child.wait()
