@@ -68,4 +68,3 @@ def test_ps_reads_each_guard_state_without_the_guard(tmp_path: Path) -> None:
     heavy = {"linpodx.egress.guard", "linpodx.egress.netns", "linpodx.namelock", "ctypes",
              "dataclasses"}  # fmt: skip
     assert not heavy & set(modules.split()), heavy & set(modules.split())
-
