@@ -139,3 +139,17 @@ def test_a_row_whose_labels_are_no_object_has_no_labels() -> None:
 
     rows = listing.ps(True, lambda: [{"Names": ["r5-x"], "Labels": [1], "State": "exited"}])
     assert [(r["name"], r["profile"], r["revision"]) for r in rows] == [("r5-x", "", None)]
+
+
+def test_a_wait_with_a_timeout_waits_on_the_child_not_in_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`wait(timeout)` slept in 10 ms steps between looks: every `linpodx ps` paid up to one
+    step after podman had ended. It waits on the child's pidfd instead."""
+    child = proc.Child(["/bin/sh", "-c", "sleep 0.2"])
+
+    def no_steps(seconds: float) -> None:
+        raise AssertionError(f"slept {seconds} s between looks")
+
+    monkeypatch.setattr(proc.time, "sleep", no_steps)
+    assert child.wait(timeout=30) == 0
