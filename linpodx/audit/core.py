@@ -786,6 +786,46 @@ class Appended:
         """The file's size after the write."""
 
 
+_WRITTEN: dict[str, tuple[bytes, Fields]] = {}
+"""A chain file's path -> (the last line this process appended to it, without its newline;
+its fields), for the next append's tail proof.
+
+When the file's last complete line is still exactly these bytes, it is this record, whatever
+happened to the file in between (another writer, a truncation, a replaced file, a swapped
+directory): the codec parses the same bytes to the same fields. The line is read from the
+file and compared in full, as ever; only the parse of it is saved. Only lines the fast
+parser provably accepts are kept (`_remember`), so the fields are what it would return."""
+_WRITTEN_MAX = 8
+
+
+def _remember(path: str, line: bytes, fields: Fields) -> None:
+    """Keep the line just written (with its newline) and its fields as the tail's proof for
+    the next append (`_WRITTEN`) when `fast_fields` provably returns them, else forget the
+    file's entry.
+
+    build_line made the line from checked parts: data by `encode_data` (canonical, its ints in
+    range), type by TYPE_RE, ts by now_ts or the parsed tail's, the log id by new_id, the hash
+    its own, in canonical order (`encode_record`, held equal to canonical_bytes by a unit
+    test). Left to check are what fast_fields asks of the whole line that the parts do not
+    imply: its nesting, no character beyond the BMP (the canonical_bytes fallback may write
+    one), seq in the integer range, prev a hex digest (a genesis is the caller's). A unit test
+    holds built lines to fast_fields."""
+    body = line[:-1]
+    if (
+        body.count(b"{") + body.count(b"[") <= MAX_DEPTH
+        and (body.isascii() or not ASTRAL.search(body))
+        and fields[0] <= SAFE_INT
+        and _HEX64.fullmatch(fields[3])
+        and (fields[6] is None or _LOG_RE.fullmatch(fields[6]))
+    ):
+        _WRITTEN.pop(path, None)  # re-inserted last: the oldest entry goes first
+        _WRITTEN[path] = (body, fields)
+        while len(_WRITTEN) > _WRITTEN_MAX:
+            _WRITTEN.pop(next(iter(_WRITTEN)), None)
+    else:
+        _WRITTEN.pop(path, None)
+
+
 def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, int | None] | None:
     """(size, last record, where a torn last line starts) of the locked file. In simple mode
     None whenever the full append is needed (empty file, torn tail, a tail the fast parser
@@ -799,6 +839,10 @@ def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, in
         raise AuditError(
             f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
         ) from None
+    if line is not None and torn_at is None:
+        mine = _WRITTEN.get(path)
+        if mine is not None and mine[0] == line:
+            return size, mine[1], None  # the very line this process wrote last (_WRITTEN)
     if simple:
         last = fast_fields(line) if line is not None and torn_at is None else None
         return None if last is None else (size, last, None)
@@ -856,10 +900,12 @@ def append_locked(
 
     The tail is read from the file (its last record parsed, fast stage then strict) unless
     `known` gives it with the file size it belongs to (group commit, which wrote that tail
-    itself). A torn last line is cut off and an `audit.repair` record saying what was removed
-    goes first. An entry that cannot be recorded (type, data, size) fails alone, in its
-    result; the others go in, in one write, fsync'd unless `sync` is False. AuditError when
-    the log itself cannot be written: then nothing was. `simple` (the fast run path): None,
+    itself); when the last line is exactly the one this process appended last, its fields are
+    remembered, not parsed again (`_WRITTEN`). A torn last line is cut off and an
+    `audit.repair` record saying what was removed goes first. An entry that cannot be
+    recorded (type, data, size) fails alone, in its result; the others go in, in one write,
+    fsync'd unless `sync` is False. AuditError when the log itself cannot be written: then
+    nothing was. `simple` (the fast run path): None,
     having written nothing, whenever the full append is needed instead (see `append_simple`).
     """
     torn_at: int | None = None
@@ -890,7 +936,8 @@ def append_locked(
             results.append(exc)
             continue
         lines.append(line)
-        results.append((seq, ts, typ, prev, h, stored, log_id))
+        written: Fields = (seq, ts, typ, prev, h, stored, log_id)
+        results.append(written)
         seq, prev, last_ts = seq + 1, h, ts
     if torn_at is not None:
         repaired = results.pop(0)  # the repair record is ours, not an entry's
@@ -901,6 +948,7 @@ def append_locked(
         return Appended(results, None, base, size)  # nothing of the caller's to write
     payload = b"".join(lines)
     commit(fd, payload, base, path, cut_to=torn_at, sync=sync)
+    _remember(path, lines[-1], written)
     if base == 0:
         from linpodx.fsutil import fsync_dir  # a new file: off the fast path
 
