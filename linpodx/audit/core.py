@@ -788,42 +788,48 @@ class Appended:
 
 _WRITTEN: dict[str, tuple[bytes, Fields]] = {}
 """A chain file's path -> (the last line this process appended to it, without its newline;
-its fields), for the next append's tail proof.
-
-When the file's last complete line is still exactly these bytes, it is this record, whatever
-happened to the file in between (another writer, a truncation, a replaced file, a swapped
-directory): the codec parses the same bytes to the same fields. The line is read from the
-file and compared in full, as ever; only the parse of it is saved. Only lines the fast
-parser provably accepts are kept (`_remember`), so the fields are what it would return."""
+its fields), for the next append's tail proof (`_written_tail`)."""
 _WRITTEN_MAX = 8
 
 
 def _remember(path: str, line: bytes, fields: Fields) -> None:
-    """Keep the line just written (with its newline) and its fields as the tail's proof for
-    the next append (`_WRITTEN`) when `fast_fields` provably returns them, else forget the
-    file's entry.
+    """Keep the line just written (with its newline) and its fields for the next append's
+    tail proof (`_written_tail`). Nothing is checked here: a lone append, the only one of its
+    process, pays only for the store."""
+    _WRITTEN.pop(path, None)  # re-inserted last: the oldest entry goes first
+    _WRITTEN[path] = (line[:-1], fields)
+    while len(_WRITTEN) > _WRITTEN_MAX:
+        _WRITTEN.pop(next(iter(_WRITTEN)), None)
 
-    build_line made the line from checked parts: data by `encode_data` (canonical, its ints in
+
+def _written_tail(path: str, line: bytes) -> Fields | None:
+    """The fields of `line`, the locked file's last complete line, if it is exactly the line
+    this process appended to `path` last and `fast_fields` provably returns the fields it was
+    built from; else None (the codec parses it).
+
+    The same bytes parse to the same fields, whatever happened to the file in between
+    (another writer, a truncation, a replaced file, a swapped directory): the line is read
+    from the file and compared in full, as ever; only the parse of it is saved.
+    build_line made it from checked parts: data by `encode_data` (canonical, its ints in
     range), type by TYPE_RE, ts by now_ts or the parsed tail's, the log id by new_id, the hash
     its own, in canonical order (`encode_record`, held equal to canonical_bytes by a unit
-    test). Left to check are what fast_fields asks of the whole line that the parts do not
-    imply: its nesting, no character beyond the BMP (the canonical_bytes fallback may write
-    one), seq in the integer range, prev a hex digest (a genesis is the caller's). A unit test
-    holds built lines to fast_fields."""
-    body = line[:-1]
+    test); prev is the hash of a record parsed or built, or for seq 0 the caller's genesis.
+    Left to check are what fast_fields asks of the whole line that the parts do not imply:
+    its nesting, no character beyond the BMP (the canonical_bytes fallback may write one), seq
+    in the integer range, a genesis a hex digest. A unit test holds built lines to fast_fields.
+    """
+    mine = _WRITTEN.get(path)
+    if mine is None or mine[0] != line:
+        return None
+    fields = mine[1]
     if (
-        body.count(b"{") + body.count(b"[") <= MAX_DEPTH
-        and (body.isascii() or not ASTRAL.search(body))
+        line.count(b"{") + line.count(b"[") <= MAX_DEPTH
+        and (line.isascii() or not ASTRAL.search(line))
         and fields[0] <= SAFE_INT
-        and _HEX64.fullmatch(fields[3])
-        and (fields[6] is None or _LOG_RE.fullmatch(fields[6]))
+        and (fields[0] or (_HEX64.fullmatch(fields[3]) and _LOG_RE.fullmatch(fields[6] or "")))
     ):
-        _WRITTEN.pop(path, None)  # re-inserted last: the oldest entry goes first
-        _WRITTEN[path] = (body, fields)
-        while len(_WRITTEN) > _WRITTEN_MAX:
-            _WRITTEN.pop(next(iter(_WRITTEN)), None)
-    else:
-        _WRITTEN.pop(path, None)
+        return fields
+    return None
 
 
 def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, int | None] | None:
@@ -840,9 +846,9 @@ def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, in
             f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
         ) from None
     if line is not None and torn_at is None:
-        mine = _WRITTEN.get(path)
-        if mine is not None and mine[0] == line:
-            return size, mine[1], None  # the very line this process wrote last (_WRITTEN)
+        mine = _written_tail(path, line)
+        if mine is not None:
+            return size, mine, None
     if simple:
         last = fast_fields(line) if line is not None and torn_at is None else None
         return None if last is None else (size, last, None)
