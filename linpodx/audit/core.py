@@ -907,12 +907,12 @@ def append_locked(
     The tail is read from the file (its last record parsed, fast stage then strict) unless
     `known` gives it with the file size it belongs to (group commit, which wrote that tail
     itself); when the last line is exactly the one this process appended last, its fields are
-    remembered, not parsed again (`_WRITTEN`). A torn last line is cut off and an
+    remembered, not parsed again (`_written_tail`). A torn last line is cut off and an
     `audit.repair` record saying what was removed goes first. An entry that cannot be
     recorded (type, data, size) fails alone, in its result; the others go in, in one write,
     fsync'd unless `sync` is False. AuditError when the log itself cannot be written: then
-    nothing was. `simple` (the fast run path): None,
-    having written nothing, whenever the full append is needed instead (see `append_simple`).
+    nothing was. `simple` (the fast run path): None, having written nothing, whenever the full
+    append is needed instead (see `append_simple`).
     """
     torn_at: int | None = None
     if known is not None:
