@@ -786,6 +786,52 @@ class Appended:
         """The file's size after the write."""
 
 
+_WRITTEN: dict[str, tuple[bytes, Fields]] = {}
+"""A chain file's path -> (the last line this process appended to it, without its newline;
+its fields), for the next append's tail proof (`_written_tail`)."""
+_WRITTEN_MAX = 8
+
+
+def _remember(path: str, line: bytes, fields: Fields) -> None:
+    """Keep the line just written (with its newline) and its fields for the next append's
+    tail proof (`_written_tail`). Nothing is checked here: a lone append, the only one of its
+    process, pays only for the store."""
+    _WRITTEN.pop(path, None)  # re-inserted last: the oldest entry goes first
+    _WRITTEN[path] = (line[:-1], fields)
+    while len(_WRITTEN) > _WRITTEN_MAX:
+        _WRITTEN.pop(next(iter(_WRITTEN)), None)
+
+
+def _written_tail(path: str, line: bytes) -> Fields | None:
+    """The fields of `line`, the locked file's last complete line, if it is exactly the line
+    this process appended to `path` last and `fast_fields` provably returns the fields it was
+    built from; else None (the codec parses it).
+
+    The same bytes parse to the same fields, whatever happened to the file in between
+    (another writer, a truncation, a replaced file, a swapped directory): the line is read
+    from the file and compared in full, as ever; only the parse of it is saved.
+    build_line made it from checked parts: data by `encode_data` (canonical, its ints in
+    range), type by TYPE_RE, ts by now_ts or the parsed tail's, the log id by new_id, the hash
+    its own, in canonical order (`encode_record`, held equal to canonical_bytes by a unit
+    test); prev is the hash of a record parsed or built, or for seq 0 the caller's genesis.
+    Left to check are what fast_fields asks of the whole line that the parts do not imply:
+    its nesting, no character beyond the BMP (the canonical_bytes fallback may write one), seq
+    in the integer range, a genesis a hex digest. A unit test holds built lines to fast_fields.
+    """
+    mine = _WRITTEN.get(path)
+    if mine is None or mine[0] != line:
+        return None
+    fields = mine[1]
+    if (
+        line.count(b"{") + line.count(b"[") <= MAX_DEPTH
+        and (line.isascii() or not ASTRAL.search(line))
+        and fields[0] <= SAFE_INT
+        and (fields[0] or (_HEX64.fullmatch(fields[3]) and _LOG_RE.fullmatch(fields[6] or "")))
+    ):
+        return fields
+    return None
+
+
 def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, int | None] | None:
     """(size, last record, where a torn last line starts) of the locked file. In simple mode
     None whenever the full append is needed (empty file, torn tail, a tail the fast parser
@@ -799,6 +845,10 @@ def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, in
         raise AuditError(
             f"could not record to the audit log {path}: {exc.strerror or exc}", HINT_WRITE
         ) from None
+    if line is not None and torn_at is None:
+        mine = _written_tail(path, line)
+        if mine is not None:
+            return size, mine, None
     if simple:
         last = fast_fields(line) if line is not None and torn_at is None else None
         return None if last is None else (size, last, None)
@@ -856,11 +906,13 @@ def append_locked(
 
     The tail is read from the file (its last record parsed, fast stage then strict) unless
     `known` gives it with the file size it belongs to (group commit, which wrote that tail
-    itself). A torn last line is cut off and an `audit.repair` record saying what was removed
-    goes first. An entry that cannot be recorded (type, data, size) fails alone, in its
-    result; the others go in, in one write, fsync'd unless `sync` is False. AuditError when
-    the log itself cannot be written: then nothing was. `simple` (the fast run path): None,
-    having written nothing, whenever the full append is needed instead (see `append_simple`).
+    itself); when the last line is exactly the one this process appended last, its fields are
+    remembered, not parsed again (`_written_tail`). A torn last line is cut off and an
+    `audit.repair` record saying what was removed goes first. An entry that cannot be
+    recorded (type, data, size) fails alone, in its result; the others go in, in one write,
+    fsync'd unless `sync` is False. AuditError when the log itself cannot be written: then
+    nothing was. `simple` (the fast run path): None, having written nothing, whenever the full
+    append is needed instead (see `append_simple`).
     """
     torn_at: int | None = None
     if known is not None:
@@ -890,7 +942,8 @@ def append_locked(
             results.append(exc)
             continue
         lines.append(line)
-        results.append((seq, ts, typ, prev, h, stored, log_id))
+        written: Fields = (seq, ts, typ, prev, h, stored, log_id)
+        results.append(written)
         seq, prev, last_ts = seq + 1, h, ts
     if torn_at is not None:
         repaired = results.pop(0)  # the repair record is ours, not an entry's
@@ -901,6 +954,7 @@ def append_locked(
         return Appended(results, None, base, size)  # nothing of the caller's to write
     payload = b"".join(lines)
     commit(fd, payload, base, path, cut_to=torn_at, sync=sync)
+    _remember(path, lines[-1], written)
     if base == 0:
         from linpodx.fsutil import fsync_dir  # a new file: off the fast path
 
