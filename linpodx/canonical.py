@@ -169,8 +169,8 @@ _DECODE_FLOATS = json.JSONDecoder(
 ).decode
 
 
-def _check_depth(text: str) -> None:
-    """Refuse nesting deeper than MAX_DEPTH (brackets inside strings do not count)."""
+def check_depth(text: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse JSON text nesting deeper than `limit` (brackets inside strings do not count)."""
     depth = 0
     in_str = False
     esc = False
@@ -186,8 +186,8 @@ def _check_depth(text: str) -> None:
             in_str = True
         elif ch in "[{":
             depth += 1
-            if depth > MAX_DEPTH:
-                raise CanonicalError(f"nesting deeper than {MAX_DEPTH}")
+            if depth > limit:
+                raise CanonicalError(f"nesting deeper than {limit}")
         elif ch in "]}":
             depth -= 1
 
@@ -211,7 +211,7 @@ def strict_loads(text: str | bytes, *, allow_floats: bool = False) -> Any:
     # Bound nesting before json's recursive parser sees it (a deep document would otherwise
     # hit RecursionError deep inside the stdlib).
     if text.count("[") + text.count("{") > MAX_DEPTH:
-        _check_depth(text)
+        check_depth(text)
     try:
         value = (_DECODE_FLOATS if allow_floats else _DECODE)(text)
     except CanonicalError:

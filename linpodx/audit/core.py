@@ -30,7 +30,14 @@ import time
 from collections.abc import Mapping
 from json import encoder as json_encoder
 
-from linpodx.canonical import MAX_DEPTH, SAFE_INT, CanonicalError, canonical_bytes, strict_loads
+from linpodx.canonical import (
+    MAX_DEPTH,
+    SAFE_INT,
+    CanonicalError,
+    canonical_bytes,
+    check_depth,
+    strict_loads,
+)
 from linpodx.digest import sha256, sha256_maker
 from linpodx.errors import AuditError, LinpodxError
 from linpodx.paths import FILE_MODE, check_dir_str, ensure_dir_str
@@ -495,6 +502,10 @@ def build_line(
         if not isinstance(data, Mapping):
             raise CanonicalError("event data must be an object")
         data_bytes, stored = encode_data(data)
+        if data_bytes.count(b"{") + data_bytes.count(b"[") >= MAX_DEPTH:
+            # The record is one level around the data: a line the verifier (and the next
+            # append, which proves the tail) would refuse is never written.
+            check_depth(data_bytes.decode("utf-8"), MAX_DEPTH - 1)
     except (CanonicalError, RecursionError) as exc:
         raise AuditError(
             f"could not record to the audit log: the event data cannot be recorded: {exc}",

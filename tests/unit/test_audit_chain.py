@@ -480,3 +480,21 @@ def test_errors_that_reach_people_carry_a_hint(tmp_path: Path) -> None:
     with pytest.raises(AuditError, match="could not read the audit log") as err:
         Chain(blocker / "a.jsonl").last()
     assert err.value.hint
+
+
+@pytest.mark.parametrize("depth", [63, 64])
+def test_data_too_deep_for_the_record_around_it_is_refused_not_written(
+    tmp_path: Path, depth: int
+) -> None:
+    """Data nested 64 deep (the record one level around it: 65) was written, then refused by
+    the verifier and by every later append ("last record is damaged"): one deep argument in an
+    MCP call with record_arguments blocked its session's log for good (h22w)."""
+    c = Chain(tmp_path / "deep.jsonl")
+    c.append("a.b", {"k": 1})
+    deep: object = 0
+    for _ in range(depth):
+        deep = [deep]
+    with pytest.raises(AuditError, match="nesting deeper than"):
+        c.append("a.b", {"k": deep})
+    c.append("a.b", {"k": 2})  # the log still takes records
+    assert c.verify().ok
