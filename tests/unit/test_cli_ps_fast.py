@@ -94,3 +94,28 @@ def test_a_failure_is_the_one_boundarys(fake: Any, capsys: pytest.CaptureFixture
     out, err = capsys.readouterr()
     assert json.loads(out)["ok"] is False
     assert err.startswith("error: podman ps failed (exit 125)\nhint: see podman's message")
+
+
+def test_a_plain_ps_leaves_without_the_interpreters_teardown(
+    fake: FakeEngine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The teardown of the modules `ps` loaded is ~15% of `podman ps` (bench/bench_cli.py);
+    `entry` leaves by `os._exit` once the table is flushed, as after a fast run."""
+    left: list[int] = []
+
+    def leave(code: int) -> None:
+        left.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli_main, "_nothing_left", False)
+    monkeypatch.setattr(os, "_exit", leave)
+    monkeypatch.setattr(sys, "argv", ["linpodx", "ps"])
+    with pytest.raises(SystemExit):
+        cli_main.entry()
+    assert left == [0] and "agent-1" in capsys.readouterr().out
+    # Through typer (`ps -q`), the interpreter ends as usual.
+    monkeypatch.setattr(cli_main, "_nothing_left", False)
+    monkeypatch.setattr(sys, "argv", ["linpodx", "ps", "-q"])
+    with pytest.raises(SystemExit) as ended:
+        cli_main.entry()
+    assert left == [0] and ended.value.code == 0
