@@ -593,22 +593,27 @@ def test_a_request_gone_while_its_prompt_is_open_does_not_end_the_listener() -> 
     )
 
 
-def test_render_fields_one_key_a_line_escaped_with_sizes() -> None:
-    ev = {
+def _pending_event(tool: str, fields: list[list[Any]], more: int) -> dict[str, Any]:
+    """An `approval.pending` event of a `tools/call` of `tool` as the listener reads it."""
+    return {
         "ts": "2026-11-30T05:00:00.000000Z",
         "type": "approval.pending",
         "session": "sess_01KB0000000000000000000000",
         "approval_id": "apr_01KB0000000000000000000000",
         "method": "tools/call",
-        "tool": "write_file",
+        "tool": tool,
         "payload": "{}",
-        "fields": [
-            ["name", '"write_file"', None],
-            ["arguments.content", '"harmless harmless…', 2700],
-            ["arguments.p\x1b[2Jath", '"/home/agent/.bashrc\x07"', None],
-        ],
-        "fields_more": 3,
+        "fields": fields,
+        "fields_more": more,
     }
+
+
+def test_render_fields_one_key_a_line_escaped_with_sizes() -> None:
+    ev = _pending_event("write_file", [
+        ["name", '"write_file"', None],
+        ["arguments.content", '"harmless harmless…', 2700],
+        ["arguments.p\x1b[2Jath", '"/home/agent/.bashrc\x07"', None],
+    ], 3)  # fmt: skip
     lines = cli_approvals.render(ev)
     assert lines[1:4] == [
         '  name: "write_file"',
@@ -637,17 +642,7 @@ def test_approver_sees_every_invisible_character_a_call_carries(hidden: str) -> 
     """`send_message(text="Hello" + hidden)` showed as `arguments.text: "Hello"`: the person
     approved a message that carried what they never saw (a key read by the agent)."""
     fields, more = store.display_fields({"name": "send", "arguments": {"text": "Hello" + hidden}})
-    ev = {
-        "ts": "2026-11-30T05:00:00.000000Z",
-        "type": "approval.pending",
-        "session": "sess_01KB0000000000000000000000",
-        "approval_id": "apr_01KB0000000000000000000000",
-        "method": "tools/call",
-        "tool": "send",
-        "payload": "{}",
-        "fields": [f.to_list() for f in fields],
-        "fields_more": more,
-    }
+    ev = _pending_event("send", [f.to_list() for f in fields], more)
     shown = "\n".join(cli_approvals.render(ev))
     unseen = {c for c in hidden if unicodedata.category(c) in ("Cf", "Mn")}
     assert unseen and not unseen & set(shown), ascii(shown)

@@ -11,15 +11,22 @@ import sys
 from pathlib import Path
 
 
+def _in_a_fresh_interpreter(code: str, env: dict[str, str] | None = None) -> str:
+    """What `code` prints, run by a new interpreter (nothing of linpodx loaded before it)."""
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
 def test_the_container_service_loads_no_snapshot_module() -> None:
     code = (
         # The package loads its names on first use: load the service's modules themselves.
         "import sys, linpodx.containers.pipeline, linpodx.containers.manage\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('linpodx.'))))"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    loaded = set(res.stdout.split())
+    loaded = set(_in_a_fresh_interpreter(code).split())
     assert "linpodx.containers.pipeline" in loaded
     assert not {m for m in loaded if m.startswith("linpodx.snapshot")}
     assert not {"linpodx.audit.chain", "linpodx.profile.store", "linpodx.egress.guard"} & loaded
@@ -35,9 +42,7 @@ def test_ps_loads_the_listing_alone() -> None:
         "from linpodx.containers import listing\n"
         "print(' '.join(sorted(sys.modules)))"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    loaded = set(res.stdout.split())
+    loaded = set(_in_a_fresh_interpreter(code).split())
     assert "linpodx.containers.listing" in loaded
     heavy = {"linpodx.containers.pipeline", "linpodx.containers.plan", "linpodx.containers.state",
              "linpodx.egress.guard", "linpodx.podman.argv", "linpodx.profile.model", "typer",
@@ -59,11 +64,7 @@ def test_ps_reads_each_guard_state_without_the_guard(tmp_path: Path) -> None:
         "print(' '.join(sorted(sys.modules)))"
     )
     env = {**os.environ, "LINPODX_STATE_DIR": str(tmp_path)}
-    res = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert res.returncode == 0, res.stderr
-    status, modules = res.stdout.splitlines()
+    status, modules = _in_a_fresh_interpreter(code, env).splitlines()
     assert status == "down"  # pid 1 is not this container's guard
     heavy = {"linpodx.egress.guard", "linpodx.egress.netns", "linpodx.namelock", "ctypes",
              "dataclasses"}  # fmt: skip
