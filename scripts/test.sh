@@ -291,7 +291,7 @@ root_phase() {
     (
         cd "$SRC" &&
             PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" \
-                "$VENV/bin/python" -m pytest -p no:cacheprovider "${root_paths[@]}" "${EXTRA[@]}" </dev/null
+                "$VENV/bin/python" -m pytest -p no:cacheprovider --durations=20 "${root_paths[@]}" "${EXTRA[@]}" </dev/null
     ) 2>&1 9>&- | tee "$root_log"
     rc=${PIPESTATUS[0]}
     tail_line=$(pytest_tail "$root_log")
@@ -336,7 +336,7 @@ rootless_phase() {
         rc=4
     else
         runuser -u "$LINPODX_TEST_USER" -- env -i --chdir="$SRC" "${user_env[@]}" \
-            "$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$basetemp" \
+            "$VENV/bin/python" -m pytest -p no:cacheprovider --durations=20 --basetemp="$basetemp" \
             -m podman "${user_paths[@]}" "${EXTRA[@]}" </dev/null 2>&1 9>&- | tee "$user_log"
         rc=${PIPESTATUS[0]}
     fi

@@ -119,34 +119,53 @@ def attach(
             # must not end a reader thread or skip the session's closing record.
             pass
 
-    ending = Ending()
+    # The signal's number is also written to a pipe by the C-level handler, the moment the
+    # signal is delivered: the Python handler runs later, in the main thread, and by then a
+    # reader thread may have told of the end the signal caused (see Ending.settle).
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    ending = Ending(wake_r)
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     # Caught from the start: a signal that comes once the session is open (even before its
     # reader threads run) must still end it with its closing record, and one that comes
     # before ends it the moment it is open.
     old = {
         s: signal.signal(s, lambda signum, _frame: ending.signalled(signum))
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        for s in ENDING_SIGNALS
     }
     try:
         return _session(container, command, stdin_fd, stdout_fd, say, ending)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Ending:
-    """Why the session ends: the first reason given wins, and `done` is set by it.
+    """Why the session ends: the first reason given wins (but a signal wins over a peer's end,
+    see `settle`), and `done` is set by it.
 
     Given from the reader threads, the bridge (a bound hit) and the signal handlers alike.
+    `wakeup_fd` is the read end of the signal wakeup pipe (see `settle`), or None.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wakeup_fd: int | None = None) -> None:
         self.done = threading.Event()
-        # (reason, signal name, a bug?); list.append is atomic, so the first stays first.
-        self._given: list[tuple[str, str | None, bool]] = []
+        self._wakeup_fd = wakeup_fd
+        # (reason, signal name, a bug?, a peer's end?); list.append is atomic, so the first
+        # stays first.
+        self._given: list[tuple[str, str | None, bool, bool]] = []
 
     def finish(self, reason: str) -> None:
         self._end(reason, None, False)
+
+    def peer_ended(self, reason: str) -> None:
+        """The client closed its input or the server its output."""
+        self._end(reason, None, False, peer=True)
 
     def signalled(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -156,9 +175,30 @@ class Ending:
         """A bug in the reader of `side`: the session ends (exit status EXIT_BUG)."""
         self._end(f"{INTERNAL_ERROR} reading the {side}: {type(exc).__name__}: {exc}", None, True)
 
-    def _end(self, reason: str, signal_name: str | None, bug: bool) -> None:
-        self._given.append((reason, signal_name, bug))
+    def settle(self) -> None:
+        """Fix the reason once the main thread has seen `done`: a signal delivered by then wins
+        over a peer's end. Ctrl-C reaches the whole process group, `podman exec` with it; its
+        end can be read (and given as "server exited") before the Python handler of the
+        signal runs, so the signal is read from the wakeup pipe, where the C handler wrote it
+        when it was delivered (to this thread, before it could run this)."""
+        if self._wakeup_fd is not None:
+            try:
+                data = os.read(self._wakeup_fd, 64)
+            except (BlockingIOError, InterruptedError):
+                data = b""
+            for signum in data:
+                if signum in ENDING_SIGNALS:
+                    self.signalled(signum)
+        first = self._given[0]
+        if first[3]:
+            signalled = next((g for g in self._given if g[1] is not None), None)
+            if signalled is not None:
+                self._given.insert(0, signalled)
+
+    def _end(self, reason: str, signal_name: str | None, bug: bool, peer: bool = False) -> None:
+        self._given.append((reason, signal_name, bug, peer))
         self.done.set()
+
 
     @property
     def reason(self) -> str:
@@ -267,6 +307,7 @@ def _session(
     try:
         while not ending.done.wait(0.2):
             pass
+        ending.settle()
         code, killed = _wind_down(
             bridge, server, ending.reason, server_reader, stderr_relay, target, session_id, say
         )
@@ -446,7 +487,7 @@ def _pump(
     except Exception as exc:
         ending.broke(side, exc)
         return
-    ending.finish(at_eof)
+    ending.peer_ended(at_eof)
 
 
 def _wind_down(

@@ -185,6 +185,14 @@ def _pid_ns_count(ns: str) -> int:
     return n
 
 
+# The bomb's uid in the container. RLIMIT_NPROC counts the tasks of one uid in one user
+# namespace, and rootless every container of the user shares one: as the container's root
+# (the user's own uid) the bomb would share its 64 with the user's other containers and
+# podman's own processes, and another container of 70 processes starved it (2 processes,
+# seen in CI). A uid of its own counts the bomb alone.
+BOMB_USER = "4242:4242"
+
+
 def test_fork_bomb_is_bounded_and_host_is_fine(unique_name: str) -> None:
     limit = 64
     # Rootless on cgroup v1 the pids cgroup cannot apply (a required limit would refuse the

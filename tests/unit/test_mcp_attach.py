@@ -535,3 +535,46 @@ def test_attach_finds_a_running_container_of_linpodx() -> None:
         assert attach_mod.find_container("agent-1") == attach_mod.Target(
             "agent-1", "c0ffee" * 10, "builtin"
         )
+
+
+def test_a_signal_wins_over_the_end_it_caused_even_before_its_handler_ran() -> None:
+    """Ctrl-C reaches podman exec too: its end ("server exited") can be given before the
+    Python handler of the SIGINT runs. The C handler has written the signal to the wakeup
+    pipe by then, and `settle` makes it the reason (exit 130, as the person asked)."""
+    import signal
+
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    ending = attach_mod.Ending(r)
+    # A handler that does nothing stands for one that has not run yet.
+    old_handler = signal.signal(signal.SIGINT, lambda *_: None)
+    old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        ending.peer_ended("server exited")
+        assert ending.reason == "server exited"  # what the reader thread gave first
+        ending.settle()
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        signal.signal(signal.SIGINT, old_handler)
+        os.close(r)
+        os.close(w)
+    assert ending.reason == "signal SIGINT" and ending.signal_exit() == 130
+
+
+def test_a_signal_does_not_hide_an_end_that_is_not_a_peers() -> None:
+    """Only a peer's end gives way: an audit failure or a bound stays the reason (with its
+    error and status) when a signal comes after it; a peer's end with no signal stays too."""
+    failed = attach_mod.Ending()
+    failed.finish(attach_mod.AUDIT_FAILED)
+    failed.signalled(2)
+    failed.settle()
+    assert failed.reason == attach_mod.AUDIT_FAILED and failed.signal_name is None
+    quiet = attach_mod.Ending()
+    quiet.peer_ended("client closed its input")
+    quiet.settle()
+    assert quiet.reason == "client closed its input" and quiet.signal_name is None
+    late = attach_mod.Ending()
+    late.peer_ended("server exited")
+    late.signalled(15)
+    late.settle()
+    assert late.reason == "signal SIGTERM" and late.signal_exit() == 143
