@@ -313,6 +313,15 @@ rootless_phase() {
     banner "pytest as $LINPODX_TEST_USER (rootless${LINPODX_EGRESS_HELPER:+, $LINPODX_EGRESS_HELPER}): -m podman ${user_paths[*]}"
     t0=$(date +%s)
     user_log=$LOGS/pytest-rootless.log
+    # What else runs as the test user shares its rootless user namespace (and so its
+    # RLIMIT_NPROC count and its podman) with the tests: said, so a failure it causes is read
+    # for what it is.
+    local others
+    others=$(pgrep -c -u "$LINPODX_TEST_USER" || true)
+    if ((others > 0)); then
+        echo "test.sh: note: $others processes of $LINPODX_TEST_USER were running when this phase started:"
+        ps -o pid=,etime=,args= -u "$LINPODX_TEST_USER" | head -n 20
+    fi
     # basetemp in the user's own home: tmp_path dirs are then the user's, and bind mounts of them
     # into rootless containers behave as they would for a person.
     basetemp=$USER_HOME/.cache/linpodx-tests/basetemp
