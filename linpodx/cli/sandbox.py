@@ -23,7 +23,18 @@ from linpodx.suggest import add_to_hint
 
 app = new_app("Write, check and apply sandbox profiles (YAML).")
 
-FileArg = Annotated[Path, typer.Argument(help="The profile file (YAML).", show_default=False)]
+
+def _profile_file(value: str) -> Path:
+    """The file as given: an empty one would be read as `.` (pathlib) and then named so."""
+    if not value:
+        raise typer.BadParameter("the profile file's path is empty")
+    return Path(value)
+
+
+FileArg = Annotated[
+    Path,
+    typer.Argument(help="The profile file (YAML).", show_default=False, parser=_profile_file),
+]
 NameArg = Annotated[
     str, typer.Argument(help="Profile name (or a revision id prof_…).", show_default=False)
 ]
@@ -148,7 +159,11 @@ def _push_egress(result: dict[str, Any]) -> list[str]:
 @app.command("apply")
 def apply_cmd(
     profile: Annotated[
-        Path, typer.Option("--profile", "-p", help="The profile file (YAML).", show_default=False)
+        Path,
+        typer.Option(
+            "--profile", "-p", help="The profile file (YAML).", show_default=False,
+            parser=_profile_file,
+        ),
     ],
     json_mode: JsonOpt = False,
 ) -> None:

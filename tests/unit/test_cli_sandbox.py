@@ -482,3 +482,16 @@ def test_the_same_thing_has_the_same_key_in_every_command(cli: Cli, demo: Path) 
         assert "path" not in result
         logs[args[1]] = result["log"]
     assert len(set(logs.values())) == 1 and str(admin_chain().path) in logs.values()
+
+
+@pytest.mark.parametrize(
+    "argv", [("sandbox", "validate", ""), ("sandbox", "apply", "--profile", "")]
+)
+def test_an_empty_profile_path_is_a_usage_error_not_the_current_directory(
+    cli: Cli, isolated_state: Path, argv: tuple[str, ...]
+) -> None:
+    """pathlib reads '' as '.': the error named `profile .` (a directory nobody gave)."""
+    r = cli(*argv)
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.startswith("error: invalid value for ") and "hint: " in r.stderr
+    assert " . " not in r.stderr and nothing_stored()
