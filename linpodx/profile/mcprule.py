@@ -208,7 +208,7 @@ def _class_test(items: list[tuple[Any, Any]]) -> _Test:
     return lambda ch: any(t(ch) for t in tests)
 
 
-def _emit_regex(prog: _Program, items: Any) -> None:
+def _emit_regex(prog: _Program, items: Any, dotall: bool) -> None:
     for op, arg in items:
         name = str(op)
         if name == "LITERAL":
@@ -216,7 +216,8 @@ def _emit_regex(prog: _Program, items: Any) -> None:
         elif name == "NOT_LITERAL":
             prog.emit(_CHAR, _not(chr(arg)))
         elif name == "ANY":
-            prog.emit(_CHAR, _not("\n"))  # `.` as `re` reads it without DOTALL
+            # `.` as `re` reads it without DOTALL (or with it: see Matcher.judge)
+            prog.emit(_CHAR, _any if dotall else _not("\n"))
         elif name == "IN":
             prog.emit(_CHAR, _class_test(list(arg)))
         elif name == "CATEGORY" and str(arg) in _CATEGORIES:
@@ -225,15 +226,15 @@ def _emit_regex(prog: _Program, items: Any) -> None:
             _group, add_flags, del_flags, sub = arg
             if add_flags or del_flags:
                 raise PatternError("inline flags such as (?i) are not supported")
-            _emit_regex(prog, sub)
+            _emit_regex(prog, sub, dotall)
         elif name == "BRANCH":
-            _emit_branch(prog, arg[1])
+            _emit_branch(prog, arg[1], dotall)
         elif name in ("MAX_REPEAT", "MIN_REPEAT"):
             # Lazy or greedy makes no difference to whether the whole value matches.
             lo, hi, sub = arg
             for _ in range(lo):
                 before = len(prog.code)
-                _emit_regex(prog, sub)
+                _emit_regex(prog, sub, dotall)
                 if len(prog.code) == before:
                     # A body that emits nothing (`(?:){4000000000}`): its copies add nothing
                     # either, and counting them out would hang the loader. Every other copy
@@ -241,7 +242,7 @@ def _emit_regex(prog: _Program, items: Any) -> None:
                     break
 
             def body(sub: Any = sub) -> None:
-                _emit_regex(prog, sub)
+                _emit_regex(prog, sub, dotall)
 
             if hi == _re_parser.MAXREPEAT:
                 _loop(prog, body)
@@ -255,21 +256,22 @@ def _emit_regex(prog: _Program, items: Any) -> None:
             raise PatternError(f"{name.lower().replace('_', ' ')} is not supported")
 
 
-def _emit_branch(prog: _Program, alternatives: list[Any]) -> None:
+def _emit_branch(prog: _Program, alternatives: list[Any], dotall: bool) -> None:
     jumps: list[int] = []
     for alt in alternatives[:-1]:
         split = prog.emit(_SPLIT, 0, 0)
-        _emit_regex(prog, alt)
+        _emit_regex(prog, alt, dotall)
         jumps.append(prog.emit(_JUMP, 0))
         prog.code[split] = (_SPLIT, split + 1, len(prog.code))
-    _emit_regex(prog, alternatives[-1])
+    _emit_regex(prog, alternatives[-1], dotall)
     for j in jumps:
         prog.code[j] = (_JUMP, len(prog.code))
 
 
 @lru_cache(maxsize=256)
-def compile_regex(pattern: str) -> _Program:
-    """The program for a regex that must match the whole value (raises PatternError)."""
+def compile_regex(pattern: str, dotall: bool = False) -> _Program:
+    """The program for a regex that must match the whole value (raises PatternError); with
+    `dotall`, `.` matches a line end too."""
     try:
         re.compile(pattern)
         tree = _re_parser.parse(pattern)
@@ -278,7 +280,7 @@ def compile_regex(pattern: str) -> _Program:
     if tree.state.flags & ~_UNICODE_FLAG:
         raise PatternError("inline flags such as (?i) are not supported")
     prog = _Program()
-    _emit_regex(prog, tree)
+    _emit_regex(prog, tree, dotall)
     prog.emit(_MATCH)
     return prog
 
@@ -403,8 +405,9 @@ class Matcher:
 
     def judge(self, arg: Any) -> bool | None:
         """True or False, or None where the matcher cannot judge `arg`: for a glob or regex no
-        string, NUL in it, longer than MAX_SUBJECT, or (a glob) a path that holds a `..`
-        segment or is relative where the glob is absolute (or the reverse); for `equals` and
+        string, NUL in it, longer than MAX_SUBJECT, (a regex) a value it matches only if `.`
+        crosses a line end, or (a glob) a path that holds a `..` segment or is relative where
+        the glob is absolute (or the reverse); for `equals` and
         `one_of` a value of another JSON type than every value named, or the same number
         written otherwise (1.0 for 1). The gate reads None as a non-match for an `auto_allow`
         rule and as a match for a stricter one, so that such a value never slips past a `deny`
@@ -437,7 +440,14 @@ class Matcher:
                 # glob that starts with `**` takes both.)
                 return None
             return compile_glob(self.value).fullmatch(path)
-        return compile_regex(self.value).fullmatch(arg)
+        if compile_regex(self.value).fullmatch(arg):
+            return True
+        # `.` stops at a line end, as `re` reads it, and a server may read lines apart (a
+        # shell runs each): "ls\nrm -rf ~" is not `ls .*`, nor is it clear of `.*rm .*`.
+        # A value a `.` would have to cross a line end to match is not judged.
+        if "\n" in arg and compile_regex(self.value, dotall=True).fullmatch(arg):
+            return None
+        return False
 
     def to_dict(self) -> dict[str, Any]:
         return {self.kind: list(self.value) if self.kind == "one_of" else self.value}

@@ -573,6 +573,31 @@ def test_a_value_no_matcher_can_judge_never_slips_past_a_stricter_rule() -> None
         assert policy.evaluate(allow, "tools/call", "w", params("w", path=odd)).action is A.DENY
 
 
+def test_a_line_end_a_dot_would_have_to_cross_never_slips_past_a_stricter_rule() -> None:
+    # `.` stops at a line end (as `re` reads it), and a shell runs each line: "ls\nrm -rf ~"
+    # went past a deny of `.*rm .*` to the catch-all auto_allow.
+    rules = (
+        McpRule("tools/call", A.DENY, "w", arguments=(("cmd", Matcher("regex", ".*rm .*")),)),
+        McpRule("tools/call", A.AUTO_ALLOW, "w"),
+    )
+
+    def rule(cmd: str) -> int | None:
+        return policy.evaluate(rules, "tools/call", "w", params("w", cmd=cmd)).rule_index
+
+    assert rule("ls\nrm -rf ~") == 0 and rule("rm -rf ~\n") == 0 and rule("x rm y") == 0
+    assert rule("ls\necho hi") == 1  # no `rm ` in it on any reading: not denied
+    # Under an allow rule such a value is not allowed, as before.
+    ls_only = Matcher("regex", "ls .*")
+    ls = (McpRule("tools/call", A.AUTO_ALLOW, "w", arguments=(("cmd", ls_only),)),)
+
+    def allowed(cmd: str) -> bool:
+        return policy.evaluate(ls, "tools/call", "w", params("w", cmd=cmd)).action is A.AUTO_ALLOW
+
+    assert not allowed("ls x\nrm -rf ~") and allowed("ls -l")
+    dot = Matcher("regex", "a.b")
+    assert dot.judge("a\nb") is None and dot.judge("a\nc") is False and dot.judge("axb") is True
+
+
 def test_a_number_or_type_equals_cannot_tell_apart_never_slips_past_a_deny() -> None:
     # Profiles hold integers; a client sends 1.0 (valid JSON, forwarded as 1.0) and a Python
     # or JavaScript server reads the number 1. `["rm"]` is "rm" to a server that compares
