@@ -170,14 +170,29 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
     - a `tools/call` whose `params.name` is not a string: the rules compare names exactly and
       a name that is no string matches no named rule, so a catch-all would decide it, while a
       server may read `["run_shell"]` as `run_shell`;
+    - a `tools/call` whose name has whitespace around it or a character that is not printable
+      (`str.isprintable`: controls, format characters such as U+200B/U+FEFF, separators other
+      than the space): a server that trims or cleans names runs another tool than a deny
+      rule named;
     - a `tools/call` whose params hold `name`, `arguments` or `_meta` in another case (`Name`,
       `ARGUMENTS`): a server that binds keys case-insensitively may read those instead;
     - a `tools/call` with a `__proto__` key in its params or arguments.
     """
     if kind == "notification" and method in REQUEST_METHODS:
         return Decision(Action.DENY, None, f"{method} is a request and was sent without an id")
-    if method == "tools/call" and not isinstance((params or {}).get("name"), str):
-        return Decision(Action.DENY, None, "tools/call without a string params.name")
+    if method == "tools/call":
+        name = (params or {}).get("name")
+        if not isinstance(name, str):
+            return Decision(Action.DENY, None, "tools/call without a string params.name")
+        if not name.isprintable() or name.strip() != name:
+            # `run_shell ` is not `run_shell` to the rules, but a server that trims names
+            # (or drops control characters) runs run_shell; MCP names (SEP-986) are printable
+            # ASCII without spaces, so nothing a server registers looks so.
+            return Decision(
+                Action.DENY,
+                None,
+                "tools/call whose name has whitespace around it or unprintable characters",
+            )
     if (
         method == "tools/call"
         and params

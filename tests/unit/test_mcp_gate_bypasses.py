@@ -103,6 +103,31 @@ def test_a_list_as_tool_name_never_reaches_the_catch_all() -> None:
     assert rec["reason"] == "tools/call without a string params.name"
 
 
+def test_a_name_with_whitespace_around_or_control_characters_never_reaches_the_server() -> None:
+    # `run_shell ` is not `run_shell` to the rules (the deny rule did not apply, the catch-all
+    # allowed it), but a server that trims the name ran run_shell. MCP tool names are ASCII
+    # letters, digits, `_-./` (SEP-986): nothing a conforming server registers looks so.
+    odd = ["run_shell ", " run_shell", "run_shell\n", "\trun_shell", "run_shell\u00a0",
+           "\ufeffrun_shell", "run_shell\u2028", "run\x00_shell", "run_\x1bshell",
+           "run\u200b_shell", "run_shell\x7f"]
+    for name in odd:
+        d = policy.refusal("request", "tools/call", {"name": name})
+        assert d is not None and d.action is A.DENY and d.rule_index is None, repr(name)
+        assert d.reason == (
+            "tools/call whose name has whitespace around it or unprintable characters"
+        )
+    g = Gate()
+    for i, name in enumerate(odd, start=1):
+        g.c(call(i, name, cmd="M"))
+    assert g.server == []
+    assert [c["result"]["isError"] for c in g.client] == [True] * len(odd)
+    recs = [d for t, d in g.chain.records if t == "mcp.request"]
+    assert [r["decision"] for r in recs] == ["deny"] * len(odd)
+    # A name with a space inside, or beyond ASCII, is the server's business: rules compare it.
+    for name in ("run shell", "lire_fichier_é", "user-profile/update", "admin.tools.list"):
+        assert policy.refusal("request", "tools/call", {"name": name}) is None, name
+
+
 def test_name_or_arguments_in_another_case_never_reach_the_server() -> None:
     # A Go server (encoding/json) fills its `Name` field from `name` or `Name`, the last one
     # winning: the gate saw `echo` (the catch-all allowed it) and the server ran `run_shell`.
