@@ -176,9 +176,52 @@ def test_a_proto_key_never_reaches_the_server() -> None:
     for i, params in enumerate(odd, start=1):
         g.c({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params})
     assert g.server == [] and [c["result"]["isError"] for c in g.client] == [True, True]
-    # Deeper down it is a value like another (no rule judges it there).
+
+
+def test_a_proto_key_at_any_depth_never_reaches_the_server() -> None:
+    # A JavaScript server that merges arguments into its defaults key by key (a deep merge)
+    # copies a nested `__proto__` into Object.prototype: every object of the server then has
+    # the keys in there (`shell`, `cwd`), in this call and every later one.
+    deep = [
+        {"name": "read", "arguments": {"opts": {"__proto__": {"shell": "/bin/sh"}}}},
+        {"name": "read", "arguments": {"a": [1, {"b": {"__proto__": 1}}]}},
+        {"name": "read", "arguments": {}, "_meta": {"x": {"__proto__": {}}}},
+    ]
+    for params in deep:
+        d = policy.refusal("request", "tools/call", params)
+        assert d is not None and d.action is A.DENY, params
+        assert d.reason == "tools/call with a __proto__ key (a prototype to JavaScript)"
+    # As the client sends it, also spelled with escapes (the same key once parsed).
+    frames = [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read",'
+        b'"arguments":{"o":{"__proto__":{"path":"/etc/shadow"}}}}}',
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read",'
+        b'"arguments":{"o":{"\\u005f_proto__":{"path":"/etc/shadow"}}}}}',
+        b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read",'
+        b'"arguments":{"o":[{"__\\u0070roto__":1}]}}}',
+    ]
+    g = Gate()
+    for frame in frames:
+        g.bridge.on_client_frame(Line(frame))
+    assert g.server == [] and [c["result"]["isError"] for c in g.client] == [True] * 3
+    # A key that only looks like it, or the word as a value, is what it was.
+    fine = {"name": "read", "arguments": {"o": {"proto": "__proto__", "__proto": 1}}}
+    assert policy.refusal("request", "tools/call", fine) is None
+    g.c({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": fine})
+    assert [m["id"] for m in g.server] == [9]
+
+
+def test_a_frame_that_cannot_spell_proto_skips_the_key_walk() -> None:
+    plain = jsonrpc.parse(json.dumps(call(1, "read", a={"b": [{"c": 1}]})).encode())
+    assert isinstance(plain, jsonrpc.Message) and not plain.may_hold_proto
+    head = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"r",'
+    for text in (b'"x":"proto"', b'"x":"\\u00e9"'):
+        frame = head + text + b"}}"
+        msg = jsonrpc.parse(frame)
+        assert isinstance(msg, jsonrpc.Message) and msg.may_hold_proto, text
+    # Told the frame cannot hold it, the walk is skipped (the bridge tells it only then).
     deep = {"name": "read", "arguments": {"opts": {"__proto__": 1}}}
-    assert policy.refusal("request", "tools/call", deep) is None
+    assert policy.refusal("request", "tools/call", deep, may_hold_proto=False) is None
 
 
 # ---- 2: a request sent as a notification ------------------------------------------------------
