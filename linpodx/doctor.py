@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from linpodx import proc
-from linpodx.errors import EXIT_FAILURE, EXIT_OK, LinpodxError
+from linpodx.errors import EXIT_FAILURE, EXIT_OK, EngineError, LinpodxError
 from linpodx.paths import ensure_dir, runtime_dir, state_dir
 from linpodx.podman import probe, trial
+from linpodx.podman.hints import podman_json
 from linpodx.profile.model import Resources
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -124,14 +125,12 @@ def check_mode(r: Report) -> None:
 
 
 def _info(podman: str) -> dict[str, Any] | None:
-    import json
-
     res = proc.run(trial.info_argv(podman), check=False, timeout=90, what="podman info")
     if res.returncode != 0:
         return None
     try:
-        doc = json.loads(res.stdout)
-    except ValueError:
+        doc = podman_json(res.stdout, "podman info")
+    except EngineError:  # (not JSON, or nested past the stack)
         return None
     return doc if isinstance(doc, dict) else None
 

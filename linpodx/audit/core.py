@@ -782,10 +782,15 @@ Tail = tuple[int, str, str]
 class Appended:
     """What `append_locked` did."""
 
-    __slots__ = ("base", "end", "results", "tail")
+    __slots__ = ("base", "end", "last", "results", "tail")
 
     def __init__(
-        self, results: list[Fields | AuditError], tail: Tail | None, base: int, end: int
+        self,
+        results: list[Fields | AuditError],
+        tail: Tail | None,
+        base: int,
+        end: int,
+        last: bytes = b"",
     ) -> None:
         self.results = results
         """Per entry, in order: the record's fields, or why this entry alone was not recorded."""
@@ -795,6 +800,9 @@ class Appended:
         """The file's size before the write (after cutting a torn tail): what was there."""
         self.end = end
         """The file's size after the write."""
+        self.last = last
+        """The last line written, with its newline (b"" when nothing was): what the file must
+        still end with for `tail` to hold (group commit's tail proof)."""
 
 
 _WRITTEN: dict[str, tuple[bytes, Fields]] = {}
@@ -971,7 +979,7 @@ def append_locked(
 
         with contextlib.suppress(OSError):
             fsync_dir(os.path.dirname(path))
-    return Appended(results, (seq, prev, last_ts), base, base + len(payload))
+    return Appended(results, (seq, prev, last_ts), base, base + len(payload), lines[-1])
 
 
 def append_simple(path: str, typ: str, data: Mapping[str, Any]) -> bool:

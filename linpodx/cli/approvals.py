@@ -19,6 +19,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
+from linpodx import ids
 from linpodx.approvals import elsewhere
 from linpodx.approvals import store as approvals
 from linpodx.approvals.prompter import Prompter
@@ -317,7 +318,14 @@ def decide(
 
     Without a terminal on stdin it needs `--non-interactive`: the MCP client is a process of
     the same user, and one with a shell tool that learnt an id could otherwise approve its own
-    call silently. The flag is recorded (`by.interactive: false`) for whoever reads the log."""
+    call silently. The flag is recorded (`by.interactive: false`) for whoever reads the log.
+    A malformed id is a usage error first, whatever stdin is (a terminal would not help)."""
+    if not ids.is_id(approval_id, "apr"):
+        raise UsageError(
+            f"not an approval id: '{approvals.shown_id(approval_id)}'",
+            "approval ids look like apr_<ULID>; list pending ones with "
+            "`linpodx events --filter approval --no-follow`",
+        )
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if not interactive and not non_interactive:
         raise UsageError(

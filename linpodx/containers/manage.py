@@ -223,6 +223,7 @@ def _stop(name: str, timeout: int) -> dict[str, Any]:
     podman().stop(name, timeout)
     emit("container.stop", name=name)
     return {
+        "container_id": str(info.get("Id", "")),
         "name": name,
         "state": engine.state(podman().inspect(name)) if podman().exists(name) else "removed",
     }

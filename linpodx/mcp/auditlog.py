@@ -34,11 +34,12 @@ Durability rule (docs/mcp.md says the same, with its crash analysis):
   told (the session ends). Nothing is dropped without a trace.
 
 The file stays open for the whole session and the chain's tail (seq, hash, ts, size) is kept in
-memory, so an append does not re-read the file. Each batch is written by the chain's one writer
-(`audit.core.append_locked`, in its group-commit mode: no fsync) holding the file's lock for the
-whole batch; the file's size is compared with what this process last wrote, and if anyone else
-touched it (or on the first write) the writer reads the real tail and repairs a torn line first,
-as `Chain.append` does. The format is therefore the chain module's, not ours.
+memory, so an append does not parse the file again. Each batch is written by the chain's one
+writer (`audit.core.append_locked`, in its group-commit mode: no fsync) holding the file's lock
+for the whole batch; the file's size and its last line (one `pread`) are compared with what this
+process last wrote, as `Chain.append` compares them, and if anyone else touched it (or on the
+first write) the writer reads the real tail and repairs a torn line first, as `Chain.append`
+does. The format is therefore the chain module's, not ours.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class GroupCommitChain:
         self._fd: int | None = None
         self._tail: tuple[int, str, str] | None = None  # (next seq, prev hash, last ts)
         self._size: int | None = None  # the file's size after our last write (writer's view)
+        self._last = b""  # the last line we wrote, with its newline (the file must end so)
         self._written_size: int | None = None  # the same, as of the last finished generation
         self._gen = 0  # write generations done
         self._synced_gen = 0  # every generation up to this one is durable
@@ -383,9 +385,19 @@ class GroupCommitChain:
         durable_upto: int | None = None
         try:
             size = os.fstat(fd).st_size
-            # Our own tail while the file is as we left it; else (first write, or anyone else
-            # touched it) the writer reads the real tail and repairs a torn line.
-            known = (self._tail, size) if self._tail is not None and self._size == size else None
+            # Our own tail while the file is as we left it: its size, and its last bytes still
+            # the line we wrote last (with the newline before it), as the plain writer checks
+            # (`core._written_tail`), so a same-size rewrite is seen too; else (first write, or
+            # anyone else touched it) the writer reads the real tail and repairs a torn line.
+            known = None
+            if self._tail is not None and self._size == size:
+                last = self._last
+                start = size - len(last)
+                if start > 0:
+                    start -= 1
+                    last = b"\n" + last
+                if start >= 0 and os.pread(fd, len(last), start) == last:
+                    known = (self._tail, size)
             done = audit_core.append_locked(
                 fd, where, self.chain.genesis, [(b.type, b.data) for b in batch],
                 known=known, sync=False,
@@ -421,7 +433,7 @@ class GroupCommitChain:
                 b.record = audit_chain.Record(*result)
                 written += 1
         if done.tail is not None:
-            self._tail, self._size = done.tail, done.end
+            self._tail, self._size, self._last = done.tail, done.end, done.last
             self.batches += 1
             self.records += written
         return durable_upto

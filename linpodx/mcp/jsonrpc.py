@@ -66,6 +66,9 @@ class Message:
     method: str | None = None
     id: Any = None
     params: dict[str, Any] | None = None
+    may_hold_proto: bool = field(default=True, compare=False, repr=False)
+    """False when the frame's bytes cannot spell a `__proto__` key (they hold neither `proto`
+    nor a `\\u` escape): the gate's walk for that key (`policy.refusal`) is skipped then."""
     # Derived once, as the message is made: the bridge reads them several times per message
     # (a property or a cached_property is a Python call, and in 3.11 a lock, each time).
     id_key: IdKey | None = field(init=False, compare=False, repr=False)
@@ -110,8 +113,9 @@ def _safe_id(obj: dict[str, Any]) -> Any:
     return value if _valid_id(value) else None
 
 
-def check_shape(obj: Any) -> Message:
-    """Check one decoded value against JSON-RPC 2.0 as MCP uses it; raise ProtocolError."""
+def check_shape(obj: Any, may_hold_proto: bool = True) -> Message:
+    """Check one decoded value against JSON-RPC 2.0 as MCP uses it; raise ProtocolError.
+    `may_hold_proto`: see `Message.may_hold_proto`."""
     if not isinstance(obj, dict):
         raise ProtocolError("a JSON-RPC message must be an object")
     msg_id = _safe_id(obj)
@@ -131,8 +135,13 @@ def check_shape(obj: Any) -> Message:
         if "id" in obj:
             if not _valid_id(obj["id"]):
                 raise ProtocolError('a request "id" must be a string or an integer')
-            return Message("request", obj, method=method, id=obj["id"], params=params)
-        return Message("notification", obj, method=method, params=params)
+            return Message(
+                "request", obj, method=method, id=obj["id"], params=params,
+                may_hold_proto=may_hold_proto,
+            )
+        return Message(
+            "notification", obj, method=method, params=params, may_hold_proto=may_hold_proto
+        )
     unknown = set(obj) - RESPONSE_KEYS
     if unknown:
         raise ProtocolError(f"unknown key(s) in message: {_names(unknown)}", msg_id=msg_id)
@@ -175,6 +184,8 @@ def parse(data: bytes) -> Message | Batch:
         value = strict_loads(data, allow_floats=True)
     except CanonicalError as exc:
         raise ProtocolError(f"refused JSON: {exc}", code=PARSE_ERROR) from None
+    # The key `__proto__` in JSON text holds `proto`, or a `\\u` escape for one of its letters.
+    may_hold_proto = b"proto" in data or b"\\u" in data
     if isinstance(value, list):
         if not value:
             raise ProtocolError("empty batch")
@@ -185,11 +196,11 @@ def parse(data: bytes) -> Message | Batch:
         items: list[Message | ProtocolError] = []
         for element in value:
             try:
-                items.append(check_shape(element))
+                items.append(check_shape(element, may_hold_proto))
             except ProtocolError as exc:
                 items.append(exc)
         return Batch(tuple(items))
-    return check_shape(value)
+    return check_shape(value, may_hold_proto)
 
 
 def _refuse(value: Any) -> Any:

@@ -163,21 +163,40 @@ def _describe(index: int, rule: McpRule) -> str:
     return what + ")"
 
 
-def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decision | None:
+def refusal(
+    kind: str, method: str, params: Mapping[str, Any] | None, may_hold_proto: bool = True
+) -> Decision | None:
     """A deny for a client message no rule may see, else None.
 
     - a request-only method sent as a notification (`kind` is `notification`);
     - a `tools/call` whose `params.name` is not a string: the rules compare names exactly and
       a name that is no string matches no named rule, so a catch-all would decide it, while a
       server may read `["run_shell"]` as `run_shell`;
+    - a `tools/call` whose name has whitespace around it or a character that is not printable
+      (`str.isprintable`: controls, format characters such as U+200B/U+FEFF, separators other
+      than the space): a server that trims or cleans names runs another tool than a deny
+      rule named;
     - a `tools/call` whose params hold `name`, `arguments` or `_meta` in another case (`Name`,
       `ARGUMENTS`): a server that binds keys case-insensitively may read those instead;
-    - a `tools/call` with a `__proto__` key in its params or arguments.
+    - a `tools/call` with a `__proto__` key anywhere in its params (`may_hold_proto` False:
+      the frame's bytes cannot spell it, `jsonrpc.Message.may_hold_proto`, and the walk is
+      skipped).
     """
     if kind == "notification" and method in REQUEST_METHODS:
         return Decision(Action.DENY, None, f"{method} is a request and was sent without an id")
-    if method == "tools/call" and not isinstance((params or {}).get("name"), str):
-        return Decision(Action.DENY, None, "tools/call without a string params.name")
+    if method == "tools/call":
+        name = (params or {}).get("name")
+        if not isinstance(name, str):
+            return Decision(Action.DENY, None, "tools/call without a string params.name")
+        if not name.isprintable() or name.strip() != name:
+            # `run_shell ` is not `run_shell` to the rules, but a server that trims names
+            # (or drops control characters) runs run_shell; MCP names (SEP-986) are printable
+            # ASCII without spaces, so nothing a server registers looks so.
+            return Decision(
+                Action.DENY,
+                None,
+                "tools/call whose name has whitespace around it or unprintable characters",
+            )
     if (
         method == "tools/call"
         and params
@@ -189,10 +208,11 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
         return Decision(
             Action.DENY, None, "tools/call with name, arguments or _meta in another case"
         )
-    if method == "tools/call" and (_PROTO in (params or {}) or _PROTO in _arguments(params)):
+    if method == "tools/call" and params and may_hold_proto and _holds_proto(params):
         # JSON.parse makes `__proto__` an own key, but JavaScript that copies the object by
         # assignment (`Object.assign({}, args)`) makes it the copy's prototype, whose keys
-        # (`path`) the copy then reads as its own: arguments the rules never saw.
+        # (`path`) the copy then reads as its own: arguments the rules never saw; a deep
+        # merge of a nested one sets Object.prototype's keys for every object of the server.
         return Decision(
             Action.DENY, None, "tools/call with a __proto__ key (a prototype to JavaScript)"
         )
@@ -202,9 +222,19 @@ def refusal(kind: str, method: str, params: Mapping[str, Any] | None) -> Decisio
 _PROTO = "__proto__"
 
 
-def _arguments(params: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    args = (params or {}).get("arguments")
-    return args if isinstance(args, Mapping) else {}
+def _holds_proto(value: Mapping[str, Any]) -> bool:
+    """Whether a `__proto__` key is in `value` at any depth (its parsed keys: an escaped
+    spelling is the same key). Parsed JSON nests at most MAX_DEPTH deep; no recursion."""
+    todo: list[Any] = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            if _PROTO in item:
+                return True
+            todo.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        else:
+            todo.extend(v for v in item if isinstance(v, (dict, list)))
+    return False
 
 
 _CALL_KEYS = frozenset({"name", "arguments", "_meta"})

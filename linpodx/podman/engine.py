@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 from linpodx import proc
 from linpodx.errors import EngineError, NotFound
 from linpodx.podman import pslist, spawn
-from linpodx.podman.hints import PODMAN_HINT, classify_hint
+from linpodx.podman.hints import PODMAN_HINT, classify_hint, podman_json
 from linpodx.podman.hints import podman_bin as podman_bin  # a member of the Podman protocol
 from linpodx.proc import Child
 from linpodx.profile import HOME_DIR
@@ -144,12 +143,7 @@ def inspect(name: str) -> dict[str, Any]:
             returncode=res.returncode,
             stderr=res.stderr,
         )
-    try:
-        data = json.loads(res.stdout)
-    except json.JSONDecodeError as exc:
-        raise EngineError(
-            "podman inspect printed something that is not JSON", argv=res.argv
-        ) from exc
+    data = podman_json(res.stdout, "podman inspect", res.argv)
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         raise EngineError("podman inspect printed an unexpected document", argv=res.argv)
     return data[0]
@@ -517,8 +511,8 @@ def other_containers_info(own_id: str) -> list[dict[str, Any]]:
     # All at once; if one went away meanwhile (podman then fails the lot), one by one.
     r = _snap("container", "inspect", *ids, check=False, what="podman container inspect")
     if r.returncode == 0:
-        with contextlib.suppress(ValueError):
-            return [d for d in json.loads(r.stdout) if isinstance(d, dict)]
+        with contextlib.suppress(EngineError, TypeError):  # (read one by one below)
+            return [d for d in podman_json(r.stdout, "podman inspect") if isinstance(d, dict)]
     out: list[dict[str, Any]] = []
     for cid in ids:
         r = _snap("container", "inspect", cid, check=False, what="podman container inspect")
@@ -526,12 +520,8 @@ def other_containers_info(own_id: str) -> list[dict[str, Any]]:
             if "no such container" in r.stderr.lower():
                 continue
             raise _inspect_failed(r)
-        try:
-            data = json.loads(r.stdout)
-        except ValueError as exc:
-            raise EngineError(f"podman inspect printed something that is not JSON: {exc}") \
-                from None
-        out += [d for d in data if isinstance(d, dict)]
+        data = podman_json(r.stdout, "podman inspect", r.argv)
+        out += [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
     return out
 
 

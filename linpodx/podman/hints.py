@@ -4,6 +4,10 @@ own words). Light on purpose: `linpodx ps` starts podman before the engine modul
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from typing import Any
+
 from linpodx import proc
 from linpodx.errors import EngineError
 
@@ -20,6 +24,16 @@ def podman_bin() -> str:
     if found is None:
         raise EngineError("podman not found", PODMAN_HINT, argv=("podman",))
     return found
+
+
+def podman_json(text: str, what: str, argv: Sequence[str] = ()) -> Any:
+    """`text` (what podman printed) parsed as JSON; EngineError `WHAT printed something that
+    is not JSON` when it is not, or nests past Python's stack (json's parser recurses: that
+    was a RecursionError, an internal error, on hostile output)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # (JSONDecodeError is a ValueError)
+        raise EngineError(f"{what} printed something that is not JSON", argv=argv) from exc
 
 
 def classify_hint(stderr: str, default: str | None = None) -> str | None:

@@ -9,13 +9,12 @@ and the hints.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from linpodx import proc
 from linpodx.errors import EngineError
-from linpodx.podman.hints import classify_hint, podman_bin
+from linpodx.podman.hints import classify_hint, podman_bin, podman_json
 from linpodx.podman.runline import MANAGED_LABEL
 
 WHAT = "podman ps"
@@ -56,12 +55,7 @@ class Listing:
                 returncode=rc,
                 stderr=stderr,
             )
-        try:
-            rows = json.loads(out.decode("utf-8", "replace") or "[]")
-        except (json.JSONDecodeError, RecursionError) as exc:  # (nested past the stack)
-            raise EngineError(
-                "podman ps printed something that is not JSON", argv=child.argv
-            ) from exc
+        rows = podman_json(out.decode("utf-8", "replace") or "[]", "podman ps", child.argv)
         return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 

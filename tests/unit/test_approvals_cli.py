@@ -388,7 +388,7 @@ def test_approve_and_deny_commands(cli: Any) -> None:
     missing = cli("approve", "--non-interactive", "apr_01KB0000000000000000000000")
     assert missing.exit_code == 4 and "approval not found" in missing.stderr
     bad = cli("approve", "--non-interactive", "../../etc/passwd")
-    assert bad.exit_code == 4
+    assert bad.exit_code == 2 and "not an approval id" in bad.stderr
 
 
 def test_approve_after_the_window_is_refused(cli: Any) -> None:
@@ -508,7 +508,7 @@ def test_store_messages_quote_an_untrusted_id_escaped(call: Any) -> None:
 
 def test_approve_json_with_a_hostile_id_is_escaped(cli: Any) -> None:
     res = cli("approve", "--non-interactive", HOSTILE_ID, "--json")
-    assert res.exit_code == 4
+    assert res.exit_code == 2
     doc = json.loads(res.stdout)
     assert "\x1b" not in doc["error"]["message"]
     assert "\x1b" not in res.stderr
@@ -660,6 +660,21 @@ def test_approve_without_a_terminal_needs_the_flag_and_says_so(cli: Any) -> None
     answer = store.read_answer(p.approval_id)
     assert answer is not None and answer.by["interactive"] is False
     assert answer.reason == "approved by a person (non-interactive)"
+
+
+@pytest.mark.parametrize("command", ["approve", "deny"])
+@pytest.mark.parametrize("bad", ["", " ", "apr_", "apr_01kb0000000000000000000000", "../x"])
+def test_a_malformed_id_is_a_usage_error_before_the_terminal_check(
+    cli: Any, command: str, bad: str
+) -> None:
+    """`linpodx approve ''` said it needs a terminal: fixing stdin would only lead to the
+    real error. The id is checked first, whatever stdin is."""
+    for extra in ([], ["--non-interactive"]):
+        res = cli(command, *extra, bad)
+        assert res.exit_code == 2, res.stderr
+        lines = res.stderr.splitlines()
+        assert lines[0].startswith("error: not an approval id") and "terminal" not in lines[0]
+        assert any(line.startswith("hint: approval ids look like apr_<ULID>") for line in lines)
 
 
 def test_approvals_show_prints_the_whole_request(cli: Any) -> None:

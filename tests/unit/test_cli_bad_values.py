@@ -40,6 +40,7 @@ THEIR_WORDS = re.compile(
 BAD_NAME = ("bad name!", EXIT_INVALID, "invalid container name")
 NO_PROFILE = ("nothere", EXIT_NOT_FOUND, "profile not found: nothere")
 NO_APPROVAL = ("apr_nope", EXIT_NOT_FOUND, "approval not found")
+NOT_AN_APPROVAL_ID = ("apr_nope", EXIT_USAGE, "not an approval id")  # (checked first: approve)
 BAD_LABEL = ("", EXIT_INVALID, "invalid snapshot label")
 MISSING_FILE = ("{tmp}/missing.yml", EXIT_NOT_FOUND, "not found")
 
@@ -55,8 +56,8 @@ class Row:
 
 CASES: dict[tuple[str, str], Row] = {
     ("approvals show", "approval_id"): Row("approvals show {}", (NO_APPROVAL,)),
-    ("approve", "approval_id"): Row("approve --non-interactive {}", (NO_APPROVAL,)),
-    ("deny", "approval_id"): Row("deny --non-interactive {}", (NO_APPROVAL,)),
+    ("approve", "approval_id"): Row("approve --non-interactive {}", (NOT_AN_APPROVAL_ID,)),
+    ("deny", "approval_id"): Row("deny --non-interactive {}", (NOT_AN_APPROVAL_ID,)),
     ("attach", "name"): Row("attach {}", (BAD_NAME,)),
     ("attach", "detach_keys"): Row(
         "attach agent-1 --detach-keys {}",

@@ -370,6 +370,17 @@ def test_stop_audited_before_stop(fake: FakeEngine, cli: Any) -> None:
     assert "stop" in fake.names()
 
 
+def test_stop_names_the_container_id_as_start_ps_and_run_do(fake: FakeEngine, cli: Any) -> None:
+    fake.present.add("agent-1")
+    fake.state = "exited"
+    res = cli("stop", "agent-1", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)["result"]
+    assert doc == {"container_id": "c0ffee", "name": "agent-1", "state": "exited"}
+    res = cli("stop", "agent-1")
+    assert res.stdout.splitlines()[0].split() == ["container_id:", "c0ffee"]
+
+
 @pytest.mark.parametrize("time", ["-1", "86401", "99999999999999999999"])
 def test_stop_refuses_a_time_out_of_range_before_anything_is_recorded(
     fake: FakeEngine, cli: Any, time: str

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -29,3 +31,20 @@ def test_the_test_container_gets_the_flags_linpodx_run_gives_the_default_profile
     assert trial.run_argv("/usr/bin/podman", image, ["true"], seccomp) == [
         "/usr/bin/podman", "run", *(a for a in made[1:] if not a.startswith(own))
     ]  # fmt: skip
+
+
+def test_podman_info_nested_past_the_stack_is_no_info(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`podman info` printing JSON nested past Python's stack ended `doctor` in an internal
+    error (RecursionError); it is output doctor cannot read, as any other that is not JSON."""
+    import os
+
+    from linpodx import doctor
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "podman").write_text("#!/bin/sh\npython3 -c 'print(\"[\" * 100000)'\n")
+    (bindir / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    assert doctor._info(str(bindir / "podman")) is None

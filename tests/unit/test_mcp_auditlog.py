@@ -308,6 +308,23 @@ def test_foreign_append_between_batches_does_not_fork_the_chain() -> None:
     assert seqs == [0, 1, 2, 3]
 
 
+def test_a_same_size_rewrite_between_batches_is_seen_as_the_plain_writer_sees_it() -> None:
+    """The file's size alone does not prove our cached tail: someone who rewrites the last
+    record in place (same size) must be caught as `Chain.append` catches it, by the bytes."""
+    ch = audit_chain.session_chain("sess_inplace", GENESIS)
+    g = GroupCommitChain(ch)
+    g.append("mcp.request", {"tool": "wwww"})
+    raw = ch.path.read_bytes()
+    edited = raw.replace(b'"wwww"', b'"xxxx"')  # same size, same inode, hash now wrong
+    assert len(edited) == len(raw) and edited != raw
+    with open(ch.path, "r+b") as f:
+        f.write(edited)
+    with pytest.raises(AuditError, match="last record is damaged"):
+        g.append("mcp.request", {"i": 1})
+    g.close()
+    assert ch.path.read_bytes() == edited
+
+
 class BlockingSync:
     """Stands in for os.fsync: each call waits until `release` is set (a slow disk), and says
     when it started."""

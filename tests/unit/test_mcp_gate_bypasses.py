@@ -103,6 +103,31 @@ def test_a_list_as_tool_name_never_reaches_the_catch_all() -> None:
     assert rec["reason"] == "tools/call without a string params.name"
 
 
+def test_a_name_with_whitespace_around_or_control_characters_never_reaches_the_server() -> None:
+    # `run_shell ` is not `run_shell` to the rules (the deny rule did not apply, the catch-all
+    # allowed it), but a server that trims the name ran run_shell. MCP tool names are ASCII
+    # letters, digits, `_-./` (SEP-986): nothing a conforming server registers looks so.
+    odd = ["run_shell ", " run_shell", "run_shell\n", "\trun_shell", "run_shell\u00a0",
+           "\ufeffrun_shell", "run_shell\u2028", "run\x00_shell", "run_\x1bshell",
+           "run\u200b_shell", "run_shell\x7f"]
+    for name in odd:
+        d = policy.refusal("request", "tools/call", {"name": name})
+        assert d is not None and d.action is A.DENY and d.rule_index is None, repr(name)
+        assert d.reason == (
+            "tools/call whose name has whitespace around it or unprintable characters"
+        )
+    g = Gate()
+    for i, name in enumerate(odd, start=1):
+        g.c(call(i, name, cmd="M"))
+    assert g.server == []
+    assert [c["result"]["isError"] for c in g.client] == [True] * len(odd)
+    recs = [d for t, d in g.chain.records if t == "mcp.request"]
+    assert [r["decision"] for r in recs] == ["deny"] * len(odd)
+    # A name with a space inside, or beyond ASCII, is the server's business: rules compare it.
+    for name in ("run shell", "lire_fichier_é", "user-profile/update", "admin.tools.list"):
+        assert policy.refusal("request", "tools/call", {"name": name}) is None, name
+
+
 def test_name_or_arguments_in_another_case_never_reach_the_server() -> None:
     # A Go server (encoding/json) fills its `Name` field from `name` or `Name`, the last one
     # winning: the gate saw `echo` (the catch-all allowed it) and the server ran `run_shell`.
@@ -151,9 +176,52 @@ def test_a_proto_key_never_reaches_the_server() -> None:
     for i, params in enumerate(odd, start=1):
         g.c({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params})
     assert g.server == [] and [c["result"]["isError"] for c in g.client] == [True, True]
-    # Deeper down it is a value like another (no rule judges it there).
+
+
+def test_a_proto_key_at_any_depth_never_reaches_the_server() -> None:
+    # A JavaScript server that merges arguments into its defaults key by key (a deep merge)
+    # copies a nested `__proto__` into Object.prototype: every object of the server then has
+    # the keys in there (`shell`, `cwd`), in this call and every later one.
+    deep = [
+        {"name": "read", "arguments": {"opts": {"__proto__": {"shell": "/bin/sh"}}}},
+        {"name": "read", "arguments": {"a": [1, {"b": {"__proto__": 1}}]}},
+        {"name": "read", "arguments": {}, "_meta": {"x": {"__proto__": {}}}},
+    ]
+    for params in deep:
+        d = policy.refusal("request", "tools/call", params)
+        assert d is not None and d.action is A.DENY, params
+        assert d.reason == "tools/call with a __proto__ key (a prototype to JavaScript)"
+    # As the client sends it, also spelled with escapes (the same key once parsed).
+    frames = [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read",'
+        b'"arguments":{"o":{"__proto__":{"path":"/etc/shadow"}}}}}',
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read",'
+        b'"arguments":{"o":{"\\u005f_proto__":{"path":"/etc/shadow"}}}}}',
+        b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read",'
+        b'"arguments":{"o":[{"__\\u0070roto__":1}]}}}',
+    ]
+    g = Gate()
+    for frame in frames:
+        g.bridge.on_client_frame(Line(frame))
+    assert g.server == [] and [c["result"]["isError"] for c in g.client] == [True] * 3
+    # A key that only looks like it, or the word as a value, is what it was.
+    fine = {"name": "read", "arguments": {"o": {"proto": "__proto__", "__proto": 1}}}
+    assert policy.refusal("request", "tools/call", fine) is None
+    g.c({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": fine})
+    assert [m["id"] for m in g.server] == [9]
+
+
+def test_a_frame_that_cannot_spell_proto_skips_the_key_walk() -> None:
+    plain = jsonrpc.parse(json.dumps(call(1, "read", a={"b": [{"c": 1}]})).encode())
+    assert isinstance(plain, jsonrpc.Message) and not plain.may_hold_proto
+    head = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"r",'
+    for text in (b'"x":"proto"', b'"x":"\\u00e9"'):
+        frame = head + text + b"}}"
+        msg = jsonrpc.parse(frame)
+        assert isinstance(msg, jsonrpc.Message) and msg.may_hold_proto, text
+    # Told the frame cannot hold it, the walk is skipped (the bridge tells it only then).
     deep = {"name": "read", "arguments": {"opts": {"__proto__": 1}}}
-    assert policy.refusal("request", "tools/call", deep) is None
+    assert policy.refusal("request", "tools/call", deep, may_hold_proto=False) is None
 
 
 # ---- 2: a request sent as a notification ------------------------------------------------------

@@ -133,6 +133,24 @@ def test_output_nested_past_the_stack_is_an_engine_error(
         pslist.start(False).rows()
 
 
+@pytest.mark.parametrize("call", ["inspect", "other_containers_info"])
+def test_inspect_output_nested_past_the_stack_is_an_engine_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """`podman inspect` printing JSON nested past Python's stack was an internal error
+    (RecursionError), as `linpodx ps` was; both go through `hints.podman_json` now."""
+    from linpodx.podman import engine
+
+    # `ps` lists one id; `inspect` (all at once, then one by one) prints the deep document.
+    body = 'case "$1" in ps) echo c1 ;; *) python3 -c \'print("[" * 100000)\' ;; esac'
+    monkeypatch.setenv("PATH", _stand_in(tmp_path, body)["PATH"])
+    with pytest.raises(EngineError, match="not JSON"):
+        if call == "inspect":
+            engine.inspect("c1")
+        else:
+            engine.other_containers_info("own")
+
+
 def test_a_row_whose_labels_are_no_object_has_no_labels() -> None:
     """`Labels` that is not an object ended `linpodx ps` in an internal error (AttributeError)."""
     from linpodx.containers import listing

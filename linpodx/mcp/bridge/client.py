@@ -233,9 +233,9 @@ class ClientSide(Drops):
         match wins. The one place a decision is made: checks that refine it (argument
         matchers, rate limits, grants for the session) belong here, each a call into its own
         module."""
-        return policy.refusal(msg.kind, method, msg.params) or self.policy.decide(
-            method, msg.tool_name, msg.params
-        )
+        return policy.refusal(
+            msg.kind, method, msg.params, msg.may_hold_proto
+        ) or self.policy.decide(method, msg.tool_name, msg.params)
 
     def _forward(self, msg: Message, key: IdKey | None = None) -> bool:
         """Forward an allowed request unless the client has cancelled it; whether it went.
