@@ -240,8 +240,10 @@ def remove(name: str, force: bool = False) -> dict[str, Any]:
 def _remove(name: str, force: bool) -> dict[str, Any]:
     refuse_if_rolling_back(name)
     present = podman().exists(name)
+    container_id: str | None = None  # (one already gone: its id is not known here)
     if present:
         info = managed_info(name)
+        container_id = str(info.get("Id", ""))
         if engine.state(info) == "running" and not force:
             raise InvalidInput(
                 f"container {name} is running",
@@ -274,7 +276,7 @@ def _remove(name: str, force: bool) -> dict[str, Any]:
                 f"note: container {name} was already gone (an earlier removal may have been "
                 "interrupted); removed the state linpodx kept for it"
             )
-    return {"name": name, "removed": True, "present": present}
+    return {"container_id": container_id, "name": name, "removed": True, "present": present}
 
 
 def exec_in(name: str, command: tuple[str, ...], interactive: bool, tty: bool) -> int:

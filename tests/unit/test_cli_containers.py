@@ -1179,3 +1179,12 @@ def test_unset_limits_are_never_a_refusal_and_apply_where_they_can(
     containers.run(containers.RunRequest(image="img", name="agent-3", detach=True))
     argv = next(c for c in fake.calls if c[0] == "create")
     assert not [a for a in argv if a.startswith(("--memory", "--pids-limit", "--cpus"))]
+
+
+def test_rm_names_the_container_id_as_stop_start_ps_and_run_do(fake: FakeEngine, cli: Any) -> None:
+    fake.present.add("agent-1")
+    fake.state = "exited"
+    res = cli("rm", "agent-1", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)["result"]
+    assert doc == {"container_id": "c0ffee", "name": "agent-1", "removed": True, "present": True}
