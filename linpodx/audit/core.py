@@ -105,20 +105,8 @@ def encode_record(
     order are data, hash, log, prev, seq, ts, type, and every field but data is pattern-checked
     ASCII needing no escapes (a unit test holds this equal to canonical_bytes).
     """
-    after = b"".join(
-        (
-            b',"log":"' + log_id.encode("ascii") + b'"' if log_id is not None else b"",
-            b',"prev":"',
-            prev.encode("ascii"),
-            b'","seq":',
-            str(seq).encode("ascii"),
-            b',"ts":"',
-            ts.encode("ascii"),
-            b'","type":"',
-            typ.encode("ascii"),
-            b'"}',
-        )
-    )
+    log = f',"log":"{log_id}"' if log_id is not None else ""
+    after = f'{log},"prev":"{prev}","seq":{seq},"ts":"{ts}","type":"{typ}"}}'.encode("ascii")
     return b'{"data":' + data_bytes, after
 
 
@@ -200,7 +188,9 @@ def fast_fields(line: bytes) -> Fields | None:
       a `\\udXXX` escape), and the minimal escapes of canonical_bytes;
     - the line is ASCII, or no byte of it starts a 4-byte UTF-8 sequence: every key is in the
       BMP, where code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
-    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH.
+    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH;
+      or its data holds only scalars, and then (the other fields being strings and an int, as
+      the checks below require) it nests exactly two deep.
     Then the line IS canonical_bytes of the parsed value, and the strict parser's own field
     checks (`_fields_of`: the exact keys, each field's type and pattern) run on that value.
     They leave only the hash: the keys sort as data, hash, log, prev, seq, ts, type, and the
@@ -209,11 +199,12 @@ def fast_fields(line: bytes) -> Fields | None:
     hash): the bytes that were hashed.
     """
     # `_decode_batch`'s conditions for one line (the writer's case: its tail), without the
-    # batch's lists; the field checks are the batch's (`_checked`).
+    # batch's lists; the field checks are the batch's (`_checked`). The nesting bound on
+    # cheaper data when it can: data holding only scalars (as nearly every record's does) and
+    # the other fields as `_checked` requires them (strings, an int) nest exactly two deep.
     if (
         len(line) > MAX_LINE
         or not line.startswith(_RECORD_START)
-        or len(line) - len(line.translate(None, _BRACKETS)) > MAX_DEPTH
         or (not line.isascii() and ASTRAL.search(line))
     ):
         return None
@@ -223,6 +214,11 @@ def fast_fields(line: bytes) -> Fields | None:
         if end != len(text) or encode_sorted(obj) != text:
             return None
     except (ValueError, RecursionError, StopIteration):
+        return None
+    data = obj.get("data") if type(obj) is dict else None
+    if (
+        type(data) is not dict or not _SCALARS.issuperset(map(type, data.values()))
+    ) and len(line) - len(line.translate(None, _BRACKETS)) > MAX_DEPTH:
         return None
     return _checked(line, obj, sha256_maker(), None, None)
 
@@ -679,6 +675,8 @@ st_dev and st_ino, the directory's name, the file's name in it), for the files `
 has opened in this process: the fd keeps the inode from being reused while it is cached, so
 the pair names that directory and no other."""
 _LOG_DIRS_MAX = 8
+_DIR_OPEN_MASK = stat.S_IFMT(0o777777) | 0o077
+"""The file type bits and the group's and others' permission bits of a mode."""
 
 
 def open_chain(path: str, flags: int, *, create: bool) -> int:
@@ -707,8 +705,7 @@ def open_chain(path: str, flags: int, *, create: bool) -> int:
             and st.st_ino == ino
             and st.st_dev == dev
             and st.st_uid == euid
-            and not st.st_mode & 0o077
-            and stat.S_ISDIR(st.st_mode)
+            and st.st_mode & _DIR_OPEN_MASK == stat.S_IFDIR  # a directory, closed to others
         ):
             return os.open(name, flags, FILE_MODE, dir_fd=fd)
         del _LOG_DIRS[key]
@@ -954,7 +951,7 @@ def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, in
     if line is None:
         return size, None, torn_at
     try:
-        return size, parse(line), torn_at
+        return size, fast_fields(line) or parse_strict(line), torn_at
     except BadRecord as exc:
         raise AuditError(
             f"the audit log's last record is damaged ({exc}); refusing to chain onto it",

@@ -362,3 +362,27 @@ def test_a_chained_batch_takes_no_seq_that_only_equals_its_number() -> None:
     rec["seq"] = 1
     good = _forge(rec)
     assert good is not None and core.chain_batch([good], 1, tail, _TIMES[0]) is not None
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_the_fast_stage_bounds_nesting_whatever_the_data_holds() -> None:
+    """The fast stage skips counting brackets only for data of scalars (then the record nests
+    two deep); a record nested one level deeper than MAX_DEPTH, in its data or in another
+    field, is left to the strict parser, which refuses it."""
+    base = {"seq": 1, "ts": _TIMES[0], "type": "a.b", "prev": ZERO_HASH}
+    at_bound = _forge({**base, "data": {"k": _nested(core.MAX_DEPTH - 2)}})
+    assert at_bound is not None and core.fast_fields(at_bound) is not None
+    for rec in (
+        {**base, "data": {"k": _nested(core.MAX_DEPTH - 1)}},
+        {**base, "data": {"k": 1}, "type": _nested(core.MAX_DEPTH)},
+    ):
+        line = _forge(rec)
+        assert line is not None
+        assert core.fast_fields(line) is None
+        assert _strict(line)[0] is None
