@@ -790,7 +790,7 @@ def checked_size(fd: int, path: str) -> int:
             f"could not record to the audit log {path}: not a regular file",
             "move it away; linpodx creates the log itself",
         )
-    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
+    if stat.S_IMODE(st.st_mode) != FILE_MODE and st.st_uid == os.getuid():
         os.fchmod(fd, FILE_MODE)
     return st.st_size
 
