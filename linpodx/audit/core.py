@@ -1,10 +1,10 @@
 """The audit record codec and the one writer of chain files.
 
 Codec: `build_line` encodes a record (canonical bytes, hash), `parse` reads one back: a fast
-stage (`fast_fields`, C-speed, returns None when unsure; `fast_batch` for many lines at once,
-the verifier's) and the strict reference parser (`parse_strict`), which gives the verdict and
-the reason whenever the fast stage is unsure. A fuzz test holds them equal
-(tests/unit/test_audit_codec.py).
+stage (`fast_fields`, C-speed, returns None when unsure; `fast_batch` for many lines at once
+and `chain_batch` for a batch of records that follow each other, the verifier's) and the
+strict reference parser (`parse_strict`), which gives the verdict and the reason whenever the
+fast stage is unsure. Fuzz tests hold them equal (tests/unit/test_audit_codec.py).
 
 Writer: `append_locked` is the only code that appends records. `chain.Chain.append` (one record,
 fsync), `mcp.auditlog.GroupCommitChain` (batches, fsync by its sync role) and `append_simple`
