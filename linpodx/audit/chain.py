@@ -50,6 +50,7 @@ from linpodx.audit.record import (
     check_line,
     parse_line,
     record_hash,
+    record_of,
     torn_problem,
     torn_reason,
 )
@@ -93,7 +94,7 @@ class Chain:
         where = str(self.path)
         fd = core.open_locked(where)
         try:
-            done = core.append_locked(fd, where, self.genesis, [(type, data)])
+            done = core.append_locked(fd, where, self.genesis, [(type, data)], typed=True)
         finally:
             os.close(fd)  # closing releases the flock
         if done is None:  # pragma: no cover - only the simple mode gives up
@@ -101,7 +102,7 @@ class Chain:
         [result] = done.results
         if isinstance(result, AuditError):
             raise result
-        return Record(*result)
+        return record_of(result)
 
     def verify(self) -> VerifyReport:
         """Verify this chain against its genesis."""

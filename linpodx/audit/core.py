@@ -1,10 +1,10 @@
 """The audit record codec and the one writer of chain files.
 
 Codec: `build_line` encodes a record (canonical bytes, hash), `parse` reads one back: a fast
-stage (`fast_fields`, C-speed, returns None when unsure; `fast_batch` for many lines at once,
-the verifier's) and the strict reference parser (`parse_strict`), which gives the verdict and
-the reason whenever the fast stage is unsure. A fuzz test holds them equal
-(tests/unit/test_audit_codec.py).
+stage (`fast_fields`, C-speed, returns None when unsure; `fast_batch` for many lines at once
+and `chain_batch` for a batch of records that follow each other, the verifier's) and the
+strict reference parser (`parse_strict`), which gives the verdict and the reason whenever the
+fast stage is unsure. Fuzz tests hold them equal (tests/unit/test_audit_codec.py).
 
 Writer: `append_locked` is the only code that appends records. `chain.Chain.append` (one record,
 fsync), `mcp.auditlog.GroupCommitChain` (batches, fsync by its sync role) and `append_simple`
@@ -23,11 +23,13 @@ import contextlib
 import errno
 import fcntl
 import json
+import operator
 import os
 import re
 import stat
 import time
 from collections.abc import Mapping
+from itertools import repeat
 from json import encoder as json_encoder
 
 from linpodx.canonical import (
@@ -103,20 +105,8 @@ def encode_record(
     order are data, hash, log, prev, seq, ts, type, and every field but data is pattern-checked
     ASCII needing no escapes (a unit test holds this equal to canonical_bytes).
     """
-    after = b"".join(
-        (
-            b',"log":"' + log_id.encode("ascii") + b'"' if log_id is not None else b"",
-            b',"prev":"',
-            prev.encode("ascii"),
-            b'","seq":',
-            str(seq).encode("ascii"),
-            b',"ts":"',
-            ts.encode("ascii"),
-            b'","type":"',
-            typ.encode("ascii"),
-            b'"}',
-        )
-    )
+    log = f',"log":"{log_id}"' if log_id is not None else ""
+    after = f'{log},"prev":"{prev}","seq":{seq},"ts":"{ts}","type":"{typ}"}}'.encode("ascii")
     return b'{"data":' + data_bytes, after
 
 
@@ -198,7 +188,9 @@ def fast_fields(line: bytes) -> Fields | None:
       a `\\udXXX` escape), and the minimal escapes of canonical_bytes;
     - the line is ASCII, or no byte of it starts a 4-byte UTF-8 sequence: every key is in the
       BMP, where code-point order (json's sort) and UTF-16 order (RFC 8785's sort) agree;
-    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH.
+    - the line has at most MAX_DEPTH brackets in all, so it nests no deeper than MAX_DEPTH;
+      or its data holds only scalars, and then (the other fields being strings and an int, as
+      the checks below require) it nests exactly two deep.
     Then the line IS canonical_bytes of the parsed value, and the strict parser's own field
     checks (`_fields_of`: the exact keys, each field's type and pattern) run on that value.
     They leave only the hash: the keys sort as data, hash, log, prev, seq, ts, type, and the
@@ -206,7 +198,34 @@ def fast_fields(line: bytes) -> Fields | None:
     member, and removing it (`,"hash":"` + 64 hex + `"`) gives canonical_bytes(record without
     hash): the bytes that were hashed.
     """
-    return fast_batch([line])[0]
+    # `_decode_batch`'s conditions for one line (the writer's case: its tail), without the
+    # batch's lists; the field checks are the batch's (`_checked`). The nesting bound on
+    # cheaper data when it can: data holding only scalars (as nearly every record's does) and
+    # the other fields as `_checked` requires them (strings, an int) nest exactly two deep.
+    if (
+        len(line) > MAX_LINE
+        or not line.startswith(_RECORD_START)
+        or (not line.isascii() and ASTRAL.search(line))
+    ):
+        return None
+    try:
+        text = line.decode("utf-8")
+        obj, end = _scan(text, 0)
+        if end != len(text) or encode_sorted(obj) != text:
+            return None
+    except (ValueError, RecursionError, StopIteration):
+        return None
+    data = obj.get("data") if type(obj) is dict else None
+    if (
+        type(data) is not dict or not _SCALARS.issuperset(map(type, data.values()))
+    ) and len(line) - len(line.translate(None, _BRACKETS)) > MAX_DEPTH:
+        return None
+    return _checked(line, obj, sha256_maker(), None, None)
+
+
+_BRACKETS = b"{["
+"""What a line's nesting is bounded by: len(b) - len(b.translate(None, _BRACKETS)) is
+b.count(b"{") + b.count(b"["), counted in one pass instead of two."""
 
 
 # json's C scanner: what FAST_DECODER.decode runs, without its wrapper.
@@ -230,23 +249,6 @@ def _decode_batch(lines: list[bytes]) -> list[Any] | None:
     2 * (n - 1) + MAX_DEPTH means none of the lines holds more than MAX_DEPTH.
     """
     n = len(lines)
-    if n == 1:  # the writer's case (its tail line): the same conditions, for one line
-        line = lines[0]
-        if (
-            len(line) > MAX_LINE
-            or not line.startswith(_RECORD_START)
-            or line.count(b"{") + line.count(b"[") > MAX_DEPTH
-            or (not line.isascii() and ASTRAL.search(line))
-        ):
-            return None
-        try:
-            text = line.decode("utf-8")
-            obj, end = _scan(text, 0)
-            if end != len(text) or encode_sorted(obj) != text:
-                return None
-        except (ValueError, RecursionError, StopIteration):
-            return None
-        return [obj]
     if not n:
         return []
     try:
@@ -257,7 +259,7 @@ def _decode_batch(lines: list[bytes]) -> list[Any] | None:
         ascii_ = raw.isascii()
         if (
             max(map(len, lines)) > MAX_LINE
-            or raw.count(b"{") + raw.count(b"[") > 2 * (n - 1) + MAX_DEPTH
+            or len(raw) - len(raw.translate(None, _BRACKETS)) > 2 * (n - 1) + MAX_DEPTH
             or (not ascii_ and ASTRAL.search(raw))
         ):
             return None
@@ -289,61 +291,132 @@ def fast_batch(lines: list[bytes]) -> list[Fields | None]:
     each line goes on its own."""
     objs = _decode_batch(lines)
     if objs is None:
-        if len(lines) == 1:
-            return [None]
-        return [fast_batch([line])[0] for line in lines]
+        return [fast_fields(line) for line in lines]
     out: list[Fields | None] = []
     add = out.append
-    ts_ok, type_ok, log_ok = _TS_RE.fullmatch, TYPE_RE.fullmatch, _LOG_RE.fullmatch
-    cut = len(_HASH_KEY) + 65
     hasher = sha256_maker()
     good_hash = good_type = None  # the last hash and type found good in this batch
     for line, obj in zip(lines, objs, strict=True):
-        # The line is canonical_bytes(obj). `_fields_of`'s checks, each as cheap as it gets:
-        # the keys by their number once the six are there (a seventh must be log); prev and
-        # type equal to ones found good, or else checked (prev: 64 characters none of which is
-        # left once hex digits are stripped); hash equal to a hexdigest, so 64 hex digits.
-        try:
-            seq, ts, typ, prev, h = obj["seq"], obj["ts"], obj["type"], obj["prev"], obj["hash"]
-            data = obj["data"]
-        except (KeyError, TypeError):  # not a dict, or a key missing
-            add(None)
-            continue
-        size = len(obj)
-        log = obj["log"] if size == 7 and "log" in obj else None
-        if (
-            type(obj) is not dict
-            or (size != 6 and log is None)
-            or type(seq) is not int
-            or seq < 0
-            or type(ts) is not str
-            or not ts_ok(ts)
-            or (ts[8:10] > "28" and not real_day(ts))
-            or (
-                typ != good_type
-                and (type(typ) is not str or not type_ok(typ))
-            )
-            or (
-                prev != good_hash
-                and (type(prev) is not str or len(prev) != 64 or prev.strip(_HEX_DIGITS))
-            )
-            or type(data) is not dict
-            or (log is not None and (type(log) is not str or not log_ok(log)))
-        ):
-            add(None)
-            continue
-        # What was hashed: the line without its hash member. The members after data are in
-        # key order hash, log, prev, seq, ts, type, and the values after hash's were just
-        # checked to hold no quote: the line's last `,"hash":"` starts the top-level hash
-        # member, whose value is 64 characters long if it equals a hexdigest (else the
-        # comparison fails whatever was cut).
-        i = line.rfind(_HASH_KEY)
-        if type(h) is not str or hasher(DOMAIN + line[:i] + line[i + cut :]).hexdigest() != h:
-            add(None)
-            continue
-        good_hash, good_type = h, typ
-        add((seq, ts, typ, prev, h, data, log))
+        rec = _checked(line, obj, hasher, good_type, good_hash)
+        if rec is not None:
+            good_hash, good_type = rec[4], rec[2]
+        add(rec)
     return out
+
+
+_COLUMNS = operator.itemgetter("seq", "ts", "type", "prev", "hash", "data")
+_DAY = operator.itemgetter(slice(8, 10))
+_ONLY_DICT, _ONLY_INT, _ONLY_STR, _ONLY_SIX = {dict}, {int}, {str}, {6}
+
+
+def chain_batch(lines: list[bytes], seq: int, tail: str, last_ts: str) -> list[Fields] | None:
+    """fast_batch(lines) when every line is a record after the first of its log (no log id)
+    and each follows the one before as the verifier's walk requires: seq counting on from
+    `seq` (>= 1), prev from `tail`, ts never below `last_ts` nor its predecessor's; None when
+    any line is not (or unsure): then the lines go one by one (`fast_batch`, the walk's
+    checks), which say which and why.
+
+    The same checks as `_checked` and the walk's, a column at a time in C (map, zip, list
+    comparisons) instead of a line at a time in Python: every key there and no seventh
+    (`len`), each column's type, ts by TS_PATTERN and `real_day`, each type by TYPE_RE once
+    per distinct type, prev linked (prev[0] == tail, checked as a hex digest, each later
+    prev equal to the hash before it, which equals a hexdigest), and each hash equal to the
+    hexdigest of its line without its hash member (`_checked`'s argument: the values after
+    the hash member then hold no quote).
+    """
+    objs = _decode_batch(lines)
+    if not objs or seq < 1:
+        return None
+    if set(map(type, objs)) != _ONLY_DICT or set(map(len, objs)) != _ONLY_SIX:
+        return None
+    try:
+        seqs, tss, typs, prevs, hashes, datas = zip(*map(_COLUMNS, objs), strict=True)
+    except KeyError:
+        return None
+    n = len(objs)
+    first = prevs[0]
+    if (
+        set(map(type, seqs)) != _ONLY_INT
+        or seqs != tuple(range(seq, seq + n))
+        or set(map(type, tss)) != _ONLY_STR
+        or not all(map(_TS_RE.fullmatch, tss))
+        or tss[0] < last_ts
+        or not all(map(operator.le, tss, tss[1:]))
+        or set(map(type, typs)) != _ONLY_STR
+        or not all(map(TYPE_RE.fullmatch, set(typs)))
+        or first != tail
+        or type(first) is not str
+        or len(first) != 64
+        or first.strip(_HEX_DIGITS)
+        or prevs[1:] != hashes[:-1]
+        or set(map(type, datas)) != _ONLY_DICT
+    ):
+        return None
+    if max(map(_DAY, tss)) > "28" and not all(
+        real_day(ts) for ts in tss if ts[8:10] > "28"
+    ):
+        return None
+    hasher = sha256_maker()
+    cut = _CUT
+    key = _HASH_KEY
+    made = tuple(
+        [
+            hasher(DOMAIN + line[:i] + line[i + cut :]).hexdigest()
+            for line, i in zip(lines, map(bytes.rfind, lines, repeat(key)), strict=True)
+        ]
+    )
+    if made != hashes:
+        return None
+    return list(zip(seqs, tss, typs, prevs, hashes, datas, repeat(None)))
+
+
+def _checked(
+    line: bytes, obj: Any, hasher: Callable[..., Any], good_type: Any, good_hash: Any
+) -> Fields | None:
+    """The fields of `line`, of which `obj` is the parsed value and the line its canonical
+    bytes (`_decode_batch`'s conditions hold), if `_fields_of`'s checks and the hash pass;
+    else None. `good_type` and `good_hash`: a type and a hash found good before (or None)."""
+    # `_fields_of`'s checks, each as cheap as it gets: the keys by their number once the six
+    # are there (a seventh must be log); prev and type equal to ones found good, or else
+    # checked (prev: 64 characters none of which is left once hex digits are stripped); hash
+    # equal to a hexdigest, so 64 hex digits.
+    try:
+        seq, ts, typ, prev, h = obj["seq"], obj["ts"], obj["type"], obj["prev"], obj["hash"]
+        data = obj["data"]
+    except (KeyError, TypeError):  # not a dict, or a key missing
+        return None
+    size = len(obj)
+    log = obj["log"] if size == 7 and "log" in obj else None
+    if (
+        type(obj) is not dict
+        or (size != 6 and log is None)
+        or type(seq) is not int
+        or seq < 0
+        or type(ts) is not str
+        or not _TS_RE.fullmatch(ts)
+        or (ts[8:10] > "28" and not real_day(ts))
+        or (typ != good_type and (type(typ) is not str or not TYPE_RE.fullmatch(typ)))
+        or (
+            prev != good_hash
+            and (type(prev) is not str or len(prev) != 64 or prev.strip(_HEX_DIGITS))
+        )
+        or type(data) is not dict
+        or (log is not None and (type(log) is not str or not _LOG_RE.fullmatch(log)))
+    ):
+        return None
+    # What was hashed: the line without its hash member. The members after data are in key
+    # order hash, log, prev, seq, ts, type, and the values after hash's were just checked to
+    # hold no quote: the line's last `,"hash":"` starts the top-level hash member, whose value
+    # is 64 characters long if it equals a hexdigest (else the comparison fails whatever was
+    # cut).
+    i = line.rfind(_HASH_KEY)
+    if type(h) is not str or hasher(DOMAIN + line[:i] + line[i + _CUT :]).hexdigest() != h:
+        return None
+    return (seq, ts, typ, prev, h, data, log)
+
+
+_CUT = len(_HASH_KEY) + 65
+"""The hash member's length after its key's first byte: `,"hash":"` + 64 hex + `"`."""
 
 
 _HEX_DIGITS = "0123456789abcdef"
@@ -465,22 +538,29 @@ def encode_data(data: Any) -> tuple[bytes, Any]:
     directly, and a copy of the dict is the parsed-back value (its values are immutable). The
     UTF-8 and BMP conditions are checked as above.
     """
+    raw, stored, _ = _encode_data(data)
+    return raw, stored
+
+
+def _encode_data(data: Any) -> tuple[bytes, Any, bool]:
+    """encode_data's (bytes, parsed-back value) and whether `data` was flat (`_flat`: then
+    it nests exactly one level deep)."""
     try:
         text = encode_sorted(data)
         raw = text.encode("utf-8")
         if _flat(data) and (raw.isascii() or not ASTRAL.search(raw)):
-            return raw, dict(data)
+            return raw, dict(data), True
         back = FAST_DECODER.decode(text)
         if (
             back == data
-            and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH
+            and len(raw) - len(raw.translate(None, _BRACKETS)) <= MAX_DEPTH
             and (raw.isascii() or not ASTRAL.search(raw))
         ):
-            return raw, back
+            return raw, back, False
     except (ValueError, TypeError, RecursionError):
         pass
     raw = canonical_bytes(data)
-    return raw, json.loads(raw)
+    return raw, json.loads(raw), False
 
 
 def check_type(typ: str) -> None:
@@ -501,10 +581,14 @@ def build_line(
     try:
         if not isinstance(data, Mapping):
             raise CanonicalError("event data must be an object")
-        data_bytes, stored = encode_data(data)
-        if data_bytes.count(b"{") + data_bytes.count(b"[") >= MAX_DEPTH:
+        data_bytes, stored, flat = _encode_data(data)
+        if (
+            not flat
+            and len(data_bytes) - len(data_bytes.translate(None, _BRACKETS)) >= MAX_DEPTH
+        ):
             # The record is one level around the data: a line the verifier (and the next
-            # append, which proves the tail) would refuse is never written.
+            # append, which proves the tail) would refuse is never written. (Flat data nests
+            # one level deep: nothing to count.)
             check_depth(data_bytes.decode("utf-8"), MAX_DEPTH - 1)
     except (CanonicalError, RecursionError) as exc:
         raise AuditError(
@@ -591,6 +675,8 @@ st_dev and st_ino, the directory's name, the file's name in it), for the files `
 has opened in this process: the fd keeps the inode from being reused while it is cached, so
 the pair names that directory and no other."""
 _LOG_DIRS_MAX = 8
+_DIR_OPEN_MASK = stat.S_IFMT(0o777777) | 0o077
+"""The file type bits and the group's and others' permission bits of a mode."""
 
 
 def open_chain(path: str, flags: int, *, create: bool) -> int:
@@ -619,8 +705,7 @@ def open_chain(path: str, flags: int, *, create: bool) -> int:
             and st.st_ino == ino
             and st.st_dev == dev
             and st.st_uid == euid
-            and not st.st_mode & 0o077
-            and stat.S_ISDIR(st.st_mode)
+            and st.st_mode & _DIR_OPEN_MASK == stat.S_IFDIR  # a directory, closed to others
         ):
             return os.open(name, flags, FILE_MODE, dir_fd=fd)
         del _LOG_DIRS[key]
@@ -705,7 +790,7 @@ def checked_size(fd: int, path: str) -> int:
             f"could not record to the audit log {path}: not a regular file",
             "move it away; linpodx creates the log itself",
         )
-    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
+    if stat.S_IMODE(st.st_mode) != FILE_MODE and st.st_uid == os.getuid():
         os.fchmod(fd, FILE_MODE)
     return st.st_size
 
@@ -842,7 +927,7 @@ def _written_tail(path: str, line: bytes) -> Fields | None:
         return None
     fields = mine[1]
     if (
-        line.count(b"{") + line.count(b"[") <= MAX_DEPTH
+        len(line) - len(line.translate(None, _BRACKETS)) <= MAX_DEPTH
         and (line.isascii() or not ASTRAL.search(line))
         and fields[0] <= SAFE_INT
         and (fields[0] or (_HEX64.fullmatch(fields[3]) and _LOG_RE.fullmatch(fields[6] or "")))
@@ -874,7 +959,7 @@ def _read_tail(fd: int, path: str, simple: bool) -> tuple[int, Fields | None, in
     if line is None:
         return size, None, torn_at
     try:
-        return size, parse(line), torn_at
+        return size, fast_fields(line) or parse_strict(line), torn_at
     except BadRecord as exc:
         raise AuditError(
             f"the audit log's last record is damaged ({exc}); refusing to chain onto it",
@@ -919,6 +1004,7 @@ def append_locked(
     known: tuple[Tail, int] | None = None,
     sync: bool = True,
     simple: bool = False,
+    typed: bool = False,
 ) -> Appended | None:
     """Append `entries` (type, data) to the chain file open as `fd`, which the caller holds
     locked exclusively: the one writer of every chain file.
@@ -931,7 +1017,8 @@ def append_locked(
     recorded (type, data, size) fails alone, in its result; the others go in, in one write,
     fsync'd unless `sync` is False. AuditError when the log itself cannot be written: then
     nothing was. `simple` (the fast run path): None, having written nothing, whenever the full
-    append is needed instead (see `append_simple`).
+    append is needed instead (see `append_simple`). `typed`: the caller has checked every
+    entry's type with `check_type` (then it is not checked again).
     """
     torn_at: int | None = None
     if known is not None:
@@ -950,7 +1037,8 @@ def append_locked(
         todo.insert(0, ("audit.repair", _repair_data(fd, path, size, torn_at)))
     for typ, data in todo:
         try:
-            check_type(typ)
+            if not typed:
+                check_type(typ)
             log_id = None
             if seq == 0:
                 from linpodx.ids import new_id  # only for a new log: off the fast path

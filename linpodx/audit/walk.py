@@ -315,9 +315,10 @@ def _walk_range(
     `core.parse`.
     """
     first: Fields | None = None
-    fast_batch, strict = core.fast_batch, core.parse_strict
+    fast_batch, strict, chain_batch = core.fast_batch, core.parse_strict, core.chain_batch
     step = w.step
-    anchored = bool(w.anchors)
+    anchors = w.anchors
+    anchored = bool(anchors)
     try:
         for offset, lines, complete in fd_line_batches(fd, start, end):
             if not complete:
@@ -326,6 +327,19 @@ def _walk_range(
                 return (bad, None, first) if bad is not None else (None, (offset, len(line)), first)
             for k in range(0, len(lines), BATCH):
                 part = lines[k : k + BATCH]
+                if first is not None and (
+                    not anchored or anchors.keys().isdisjoint(range(w.n, w.n + len(part)))
+                ):
+                    # The common case, a batch of records that all pass: `chain_batch` checks
+                    # the whole batch at once, the same checks as below (`step`'s included).
+                    recs = chain_batch(part, w.n, w.tail, w.last_ts)
+                    if recs is not None:
+                        last = recs[-1]
+                        w.n, w.tail, w.last_ts = last[0] + 1, last[4], last[1]
+                        if collect is not None:
+                            for fields in recs:
+                                collect(Record(*fields))
+                        continue
                 for j, rec in enumerate(fast_batch(part)):
                     if rec is None:
                         try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from linpodx.audit import core
+from linpodx.audit import core, walk
 from linpodx.audit.core import DOMAIN, ZERO_HASH, BadRecord
 from linpodx.canonical import SAFE_INT, CanonicalError, canonical_bytes
 from linpodx.digest import sha256
@@ -255,3 +255,134 @@ def test_a_batch_keeps_each_line_to_itself() -> None:
     assert parts[1].startswith(b'{"data":{')
     assert core.fast_batch(parts) == [None, None]
     assert [_strict(p)[0] for p in parts] == [None, None]
+
+
+_TIMES = [
+    "2026-01-01T00:00:00.000000Z", "2026-01-01T00:00:00.000001Z", "2026-02-28T10:00:00.000000Z",
+    "2028-02-29T23:59:59.999999Z", "2028-04-30T12:00:00.500000Z", "2028-12-31T00:00:00.000001Z",
+]  # fmt: skip
+_NO_DAY = ["2027-02-29T23:59:59.999999Z", "2028-04-31T12:00:00.500000Z"]  # days months lack
+
+
+def _linked(rng: random.Random, n: int) -> list[tuple[bytes, str, str]]:
+    """n forged records linked as a chain (seq 0 with its log id), at times that only go up,
+    with varied types and data, now and then one that is not a record the walk takes (a day
+    its month lacks, a second log id, seq `true`): (line, hash, ts)."""
+    out, prev, at = [], ZERO_HASH, 0
+    while len(out) < n:
+        at = min(len(_TIMES) - 1, at + (rng.random() < 0.05))
+        seq = len(out)
+        odd = rng.random() < 0.03
+        rec: dict[str, Any] = {
+            "seq": True if odd and seq == 1 else seq,
+            "ts": rng.choice(_NO_DAY) if odd and rng.random() < 0.5 else _TIMES[at],
+            "type": rng.choice(["a.b", "mcp.request", "audit.repair"]),
+            "prev": prev,
+            "data": {_text(rng): _value(rng, 1) for _ in range(rng.randrange(0, 3))},
+        }
+        if seq == 0 or (odd and rng.random() < 0.5):
+            rec["log"] = "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+        line = _forge(rec)
+        if line is None:
+            continue
+        prev = sha256(DOMAIN + canonical_bytes(rec)).hexdigest()
+        out.append((line, prev, rec["ts"]))
+    return out
+
+
+def _walked(batch: list[bytes], seq: int, tail: str, ts: str) -> list[Any] | None:
+    """What the verifier's line-by-line path makes of `batch` after a record (seq - 1, hash
+    `tail`, `ts`): the fields of every line if each passes `fast_batch` and the walk's step,
+    else None."""
+    w = walk._Walk(ZERO_HASH, True)
+    w.n, w.tail, w.last_ts = seq, tail, ts
+    out = []
+    for rec in core.fast_batch(batch):
+        if rec is None or w.step(rec) is not None:
+            return None
+        out.append(rec)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_chained_batch_is_what_the_walk_makes_of_it_line_by_line(seed: int) -> None:
+    """`core.chain_batch` (the verifier's common case: a whole batch of records that follow
+    each other, checked a column at a time) accepts a batch only with exactly the fields the
+    line-by-line path (`fast_batch`, then `_Walk.step`) gives, and only when that path passes
+    every line; on batches of a chain cut anywhere, started from the right or a wrong record,
+    with lines mutated, swapped or dropped."""
+    rng = random.Random(300 + seed)  # noqa: S311 - a reproducible fuzz, not a secret
+    chain = _linked(rng, 120)
+    answered = refused = unsure = 0
+    for _ in range(600):
+        at = rng.randrange(1, len(chain))
+        batch = [line for line, _, _ in chain[at : at + rng.randrange(1, 12)]]
+        seq, tail, ts = at, chain[at - 1][1], chain[at - 1][2]
+        kind = rng.randrange(12)  # 6 and up: as cut from the chain
+        if kind == 0:
+            k = rng.randrange(len(batch))
+            batch[k] = _mutate(rng, batch[k])
+        elif kind == 1 and len(batch) > 1:
+            i, j = sorted(rng.sample(range(len(batch)), 2))
+            batch[i], batch[j] = batch[j], batch[i]
+        elif kind == 2 and len(batch) > 1:
+            del batch[rng.randrange(len(batch))]
+        elif kind == 3:
+            seq += rng.choice([-1, 1])
+        elif kind == 4:
+            tail = rng.choice([ZERO_HASH, "ab" * 32, "AB" * 32, chain[at][1]])
+        elif kind == 5:
+            ts = rng.choice(_TIMES + _NO_DAY)
+        want = _walked(batch, seq, tail, ts) if seq >= 1 else None
+        got = core.chain_batch(batch, seq, tail, ts)
+        if got is None:
+            refused += want is None
+            unsure += want is not None
+            continue
+        assert want is not None, (seed, batch, seq, tail, ts)
+        assert [r[:5] + r[6:] for r in got] == [r[:5] + r[6:] for r in want]
+        assert [_typed(r[5]) for r in got] == [_typed(r[5]) for r in want]
+        assert all(type(r[0]) is int for r in got)
+        answered += 1
+    # Not the trivial kind of agreement: it answers for many batches and refuses many.
+    assert answered > 100 and refused > 100, (seed, answered, refused, unsure)
+
+
+def test_a_chained_batch_takes_no_seq_that_only_equals_its_number() -> None:
+    """`true` == 1 in Python: a record whose seq is `true` where 1 is due is refused by the
+    column checks as by the line-by-line path, however well it is linked and hashed."""
+    first = {"seq": 0, "ts": _TIMES[0], "type": "a.b", "prev": ZERO_HASH, "data": {}}
+    first["log"] = "log_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    tail = sha256(DOMAIN + canonical_bytes(first)).hexdigest()
+    rec = {"seq": True, "ts": _TIMES[0], "type": "a.b", "prev": tail, "data": {}}
+    line = _forge(rec)
+    assert line is not None and b'"seq":true' in line
+    assert _walked([line], 1, tail, _TIMES[0]) is None
+    assert core.chain_batch([line], 1, tail, _TIMES[0]) is None
+    rec["seq"] = 1
+    good = _forge(rec)
+    assert good is not None and core.chain_batch([good], 1, tail, _TIMES[0]) is not None
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_the_fast_stage_bounds_nesting_whatever_the_data_holds() -> None:
+    """The fast stage skips counting brackets only for data of scalars (then the record nests
+    two deep); a record nested one level deeper than MAX_DEPTH, in its data or in another
+    field, is left to the strict parser, which refuses it."""
+    base = {"seq": 1, "ts": _TIMES[0], "type": "a.b", "prev": ZERO_HASH}
+    at_bound = _forge({**base, "data": {"k": _nested(core.MAX_DEPTH - 2)}})
+    assert at_bound is not None and core.fast_fields(at_bound) is not None
+    for rec in (
+        {**base, "data": {"k": _nested(core.MAX_DEPTH - 1)}},
+        {**base, "data": {"k": 1}, "type": _nested(core.MAX_DEPTH)},
+    ):
+        line = _forge(rec)
+        assert line is not None
+        assert core.fast_fields(line) is None
+        assert _strict(line)[0] is None

@@ -28,15 +28,19 @@ from linpodx.integrity import verify_admin, verify_session
 N = 8
 
 
-@pytest.fixture(autouse=True, params=["one-process", "parallel"])
+@pytest.fixture(autouse=True, params=["one-process", "parallel", "batches of 2"])
 def verifier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the whole matrix twice: with the reference verifier, and with the forked parallel
-    verifier forced on for every file (3 workers, so seams fall between records)."""
+    """Run the whole matrix three times: with the reference verifier, with the forked parallel
+    verifier forced on for every file (3 workers, so seams fall between records), and with
+    the reference verifier parsing 2 lines at a time (so that these short logs reach the
+    batches after the first, which `core.chain_batch` checks a column at a time)."""
     from linpodx.audit import walk
 
     if request.param == "parallel":
         monkeypatch.setattr(walk, "_PARALLEL_MIN_BYTES", 0)
         monkeypatch.setattr(walk, "_workers", lambda: 3)
+    if request.param == "batches of 2":
+        monkeypatch.setattr(walk, "BATCH", 2)
     return str(request.param)
 
 
