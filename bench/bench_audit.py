@@ -9,7 +9,7 @@ Printed:
   of a state dir made for the run (LINPODX_STATE_DIR: the state dir's checks are part of every
   append), next to raw `write(200-byte line) + fsync` per line in the same directory. Ratio =
   our cost vs the disk's. The loop runs in one process, so after its first append each one
-  finds the line it wrote last (`core._written_tail`: its parse is saved); `append1:` times
+  finds the line it wrote last (`writer._written_tail`: its parse is saved); `append1:` times
   the append that is the first of its process, as a lone `linpodx` command's is (the saved
   line forgotten before each; the directory's checks stay cached), in the same rounds.
   Floor: what a lone append must do at least, since it runs in its own process and the file
@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from linpodx import paths
-from linpodx.audit import core, walk
+from linpodx.audit import walk, writer
 from linpodx.audit.chain import Chain, verify_file
 from linpodx.audit.core import DOMAIN, encode_data, encode_record, encode_sorted, now_ts
 from linpodx.ids import new_id
@@ -141,7 +141,7 @@ def bench_append(workdir: Path, n: int) -> tuple[float, float, float, float, flo
             codec_append(codec_path, sample_data(r * per + i))
         t4 = time.perf_counter()
         for i in range(per):
-            core._WRITTEN.clear()
+            writer._WRITTEN.clear()
             lone.append("mcp.decision", sample_data(r * per + i))
         t5 = time.perf_counter()
         spent["raw"] += t1 - t0

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from linpodx.audit import core
+from linpodx.audit import core, writer
 from linpodx.audit.core import DOMAIN, HINT_VERIFY, HINT_WRITE, MAX_LINE, ZERO_HASH
 from linpodx.audit.logfile import (
     HINT_NOT_A_LOG,
@@ -92,9 +92,9 @@ class Chain:
         """Record one event durably, or raise AuditError (then the action must not happen)."""
         core.check_type(type)
         where = str(self.path)
-        fd = core.open_locked(where)
+        fd = writer.open_locked(where)
         try:
-            done = core.append_locked(fd, where, self.genesis, [(type, data)], typed=True)
+            done = writer.append_locked(fd, where, self.genesis, [(type, data)], typed=True)
         finally:
             os.close(fd)  # closing releases the flock
         if done is None:  # pragma: no cover - only the simple mode gives up
@@ -130,7 +130,7 @@ class Chain:
 
 def _read_tail(fd: int, size: int) -> tuple[Record | None, int | None]:
     """The last complete record and, if the file ends in a torn line, where that line starts."""
-    line, torn_at = core.tail_line(fd, size)
+    line, torn_at = writer.tail_line(fd, size)
     if line is None:
         return None, torn_at
     try:
@@ -162,7 +162,7 @@ def keep_reserve() -> None:
                      0o600)
         try:
             # Written, not fallocated: tmpfs and every filesystem then really hold the blocks.
-            core.write_all(fd, b"\0" * RESERVE_BYTES)
+            writer.write_all(fd, b"\0" * RESERVE_BYTES)
             os.fsync(fd)
         finally:
             os.close(fd)

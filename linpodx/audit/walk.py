@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from linpodx import proc
-from linpodx.audit import core, logfile
+from linpodx.audit import batch, core, logfile
 from linpodx.audit.core import MAX_LINE, ZERO_HASH, Fields
 from linpodx.audit.logfile import (
     HINT_NOT_A_LOG,
@@ -293,7 +293,7 @@ class _Walk:
 
 
 BATCH = 64
-"""Lines parsed together (`core.fast_batch`): enough to share the json stage's per-call cost,
+"""Lines parsed together (`batch.fast_batch`): enough to share the json stage's per-call cost,
 few enough that the batch's values stay in the CPU's cache."""
 
 
@@ -310,12 +310,12 @@ def _walk_range(
     one; the range's first record). A range after the first (start > 0) primes the walk from
     its first record, as if the record before it had been seen: the caller checks that seam.
 
-    Lines are parsed a batch at a time (`core.fast_batch`, which gives each line's
+    Lines are parsed a batch at a time (`batch.fast_batch`, which gives each line's
     `core.fast_fields`); a line it is unsure of gets the strict parser's verdict, as in
     `core.parse`.
     """
     first: Fields | None = None
-    fast_batch, strict, chain_batch = core.fast_batch, core.parse_strict, core.chain_batch
+    fast_batch, strict, chain_batch = batch.fast_batch, core.parse_strict, batch.chain_batch
     step = w.step
     anchors = w.anchors
     anchored = bool(anchors)

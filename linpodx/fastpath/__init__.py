@@ -44,7 +44,7 @@ KERNEL = (
     "linpodx.fsutil", "linpodx.namelock", "linpodx.canonical", "linpodx.ids", "linpodx.digest",
     "linpodx.yielding",
     # The audit record's append.
-    "linpodx.audit", "linpodx.audit.core",
+    "linpodx.audit", "linpodx.audit.core", "linpodx.audit.writer",
     # The profile store's read of a pointer and its mount sources' host check.
     "linpodx.profile", "linpodx.profile.pointer", "linpodx.profile.hostpaths",
     # podman: the run line, the flags the plan is checked against, host facts, the seccomp

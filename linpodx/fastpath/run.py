@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 
 from linpodx import namelock, paths, proc
-from linpodx.audit import core
+from linpodx.audit import writer
 from linpodx.errors import LinpodxError
 from linpodx.fastpath import plan as plans
 from linpodx.output import envelope, note, print_error, print_json, print_lines, print_status
@@ -195,7 +195,7 @@ def _locked(
         rm=True,
         limits_not_applied=plan.limits_not_applied,
     )
-    if not core.append_simple(paths.admin_log(), "container.run", record):
+    if not writer.append_simple(paths.admin_log(), "container.run", record):
         return None
     # Recorded: from here on this run happens (or fails) like a full one.
     cidfile = os.path.join(where, f"cid-{os.urandom(6).hex()}")

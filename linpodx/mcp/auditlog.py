@@ -35,7 +35,7 @@ Durability rule (docs/mcp.md says the same, with its crash analysis):
 
 The file stays open for the whole session and the chain's tail (seq, hash, ts, size) is kept in
 memory, so an append does not parse the file again. Each batch is written by the chain's one
-writer (`audit.core.append_locked`, in its group-commit mode: no fsync) holding the file's lock
+writer (`audit.writer.append_locked`, in its group-commit mode: no fsync) holding the file's lock
 for the whole batch; the file's size and its last line (one `pread`) are compared with what this
 process last wrote, as `Chain.append` compares them, and if anyone else touched it (or on the
 first write) the writer reads the real tail and repairs a torn line first, as `Chain.append`
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpodx.audit import chain as audit_chain
-from linpodx.audit import core as audit_core
+from linpodx.audit import writer as audit_writer
 from linpodx.audit.core import HINT_WRITE
 from linpodx.errors import AuditError
 
@@ -367,7 +367,7 @@ class GroupCommitChain:
 
     def _open(self) -> int:
         if self._fd is None:
-            self._fd = audit_core.open_append(str(self.path))
+            self._fd = audit_writer.open_append(str(self.path))
         return self._fd
 
     def _commit(self, batch: list[_Item]) -> int | None:
@@ -377,7 +377,7 @@ class GroupCommitChain:
         where = self._where
         try:
             fd = self._fd if self._fd is not None else self._open()
-            audit_core.lock(fd, where)
+            audit_writer.lock(fd, where)
         except AuditError as exc:
             for b in batch:
                 b.error = exc
@@ -387,7 +387,7 @@ class GroupCommitChain:
             size = os.fstat(fd).st_size
             # Our own tail while the file is as we left it: its size, and its last bytes still
             # the line we wrote last (with the newline before it), as the plain writer checks
-            # (`core._written_tail`), so a same-size rewrite is seen too; else (first write, or
+            # (`writer._written_tail`), so a same-size rewrite is seen too; else (first write, or
             # anyone else touched it) the writer reads the real tail and repairs a torn line.
             known = None
             if self._tail is not None and self._size == size:
@@ -398,7 +398,7 @@ class GroupCommitChain:
                     last = b"\n" + last
                 if start >= 0 and os.pread(fd, len(last), start) == last:
                     known = (self._tail, size)
-            done = audit_core.append_locked(
+            done = audit_writer.append_locked(
                 fd, where, self.chain.genesis, [(b.type, b.data) for b in batch],
                 known=known, sync=False,
             )

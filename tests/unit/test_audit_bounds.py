@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from linpodx.audit import chain as ch
-from linpodx.audit import core, walk
+from linpodx.audit import core, walk, writer
 from linpodx.audit.chain import HINT_NOT_A_LOG, Chain, NotALog, verify_file
 from linpodx.audit.core import MAX_LINE, ZERO_HASH
 from linpodx.errors import AuditError
@@ -214,7 +214,7 @@ def test_the_writer_refuses_to_cut_off_a_garbage_tail(tmp_path: Path, tail: byte
         c.append("a.b", {"i": 9})
     assert err.value.hint is not None
     assert c.path.read_bytes() == before
-    assert not core.append_simple(str(c.path), "a.b", {"i": 9})
+    assert not writer.append_simple(str(c.path), "a.b", {"i": 9})
     assert c.path.read_bytes() == before
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from linpodx.audit import batch as audit_batch
 from linpodx.audit import core, walk
 from linpodx.audit.core import DOMAIN, ZERO_HASH, BadRecord
 from linpodx.canonical import SAFE_INT, CanonicalError, canonical_bytes
@@ -211,7 +212,7 @@ def _chain(rng: random.Random, n: int) -> list[bytes]:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_batch_gives_each_line_what_the_fast_stage_gives_it_alone(seed: int) -> None:
-    """`core.fast_batch` (the verifier's: one json stage for many lines, checks shared with
+    """`batch.fast_batch` (the verifier's: one json stage for many lines, checks shared with
     the lines before) answers for each line exactly what `fast_fields` answers for it alone,
     on batches mixing well-formed, mutated and linked lines."""
     rng = random.Random(200 + seed)  # noqa: S311 - a reproducible fuzz, not a secret
@@ -231,7 +232,7 @@ def test_a_batch_gives_each_line_what_the_fast_stage_gives_it_alone(seed: int) -
                 batch[k] = _mutate(rng, batch[k])
         else:
             batch = [rng.choice(pool) for _ in range(rng.randrange(1, 12))]
-        got = core.fast_batch(batch)
+        got = audit_batch.fast_batch(batch)
         assert len(got) == len(batch)
         for line, fast in zip(batch, got, strict=True):
             alone = core.fast_fields(line)
@@ -249,11 +250,11 @@ def test_a_batch_keeps_each_line_to_itself() -> None:
     and what comes before it) are not taken for it: each line must be a record on its own."""
     data = {"k": [1, {"data": {}}]}
     _h, _ts, whole, _ = core.build_line(3, ZERO_HASH, "", "a.b", data, None)
-    assert core.fast_batch([whole[:-1]])[0] is not None
+    assert audit_batch.fast_batch([whole[:-1]])[0] is not None
     cut = whole.index(b',{"data":{}}')
     parts = [whole[:cut], whole[cut + 1 : -1]]
     assert parts[1].startswith(b'{"data":{')
-    assert core.fast_batch(parts) == [None, None]
+    assert audit_batch.fast_batch(parts) == [None, None]
     assert [_strict(p)[0] for p in parts] == [None, None]
 
 
@@ -297,7 +298,7 @@ def _walked(batch: list[bytes], seq: int, tail: str, ts: str) -> list[Any] | Non
     w = walk._Walk(ZERO_HASH, True)
     w.n, w.tail, w.last_ts = seq, tail, ts
     out = []
-    for rec in core.fast_batch(batch):
+    for rec in audit_batch.fast_batch(batch):
         if rec is None or w.step(rec) is not None:
             return None
         out.append(rec)
@@ -306,7 +307,7 @@ def _walked(batch: list[bytes], seq: int, tail: str, ts: str) -> list[Any] | Non
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_chained_batch_is_what_the_walk_makes_of_it_line_by_line(seed: int) -> None:
-    """`core.chain_batch` (the verifier's common case: a whole batch of records that follow
+    """`batch.chain_batch` (the verifier's common case: a whole batch of records that follow
     each other, checked a column at a time) accepts a batch only with exactly the fields the
     line-by-line path (`fast_batch`, then `_Walk.step`) gives, and only when that path passes
     every line; on batches of a chain cut anywhere, started from the right or a wrong record,
@@ -334,7 +335,7 @@ def test_a_chained_batch_is_what_the_walk_makes_of_it_line_by_line(seed: int) ->
         elif kind == 5:
             ts = rng.choice(_TIMES + _NO_DAY)
         want = _walked(batch, seq, tail, ts) if seq >= 1 else None
-        got = core.chain_batch(batch, seq, tail, ts)
+        got = audit_batch.chain_batch(batch, seq, tail, ts)
         if got is None:
             refused += want is None
             unsure += want is not None
@@ -358,10 +359,10 @@ def test_a_chained_batch_takes_no_seq_that_only_equals_its_number() -> None:
     line = _forge(rec)
     assert line is not None and b'"seq":true' in line
     assert _walked([line], 1, tail, _TIMES[0]) is None
-    assert core.chain_batch([line], 1, tail, _TIMES[0]) is None
+    assert audit_batch.chain_batch([line], 1, tail, _TIMES[0]) is None
     rec["seq"] = 1
     good = _forge(rec)
-    assert good is not None and core.chain_batch([good], 1, tail, _TIMES[0]) is not None
+    assert good is not None and audit_batch.chain_batch([good], 1, tail, _TIMES[0]) is not None
 
 
 def _nested(depth: int) -> Any:

@@ -255,16 +255,16 @@ HALF_WRITE_CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from linpodx.audit import chain, core
+    from linpodx.audit import chain, writer
     path = Path(sys.argv[1])
-    real_write = core.write_all
+    real_write = writer.write_all
 
     def half_then_die(fd, data):
         # What a kill -9 inside write(2) leaves: the first part of the line, then nothing.
         real_write(fd, data[: len(data) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
 
-    core.write_all = half_then_die
+    writer.write_all = half_then_die
     chain.Chain(path).append("test.event", {"i": "dies mid-write", "pad": "q" * 500})
     """
 )

@@ -33,7 +33,7 @@ def verifier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     """Run the whole matrix three times: with the reference verifier, with the forked parallel
     verifier forced on for every file (3 workers, so seams fall between records), and with
     the reference verifier parsing 2 lines at a time (so that these short logs reach the
-    batches after the first, which `core.chain_batch` checks a column at a time)."""
+    batches after the first, which `batch.chain_batch` checks a column at a time)."""
     from linpodx.audit import walk
 
     if request.param == "parallel":

@@ -1,4 +1,4 @@
-"""The durable append's tail proof by the line this process wrote last (`core._written_tail`).
+"""The durable append's tail proof by the line this process wrote last (`writer._written_tail`).
 
 The saved parse is used only while the file's last line is still exactly the bytes written:
 every change made behind the process's back (another writer, an edit in place, a truncation,
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from linpodx.audit import core
+from linpodx.audit import core, writer
 from linpodx.audit.chain import Chain, verify_file
 from linpodx.canonical import SAFE_INT, canonical_bytes
 from linpodx.errors import AuditError
@@ -69,8 +69,8 @@ def test_a_remembered_line_is_what_the_fast_parser_returns(tmp_path: Path, seed:
         except AuditError:
             continue
         line = path.read_bytes().splitlines()[-1]
-        assert core._WRITTEN[str(path)][0] == line
-        mine = core._written_tail(str(path), line)
+        assert writer._WRITTEN[str(path)][0] == line
+        mine = writer._written_tail(str(path), line)
         if mine is None:
             dropped += 1
             continue
@@ -87,7 +87,7 @@ def _warm(path: Path) -> Chain:
     chain = Chain(path)
     chain.append("a.first", {"k": "v"})
     chain.append("a.second", {"k": "wwww"})
-    assert core._written_tail(str(path), path.read_bytes().splitlines()[-1]) is not None
+    assert writer._written_tail(str(path), path.read_bytes().splitlines()[-1]) is not None
     return chain
 
 

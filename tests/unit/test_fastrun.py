@@ -21,7 +21,7 @@ import pytest
 
 import linpodx
 from linpodx import containers, fastpath, proc
-from linpodx.audit import core
+from linpodx.audit import writer
 from linpodx.cli.main import main
 from linpodx.fastpath import plan as runplan
 from linpodx.fastpath import run as fastrun
@@ -521,10 +521,10 @@ def test_append_simple_chains_like_append(tmp_path: Path) -> None:
     from linpodx.audit.chain import Chain, verify_file
 
     path = tmp_path / "a.jsonl"
-    assert core.append_simple(str(path), "test.event", {"i": 0}) is False  # no log yet
+    assert writer.append_simple(str(path), "test.event", {"i": 0}) is False  # no log yet
     chain = Chain(path)
     chain.append("test.event", {"i": 0})
-    assert core.append_simple(str(path), "test.event", {"i": 1, "s": "é"}) is True
+    assert writer.append_simple(str(path), "test.event", {"i": 1, "s": "é"}) is True
     chain.append("test.event", {"i": 2})
     report = verify_file(path)
     assert report.ok and report.events == 3

@@ -205,16 +205,16 @@ def test_a_file_where_a_directory_belongs_inside_is_refused(state: Path) -> None
 def test_an_audit_record_is_not_appended_through_a_linked_audit_dir(
     state: Path, tmp_path: Path
 ) -> None:
-    from linpodx.audit import core
+    from linpodx.audit import writer
 
     outside = tmp_path / "outside"
     outside.mkdir()
     state.mkdir(mode=0o700)
     (state / "audit").symlink_to(outside)
     (outside / "admin.jsonl").write_text("")
-    assert core.append_simple(paths.admin_log(), "container.run", {"name": "x"}) is False
+    assert writer.append_simple(paths.admin_log(), "container.run", {"name": "x"}) is False
     with pytest.raises(LinpodxError):
-        os.close(core.open_locked(paths.admin_log()))
+        os.close(writer.open_locked(paths.admin_log()))
     assert (outside / "admin.jsonl").read_text() == ""
 
 
@@ -224,7 +224,7 @@ def test_a_log_dir_replaced_after_an_append_is_checked_again(
     """The writer keeps the log's directory open after its checks (one lstat per later
     append): a link put in its place, another directory made there, or its mode loosened
     are each seen by the next append, as by the first."""
-    from linpodx.audit import core
+    from linpodx.audit import writer
     from linpodx.audit.chain import Chain
 
     chain = Chain(Path(paths.admin_log()))
@@ -235,14 +235,14 @@ def test_a_log_dir_replaced_after_an_append_is_checked_again(
     audit.symlink_to(outside)
     with pytest.raises(LinpodxError):
         chain.append("a.b", {"n": 2})
-    assert core.append_simple(str(chain.path), "a.b", {"n": 3}) is False
+    assert writer.append_simple(str(chain.path), "a.b", {"n": 3}) is False
     assert (outside / "admin.jsonl").read_bytes().count(b"\n") == 1
     audit.unlink()
     chain.append("a.b", {"n": 4})  # a new directory, made again: the record goes there
     assert audit.is_dir() and not audit.is_symlink()
     assert (audit / "admin.jsonl").read_bytes().count(b"\n") == 1
     audit.chmod(0o755)
-    assert core.append_simple(str(chain.path), "a.b", {"n": 5}) is True
+    assert writer.append_simple(str(chain.path), "a.b", {"n": 5}) is True
     assert stat.S_IMODE(audit.stat().st_mode) == 0o700
     assert (audit / "admin.jsonl").read_bytes().count(b"\n") == 2
 
