@@ -7,9 +7,11 @@ same objects. Pure, no I/O.
 Globs and regexes both run on one small matching machine (`_Program`): a Thompson NFA walked
 one character at a time, so a match costs at most `len(subject) * len(program)` steps whatever
 the pattern. Python's `re` backtracks: `.*a.*a.*a.*x` against 1,024 `a`s took 108 s, long
-enough for one call to stall a session. Python's own parser reads the regex (what it cannot
-compile is refused at load time); its tree is then compiled here, and a construct the machine
-has no meaning for (anchors, look-arounds, back-references, inline flags) is refused too.
+enough for one call to stall a session. `re.compile` decides what is a valid regex (what it
+refuses is refused at load time); a reader here then reads Python's syntax for the subset the
+machine runs (`re`'s own parser is private to CPython), and refuses a construct it has no
+meaning for (anchors, look-arounds, back-references, inline flags, atomic groups, possessive
+repeats).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from re import _parser as _re_parser  # type: ignore[attr-defined]  # no stub; stable since 3.11
 from typing import Any
 
 KINDS = ("glob", "regex", "equals", "one_of")
@@ -168,15 +169,244 @@ def compile_glob(pattern: str) -> _Program:
     return prog
 
 
+# ---- regexes -----------------------------------------------------------------------------
+#
+# `re.compile` decides what is a valid regex; `_RegexReader` then reads the valid pattern the
+# way `re` reads it (token by token, an escape being one token) into the items below, refusing
+# what the machine has no meaning for. It folds alternatives as `re`'s parser does (a common
+# first item moves out: `ab|ac` is `a[bc]`), so MAX_PROGRAM counts the steps it counted when
+# `re`'s parser read the pattern: `(a|b){100}` is 101 steps, not 500.
+#
+# Items: ("lit", c), ("notlit", c), ("any",), ("in", negate, members) (one character each;
+# members are ("lit", c), ("range", lo, hi) with code points, ("cat", "d") for `\d`, …),
+# ("group", seq, captures), ("branch", [seq, …]), ("repeat", lo, hi or None for no bound, seq).
+
+_Item = tuple[Any, ...]
+_Seq = list[_Item]
+
 _CATEGORIES: dict[str, _Test] = {
-    "CATEGORY_DIGIT": str.isdecimal,
-    "CATEGORY_NOT_DIGIT": lambda ch: not ch.isdecimal(),
-    "CATEGORY_SPACE": str.isspace,
-    "CATEGORY_NOT_SPACE": lambda ch: not ch.isspace(),
-    "CATEGORY_WORD": lambda ch: ch.isalnum() or ch == "_",
-    "CATEGORY_NOT_WORD": lambda ch: not (ch.isalnum() or ch == "_"),
+    # As `re` reads them in a str pattern (Unicode): \d is a decimal digit of any script.
+    "d": str.isdecimal,
+    "D": lambda ch: not ch.isdecimal(),
+    "s": str.isspace,
+    "S": lambda ch: not ch.isspace(),
+    "w": lambda ch: ch.isalnum() or ch == "_",
+    "W": lambda ch: not (ch.isalnum() or ch == "_"),
 }
-_UNICODE_FLAG = re.UNICODE.value
+_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_DIGITS = frozenset("0123456789")
+_OCTAL = frozenset("01234567")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_QUANTIFIERS: dict[str, tuple[int, int | None]] = {"*": (0, None), "+": (1, None), "?": (0, 1)}
+_ONE_CHAR = frozenset({"lit", "notlit", "any", "in"})
+_ANCHORS = "anchors (^, $, \\b, \\A, \\Z) are not supported: a regex always matches the whole value"
+_FLAGS = "inline flags such as (?i) are not supported"
+_BACKREF = "back-references such as \\1 or (?P=name) are not supported"
+
+
+class _RegexReader:
+    """Reads a pattern `re.compile` took (so its syntax is valid) into items."""
+
+    def __init__(self, pattern: str) -> None:
+        self.text = pattern
+        self.pos = 0
+
+    def peek(self) -> str:
+        """The next token, "" at the end: one character, or an escape's two."""
+        text, pos = self.text, self.pos
+        return text[pos : pos + 2] if text.startswith("\\", pos) else text[pos : pos + 1]
+
+    def take(self) -> str:
+        tok = self.peek()
+        if not tok:
+            raise PatternError("not a valid regular expression (unexpected end)")
+        self.pos += len(tok)
+        return tok
+
+    def accept(self, tok: str) -> bool:
+        if self.peek() != tok:
+            return False
+        self.pos += len(tok)
+        return True
+
+    def run(self, allowed: frozenset[str], most: int) -> str:
+        """Up to `most` characters of `allowed`."""
+        start = self.pos
+        while self.pos - start < most and self.text[self.pos : self.pos + 1] in allowed:
+            self.pos += 1
+        return self.text[start : self.pos]
+
+    def alternation(self) -> _Seq:
+        alternatives = [self.sequence()]
+        while self.accept("|"):
+            alternatives.append(self.sequence())
+        return alternatives[0] if len(alternatives) == 1 else _fold(alternatives)
+
+    def sequence(self) -> _Seq:
+        seq: _Seq = []
+        while (tok := self.peek()) not in ("", "|", ")"):
+            self.pos += len(tok)
+            if tok[0] == "\\":
+                seq.append(self.escape(tok[1]))
+            elif tok == "[":
+                seq.append(self.char_class())
+            elif tok == ".":
+                seq.append(("any",))
+            elif tok == "(":
+                group = self.group()
+                if group is not None:
+                    seq.append(group)
+            elif tok in ("^", "$"):
+                raise PatternError(_ANCHORS)
+            elif tok in _QUANTIFIERS:
+                seq[-1:] = [self.repeat(*_QUANTIFIERS[tok], seq[-1:])]
+            elif tok == "{" and (bounds := self.bounds()) is not None:
+                seq[-1:] = [self.repeat(*bounds, seq[-1:])]
+            else:
+                seq.append(("lit", tok))  # `{` that opens no bounds, `]`, `}`: themselves
+        # `re` then opens the groups that capture nothing: `(?:ab)|ac` has a common first item.
+        flat: _Seq = []
+        for item in seq:
+            flat.extend(item[1] if item[0] == "group" and not item[2] else (item,))
+        return flat
+
+    def bounds(self) -> tuple[int, int | None] | None:
+        """After `{`: the bounds of `{m}`, `{m,}`, `{,n}` or `{m,n}`, or None where `re` reads
+        the `{` as itself (`{}`, `{x`, `{1,x}`)."""
+        start = self.pos
+        if self.peek() != "}":
+            lo = self.run(_DIGITS, len(self.text))
+            hi = self.run(_DIGITS, len(self.text)) if self.accept(",") else lo
+            if self.accept("}"):
+                return int(lo) if lo else 0, int(hi) if hi else None
+        self.pos = start
+        return None
+
+    def repeat(self, lo: int, hi: int | None, last: _Seq) -> _Item:
+        if not last or last[0][0] == "repeat":
+            raise PatternError("not a valid regular expression (nothing to repeat)")
+        if self.accept("+"):
+            raise PatternError("possessive repeats such as a*+ are not supported")
+        self.accept("?")  # lazy or greedy makes no difference to whether the whole value matches
+        body = last[0][1] if last[0][0] == "group" else last
+        return ("repeat", lo, hi, body)
+
+    def group(self) -> _Item | None:
+        """After `(`: the group, or None for one that adds nothing (a comment, `(?u)`)."""
+        capture = not self.accept("?")
+        if not capture:
+            kind = self.take()
+            if kind == "#":
+                while self.take() != ")":  # a comment ends at the first `)` not escaped
+                    pass
+                return None
+            if kind == "P" and self.accept("<"):
+                self.pos = self.text.index(">", self.pos) + 1  # a named group
+                capture = True
+            elif kind == "P" or kind == "(":
+                conditional = "conditional groups such as (?(1)a|b) are not supported"
+                raise PatternError(_BACKREF if kind == "P" else conditional)
+            elif kind in ("=", "!", "<"):
+                raise PatternError("look-arounds such as (?=...) are not supported")
+            elif kind == ">":
+                raise PatternError("atomic groups such as (?>...) are not supported")
+            elif kind != ":":
+                end = self.pos
+                while self.text[end : end + 1] not in ("", ")", ":"):
+                    end += 1
+                if set(self.text[self.pos - 1 : end]) == {"u"} and self.text[end] == ")":
+                    self.pos = end + 1  # `(?u)`: Unicode, as a str pattern is anyway
+                    return None
+                raise PatternError(_FLAGS)
+        seq = self.alternation()
+        if not self.accept(")"):
+            raise PatternError("not a valid regular expression (missing `)`)")
+        return ("group", seq, capture)
+
+    def escape(self, c: str) -> _Item:
+        """An escape outside [...]: `\\d` and its kin are a class of one, as in `re`."""
+        if c in ("A", "b", "B", "Z"):
+            raise PatternError(_ANCHORS)
+        if c in _CATEGORIES:
+            return ("in", False, (("cat", c),))
+        if c in _DIGITS and c != "0":
+            # `\1` refers to a group, `\123` (three octal digits) is a character.
+            digits = c + self.text[self.pos : self.pos + 2]
+            if len(digits) < 3 or not set(digits) <= _OCTAL:
+                raise PatternError(_BACKREF)
+            self.pos += 2
+            return ("lit", chr(int(digits, 8)))
+        return ("lit", self.character(c))
+
+    def character(self, c: str) -> str:
+        """The character an escape `\\c` (with what follows) stands for, in [...] or outside."""
+        if c in _ESCAPES:
+            return _ESCAPES[c]  # (outside [...] `\b` is an anchor, refused above)
+        if c in ("x", "u", "U"):
+            return chr(int(self.run(_HEX, {"x": 2, "u": 4, "U": 8}[c]), 16))
+        if c == "N":
+            end = self.text.index("}", self.pos)
+            name, self.pos = self.text[self.pos + 1 : end], end + 1
+            return unicodedata.lookup(name)
+        if c in _OCTAL:
+            return chr(int(c + self.run(_OCTAL, 2), 8))
+        if c.isascii() and c.isalnum():
+            raise PatternError(f"not a valid regular expression (bad escape \\{c})")
+        return c  # `\.`, `\\`, `\-`, `\é`: the character itself
+
+    def char_class(self) -> _Item:
+        """After `[`: one character of a set (ranges, `^` to negate, escapes, `\\d` and kin)."""
+        negate = self.accept("^")
+        members: list[_Item] = []
+        while True:
+            tok = self.take()
+            if tok == "]" and members:  # (a `]` first is itself)
+                break
+            first = self.member(tok)
+            if not self.accept("-"):
+                members.append(first)
+                continue
+            tok = self.take()
+            if tok == "]":  # `[a-]`: the `-` is itself
+                members += [first, ("lit", "-")]
+                break
+            second = self.member(tok)
+            if first[0] != "lit" or second[0] != "lit" or first[1] > second[1]:
+                raise PatternError("not a valid regular expression (bad character range)")
+            members.append(("range", ord(first[1]), ord(second[1])))
+        unique = tuple(dict.fromkeys(members))
+        if len(unique) == 1 and unique[0][0] == "lit":
+            return ("notlit", unique[0][1]) if negate else unique[0]
+        return ("in", negate, unique)
+
+    def member(self, tok: str) -> _Item:
+        if tok[0] != "\\":
+            return ("lit", tok)
+        if tok[1] in _CATEGORIES:
+            return ("cat", tok[1])
+        return ("lit", self.character(tok[1]))
+
+
+def _fold(alternatives: list[_Seq]) -> _Seq:
+    """a|b|… as `re`'s parser reads it: while every alternative starts with the same one
+    character item, that item moves out; if each is then one character, they are one class."""
+    seq: _Seq = []
+    head = alternatives[0][:1]
+    while head and head[0][0] in _ONE_CHAR and all(alt[:1] == head for alt in alternatives):
+        seq.append(head[0])
+        alternatives = [alt[1:] for alt in alternatives]
+        head = alternatives[0][:1]
+    members: list[_Item] = []
+    for alt in alternatives:
+        if len(alt) == 1 and alt[0][0] == "lit":
+            members.append(alt[0])
+        elif len(alt) == 1 and alt[0][0] == "in" and not alt[0][1]:
+            members.extend(alt[0][2])
+        else:
+            seq.append(("branch", alternatives))
+            return seq
+    seq.append(("in", False, tuple(dict.fromkeys(members))))
+    return seq
 
 
 def _range(lo: int, hi: int) -> _Test:
@@ -187,76 +417,61 @@ def _not(c: str) -> _Test:
     return lambda ch: ch != c
 
 
-def _class_test(items: list[tuple[Any, Any]]) -> _Test:
-    negate = False
+def _class_test(negate: bool, members: Sequence[_Item]) -> _Test:
     tests: list[_Test] = []
-    for op, arg in items:
-        name = str(op)
-        if name == "NEGATE":
-            negate = True
-        elif name == "LITERAL":
-            tests.append(_literal(chr(arg)))
-        elif name == "RANGE":
-            lo, hi = arg
-            tests.append(_range(lo, hi))
-        elif name == "CATEGORY" and str(arg) in _CATEGORIES:
-            tests.append(_CATEGORIES[str(arg)])
+    for kind, *arg in members:
+        if kind == "lit":
+            tests.append(_literal(arg[0]))
+        elif kind == "range":
+            tests.append(_range(arg[0], arg[1]))
         else:
-            raise PatternError(f"{name.lower()} inside [...] is not supported")
+            tests.append(_CATEGORIES[arg[0]])
     if negate:
         return lambda ch: not any(t(ch) for t in tests)
     return lambda ch: any(t(ch) for t in tests)
 
 
-def _emit_regex(prog: _Program, items: Any, dotall: bool) -> None:
-    for op, arg in items:
-        name = str(op)
-        if name == "LITERAL":
-            prog.emit(_CHAR, _literal(chr(arg)))
-        elif name == "NOT_LITERAL":
-            prog.emit(_CHAR, _not(chr(arg)))
-        elif name == "ANY":
+def _emit_regex(prog: _Program, seq: _Seq, dotall: bool) -> None:
+    for item in seq:
+        kind = item[0]
+        if kind == "lit":
+            prog.emit(_CHAR, _literal(item[1]))
+        elif kind == "notlit":
+            prog.emit(_CHAR, _not(item[1]))
+        elif kind == "any":
             # `.` as `re` reads it without DOTALL (or with it: see Matcher.judge)
             prog.emit(_CHAR, _any if dotall else _not("\n"))
-        elif name == "IN":
-            prog.emit(_CHAR, _class_test(list(arg)))
-        elif name == "CATEGORY" and str(arg) in _CATEGORIES:
-            prog.emit(_CHAR, _CATEGORIES[str(arg)])
-        elif name == "SUBPATTERN":
-            _group, add_flags, del_flags, sub = arg
-            if add_flags or del_flags:
-                raise PatternError("inline flags such as (?i) are not supported")
-            _emit_regex(prog, sub, dotall)
-        elif name == "BRANCH":
-            _emit_branch(prog, arg[1], dotall)
-        elif name in ("MAX_REPEAT", "MIN_REPEAT"):
-            # Lazy or greedy makes no difference to whether the whole value matches.
-            lo, hi, sub = arg
-            for _ in range(lo):
-                before = len(prog.code)
-                _emit_regex(prog, sub, dotall)
-                if len(prog.code) == before:
-                    # A body that emits nothing (`(?:){4000000000}`): its copies add nothing
-                    # either, and counting them out would hang the loader. Every other copy
-                    # emits a step, so MAX_PROGRAM bounds the loop.
-                    break
-
-            def body(sub: Any = sub) -> None:
-                _emit_regex(prog, sub, dotall)
-
-            if hi == _re_parser.MAXREPEAT:
-                _loop(prog, body)
-            else:
-                for _ in range(hi - lo):
-                    _optional(prog, body)
-        elif name == "AT":
-            raise PatternError("anchors (^, $, \\b, \\A, \\Z) are not supported: a regex "
-                               "always matches the whole value")
+        elif kind == "in":
+            prog.emit(_CHAR, _class_test(item[1], item[2]))
+        elif kind == "group":
+            _emit_regex(prog, item[1], dotall)
+        elif kind == "branch":
+            _emit_branch(prog, item[1], dotall)
         else:
-            raise PatternError(f"{name.lower().replace('_', ' ')} is not supported")
+            _emit_repeat(prog, item[1], item[2], item[3], dotall)
 
 
-def _emit_branch(prog: _Program, alternatives: list[Any], dotall: bool) -> None:
+def _emit_repeat(prog: _Program, lo: int, hi: int | None, sub: _Seq, dotall: bool) -> None:
+    for _ in range(lo):
+        before = len(prog.code)
+        _emit_regex(prog, sub, dotall)
+        if len(prog.code) == before:
+            # A body that emits nothing (`(?:){4000000000}`): its copies add nothing either,
+            # and counting them out would hang the loader. Every other copy emits a step, so
+            # MAX_PROGRAM bounds the loop.
+            break
+
+    def body() -> None:
+        _emit_regex(prog, sub, dotall)
+
+    if hi is None:
+        _loop(prog, body)
+    else:
+        for _ in range(hi - lo):
+            _optional(prog, body)
+
+
+def _emit_branch(prog: _Program, alternatives: list[_Seq], dotall: bool) -> None:
     jumps: list[int] = []
     for alt in alternatives[:-1]:
         split = prog.emit(_SPLIT, 0, 0)
@@ -274,13 +489,14 @@ def compile_regex(pattern: str, dotall: bool = False) -> _Program:
     `dotall`, `.` matches a line end too."""
     try:
         re.compile(pattern)
-        tree = _re_parser.parse(pattern)
     except (re.error, OverflowError, RecursionError) as exc:
         raise PatternError(f"not a valid regular expression ({exc})") from None
-    if tree.state.flags & ~_UNICODE_FLAG:
-        raise PatternError("inline flags such as (?i) are not supported")
+    reader = _RegexReader(pattern)
+    seq = reader.alternation()
+    if reader.pos != len(pattern):
+        raise PatternError("not a valid regular expression (unbalanced parenthesis)")
     prog = _Program()
-    _emit_regex(prog, tree, dotall)
+    _emit_regex(prog, seq, dotall)
     prog.emit(_MATCH)
     return prog
 

@@ -16,6 +16,10 @@ handed), counts as an arrow. Three rules:
 
 KNOWN lists violations allowed for now (none since issue 22's step); the test also fails for
 an entry that no longer occurs, so the list can only shrink.
+
+Private modules (`_thread`, `re._parser`, `typer._click`: a name part that starts with `_`) are
+for the fast path's kernel only, and there exactly the ones KERNEL_PRIVATE names
+(linpodx/fastpath/__init__.py says why each pays); the rest of linpodx uses public modules.
 """
 
 from __future__ import annotations
@@ -486,3 +490,105 @@ def test_a_podman_command_line_is_seen() -> None:
         'e = ["ls", "podman"]\nf = (podman_bin(), *pull_argv(image))\n'
     )
     assert _podman_lines(probe) == [1, 2, 3, 4]
+
+
+# ---- private modules: the fast path's kernel only -----------------------------------------
+
+KERNEL_PRIVATE = frozenset(
+    {
+        # CPython's own C sha256 while nothing has imported hashlib (and its OpenSSL).
+        ("linpodx/digest.py", "_sha2"),
+        ("linpodx/digest.py", "_sha256"),  # its name before 3.12
+        # The thread id without importing threading.
+        ("linpodx/namelock.py", "_thread"),
+    }
+)
+"""(file, private module) the kernel imports on purpose: a new one is a decision written here."""
+
+KNOWN_PRIVATE: frozenset[tuple[str, str]] = frozenset(
+    {
+        # typer's completion script and click's exceptions as the running typer raises them;
+        # `typer.completion` offers the first two publicly. Only shrinks.
+        ("linpodx/cli/surface.py", "typer._click"),
+        ("linpodx/cli/surface.py", "typer._completion_classes"),
+        ("linpodx/cli/surface.py", "typer._completion_shared"),
+    }
+)
+"""Private modules outside the kernel allowed for now; the test fails for one that is gone."""
+
+
+def _kernel() -> frozenset[str]:
+    """linpodx.fastpath's KERNEL, read from its source."""
+    (fastpath,) = [m for m in MODULES if m.name == "linpodx.fastpath"]
+    for node in fastpath.tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id == "KERNEL":
+            assert isinstance(node, ast.Assign)
+            return frozenset(ast.literal_eval(node.value))
+    raise AssertionError("linpodx.fastpath defines no KERNEL")
+
+
+KERNEL = _kernel()
+
+
+def _in_kernel(mod: Module) -> bool:
+    """Whether `mod` is the fast path's package or a module of its kernel."""
+    return mod.name in KERNEL or mod.name == "linpodx.fastpath" or (
+        mod.name.startswith("linpodx.fastpath.")
+    )
+
+
+def _private_part(name: str) -> str | None:
+    """`re._parser` for `re._parser.parse`, `_thread` for `_thread`; None for a public name
+    (dunders such as `__future__` are public)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not (part.startswith("__") and part.endswith("__")):
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def private_imports(mod: Module) -> set[str]:
+    """The private modules of others (the standard library's, typer's) that `mod` imports, at
+    the top, inside functions, or by a string handed to `importlib`."""
+    names: list[str] = []
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names += [f"{node.module}.{a.name}" for a in node.names]
+        elif _is_import_call(node):
+            assert isinstance(node, ast.Call)
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                names.append(arg.value)
+    return {part for n in names if not _own(n) and (part := _private_part(n))}
+
+
+def test_no_private_module_outside_the_fast_paths_kernel() -> None:
+    found = {(m.file, p) for m in MODULES if not _in_kernel(m) for p in private_imports(m)}
+    new = sorted(found - KNOWN_PRIVATE)
+    gone = sorted(KNOWN_PRIVATE - found)
+    assert new == [], f"private modules outside the fast path's kernel (use public ones): {new}"
+    assert gone == [], f"fixed: remove these from KNOWN_PRIVATE: {gone}"
+
+
+def test_the_kernel_imports_only_the_private_modules_it_names() -> None:
+    found = {(m.file, p) for m in MODULES if _in_kernel(m) for p in private_imports(m)}
+    assert found == KERNEL_PRIVATE, "a new private module in the kernel: name it in KERNEL_PRIVATE"
+
+
+def test_private_imports_are_seen() -> None:
+    def imports(source: str) -> set[str]:
+        return private_imports(Module("linpodx.x", "linpodx/x.py", ast.parse(source)))
+
+    assert imports("from re import _parser\n") == {"re._parser"}
+    assert imports("def f():\n    import _thread\n") == {"_thread"}
+    assert imports("from _sha2 import sha256\nimport importlib.x\n") == {"_sha2"}
+    assert imports("import importlib\nm = importlib.import_module('_json')\n") == {"_json"}
+    assert imports("from typer._click import exceptions\n") == {"typer._click"}
+    public = (
+        "from __future__ import annotations\nimport os.path\nfrom re import compile\n"
+        "from linpodx.paths import _root\nfrom ._shared import x\nfrom . import _y\n"
+    )
+    assert imports(public) == set()
