@@ -19,7 +19,14 @@ Design (see docs/egress.md):
   again takes it out of these sets in the same netlink batch that allows it;
 - input: policy drop except loopback and established/related, so nothing reaches the container
   from the helper's side;
-- forward: policy drop (the container must not route for anyone).
+- forward: policy drop (the container must not route for anyone);
+- postrouting: a redirected flow leaves only through `lo`. The output chain cannot tell: its
+  `oifname` is the interface routed to *before* the redirect, so it accepts every redirected
+  flow; a socket bound to the uplink (SO_BINDTODEVICE, which needs no capability since
+  Linux 5.7) keeps its redirected SYN on the uplink, which then went out to the network
+  helper and on to the host's own 127.0.0.1:CHECKER_PORT (past slirp4netns'
+  --disable-host-loopback). At postrouting the interface is the one the packet really leaves
+  by.
 Connections are bound to names, not addresses (see `linpodx.egress.checker`): the `nat`
 chain redirects each new TCP connection to an address in @allowed4 to the connection
 checker's socket inside the netns (CHECKER_PORT on 127.0.0.1), which reads what the
@@ -96,6 +103,10 @@ table inet {table} {{
 	}}
 	chain forward {{
 		type filter hook forward priority 0; policy drop;
+	}}
+	chain postrouting {{
+		type filter hook postrouting priority 0; policy accept;
+		ct status dnat oifname != "lo" counter drop
 	}}
 }}
 """

@@ -241,3 +241,61 @@ def test_a_request_head_never_ended_goes_nowhere_before_its_host_is_judged(
     out = sh(container, f"python3 -c '{script}' {p} {how}").stdout
     assert "content-of-allowed.test" in out, out
     assert "content-of-evil.test" not in out, out
+
+
+BOUND = r'''
+import os, socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+uplink = next(i for i in os.listdir("/sys/class/net") if i != "lo")  # tap0 (slirp4netns), pasta's
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, uplink.encode())  # needs no capability
+s.settimeout(1.5)
+try:
+    s.connect((host, port))
+    print("connected")
+except OSError as e:
+    print("error:" + type(e).__name__)
+'''
+
+
+@pytest.mark.parametrize("helper", ["slirp4netns", "pasta"])
+def test_a_socket_bound_to_the_uplink_does_not_take_the_redirect_out(
+    servers: Servers, container: str, names: Names, helper: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A socket bound to the uplink (SO_BINDTODEVICE needs no capability since Linux 5.7)
+    keeps its redirected SYN on the uplink: it went out to 127.0.0.1:15001 (the filter let
+    every redirected packet out, on any interface), and the network helper connected to the
+    *host's* loopback on that port, past --disable-host-loopback. Now dropped at
+    postrouting; the client times out, the host's port sees nothing."""
+    monkeypatch.setenv("LINPODX_EGRESS_HELPER", helper)
+    try:
+        lsock = socket.create_server(("127.0.0.1", 15001))  # the host's loopback
+    except OSError as exc:
+        pytest.fail(f"this test needs the host's 127.0.0.1:15001 free: {exc}")
+    lsock.settimeout(0.2)
+    reached: list[object] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, peer = lsock.accept()
+                reached.append(peer)
+                conn.close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        p = names.http_port
+        _up(servers, container, names, (f"allowed.test:{p}/http",))
+        assert sh(container, "getent hosts allowed.test").returncode == 0
+        script = BOUND.replace("'", "'\"'\"'")
+        got = sh(container, f"python3 -c '{script}' {HOST} {p}").stdout.strip()
+        assert got.startswith("error:"), got
+        ok = sh(container, f"curl -sS -m 8 http://allowed.test:{p}/")
+        assert ok.stdout == "content-of-allowed.test\n", ok
+    finally:
+        stop.set()
+        watcher.join()
+        lsock.close()
+    assert reached == [], f"the host's 127.0.0.1:15001 was reached from the container: {reached}"
