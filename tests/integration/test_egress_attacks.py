@@ -258,16 +258,15 @@ except OSError as e:
 '''
 
 
-@pytest.mark.parametrize("helper", ["slirp4netns", "pasta"])
 def test_a_socket_bound_to_the_uplink_does_not_take_the_redirect_out(
-    servers: Servers, container: str, names: Names, helper: str, monkeypatch: pytest.MonkeyPatch
+    servers: Servers, container: str, names: Names
 ) -> None:
     """A socket bound to the uplink (SO_BINDTODEVICE needs no capability since Linux 5.7)
     keeps its redirected SYN on the uplink: it went out to 127.0.0.1:15001 (the filter let
     every redirected packet out, on any interface), and the network helper connected to the
-    *host's* loopback on that port, past --disable-host-loopback. Now dropped at
-    postrouting; the client times out, the host's port sees nothing."""
-    monkeypatch.setenv("LINPODX_EGRESS_HELPER", helper)
+    *host's* loopback on that port, past --disable-host-loopback (pasta did the same: the
+    fix is in the filter, whatever the helper). Now dropped at postrouting; the client times
+    out, the host's port sees nothing."""
     try:
         lsock = socket.create_server(("127.0.0.1", 15001))  # the host's loopback
     except OSError as exc:
