@@ -59,7 +59,7 @@ table inet linpodx_egress {
 	}
 	chain postrouting {
 		type filter hook postrouting priority 0; policy accept;
-		ct status dnat oifname != "lo" counter drop
+		oifname != "lo" meta mark != 0x6c70 counter drop
 	}
 }
 """
