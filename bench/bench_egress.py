@@ -485,6 +485,9 @@ def bench_connections(image: str, up_port: int, count: int, big: int) -> None:
         sh(*nft, "insert", "rule", "inet", t, "nat_output", "tcp", "dport", str(pinned), "return")
         sh(*nft, "insert", "rule", "inet", t, "output", "ip", "daddr", f"@{ruleset.SET4}",
            "tcp", "dport", str(pinned), "accept")  # fmt: skip
+        # (and out of the uplink, where only the checker's marked packets leave otherwise)
+        sh(*nft, "insert", "rule", "inet", t, "postrouting", "ip", "daddr", f"@{ruleset.SET4}",
+           "tcp", "dport", str(pinned), "accept")  # fmt: skip
         # The floor's port: redirected like the checker's, to the bare relay (not the relay's
         # own onward connection, which carries the guard's mark, and which the filter lets
         # out as it lets the checker's).

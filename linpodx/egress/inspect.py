@@ -315,7 +315,13 @@ class HttpRequests:
         scheme, sep, rest = target.partition(b"://")
         if not sep or scheme.lower() not in (b"http", b"https"):
             raise Refused("request target is neither a path nor an absolute URI")
-        authority = rest.split(b"/", 1)[0].split(b"?", 1)[0].split(b"#", 1)[0]
+        # The authority ends at the first `/`, `?` or `#` (RFC 3986 3.2); a server that ends
+        # it at `/` only and takes the host after the last `@` would read `evil.test` from
+        # `http://allowed.test?@evil.test/`. So nothing that ends it early before a `/`, and
+        # no `#` at all (absolute-URI has no fragment, RFC 9112 3.2).
+        authority = rest.split(b"/", 1)[0]
+        if b"#" in target or b"?" in authority:
+            raise Refused("request target's authority could be read two ways ('?' or '#')")
         # RFC 9112 3.2.2: a server uses the absolute-form's authority and ignores Host, so
         # that is the name; Host must agree anyway (a proxy in front might read Host).
         if host_name(_authority_host(authority)) != host:

@@ -19,7 +19,19 @@ Design (see docs/egress.md):
   again takes it out of these sets in the same netlink batch that allows it;
 - input: policy drop except loopback and established/related, so nothing reaches the container
   from the helper's side;
-- forward: policy drop (the container must not route for anyone).
+- forward: policy drop (the container must not route for anyone);
+- postrouting: nothing leaves by an interface other than `lo` but the checker's own marked
+  packets. The output chain cannot be the last word: its `oifname` for a redirected flow is
+  the interface routed to *before* the redirect (so it accepts every redirected flow), and
+  `ct state established` accepts a flow on whatever interface its packets now take. A socket
+  bound to the uplink (SO_BINDTODEVICE, which needs no capability since Linux 5.7) takes its
+  route there: a redirected SYN went out to the network helper, which connected to the
+  host's own 127.0.0.1:CHECKER_PORT; a UDP flow the agent had answered itself over lo
+  (to 127.0.0.1:PORT, or the policy resolver's answer from 127.0.0.1:53) went on out of the
+  uplink, and the helper sent its datagrams to the host's 127.0.0.1:PORT (past slirp4netns'
+  --disable-host-loopback; a DNS query to a resolver on the host's loopback, past the policy
+  resolver). At postrouting the interface is the one the packet really leaves by, and the
+  mark is the sending socket's.
 Connections are bound to names, not addresses (see `linpodx.egress.checker`): the `nat`
 chain redirects each new TCP connection to an address in @allowed4 to the connection
 checker's socket inside the netns (CHECKER_PORT on 127.0.0.1), which reads what the
@@ -96,6 +108,10 @@ table inet {table} {{
 	}}
 	chain forward {{
 		type filter hook forward priority 0; policy drop;
+	}}
+	chain postrouting {{
+		type filter hook postrouting priority 0; policy accept;
+		oifname != "lo" meta mark != {GUARD_MARK:#x} counter drop
 	}}
 }}
 """

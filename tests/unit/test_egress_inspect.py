@@ -312,6 +312,29 @@ def test_http_heads_that_are_refused(head: bytes) -> None:
         hosts_of(head)
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        # RFC 3986 ends the authority at `?` or `#` (the checker read `a.test`), but a server
+        # that takes everything up to the first `/` as the authority, and what follows its
+        # last `@` as the host, reads `evil.test`; `#` has no place in a request target at all
+        # (RFC 9112 3.2: absolute-URI has no fragment).
+        b"http://a.test?@evil.test/",
+        b"http://a.test#@evil.test/",
+        b"http://a.test?x=1#@evil.test",
+    ],
+)
+def test_absolute_form_targets_a_server_could_read_another_authority_from_are_refused(
+    target: bytes,
+) -> None:
+    with pytest.raises(Refused, match="authority"):
+        hosts_of(b"GET " + target + b" HTTP/1.1\r\nHost: a.test\r\n\r\n")
+    # An `@` in the query, after the path began, names no host: still fine.
+    assert hosts_of(b"GET http://a.test/?u=x@evil.test HTTP/1.1\r\nHost: a.test\r\n\r\n") == [
+        "a.test"
+    ]
+
+
 # Request smuggling: where a server could frame the body differently from h11, what h11
 # reads as body (here a request for evil.test) a server would read as the next request.
 SMUGGLED = b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"

@@ -57,6 +57,10 @@ table inet linpodx_egress {
 	chain forward {
 		type filter hook forward priority 0; policy drop;
 	}
+	chain postrouting {
+		type filter hook postrouting priority 0; policy accept;
+		oifname != "lo" meta mark != 0x6c70 counter drop
+	}
 }
 """
 
