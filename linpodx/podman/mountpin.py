@@ -55,19 +55,41 @@ def gate_path(container_dir: str) -> str:
     return os.path.join(container_dir, MOUNTS_DIR, GATE_FILE)
 
 
+_OPENED: dict[str, tuple[int, int, int]] = {}
+"""The gates this process opened: path -> (device, inode, ctime in ns) of the file it made."""
+
+
 def open_gate(container_dir: str) -> str:
     """Create the gate file (podman needs it at `create`, runc at every mount); its path."""
     gate = gate_path(container_dir)
     paths.ensure_dir_str(os.path.dirname(gate))
-    os.close(os.open(gate, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    fd = os.open(gate, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    _OPENED[gate] = (st.st_dev, st.st_ino, st.st_ctime_ns)
     return gate
 
 
 def close_gate(container_dir: str) -> None:
-    """Remove the gate file if it is there (the hook normally has; this covers a podman call
-    that failed before runc ran it)."""
+    """Remove the gate file if it is the one this process opened (the hook normally has
+    removed it; this covers a podman call that failed before runc ran it).
+
+    A gate another linpodx process opened since is left alone: a foreground `linpodx run`
+    closes its gate once its container has ended, and by then a rollback (holding the name's
+    lock) may have opened the gate again for the container it creates, whose `podman create`
+    then failed on the missing file (seen in CI). That process closes its own."""
+    gate = gate_path(container_dir)
+    opened = _OPENED.pop(gate, None)
     try:
-        os.unlink(gate_path(container_dir))
+        st = os.lstat(gate)
+    except FileNotFoundError:
+        return
+    if opened is not None and opened != (st.st_dev, st.st_ino, st.st_ctime_ns):
+        return
+    try:
+        os.unlink(gate)
     except FileNotFoundError:
         pass
 

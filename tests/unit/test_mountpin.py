@@ -252,3 +252,23 @@ def test_hook_checks_a_target_with_spaces_exactly(tmp_path: Path, rootfs: Path, 
         assert f"the mount at {dest} is not the directory" in res.stderr
     res = _hook(tmp_path, [_pin(rootfs / dest.lstrip("/"), dest)])
     assert res.returncode == 0, res.stderr
+
+
+def test_close_gate_leaves_a_gate_another_process_opened_since(tmp_path: Path) -> None:
+    """A foreground run closes its gate once its container has ended; by then a rollback (in
+    another process, holding the name's lock) may have opened it again for the container it
+    creates. Removing that gate failed the rollback's `podman create` (seen in CI)."""
+    import time
+
+    where = str(tmp_path)
+    gate = Path(mountpin.open_gate(where))
+    gate.unlink()  # the hook closed it when the container started
+    time.sleep(0.02)  # (a file made in another tick of the kernel's coarse clock)
+    gate.touch()  # another process opened it again
+    mountpin.close_gate(where)
+    assert gate.exists()
+    # A gate this process opened and nobody closed is removed, as before.
+    other = str(tmp_path / "b")
+    mine = Path(mountpin.open_gate(other))
+    mountpin.close_gate(other)
+    assert not mine.exists()
