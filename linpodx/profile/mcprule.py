@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -204,6 +205,14 @@ _FLAGS = "inline flags such as (?i) are not supported"
 _BACKREF = "back-references such as \\1 or (?P=name) are not supported"
 
 
+_AMBIGUOUS = (
+    "a class that opens with `[`, or holds `--`, `&&`, `~~` or `||` after its first member, is one"
+    " Python warns may become a set operation: escape the character (`\\[`, `\\-`, `\\&`, ...)"
+)
+"""Refused, so a rule means one thing on every Python (`re` reads these as literals today, and
+warns)."""
+
+
 class _RegexReader:
     """Reads a pattern `re.compile` took (so its syntax is valid) into items."""
 
@@ -356,12 +365,16 @@ class _RegexReader:
 
     def char_class(self) -> _Item:
         """After `[`: one character of a set (ranges, `^` to negate, escapes, `\\d` and kin)."""
+        if self.peek() == "[":
+            raise PatternError(_AMBIGUOUS)
         negate = self.accept("^")
         members: list[_Item] = []
         while True:
             tok = self.take()
             if tok == "]" and members:  # (a `]` first is itself)
                 break
+            if members and tok in ("-", "&", "~", "|") and self.peek() == tok:
+                raise PatternError(_AMBIGUOUS)
             first = self.member(tok)
             if not self.accept("-"):
                 members.append(first)
@@ -370,6 +383,8 @@ class _RegexReader:
             if tok == "]":  # `[a-]`: the `-` is itself
                 members += [first, ("lit", "-")]
                 break
+            if tok == "-":
+                raise PatternError(_AMBIGUOUS)
             second = self.member(tok)
             if first[0] != "lit" or second[0] != "lit" or first[1] > second[1]:
                 raise PatternError("not a valid regular expression (bad character range)")
@@ -488,7 +503,9 @@ def compile_regex(pattern: str, dotall: bool = False) -> _Program:
     """The program for a regex that must match the whole value (raises PatternError); with
     `dotall`, `.` matches a line end too."""
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the reader refuses what it warns of
+            re.compile(pattern)
     except (re.error, OverflowError, RecursionError) as exc:
         raise PatternError(f"not a valid regular expression ({exc})") from None
     reader = _RegexReader(pattern)
